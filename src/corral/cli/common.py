@@ -1,0 +1,92 @@
+"""Options and helpers shared by every CLI verb (the CLUSTER option group)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+
+from corral.errors import ConfigError
+
+HostsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        envvar="CORRAL_HOSTS",
+        help="Hostfile path, 'local:N' (N simulated nodes here) or 'h1,h2,...'.",
+        rich_help_panel="Cluster",
+    ),
+]
+SshUserOpt = Annotated[
+    str | None,
+    typer.Option("--ssh-user", envvar="CORRAL_SSH_USER", help="SSH user for every host.",
+                 rich_help_panel="Cluster"),
+]
+SshKeyOpt = Annotated[
+    str | None,
+    typer.Option("--ssh-key", envvar="CORRAL_SSH_KEY", help="SSH private key file.",
+                 rich_help_panel="Cluster"),
+]
+SshPortOpt = Annotated[
+    int | None,
+    typer.Option("--ssh-port", envvar="CORRAL_SSH_PORT", help="SSH port for every host.",
+                 rich_help_panel="Cluster"),
+]
+SshPasswordEnvOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ssh-password-env",
+        envvar="CORRAL_SSH_PASSWORD_ENV",
+        help="Name of an environment variable holding the SSH password (never the password).",
+        rich_help_panel="Cluster",
+    ),
+]
+SshConfigOpt = Annotated[
+    str | None,
+    typer.Option("--ssh-config", envvar="CORRAL_SSH_CONFIG", help="OpenSSH client config file.",
+                 rich_help_panel="Cluster"),
+]
+AcceptNewHostKeysOpt = Annotated[
+    bool,
+    typer.Option("--accept-new-host-keys", envvar="CORRAL_ACCEPT_NEW_HOST_KEYS",
+                 help="Trust and record keys of hosts not yet in known_hosts (OpenSSH "
+                      "accept-new); a changed key is always refused.",
+                 rich_help_panel="Cluster"),
+]
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach SSH hosts (ignored for ``local:N``)."""
+
+    user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    password_env: str | None = None
+    config: str | None = None
+    accept_new_host_keys: bool = False
+
+    def password(self) -> str | None:
+        """The password from the named environment variable (ConfigError if unset)."""
+        if self.password_env is None:
+            return None
+        value = os.environ.get(self.password_env)
+        if value is None:
+            raise ConfigError(
+                f"environment variable {self.password_env} is not set",
+                option="--ssh-password-env",
+            )
+        return value
+
+
+def require_hosts(hosts: str | None) -> str:
+    """The ``--hosts`` value, or a ConfigError that says how to give one."""
+    if not hosts:
+        raise ConfigError(
+            "no cluster given: pass --hosts FILE, --hosts local:N or --hosts h1,h2 "
+            "(or set CORRAL_HOSTS)",
+            option="--hosts",
+        )
+    return hosts

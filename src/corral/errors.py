@@ -1,0 +1,131 @@
+"""The one exception tree of corral.
+
+Every expected failure is a :class:`CorralError`. The CLI prints one clear line
+per error (details with ``-v``) and never a traceback for these. Errors raised
+at the transport edge wrap the library error with ``raise ... from exc``.
+
+```
+CorralError
+├── ConfigError            bad hostfile/options; names file:line or option
+├── TransportError         host, command
+│   ├── ConnectError       unreachable, refused, auth failed, host key mismatch
+│   ├── CommandTimeout
+│   └── ConnectionLost
+├── CheckFailed            list of failing CheckResults with fix commands
+├── LaunchError
+└── JobFailed              root cause: host, rank, exit code/signal, stderr tail
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class CorralError(Exception):
+    """Base class of every error corral raises on purpose."""
+
+    def details(self) -> list[str]:
+        """Extra lines shown under the one-line message with ``-v``."""
+        return []
+
+
+class ConfigError(CorralError):
+    """Bad hostfile, cluster file or option. Names ``file:line`` or the option."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        line: int | None = None,
+        option: str | None = None,
+    ) -> None:
+        self.message = message
+        self.source = source
+        self.line = line
+        self.option = option
+        where = ""
+        if source is not None:
+            where = f"{source}:{line}: " if line is not None else f"{source}: "
+        elif option is not None:
+            where = f"{option}: "
+        super().__init__(f"{where}{message}")
+
+
+class TransportError(CorralError):
+    """A command could not be run or supervised on a host."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        command: str | None = None,
+        cause: str | None = None,
+    ) -> None:
+        self.message = message
+        self.host = host
+        self.command = command
+        self.cause = cause
+        text = f"{host}: {message}"
+        if cause:
+            text += f" ({cause})"
+        super().__init__(text)
+
+    def details(self) -> list[str]:
+        return [f"command: {self.command}"] if self.command else []
+
+
+class ConnectError(TransportError):
+    """The host is unreachable, refused the connection or rejected our credentials."""
+
+
+class CommandTimeout(TransportError):
+    """A command did not finish within its deadline."""
+
+
+class ConnectionLost(TransportError):
+    """An established connection to the host broke (host down, link cut)."""
+
+
+class CheckFailed(CorralError):
+    """One or more pre-flight checks failed; each result carries a fix command."""
+
+    def __init__(self, results: Sequence[Any]) -> None:
+        self.results = list(results)
+        names = ", ".join(str(getattr(r, "name", r)) for r in self.results)
+        super().__init__(f"pre-flight checks failed: {names}")
+
+
+class LaunchError(CorralError):
+    """The job could not be started (master port taken, script missing, ...)."""
+
+    def __init__(self, message: str, *, host: str | None = None) -> None:
+        self.host = host
+        super().__init__(f"{host}: {message}" if host else message)
+
+
+class JobFailed(CorralError):
+    """The job ran and failed; carries the root cause (earliest failure)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str | None = None,
+        rank: int | None = None,
+        exit_code: int | None = None,
+        signal_name: str | None = None,
+        stderr_tail: Sequence[str] = (),
+    ) -> None:
+        self.host = host
+        self.rank = rank
+        self.exit_code = exit_code
+        self.signal_name = signal_name
+        self.stderr_tail = list(stderr_tail)
+        super().__init__(message)
+
+    def details(self) -> list[str]:
+        return list(self.stderr_tail)

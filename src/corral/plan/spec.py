@@ -1,0 +1,99 @@
+"""JobSpec (what the user asked for) and NodeCommand (what one node runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from corral.cluster.model import Host
+
+Launcher = Literal["torchrun", "python"]
+LAUNCHERS: tuple[str, ...] = ("torchrun", "python")
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_RDZV_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as the user describes it, independent of any cluster."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    launcher: Launcher = "torchrun"
+    job_id: str = "corral-job"
+    python: str | None = None
+    nproc_per_node: int | None = None
+    master_addr: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    nccl_interface: str | None = None
+    gloo_interface: str | None = None
+    timeout: float | None = None
+    max_restarts: int = 0
+    checkpoint_dir: str | None = None
+    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    run_dir: str = "runs"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One process the node agent starts itself (``python`` launcher: one per rank)."""
+
+    rank: int
+    local_rank: int
+    env: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What one node runs: ``argv`` in ``cwd`` with exactly ``env``.
+
+    With ``ranks`` empty, the agent starts ``argv`` once and it spawns the rank
+    processes itself (torchrun); otherwise the agent starts ``argv`` once per
+    entry of ``ranks`` with that entry's env added (``python`` launcher).
+    ``expected_ranks`` is how many rank processes the node will run.
+    """
+
+    host: Host
+    node_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    nproc: int
+    ranks: tuple[RankProcess, ...] = ()
+    master_addr: str = ""
+    master_port: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able description (``corral plan --json`` and the agent's spec)."""
+        return {
+            "host": self.host.name,
+            "address": self.host.address,
+            "node_rank": self.node_rank,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "cwd": self.cwd,
+            "nproc": self.nproc,
+            "ranks": [
+                {"rank": r.rank, "local_rank": r.local_rank, "env": dict(r.env)}
+                for r in self.ranks
+            ],
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+        }
