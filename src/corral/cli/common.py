@@ -21,18 +21,30 @@ HostsOpt = Annotated[
 ]
 SshUserOpt = Annotated[
     str | None,
-    typer.Option("--ssh-user", envvar="CORRAL_SSH_USER", help="SSH user for every host.",
-                 rich_help_panel="Cluster"),
+    typer.Option(
+        "--ssh-user",
+        envvar="CORRAL_SSH_USER",
+        help="SSH user for every host.",
+        rich_help_panel="Cluster",
+    ),
 ]
 SshKeyOpt = Annotated[
     str | None,
-    typer.Option("--ssh-key", envvar="CORRAL_SSH_KEY", help="SSH private key file.",
-                 rich_help_panel="Cluster"),
+    typer.Option(
+        "--ssh-key",
+        envvar="CORRAL_SSH_KEY",
+        help="SSH private key file.",
+        rich_help_panel="Cluster",
+    ),
 ]
 SshPortOpt = Annotated[
     int | None,
-    typer.Option("--ssh-port", envvar="CORRAL_SSH_PORT", help="SSH port for every host.",
-                 rich_help_panel="Cluster"),
+    typer.Option(
+        "--ssh-port",
+        envvar="CORRAL_SSH_PORT",
+        help="SSH port for every host.",
+        rich_help_panel="Cluster",
+    ),
 ]
 SshPasswordEnvOpt = Annotated[
     str | None,
@@ -45,15 +57,22 @@ SshPasswordEnvOpt = Annotated[
 ]
 SshConfigOpt = Annotated[
     str | None,
-    typer.Option("--ssh-config", envvar="CORRAL_SSH_CONFIG", help="OpenSSH client config file.",
-                 rich_help_panel="Cluster"),
+    typer.Option(
+        "--ssh-config",
+        envvar="CORRAL_SSH_CONFIG",
+        help="OpenSSH client config file.",
+        rich_help_panel="Cluster",
+    ),
 ]
 AcceptNewHostKeysOpt = Annotated[
     bool,
-    typer.Option("--accept-new-host-keys", envvar="CORRAL_ACCEPT_NEW_HOST_KEYS",
-                 help="Trust and record keys of hosts not yet in known_hosts (OpenSSH "
-                      "accept-new); a changed key is always refused.",
-                 rich_help_panel="Cluster"),
+    typer.Option(
+        "--accept-new-host-keys",
+        envvar="CORRAL_ACCEPT_NEW_HOST_KEYS",
+        help="Trust and record keys of hosts not yet in known_hosts (OpenSSH "
+        "accept-new); a changed key is always refused.",
+        rich_help_panel="Cluster",
+    ),
 ]
 
 

@@ -52,7 +52,7 @@ def main() -> None:
     """Console-script entry point: run the app, turning CorralError into one line."""
     _register()
     try:
-        app(standalone_mode=False)
+        app()  # standalone: click reports usage errors and exits with typer.Exit's code
     except CorralError as exc:
         if verbose():
             import traceback
@@ -60,15 +60,3 @@ def main() -> None:
             traceback.print_exc()
         report_error(exc)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        err_console.print("[red]aborted[/]")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise

@@ -74,6 +74,7 @@ class NodeCommand:
     ranks: tuple[RankProcess, ...] = ()
     master_addr: str = ""
     master_port: int = 0
+    hosts_master: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -91,9 +92,9 @@ class NodeCommand:
             "cwd": self.cwd,
             "nproc": self.nproc,
             "ranks": [
-                {"rank": r.rank, "local_rank": r.local_rank, "env": dict(r.env)}
-                for r in self.ranks
+                {"rank": r.rank, "local_rank": r.local_rank, "env": dict(r.env)} for r in self.ranks
             ],
             "master_addr": self.master_addr,
             "master_port": self.master_port,
+            "hosts_master": self.hosts_master,
         }

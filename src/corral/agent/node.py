@@ -1,0 +1,611 @@
+"""NodeAgent: runs one node's processes and reports on them.
+
+Lifecycle of the agent (one direction only)::
+
+    STARTING -> RUNNING -> STOPPING -> DONE
+
+RUNNING ends when every workload process has exited (the agent then cleans
+up whatever they left behind) or when a teardown is requested: a ``stop`` /
+``kill`` op, EOF on stdin (the coordinator or its SSH channel is gone),
+missed heartbeats, or a failed rank on this node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from corral.agent.protocol import (
+    EVENT,
+    NODE,
+    STDERR,
+    STDOUT,
+    encode_event,
+    encode_frame,
+)
+
+CHUNK = 1 << 16
+PR_SET_CHILD_SUBREAPER = 36
+_TORCHRUN_EXIT = re.compile(rb"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _set_subreaper() -> None:
+    """Adopt orphaned descendants (Linux), so teardown can always find them."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _child_setup(group: int) -> Callable[[], None]:
+    """What a workload process does between fork and exec: join the node's process
+    group and die with the agent (so a SIGKILLed agent leaves nothing behind)."""
+
+    def setup() -> None:
+        os.setpgid(0, group)
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return setup
+
+
+def _status_to_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+@dataclass
+class RankTrack:
+    """What the agent knows about one rank process."""
+
+    rank: int
+    local_rank: int = 0
+    pid: int | None = None
+    code: int | None = None
+    open_streams: int = 0
+    exited: bool = False
+    eof_time: float | None = None
+    reported: bool = False
+    log: IO[bytes] | None = None
+
+
+@dataclass
+class Workload:
+    """A process the agent started directly (a rank, or torchrun)."""
+
+    pid: int
+    rank: int  # NODE for torchrun
+    popen: subprocess.Popen[bytes]
+    code: int | None = None
+    open_streams: int = 2
+    stderr_tail: list[bytes] = field(default_factory=list)
+
+
+class NodeAgent:
+    """Supervises the processes of one node described by a start message."""
+
+    def __init__(self, start: dict[str, Any], out: IO[bytes]) -> None:
+        node = start["node"]
+        self.node = node
+        self.grace: float = float(start.get("grace", 10.0))
+        self.heartbeat_timeout: float | None = start.get("heartbeat_timeout")
+        self.master_timeout: float = float(start.get("master_timeout", 300.0))
+        self.out = out
+        self.env: dict[str, str] = dict(node["env"])
+        self.node_dir = Path(os.path.expanduser(self.env.get("CORRAL_NODE_DIR", ".corral-node")))
+        self.node_dir = self.node_dir.absolute()
+        self.env["CORRAL_NODE_DIR"] = str(self.node_dir)
+        self.ranks: dict[int, RankTrack] = {}
+        self.workloads: dict[int, Workload] = {}
+        self.pgids: set[int] = set()
+        self.reaped: dict[int, int] = {}
+        self.stopping = False
+        self.done = asyncio.Event()
+        self.last_heartbeat = time.monotonic()
+        self.node_log: IO[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._teardown_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._control_server: asyncio.AbstractServer | None = None
+
+    # -- output ---------------------------------------------------------------------
+
+    def emit(self, frame: bytes) -> None:
+        """Write one frame to the coordinator (ignored once the pipe is gone)."""
+        try:
+            self.out.write(frame)
+            self.out.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Emit a JSON event frame."""
+        self.emit(encode_event({"event": name, "time": time.time(), **fields}))
+
+    def _rank_log(self, rank: int) -> IO[bytes] | None:
+        if rank == NODE:
+            return self.node_log
+        track = self.ranks.get(rank)
+        if track is None:
+            track = self.ranks[rank] = RankTrack(rank=rank)
+        if track.log is None:
+            track.log = open(self.node_dir / "logs" / f"rank-{rank}.log", "ab")  # noqa: SIM115
+        return track.log
+
+    def forward(self, kind: bytes, rank: int, data: bytes) -> None:
+        """Send complete lines of ``rank`` to the coordinator and the host-side log."""
+        self.emit(encode_frame(kind, rank, data))
+        log = self._rank_log(rank)
+        if log is not None:
+            log.write(data)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        kind: bytes,
+        rank_of: Callable[[], int],
+        on_line: Callable[[bytes], None] | None = None,
+    ) -> None:
+        """Forward a byte stream as whole-line frames until EOF."""
+        pending = b""
+        while True:
+            chunk = await reader.read(CHUNK)
+            if not chunk:
+                break
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                pending = data
+                if len(pending) >= CHUNK * 4:  # a huge line without newline: pass it on
+                    self.forward(kind, rank_of(), pending)
+                    pending = b""
+                continue
+            pending = data[cut:]
+            self.forward(kind, rank_of(), data[:cut])
+            if on_line is not None:
+                for line in data[:cut].splitlines():
+                    on_line(line)
+        if pending:
+            self.forward(kind, rank_of(), pending + b"\n")
+            if on_line is not None:
+                on_line(pending)
+
+    # -- process tracking ------------------------------------------------------------
+
+    def _record_pgid(self, pid: int) -> None:
+        try:
+            pgid = os.getpgid(pid)
+        except OSError:
+            return
+        if pgid in self.pgids or pgid == os.getpgrp():
+            return
+        self.pgids.add(pgid)
+        with contextlib.suppress(OSError):
+            (self.node_dir / "pgids").write_text("".join(f"{g}\n" for g in sorted(self.pgids)))
+
+    def _descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _reap(self) -> None:
+        """Collect exit statuses of children and adopted orphans."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = _status_to_code(status)
+            self.reaped[pid] = code
+            work = self.workloads.get(pid)
+            if work is not None:
+                work.code = code
+                work.popen.returncode = code
+                self._workload_progress(work)
+            for track in self.ranks.values():
+                if track.pid == pid and track.code is None:
+                    track.code = code
+
+    # -- starting --------------------------------------------------------------------
+
+    def _prepare_dirs(self) -> str:
+        for sub in ("logs", "errors"):
+            (self.node_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.node_log = open(self.node_dir / "logs" / "node.log", "ab")  # noqa: SIM115
+        (self.node_dir / "agent.pid").write_text(f"{os.getpid()}\n")
+        (self.node_dir / "spec.json").write_text(json.dumps(self.node, indent=1))
+        cwd = os.path.abspath(os.path.expanduser(str(self.node["cwd"])))
+        if not os.path.isdir(cwd):
+            if not cwd.startswith(str(self.node_dir) + os.sep):
+                raise FileNotFoundError(f"working directory {cwd} does not exist")
+            os.makedirs(cwd, exist_ok=True)
+        return cwd
+
+    def _popen(self, argv: list[str], env: dict[str, str], cwd: str, group: int) -> Workload:
+        full_env = dict(os.environ)
+        full_env.update(env)
+        popen = subprocess.Popen(
+            argv,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_child_setup(group),
+        )
+        self._record_pgid(popen.pid)
+        return Workload(pid=popen.pid, rank=NODE, popen=popen)
+
+    async def _attach_pipe(self, work: Workload, fd: IO[bytes], kind: bytes) -> None:
+        assert self._loop is not None
+        reader = asyncio.StreamReader(limit=CHUNK * 8)
+        await self._loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), fd)
+
+        def on_line(line: bytes) -> None:
+            if work.rank == NODE and kind == STDERR:
+                work.stderr_tail.append(line)
+                del work.stderr_tail[:-200]
+
+        async def pump() -> None:
+            await self._pump(reader, kind, lambda: work.rank, on_line)
+            work.open_streams -= 1
+            self._workload_progress(work)
+
+        self._spawn(pump())
+
+    async def _start_workloads(self, cwd: str) -> None:
+        argv = list(self.node["argv"])
+        rank_specs = self.node.get("ranks") or []
+        group = 0
+        if rank_specs:
+            for spec in rank_specs:
+                env = dict(self.env)
+                env.update(spec["env"])
+                work = self._popen(argv, env, cwd, group)
+                group = group or work.pid
+                work.rank = int(spec["rank"])
+                self.ranks[work.rank] = RankTrack(
+                    rank=work.rank, local_rank=int(spec["local_rank"]), pid=work.pid
+                )
+                self.workloads[work.pid] = work
+                self.event(
+                    "rank_start", rank=work.rank, local_rank=spec["local_rank"], pid=work.pid
+                )
+        else:
+            work = self._popen(argv, dict(self.env), cwd, 0)
+            self.workloads[work.pid] = work
+        for work in list(self.workloads.values()):
+            assert work.popen.stdout is not None and work.popen.stderr is not None
+            await self._attach_pipe(work, work.popen.stdout, STDOUT)
+            await self._attach_pipe(work, work.popen.stderr, STDERR)
+
+    # -- control socket (torchrun ranks' streams and SDK reports) -----------------------
+
+    async def _serve_control(self) -> None:
+        address = self.env.get("CORRAL_CONTROL", "")
+        if not address.startswith("unix:"):
+            return
+        path = address[len("unix:") :]
+        if path.startswith("@"):
+            path = "\0" + path[1:]
+        elif os.path.exists(path):
+            os.unlink(path)
+        self._control_server = await asyncio.start_unix_server(
+            self._on_control, path=path, limit=CHUNK * 8
+        )
+
+    async def _on_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = (await reader.readline()).split()
+            if len(hello) >= 2 and hello[0] in (b"out", b"err"):
+                await self._rank_stream(hello, reader)
+            elif len(hello) >= 2 and hello[0] == b"ctl":
+                await self._rank_control(int(hello[1]), reader)
+        except (ValueError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _rank_stream(self, hello: list[bytes], reader: asyncio.StreamReader) -> None:
+        rank = int(hello[1])
+        track = self.ranks.get(rank)
+        if track is None:
+            track = self.ranks[rank] = RankTrack(rank=rank)
+        if len(hello) >= 4:
+            track.local_rank = int(hello[2])
+            if track.pid is None:
+                track.pid = int(hello[3])
+                self._record_pgid(track.pid)
+                self.event("rank_start", rank=rank, local_rank=track.local_rank, pid=track.pid)
+        track.open_streams += 1
+        kind = STDOUT if hello[0] == b"out" else STDERR
+        await self._pump(reader, kind, lambda: rank)
+        track.open_streams -= 1
+        if track.open_streams == 0:
+            track.eof_time = time.time()
+            self._maybe_report_rank(track, final=False)
+
+    async def _rank_control(self, rank: int, reader: asyncio.StreamReader) -> None:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("type") == "exit":
+                track = self.ranks.get(rank) or self.ranks.setdefault(rank, RankTrack(rank=rank))
+                track.code = int(msg.get("code", 1))
+                self._maybe_report_rank(track, final=False)
+            else:
+                msg.setdefault("rank", rank)
+                self.emit(encode_event({"event": "report", **msg}))
+
+    def _error_file(self, rank: int) -> dict[str, Any] | None:
+        path = self.node_dir / "errors" / f"rank-{rank}.json"
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+        except (OSError, ValueError):
+            return None
+
+    def _maybe_report_rank(self, track: RankTrack, *, final: bool) -> None:
+        """Emit ``rank_exit`` once the rank's streams are closed and its code is
+        known; with ``final``, report whatever is known by now."""
+        if track.reported or track.open_streams > 0:
+            return
+        if not final and (track.eof_time is None or track.code is None):
+            return
+        track.reported = True
+        code = track.code
+        self.event(
+            "rank_exit",
+            rank=track.rank,
+            local_rank=track.local_rank,
+            pid=track.pid,
+            code=code,
+            eof_time=track.eof_time,
+            error=self._error_file(track.rank),
+        )
+        if code not in (0, None) and not self.stopping:
+            self.request_teardown(self.grace, reason=f"rank {track.rank} failed")
+        if track.log is not None:
+            track.log.flush()
+
+    def _workload_progress(self, work: Workload) -> None:
+        if work.code is None or work.open_streams > 0:
+            return
+        if work.rank != NODE:
+            track = self.ranks[work.rank]
+            track.code = work.code
+            track.eof_time = track.eof_time or time.time()
+            self._maybe_report_rank(track, final=True)
+        else:
+            # torchrun exited: settle ranks whose end we saw but not their code.
+            codes = {
+                int(m.group(2)): int(m.group(1))
+                for m in _TORCHRUN_EXIT.finditer(b"\n".join(work.stderr_tail))
+            }
+            for track in self.ranks.values():
+                if track.code is None and track.pid in codes:
+                    track.code = codes[track.pid]
+                if track.code is None and track.pid in self.reaped:
+                    track.code = self.reaped[track.pid]
+                if track.eof_time is not None or track.code is not None:
+                    self._maybe_report_rank(track, final=True)
+            if work.code != 0 and not self.stopping:
+                self.request_teardown(self.grace, reason="torchrun failed")
+        if all(w.code is not None and w.open_streams == 0 for w in self.workloads.values()):
+            self.request_teardown(self.grace, reason="workload finished", finished=True)
+
+    # -- master readiness ------------------------------------------------------------
+
+    async def _probe_master(self) -> None:
+        host, port = self.node["master_addr"], int(self.node["master_port"])
+        deadline = time.monotonic() + self.master_timeout
+        while not self.stopping:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+                writer.close()
+                self.event("master_ready", addr=host, port=port)
+                return
+            except (OSError, asyncio.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                self.event("master_timeout", addr=host, port=port, timeout=self.master_timeout)
+                return
+            await asyncio.sleep(0.2)
+
+    # -- coordinator link --------------------------------------------------------------
+
+    async def _read_ops(self, stdin: asyncio.StreamReader) -> None:
+        while True:
+            line = await stdin.readline()
+            if not line:
+                self.request_teardown(self.grace, reason="coordinator disconnected")
+                return
+            self.last_heartbeat = time.monotonic()
+            try:
+                op = json.loads(line)
+            except ValueError:
+                continue
+            kind = op.get("op")
+            if kind == "stop":
+                self.request_teardown(float(op.get("grace", self.grace)), reason="stop requested")
+            elif kind == "kill":
+                self.request_teardown(0.0, reason="kill requested")
+
+    async def _watch_heartbeat(self) -> None:
+        if not self.heartbeat_timeout:
+            return
+        while not self.stopping:
+            await asyncio.sleep(min(1.0, self.heartbeat_timeout / 4))
+            if time.monotonic() - self.last_heartbeat > self.heartbeat_timeout:
+                self.request_teardown(self.grace, reason="coordinator heartbeat lost")
+                return
+
+    async def _track_groups(self) -> None:
+        while not self.stopping:
+            for proc in self._descendants():
+                self._record_pgid(proc.pid)
+            await asyncio.sleep(1.0)
+
+    # -- teardown --------------------------------------------------------------------
+
+    def request_teardown(self, grace: float, *, reason: str, finished: bool = False) -> None:
+        """Start tearing down (once); a later request with a shorter grace kills sooner."""
+        if self._teardown_task is not None:
+            if grace == 0.0:
+                self._kill_all(signal.SIGKILL)
+            return
+        self.stopping = True
+        if not finished:
+            self.event("stopping", reason=reason)
+        self._teardown_task = self._spawn(self._teardown(grace))
+
+    def _signal_groups(self, signum: int) -> None:
+        for pgid in list(self.pgids):
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signum)
+
+    def _kill_all(self, signum: int) -> None:
+        for proc in self._descendants():
+            self._record_pgid(proc.pid)
+        self._signal_groups(signum)
+        for proc in self._descendants():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signum)
+
+    def _alive(self) -> bool:
+        return any(_running(p) for p in self._descendants())
+
+    async def _teardown(self, grace: float) -> None:
+        if self._alive():
+            self._kill_all(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while self._alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self._alive():
+                self._kill_all(signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            self._reap()
+            streams_open = any(w.open_streams for w in self.workloads.values()) or any(
+                t.open_streams for t in self.ranks.values()
+            )
+            if not streams_open and not self._descendants():
+                break
+            await asyncio.sleep(0.02)
+        for track in self.ranks.values():
+            self._maybe_report_rank(track, final=True)
+        self.done.set()
+
+    # -- main ------------------------------------------------------------------------
+
+    async def run(self, stdin_fd: int) -> int:
+        """Start the node, supervise it, return the agent's exit code."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_signal_handler(signal.SIGCHLD, self._reap)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self._loop.add_signal_handler(
+                signum, lambda: self.request_teardown(self.grace, reason="agent signalled")
+            )
+        stdin = asyncio.StreamReader()
+        await self._loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stdin), os.fdopen(stdin_fd, "rb", 0)
+        )
+        try:
+            cwd = self._prepare_dirs()
+            await self._serve_control()
+            await self._start_workloads(cwd)
+        except OSError as exc:
+            self.event("start_failed", error=str(exc), host=socket.gethostname())
+            self._kill_all(signal.SIGKILL)
+            return 3
+        self.event(
+            "started",
+            pid=os.getpid(),
+            pgids=sorted(self.pgids),
+            node_dir=str(self.node_dir),
+            hostname=socket.gethostname(),
+        )
+        self._spawn(self._read_ops(stdin))
+        self._spawn(self._watch_heartbeat())
+        self._spawn(self._track_groups())
+        if self.node.get("hosts_master"):
+            self._spawn(self._probe_master())
+        self._reap()  # a child may have exited before the SIGCHLD handler was in place
+        await self.done.wait()
+        if self._control_server is not None:
+            self._control_server.close()
+        codes = {str(t.rank): t.code for t in self.ranks.values()}
+        for track in self.ranks.values():
+            if track.log is not None:
+                track.log.close()
+        if self.node_log is not None:
+            self.node_log.close()
+        status = {"ranks": codes, "time": time.time()}
+        with contextlib.suppress(OSError):
+            (self.node_dir / "status.json").write_text(json.dumps(status))
+        self.event("node_exit", ranks=codes)
+        return 0
+
+
+def _running(proc: psutil.Process) -> bool:
+    """True unless the process is gone or a zombie."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def main() -> int:
+    """Read the start message, then run the agent until the node is done."""
+    # Frames go to the real stdout; anything else printed goes to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    stdin_fd = os.dup(0)
+    first = b""
+    while not first.endswith(b"\n"):
+        byte = os.read(stdin_fd, 1)
+        if not byte:
+            return 2
+        first += byte
+    start = json.loads(first)
+    _set_subreaper()
+    agent = NodeAgent(start, out)
+    try:
+        return asyncio.run(agent.run(stdin_fd))
+    finally:
+        out.flush()
+
+
+__all__ = ["EVENT", "NodeAgent", "main"]

@@ -1,0 +1,136 @@
+"""``python -m corral.agent.worker SCRIPT [ARGS...]``: runs one rank's script.
+
+It runs the script in this interpreter (like ``python SCRIPT``) and adds what
+corral needs around it:
+
+* under torchrun (``CORRAL_STREAMS=socket``) its stdout and stderr become
+  connections to the node agent, tagged with the global rank that torchrun
+  assigned, so every line is attributed to the right ``[host:rank]``;
+* an uncaught exception is written to the rank's error file (the traceback of
+  the root cause) and reported with the exit code on the control socket;
+* the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed
+  torchrun or agent never leaves ranks behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _connect(address: str) -> socket.socket:
+    path = address[len("unix:") :]
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+def _redirect_streams(address: str, rank: int, local_rank: int) -> None:
+    """Point fds 1 and 2 at the agent, announcing which rank they belong to."""
+    for name, fd in (("out", 1), ("err", 2)):
+        sock = _connect(address)
+        sock.sendall(f"{name} {rank} {local_rank} {os.getpid()}\n".encode())
+        os.dup2(sock.fileno(), fd)
+        sock.close()
+
+
+def _report_exit(address: str | None, rank: int, code: int) -> None:
+    if not address:
+        return
+    with contextlib.suppress(OSError):
+        sock = _connect(address)
+        sock.settimeout(2.0)
+        sock.sendall(
+            f"ctl {rank}\n".encode() + json.dumps({"type": "exit", "code": code}).encode() + b"\n"
+        )
+        sock.close()
+
+
+def _trim_traceback(exc: BaseException, script: str) -> None:
+    """Drop this wrapper's and runpy's frames so the traceback starts in the script."""
+    tb = exc.__traceback__
+    here = os.path.abspath(__file__)
+    while tb is not None and tb.tb_next is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if os.path.abspath(filename) != here and "runpy" not in filename:
+            break
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    """Run ``argv[0]`` as ``__main__`` with ``argv[1:]`` as its arguments."""
+    if not argv:
+        print("usage: python -m corral.agent.worker SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    _die_with_parent()
+    env = os.environ
+    if "NODE_RANK" not in env and "GROUP_RANK" in env:
+        env["NODE_RANK"] = env["GROUP_RANK"]
+    rank = int(env.get("RANK", "0"))
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    node_dir = env.get("CORRAL_NODE_DIR")
+    if node_dir:
+        env["CORRAL_ERROR_FILE"] = os.path.join(node_dir, "errors", f"rank-{rank}.json")
+    control = env.get("CORRAL_CONTROL")
+    if control and env.get("CORRAL_STREAMS") == "socket":
+        try:
+            _redirect_streams(control, rank, local_rank)
+        except OSError as exc:
+            print(f"corral: cannot reach the node agent at {control}: {exc}", file=sys.stderr)
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:
+        _trim_traceback(exc, script)
+        traceback.print_exception(exc)
+        code = 1
+        with contextlib.suppress(Exception):
+            from corral.sdk import write_error_file
+
+            write_error_file(exc)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    _report_exit(control, rank, code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,371 @@
+"""``corral run`` (launch + supervise) and ``corral plan`` (the dry run)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from corral.cli.common import (
+    AcceptNewHostKeysOpt,
+    HostsOpt,
+    SshConfigOpt,
+    SshKeyOpt,
+    SshOptions,
+    SshPasswordEnvOpt,
+    SshPortOpt,
+    SshUserOpt,
+    require_hosts,
+)
+from corral.cluster import load_cluster
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
+from corral.runtime.launch import LaunchOptions, prepare, run_job
+
+_L = "Launch"
+
+LauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        envvar="CORRAL_LAUNCHER",
+        help=f"How ranks are started: {'|'.join(LAUNCHERS)}.",
+        rich_help_panel=_L,
+    ),
+]
+PythonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--python",
+        envvar="CORRAL_PYTHON",
+        help="Interpreter on the hosts (its torchrun is used). Default: this "
+        "interpreter for local nodes, else python3.",
+        rich_help_panel=_L,
+    ),
+]
+NprocOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nproc-per-node",
+        envvar="CORRAL_NPROC_PER_NODE",
+        help="Ranks per node: N, or 'auto' (GPUs, else the host's slots). "
+        "Default: the host's slots.",
+        rich_help_panel=_L,
+    ),
+]
+MasterAddrOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--master-addr",
+        envvar="CORRAL_MASTER_ADDR",
+        help="Rendezvous address (default: the first host).",
+        rich_help_panel=_L,
+    ),
+]
+MasterPortOpt = Annotated[
+    int,
+    typer.Option(
+        "--master-port",
+        envvar="CORRAL_MASTER_PORT",
+        help="Rendezvous port; 0 picks a free one.",
+        rich_help_panel=_L,
+    ),
+]
+WorkdirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--workdir",
+        envvar="CORRAL_WORKDIR",
+        help="Working directory on every host (default for local nodes: their own "
+        "directory under the run dir).",
+        rich_help_panel=_L,
+    ),
+]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env",
+        help="K=V set for every rank (repeatable). Nothing else of this "
+        "shell's environment is forwarded.",
+        rich_help_panel=_L,
+    ),
+]
+NcclOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nccl-interface",
+        envvar="CORRAL_NCCL_INTERFACE",
+        help="NCCL_SOCKET_IFNAME for every rank.",
+        rich_help_panel=_L,
+    ),
+]
+GlooOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gloo-interface",
+        envvar="CORRAL_GLOO_INTERFACE",
+        help="GLOO_SOCKET_IFNAME for every rank.",
+        rich_help_panel=_L,
+    ),
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        envvar="CORRAL_TIMEOUT",
+        help="Stop the whole job after S seconds (exit 124).",
+        rich_help_panel=_L,
+    ),
+]
+CheckpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoint-dir",
+        envvar="CORRAL_CHECKPOINT_DIR",
+        help="Exported to ranks as CORRAL_CHECKPOINT_DIR.",
+        rich_help_panel=_L,
+    ),
+]
+RunDirOpt = Annotated[
+    str,
+    typer.Option(
+        "--run-dir",
+        envvar="CORRAL_RUN_DIR",
+        help="Where runs/<job-id>/ (logs, plan, result) is written.",
+        rich_help_panel=_L,
+    ),
+]
+GraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--grace",
+        envvar="CORRAL_GRACE",
+        help="Seconds between SIGTERM and SIGKILL at teardown.",
+        rich_help_panel=_L,
+    ),
+]
+RdzvTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--rdzv-timeout",
+        envvar="CORRAL_RDZV_TIMEOUT",
+        help="Seconds to wait for every node to join and the master to accept connections.",
+        rich_help_panel=_L,
+    ),
+]
+JobIdOpt = Annotated[
+    str | None,
+    typer.Option("--job-id", help="Job id (default: generated, time-based).", rich_help_panel=_L),
+]
+ScriptArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="SCRIPT [ARGS...] after `--`.", show_default=False),
+]
+
+
+def _options(
+    hosts: str | None,
+    ssh_user: str | None,
+    ssh_key: str | None,
+    ssh_port: int | None,
+    ssh_password_env: str | None,
+    ssh_config: str | None,
+    accept_new_host_keys: bool,
+    launcher: str,
+    python: str | None,
+    nproc_per_node: str | None,
+    master_addr: str | None,
+    master_port: int,
+    workdir: str | None,
+    env: list[str] | None,
+    nccl_interface: str | None,
+    gloo_interface: str | None,
+    timeout: float | None,
+    checkpoint_dir: str | None,
+    run_dir: str,
+    grace: float,
+    rdzv_timeout: float,
+    job_id: str | None,
+    command: list[str] | None,
+) -> LaunchOptions:
+    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh_user, ssh_port=ssh_port)
+    return LaunchOptions(
+        cluster=cluster,
+        ssh=SshOptions(
+            user=ssh_user,
+            key=ssh_key,
+            port=ssh_port,
+            password_env=ssh_password_env,
+            config=ssh_config,
+            accept_new_host_keys=accept_new_host_keys,
+        ),
+        command=list(command or []),
+        launcher=launcher,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=list(env or []),
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        timeout=timeout,
+        checkpoint_dir=checkpoint_dir,
+        run_dir=run_dir,
+        grace=grace,
+        rdzv_timeout=rdzv_timeout,
+        job_id=job_id,
+    )
+
+
+def run(
+    command: ScriptArg = None,
+    hosts: HostsOpt = None,
+    ssh_user: SshUserOpt = None,
+    ssh_key: SshKeyOpt = None,
+    ssh_port: SshPortOpt = None,
+    ssh_password_env: SshPasswordEnvOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    launcher: LauncherOpt = "torchrun",
+    python: PythonOpt = None,
+    nproc_per_node: NprocOpt = None,
+    master_addr: MasterAddrOpt = None,
+    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
+    workdir: WorkdirOpt = None,
+    env: EnvOpt = None,
+    nccl_interface: NcclOpt = None,
+    gloo_interface: GlooOpt = None,
+    timeout: TimeoutOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    run_dir: RunDirOpt = "runs",
+    grace: GraceOpt = 10.0,
+    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
+    job_id: JobIdOpt = None,
+) -> None:
+    """Launch SCRIPT on every node and supervise it; the exit code is the job's result.
+
+    Exit codes: 0 success; the failing rank's own code; 128+N when it was killed by
+    signal N; 124 --timeout; 130 interrupted; 255 a host was lost; 3 the job could not
+    start; 2 bad options or hostfile.
+    """
+    opts = _options(
+        hosts,
+        ssh_user,
+        ssh_key,
+        ssh_port,
+        ssh_password_env,
+        ssh_config,
+        accept_new_host_keys,
+        launcher,
+        python,
+        nproc_per_node,
+        master_addr,
+        master_port,
+        workdir,
+        env,
+        nccl_interface,
+        gloo_interface,
+        timeout,
+        checkpoint_dir,
+        run_dir,
+        grace,
+        rdzv_timeout,
+        job_id,
+        command,
+    )
+    result = asyncio.run(run_job(opts))
+    raise typer.Exit(result.exit_code)
+
+
+def plan(
+    command: ScriptArg = None,
+    hosts: HostsOpt = None,
+    ssh_user: SshUserOpt = None,
+    ssh_port: SshPortOpt = None,
+    launcher: LauncherOpt = "torchrun",
+    python: PythonOpt = None,
+    nproc_per_node: NprocOpt = None,
+    master_addr: MasterAddrOpt = None,
+    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
+    workdir: WorkdirOpt = None,
+    env: EnvOpt = None,
+    nccl_interface: NcclOpt = None,
+    gloo_interface: GlooOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    run_dir: RunDirOpt = "runs",
+    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
+    job_id: JobIdOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Print the exact per-node command and environment `corral run` would use (dry run)."""
+    opts = _options(
+        hosts,
+        ssh_user,
+        None,
+        ssh_port,
+        None,
+        None,
+        False,
+        launcher,
+        python,
+        nproc_per_node,
+        master_addr,
+        master_port,
+        workdir,
+        env,
+        nccl_interface,
+        gloo_interface,
+        None,
+        checkpoint_dir,
+        run_dir,
+        10.0,
+        rdzv_timeout,
+        job_id,
+        command,
+    )
+    prepared = prepare(opts, dry_run=True)
+    if as_json:
+        doc = {
+            "job_id": prepared.spec.job_id,
+            "launcher": prepared.spec.launcher,
+            "nodes": [c.to_json() for c in prepared.commands],
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    console = Console(highlight=False)
+    table = Table(
+        title=f"plan for job {prepared.spec.job_id} "
+        f"({prepared.spec.launcher}, {len(prepared.commands)} nodes)",
+        title_justify="left",
+        show_lines=True,
+    )
+    for column in ("node", "host", "ranks", "cwd", "command", "env"):
+        table.add_column(column, overflow="fold")
+    for cmd in prepared.commands:
+        ranks = (
+            ", ".join(str(r.rank) for r in cmd.ranks)
+            if cmd.ranks
+            else f"{cmd.nproc} (assigned at rendezvous)"
+        )
+        table.add_row(
+            str(cmd.node_rank),
+            cmd.host.name,
+            ranks,
+            cmd.cwd,
+            shlex.join(cmd.argv),
+            "\n".join(f"{k}={v}" for k, v in cmd.env.items()),
+        )
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` and ``plan`` to the root app."""
+    ctx = {"allow_interspersed_args": False}
+    app.command("run", context_settings=ctx)(run)
+    app.command("plan", context_settings=ctx)(plan)

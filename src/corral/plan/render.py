@@ -1,0 +1,210 @@
+"""Pure launch planning: (JobSpec, Cluster, attempt) -> one NodeCommand per node.
+
+No I/O happens here, so every launch has a dry run (``corral plan``). Anything
+that needs the outside world (a free port, the interpreter on a host) is
+resolved before planning by the runtime.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import posixpath
+
+from corral.cluster.model import Cluster, Host
+from corral.errors import ConfigError
+from corral.plan.spec import LAUNCHERS, JobSpec, NodeCommand, RankProcess
+
+WORKER_MODULE = "corral.agent.worker"
+
+# Every env var corral itself sets on a rank (DESIGN.md §5); the user's --env may
+# not override these.
+CONTRACT_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CORRAL_JOB_ID",
+    "CORRAL_ATTEMPT",
+    "CORRAL_CONTROL",
+)
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if address.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def control_address(job_id: str, node_rank: int, attempt: int) -> str:
+    """Where the SDK reports progress on a node: an abstract unix socket name."""
+    return f"unix:@corral-{job_id}-n{node_rank}-a{attempt}"
+
+
+def node_dir(spec: JobSpec, host: Host) -> str:
+    """The node's own run dir on the host (logs, pids, error files)."""
+    if host.local:
+        return posixpath.join(spec.run_dir, spec.job_id, "nodes", host.name)
+    return posixpath.join("~", ".corral", "runs", spec.job_id)
+
+
+def node_cwd(spec: JobSpec, host: Host) -> str:
+    """The working directory of the node's processes."""
+    if spec.workdir:
+        return spec.workdir
+    if host.local:
+        return posixpath.join(node_dir(spec, host), "work")
+    return os.getcwd()
+
+
+def _procs_per_node(spec: JobSpec, host: Host) -> int:
+    return spec.nproc_per_node if spec.nproc_per_node is not None else host.slots
+
+
+def master_index(cluster: Cluster, master_addr: str) -> int:
+    """Index of the node hosting the rendezvous: the host named by the master
+    address, else node 0."""
+    for index, host in enumerate(cluster.hosts):
+        if master_addr in (host.address, host.name):
+            return index
+    return 0
+
+
+def _validate(spec: JobSpec, cluster: Cluster) -> str:
+    if spec.launcher not in LAUNCHERS:
+        raise ConfigError(
+            f"unknown launcher {spec.launcher!r}; choose one of {', '.join(LAUNCHERS)}",
+            option="--launcher",
+        )
+    if cluster.size == 0:
+        raise ConfigError("the cluster has no hosts", option="--hosts")
+    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
+        raise ConfigError(
+            f"must be at least 1 (got {spec.nproc_per_node})", option="--nproc-per-node"
+        )
+    if not spec.script:
+        raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
+    if not 0 <= spec.master_port <= 65535:
+        raise ConfigError(f"{spec.master_port} is not a TCP port", option="--master-port")
+    for key in spec.env:
+        if key in CONTRACT_VARS:
+            raise ConfigError(
+                f"{key} is set by corral for every rank and cannot be overridden", option="--env"
+            )
+    master_addr = spec.master_addr or cluster.hosts[0].address
+    real_hosts = [h for h in cluster.hosts if not h.local]
+    if len(real_hosts) > 1 and is_loopback(master_addr):
+        raise ConfigError(
+            f"master address {master_addr} is a loopback address but the job spans "
+            f"{len(real_hosts)} hosts; other hosts cannot reach it. Give --master-addr "
+            "an address of the first host that the others can reach",
+            option="--master-addr",
+        )
+    return master_addr
+
+
+def _base_env(
+    spec: JobSpec, host: Host, node_rank: int, attempt: int, master_addr: str
+) -> dict[str, str]:
+    env: dict[str, str] = {}
+    env.update(spec.env)
+    env.update(host.env)
+    nccl = spec.nccl_interface or host.interface
+    gloo = spec.gloo_interface or host.interface
+    if nccl:
+        env["NCCL_SOCKET_IFNAME"] = nccl
+    if gloo:
+        env["GLOO_SOCKET_IFNAME"] = gloo
+    if spec.checkpoint_dir:
+        env["CORRAL_CHECKPOINT_DIR"] = spec.checkpoint_dir
+    env["MASTER_ADDR"] = master_addr
+    env["MASTER_PORT"] = str(spec.master_port)
+    env["NNODES"] = str(0)  # replaced below; keeps a stable key order
+    env["CORRAL_JOB_ID"] = spec.job_id
+    env["CORRAL_ATTEMPT"] = str(attempt)
+    env["CORRAL_CONTROL"] = control_address(spec.job_id, node_rank, attempt)
+    env["CORRAL_NODE_DIR"] = node_dir(spec, host)
+    env["CORRAL_HOST"] = host.name
+    return env
+
+
+def _fmt_seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeCommand]:
+    """Plan one NodeCommand per host of ``cluster`` for ``spec``'s ``attempt``."""
+    master_addr = _validate(spec, cluster)
+    python = spec.python or "python3"
+    nnodes = cluster.size
+    per_node = [_procs_per_node(spec, h) for h in cluster.hosts]
+    world = sum(per_node)
+    master_node = master_index(cluster, master_addr)
+    commands: list[NodeCommand] = []
+    rank_base = 0
+    for node_rank, host in enumerate(cluster.hosts):
+        nproc = per_node[node_rank]
+        env = _base_env(spec, host, node_rank, attempt, master_addr)
+        env["NNODES"] = str(nnodes)
+        ranks: tuple[RankProcess, ...] = ()
+        if spec.launcher == "torchrun":
+            rdzv_conf = (
+                f"join_timeout={_fmt_seconds(spec.rdzv_timeout)},read_timeout=60,"
+                f"is_host={1 if node_rank == master_node else 0}"
+            )
+            argv = (
+                python,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={nnodes}",
+                f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={master_addr}:{spec.master_port}",
+                f"--rdzv-id={spec.job_id}",
+                f"--rdzv-conf={rdzv_conf}",
+                "--max-restarts=0",
+                "--monitor-interval=0.1",
+                f"--local-addr={host.address}",
+                "-m",
+                WORKER_MODULE,
+                spec.script,
+                *spec.args,
+            )
+            env["CORRAL_STREAMS"] = "socket"
+        else:
+            argv = (python, "-u", "-m", WORKER_MODULE, spec.script, *spec.args)
+            env["WORLD_SIZE"] = str(world)
+            env["LOCAL_WORLD_SIZE"] = str(nproc)
+            env["NODE_RANK"] = str(node_rank)
+            ranks = tuple(
+                RankProcess(
+                    rank=rank_base + local,
+                    local_rank=local,
+                    env={"RANK": str(rank_base + local), "LOCAL_RANK": str(local)},
+                )
+                for local in range(nproc)
+            )
+        commands.append(
+            NodeCommand(
+                host=host,
+                node_rank=node_rank,
+                argv=argv,
+                env=env,
+                cwd=node_cwd(spec, host),
+                nproc=nproc,
+                ranks=ranks,
+                master_addr=master_addr,
+                master_port=spec.master_port,
+                hosts_master=node_rank == master_node,
+            )
+        )
+        rank_base += nproc
+    return commands

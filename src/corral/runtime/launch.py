@@ -1,0 +1,291 @@
+"""From CLI options to a supervised job: validate, resolve, plan, run, report.
+
+``prepare`` turns options into a JobSpec and its plan (with ``dry_run`` it
+touches nothing); ``run_job`` executes that plan through the right transport
+and writes ``<run_dir>/<job-id>/`` (plan.json, result.json, logs/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from corral.cli.common import SshOptions
+from corral.cluster.model import Cluster, Host
+from corral.errors import ConfigError, LaunchError
+from corral.plan.render import plan_job
+from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec, Launcher, NodeCommand
+from corral.runtime.output import LogSink
+from corral.runtime.summary import print_report
+from corral.runtime.supervisor import JobResult, Supervisor
+from corral.transport.base import Transport
+from corral.transport.local import LocalTransport
+
+
+@dataclass
+class LaunchOptions:
+    """Everything ``corral run`` / ``corral plan`` was given."""
+
+    cluster: Cluster
+    command: list[str]
+    ssh: SshOptions = field(default_factory=SshOptions)
+    launcher: str = "torchrun"
+    python: str | None = None
+    nproc_per_node: str | None = None
+    master_addr: str | None = None
+    master_port: int = 29500
+    workdir: str | None = None
+    env: list[str] = field(default_factory=list)
+    nccl_interface: str | None = None
+    gloo_interface: str | None = None
+    timeout: float | None = None
+    checkpoint_dir: str | None = None
+    run_dir: str = "runs"
+    grace: float = 10.0
+    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    job_id: str | None = None
+    stream: Any = None  # bytes sink for job output (tests); default stdout
+    console: Console | None = None  # where corral's own messages go; default stderr
+
+
+@dataclass
+class Prepared:
+    """A validated spec and its plan."""
+
+    spec: JobSpec
+    commands: list[NodeCommand]
+    job_dir: Path
+
+
+def new_job_id() -> str:
+    """A sortable, unique job id such as ``20261122-031502-7f3a``."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``K=V`` strings to a dict; ConfigError naming the bad item."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{item!r} is not KEY=VALUE", option="--env")
+        if not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise ConfigError(f"{key!r} is not a valid environment variable name", option="--env")
+        env[key] = value
+    return env
+
+
+def _count_local_gpus() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def parse_nproc(value: str | None, cluster: Cluster) -> int | None:
+    """``--nproc-per-node``: an int >= 1, 'auto' (GPUs or slots), or None (slots)."""
+    if value is None:
+        return None
+    if value == "auto":
+        gpus = _count_local_gpus() if cluster.is_local else 0
+        return gpus or None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
+        ) from None
+    if number < 1:
+        raise ConfigError(f"must be at least 1 (got {number})", option="--nproc-per-node")
+    return number
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """LaunchError if ``port`` cannot be bound on ``host`` (already taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            why = "already in use" if exc.errno == errno.EADDRINUSE else str(exc)
+            raise LaunchError(
+                f"master port {port} on {host} is {why}; pass another --master-port, "
+                "or --master-port 0 to pick a free one"
+            ) from exc
+
+
+def prepare(opts: LaunchOptions, *, dry_run: bool = False) -> Prepared:
+    """Validate options, resolve what must be resolved, and plan every node."""
+    if not opts.command:
+        raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
+    if opts.launcher not in LAUNCHERS:
+        raise ConfigError(
+            f"unknown launcher {opts.launcher!r}; choose one of {', '.join(LAUNCHERS)}",
+            option="--launcher",
+        )
+    cluster = opts.cluster
+    script, *args = opts.command
+    if cluster.is_local:
+        if not os.path.isfile(script):
+            raise ConfigError(f"script {script} not found (looked in {os.getcwd()})")
+        script = os.path.abspath(script)
+    run_dir = os.path.abspath(opts.run_dir)
+    master_port = opts.master_port
+    if master_port < 0 or master_port > 65535:
+        raise ConfigError(f"{master_port} is not a TCP port", option="--master-port")
+    if cluster.is_local and not dry_run:
+        if master_port == 0:
+            master_port = free_port()
+        else:
+            check_port_free(master_port)
+    python = opts.python
+    if python is None and cluster.is_local:
+        python = sys.executable
+    checkpoint_dir = opts.checkpoint_dir
+    if checkpoint_dir and cluster.is_local:
+        checkpoint_dir = os.path.abspath(checkpoint_dir)
+    workdir = opts.workdir
+    if workdir and cluster.is_local:
+        workdir = os.path.abspath(workdir)
+        if not os.path.isdir(workdir):
+            raise ConfigError(f"directory {workdir} does not exist", option="--workdir")
+    launcher: Launcher = "torchrun" if opts.launcher == "torchrun" else "python"
+    spec = JobSpec(
+        script=script,
+        args=tuple(args),
+        launcher=launcher,
+        job_id=opts.job_id or new_job_id(),
+        python=python,
+        nproc_per_node=parse_nproc(opts.nproc_per_node, cluster),
+        master_addr=opts.master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=parse_env(opts.env),
+        nccl_interface=opts.nccl_interface,
+        gloo_interface=opts.gloo_interface,
+        timeout=opts.timeout,
+        checkpoint_dir=checkpoint_dir,
+        rdzv_timeout=opts.rdzv_timeout,
+        run_dir=run_dir,
+    )
+    commands = plan_job(spec, cluster)
+    return Prepared(spec=spec, commands=commands, job_dir=Path(run_dir) / spec.job_id)
+
+
+def make_transport(opts: LaunchOptions) -> Transport:
+    """LocalTransport for ``local:N``; the SSH transport otherwise."""
+    if opts.cluster.is_local:
+        return LocalTransport()
+    if any(h.local for h in opts.cluster.hosts):
+        raise ConfigError("a cluster cannot mix local:N nodes and SSH hosts", option="--hosts")
+    from corral.transport.ssh import SshTransport
+
+    return SshTransport.from_options(opts.ssh)
+
+
+def _agent_argv(spec: JobSpec) -> Any:
+    def argv(host: Host) -> list[str]:
+        return [spec.python or "python3", "-m", "corral.agent"]
+
+    return argv
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with contextlib.suppress(OSError):
+        path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def result_json(result: JobResult) -> dict[str, Any]:
+    """A JSON-able record of a finished job (``result.json``)."""
+    return {
+        "job_id": result.job_id,
+        "state": result.state.value,
+        "exit_code": result.exit_code,
+        "started": result.started,
+        "ended": result.ended,
+        "reason": result.reason,
+        "nodes": [
+            {
+                "host": n.host.name,
+                "state": n.state.value,
+                "detail": n.detail,
+                "ranks": {str(r.rank): {"code": r.code, "pid": r.pid} for r in n.ranks.values()},
+            }
+            for n in result.nodes
+        ],
+        "failures": [
+            {"host": f.host, "rank": f.rank, "code": f.code, "message": f.message, "time": f.time}
+            for f in result.failures
+        ],
+    }
+
+
+async def run_job(opts: LaunchOptions) -> JobResult:
+    """Prepare, launch, supervise and report one job."""
+    prepared = prepare(opts)
+    spec = prepared.spec
+    prepared.job_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(
+        prepared.job_dir / "plan.json",
+        {
+            "job_id": spec.job_id,
+            "launcher": spec.launcher,
+            "nodes": [c.to_json() for c in prepared.commands],
+        },
+    )
+    console = opts.console or Console(stderr=True, highlight=False)
+    sink = LogSink(
+        prepared.job_dir / "logs",
+        [h.name for h in opts.cluster.hosts],
+        stream=opts.stream,
+        live=False if opts.stream is not None else None,
+        console=opts.console,
+    )
+    world = sum(c.nproc for c in prepared.commands)
+    sink.message(
+        f"job {spec.job_id}: {len(prepared.commands)} nodes, {world} ranks, "
+        f"launcher {spec.launcher}; logs in {prepared.job_dir / 'logs'}",
+        style="bold",
+    )
+    transport = make_transport(opts)
+    supervisor = Supervisor(
+        prepared.commands,
+        transport,
+        sink,
+        job_id=spec.job_id,
+        agent_argv=_agent_argv(spec),
+        grace=opts.grace,
+        timeout=opts.timeout,
+        master_timeout=opts.rdzv_timeout,
+        require_master=spec.launcher == "torchrun",
+    )
+    try:
+        result = await supervisor.run()
+    finally:
+        sink.close()
+        await transport.close()
+    print_report(result, console)
+    _write_json(prepared.job_dir / "result.json", result_json(result))
+    return result

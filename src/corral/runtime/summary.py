@@ -1,0 +1,111 @@
+"""The end-of-job report: a summary table and the root-cause block."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from corral.runtime.output import format_progress
+from corral.runtime.states import JobState, NodeState
+from corral.runtime.supervisor import Failure, JobResult, NodeRun, signal_name
+
+OOM_HINT = (
+    "hint: exit -9/137 (SIGKILL) with no traceback is most often the kernel's OOM killer; "
+    "check `dmesg | grep -i oom` on that host or lower the batch size"
+)
+
+_STATE_STYLE = {
+    NodeState.EXITED: "green",
+    NodeState.FAILED: "bold red",
+    NodeState.LOST: "bold red",
+    NodeState.TERMINATED: "yellow",
+}
+
+
+def _exit_text(node: NodeRun) -> str:
+    codes = sorted({r.code for r in node.ranks.values() if r.exited}, key=lambda c: (c is None, c))
+    if not codes:
+        return "-"
+    parts = []
+    for code in codes:
+        name = signal_name(code) if code is not None and code < 0 else None
+        parts.append(name or ("stopped" if code is None else str(code)))
+    return ",".join(parts)
+
+
+def _ranks_text(node: NodeRun) -> str:
+    ranks = sorted(node.ranks)
+    if not ranks:
+        return "-"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(str(r) for r in ranks)
+
+
+def _progress_text(node: NodeRun) -> str:
+    reports = [r.progress for r in sorted(node.ranks.values(), key=lambda r: r.rank) if r.progress]
+    return format_progress(reports[0]) if reports else ""
+
+
+def summary_table(result: JobResult) -> Table:
+    """Per node: ranks, state, exit code or signal, duration, last progress."""
+    table = Table(title=f"job {result.job_id}: {result.state.value}", title_justify="left")
+    for column in ("node", "ranks", "state", "exit", "duration", "last progress"):
+        table.add_column(column)
+    for node in result.nodes:
+        end = node.ended or result.ended
+        duration = f"{end - node.started:.1f}s" if node.started else "-"
+        table.add_row(
+            node.host.name,
+            _ranks_text(node),
+            Text(node.state.value, style=_STATE_STYLE.get(node.state, "")),
+            _exit_text(node),
+            duration,
+            _progress_text(node),
+        )
+    return table
+
+
+def root_cause_text(failure: Failure, others: list[Failure]) -> Text:
+    """The root-cause block: earliest failure first, with its stderr tail."""
+    text = Text()
+    text.append("root cause: ", style="bold red")
+    text.append(failure.message + "\n")
+    where = f"  host: {failure.host}"
+    if failure.rank is not None:
+        where += f"   rank: {failure.rank}"
+    if failure.code is not None and failure.rank is not None:
+        name = signal_name(failure.code) if failure.code < 0 else None
+        where += f"   exit: {failure.code}" + (f" ({name})" if name else "")
+    text.append(where + "\n")
+    if failure.traceback:
+        text.append("  traceback (from the rank's error file):\n", style="bold")
+        for line in failure.traceback.rstrip().splitlines():
+            text.append(f"    {line}\n")
+    elif failure.stderr_tail:
+        text.append(f"  last {len(failure.stderr_tail)} lines of stderr:\n", style="bold")
+        for line in failure.stderr_tail:
+            text.append(f"    {line}\n")
+    if failure.code in (-9, 137):
+        text.append("  " + OOM_HINT + "\n", style="yellow")
+    if others:
+        text.append(f"  then {len(others)} more failure(s):\n", style="dim")
+        for other in others[:5]:
+            text.append(f"    {other.message}\n", style="dim")
+    return text
+
+
+def print_report(result: JobResult, console: Console) -> None:
+    """Print the summary table, then the root cause (if the job failed)."""
+    console.print(summary_table(result))
+    cause = result.root_cause
+    if result.state == JobState.FAILED and cause is not None:
+        console.print(root_cause_text(cause, result.failures[1:]))
+    elif result.state == JobState.TIMED_OUT:
+        console.print(Text("job timed out (--timeout); every node was torn down", style="red"))
+    elif result.state == JobState.CANCELLED:
+        console.print(Text("job cancelled; every node was torn down", style="yellow"))
+    console.print(
+        Text(f"exit code {result.exit_code}, {result.ended - result.started:.1f}s", style="dim")
+    )
