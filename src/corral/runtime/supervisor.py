@@ -84,6 +84,7 @@ class NodeRun:
     agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
     detail: str = ""
     got_exit_event: bool = False
+    failed: bool = False  # one of its ranks failed before the job was stopping
 
     @property
     def host(self) -> Host:
@@ -242,8 +243,9 @@ class Supervisor:
                     )
         except (ValueError, asyncio.IncompleteReadError) as exc:
             node.detail = f"garbled agent output: {exc}"
-        code = await node.proc.wait()
-        self._node_gone(node, code)
+        finally:
+            code = await node.proc.wait()
+            self._node_gone(node, code)
 
     def _rank(self, node: NodeRun, rank: int) -> RankRecord:
         record = node.ranks.get(rank)
@@ -256,7 +258,8 @@ class Supervisor:
     def _on_event(self, node: NodeRun, event: dict[str, Any]) -> None:
         name = event.get("event")
         if name == "started":
-            node.set_state(NodeState.RUNNING)
+            if node.state == NodeState.STARTING:
+                node.set_state(NodeState.RUNNING)
             if all(n.state != NodeState.STARTING for n in self.nodes) and (
                 self.state == JobState.STARTING
             ):
@@ -306,6 +309,8 @@ class Supervisor:
 
     def _on_rank_exit(self, node: NodeRun, event: dict[str, Any]) -> None:
         record = self._rank(node, int(event["rank"]))
+        if record.exited:
+            return  # already settled; the first report wins
         record.exited = True
         record.code = event.get("code")
         record.pid = event.get("pid") or record.pid
@@ -324,6 +329,7 @@ class Supervisor:
             if code is None
             else f"exited with code {code}"
         )
+        node.failed = True
         tb = record.error.get("traceback") if record.error else None
         failure = Failure(
             node.host.name,

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install the Debian packages corral's multi-host tests need, when missing.
+# Needs root (CI runs as root); elsewhere it only says what is missing.
+set -euo pipefail
+need=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
+command -v pdsh >/dev/null 2>&1 || need+=(pdsh)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+[ ${#need[@]} -eq 0 ] && exit 0
+mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "corral: missing system packages: ${need[*]}" >&2
+  echo "corral: install them with: sudo apt-get install -y ${need[*]}" >&2
+  echo "corral: (the multi-host tests need them; CI installs them itself)" >&2
+  exit 0
+fi
+echo "corral: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${need[@]}" >/dev/null

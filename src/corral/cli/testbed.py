@@ -1,0 +1,134 @@
+"""``corral testbed up N | down | status``: a simulated N-host cluster on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from corral.testbed import DEFAULT_SUBNET, Testbed, TestbedStatus, default_state_dir
+
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        envvar="CORRAL_TESTBED_DIR",
+        help="Where the testbed's hostfile, ssh_config, keys and state live "
+        "[default: $XDG_CACHE_HOME/corral/testbed or ~/.cache/corral/testbed].",
+        show_default=False,
+    ),
+]
+
+testbed_app = typer.Typer(
+    name="testbed",
+    help="Simulated N-host cluster on this machine: network namespaces with their own sshd "
+    "(Linux, root).",
+    no_args_is_help=True,
+)
+
+_out = Console(highlight=False)
+
+
+def _testbed(state_dir: Path | None) -> Testbed:
+    return Testbed(state_dir if state_dir is not None else default_state_dir())
+
+
+@testbed_app.command("up")
+def up(
+    n: Annotated[int, typer.Argument(help="Number of hosts (tb1..tbN).", min=1)],
+    state_dir: StateDirOpt = None,
+    subnet: Annotated[
+        str, typer.Option("--subnet", help="Private IPv4 subnet for the hosts.")
+    ] = DEFAULT_SUBNET,
+    slots: Annotated[
+        int, typer.Option("--slots", min=1, help="Slots per host written to the hostfile.")
+    ] = 1,
+) -> None:
+    """Create hosts tb1..tbN, each with its own network namespace, hostname and sshd."""
+    tb = _testbed(state_dir)
+    result = tb.up(n, subnet=subnet, slots=slots)
+    if result.already_up:
+        _out.print(f"testbed already up: {len(result.hosts)} hosts in {tb.state_dir} (no change)")
+    else:
+        _out.print(f"testbed up: {len(result.hosts)} hosts in {result.seconds:.2f} s")
+    for h in result.hosts:
+        _out.print(f"  {h.name}  {h.address}")
+    d = tb.state_dir
+    _out.print(
+        "\nUse it with:\n"
+        f"  corral run --hosts {d}/hostfile --ssh-config {d}/ssh_config -- SCRIPT ...\n"
+        f"  corral exec --hosts {d}/hostfile --ssh-config {d}/ssh_config -- hostname\n"
+        f"  ssh -F {d}/ssh_config {result.hosts[0].name}\n"
+        "Remove it with:\n"
+        f"  corral testbed down{'' if d == default_state_dir() else f' --state-dir {d}'}",
+        soft_wrap=True,
+    )
+
+
+@testbed_app.command("down")
+def down(state_dir: StateDirOpt = None) -> None:
+    """Remove everything `up` created (processes, namespaces, links, bridge, files)."""
+    tb = _testbed(state_dir)
+    result = tb.down()
+    if not result.removed:
+        _out.print(f"no testbed in {tb.state_dir}; nothing to do")
+        other = Testbed.running()
+        if other is not None and other.state_dir != tb.state_dir:
+            _out.print(f"(a testbed is up in {other.state_dir}: use --state-dir)")
+        return
+    _out.print(f"testbed down: removed {', '.join(result.removed)}", soft_wrap=True)
+
+
+def _table(st: TestbedStatus) -> Table:
+    table = Table(title=f"testbed {st.state_dir} ({st.subnet}, bridge {st.bridge})")
+    for col in ("host", "address", "netns", "holder", "sshd", "link", "ssh :22"):
+        table.add_column(col)
+
+    def mark(ok: bool) -> str:
+        return "[green]ok[/]" if ok else "[red]no[/]"
+
+    for h in st.hosts:
+        table.add_row(
+            h.name,
+            h.address,
+            mark(h.netns),
+            mark(h.holder),
+            mark(h.sshd),
+            "[green]up[/]" if h.link_up else "[red]down[/]",
+            "[green]answers[/]" if h.ssh_answers else "[red]no answer[/]",
+        )
+    return table
+
+
+@testbed_app.command("status")
+def status(
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show each host, its address and whether its sshd answers. Exit 1 unless healthy."""
+    st = _testbed(state_dir).status()
+    if as_json:
+        typer.echo(json.dumps(st.to_dict(), indent=2))
+    elif not st.exists:
+        _out.print(f"no testbed in {st.state_dir}")
+        if st.other_state_dir:
+            _out.print(f"(a testbed is up in {st.other_state_dir}: use --state-dir)")
+    else:
+        _out.print(_table(st))
+        if st.healthy:
+            _out.print(f"[green]healthy[/]: {len(st.hosts)} hosts")
+        else:
+            _out.print("[red]not healthy[/]: " + "; ".join(st.problems()), soft_wrap=True)
+    if not st.healthy:
+        # SystemExit, not typer.Exit: the root app runs click with standalone_mode=False,
+        # which turns typer.Exit into a return value.
+        raise SystemExit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``testbed`` verb group to the root app."""
+    app.add_typer(testbed_app, name="testbed")

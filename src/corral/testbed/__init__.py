@@ -1,0 +1,37 @@
+"""A simulated multi-host cluster on one Linux machine (root): network namespaces on a
+bridge, each host with its own hostname, ``/etc/hosts``, ``/srv/corral`` and OpenSSH sshd.
+
+>>> tb = Testbed("/tmp/tb")          # doctest: +SKIP
+>>> tb.up(3)                         # hosts tb1..tb3 at 10.77.0.1..3  # doctest: +SKIP
+>>> tb.run_on("tb2", ["hostname"]).stdout  # doctest: +SKIP
+'tb2\\n'
+>>> tb.down()                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from corral.testbed._model import DEFAULT_SUBNET, SRV_DIR
+from corral.testbed._system import check_requirements, missing_requirements
+from corral.testbed._testbed import (
+    DownResult,
+    HostStatus,
+    Testbed,
+    TestbedHost,
+    TestbedStatus,
+    UpResult,
+    default_state_dir,
+)
+
+__all__ = [
+    "DEFAULT_SUBNET",
+    "SRV_DIR",
+    "DownResult",
+    "HostStatus",
+    "Testbed",
+    "TestbedHost",
+    "TestbedStatus",
+    "UpResult",
+    "check_requirements",
+    "default_state_dir",
+    "missing_requirements",
+]

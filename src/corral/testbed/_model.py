@@ -1,0 +1,296 @@
+"""Pure parts of the testbed: names, addresses, the state record and file renderers.
+
+Nothing here touches the system, so it is unit-tested without root.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import ConfigError
+
+HOST_PREFIX = "tb"
+"""Host names are ``tb1``, ``tb2``, ... (valid hostnames, short to type)."""
+NETNS_PREFIX = "corral-"
+"""Network namespace of host ``tbK`` is ``corral-tbK``."""
+VETH_PREFIX = "crl-"
+"""Root-side veth of host ``tbK`` is ``crl-tbK`` (the peer inside is ``eth0``)."""
+BRIDGE = "crlbr0"
+"""The bridge in the root namespace that connects every host and the coordinator."""
+PEER_IFNAME = "eth0"
+"""Name of each host's interface inside its namespace."""
+COORDINATOR_NAME = "corral-coordinator"
+"""Name under which hosts reach the root namespace (the bridge address)."""
+DEFAULT_SUBNET = "10.77.0.0/24"
+SRV_DIR = "/srv/corral"
+"""Per-host private directory, at the same path on every host."""
+MAX_HOSTS = 250
+STATE_VERSION = 1
+
+_UNSAFE_PATH = re.compile(r"[\s\"'%\\#]")
+
+
+def host_name(index: int) -> str:
+    """Name of the ``index``-th host (1-based)."""
+    return f"{HOST_PREFIX}{index}"
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """Addresses for a testbed: hosts get ``.1 .. .N``, the bridge the last usable address."""
+
+    subnet: ipaddress.IPv4Network
+    host_addresses: tuple[str, ...]
+    bridge_address: str
+
+    @property
+    def prefixlen(self) -> int:
+        """The subnet's prefix length (``24`` for a /24)."""
+        return self.subnet.prefixlen
+
+
+def plan_network(subnet: str, n: int) -> NetworkPlan:
+    """Check ``subnet`` (a private IPv4 network large enough for ``n`` hosts) and plan it."""
+    if n < 1 or n > MAX_HOSTS:
+        raise ConfigError(f"the number of hosts must be between 1 and {MAX_HOSTS}, not {n}")
+    try:
+        net = ipaddress.ip_network(subnet, strict=True)
+    except ValueError as exc:
+        raise ConfigError(f"not a network address: {subnet!r} ({exc})", option="--subnet") from exc
+    if not isinstance(net, ipaddress.IPv4Network):
+        raise ConfigError(f"{subnet} is not an IPv4 network", option="--subnet")
+    if not net.is_private or net.is_loopback or net.is_link_local:
+        raise ConfigError(
+            f"{subnet} is not a private network; use one inside 10.0.0.0/8, "
+            "172.16.0.0/12 or 192.168.0.0/16 (default 10.77.0.0/24)",
+            option="--subnet",
+        )
+    usable = net.num_addresses - 2
+    if usable < n + 1:
+        raise ConfigError(
+            f"{subnet} has room for {max(usable - 1, 0)} hosts, not {n}", option="--subnet"
+        )
+    first = int(net.network_address)
+    hosts = tuple(str(ipaddress.IPv4Address(first + i)) for i in range(1, n + 1))
+    bridge = str(ipaddress.IPv4Address(int(net.broadcast_address) - 1))
+    return NetworkPlan(subnet=net, host_addresses=hosts, bridge_address=bridge)
+
+
+def check_state_dir(path: Path) -> Path:
+    """The absolute state dir, refusing characters that ssh/sshd config files cannot hold."""
+    path = path.expanduser().absolute()
+    if _UNSAFE_PATH.search(str(path)):
+        raise ConfigError(
+            f"{path}: the state dir path must not contain whitespace, quotes, '%', '#' or "
+            "backslashes (it is written into ssh_config and sshd_config)",
+            option="--state-dir",
+        )
+    return path
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process the testbed started, identified beyond its PID.
+
+    ``start_time`` is field 22 of ``/proc/PID/stat`` (clock ticks after boot)
+    and ``exe`` the target of ``/proc/PID/exe``: a PID is only ours while both
+    still match, so a recycled PID is never killed.
+    """
+
+    pid: int
+    start_time: int
+    exe: str
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
+        """Parse the JSON form written by :func:`dataclasses.asdict`."""
+        return cls(pid=int(data["pid"]), start_time=int(data["start_time"]), exe=str(data["exe"]))
+
+
+@dataclass
+class HostRecord:
+    """Everything created for one host."""
+
+    name: str
+    address: str
+    netns: str
+    veth: str
+    netns_inode: int | None = None
+    holder: ProcessRecord | None = None
+    sshd: ProcessRecord | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HostRecord:
+        """Parse the JSON form."""
+        holder = data.get("holder")
+        sshd = data.get("sshd")
+        inode = data.get("netns_inode")
+        return cls(
+            name=str(data["name"]),
+            address=str(data["address"]),
+            netns=str(data["netns"]),
+            veth=str(data["veth"]),
+            netns_inode=int(inode) if inode is not None else None,
+            holder=ProcessRecord.from_json(holder) if holder else None,
+            sshd=ProcessRecord.from_json(sshd) if sshd else None,
+        )
+
+
+@dataclass
+class TestbedState:
+    """The ``state.json`` of a testbed: exactly what ``up`` created.
+
+    ``phase`` is ``"creating"`` until every host answers, then ``"up"``.
+    ``created_paths`` lists directories outside the state dir that ``up``
+    created (removed by ``down`` when still empty).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    state_dir: str
+    subnet: str
+    bridge: str
+    bridge_address: str
+    slots: int
+    hosts: list[HostRecord]
+    phase: str = "creating"
+    created_paths: list[str] = field(default_factory=list)
+    version: int = STATE_VERSION
+
+    def to_json(self) -> str:
+        """Serialise (stable key order, indented)."""
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> TestbedState:
+        """Parse ``state.json``; a ConfigError names what is wrong."""
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            if int(data.get("version", 0)) != STATE_VERSION:
+                raise ValueError(f"unsupported version {data.get('version')!r}")
+            return cls(
+                state_dir=str(data["state_dir"]),
+                subnet=str(data["subnet"]),
+                bridge=str(data["bridge"]),
+                bridge_address=str(data["bridge_address"]),
+                slots=int(data["slots"]),
+                hosts=[HostRecord.from_json(h) for h in data["hosts"]],
+                phase=str(data.get("phase", "creating")),
+                created_paths=[str(p) for p in data.get("created_paths", [])],
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"unreadable testbed state: {exc}") from exc
+
+    def host(self, name: str) -> HostRecord:
+        """The record of host ``name``; ConfigError naming the hosts if absent."""
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        known = ", ".join(h.name for h in self.hosts) or "none"
+        raise ConfigError(f"no testbed host {name!r} (hosts: {known})")
+
+
+def new_state(state_dir: Path, plan: NetworkPlan, slots: int) -> TestbedState:
+    """The initial record for a testbed about to be created."""
+    hosts = [
+        HostRecord(
+            name=host_name(i),
+            address=addr,
+            netns=NETNS_PREFIX + host_name(i),
+            veth=VETH_PREFIX + host_name(i),
+        )
+        for i, addr in enumerate(plan.host_addresses, start=1)
+    ]
+    return TestbedState(
+        state_dir=str(state_dir),
+        subnet=str(plan.subnet),
+        bridge=BRIDGE,
+        bridge_address=plan.bridge_address,
+        slots=slots,
+        hosts=hosts,
+    )
+
+
+# --------------------------------------------------------------------------- renderers
+
+
+def render_etc_hosts(hosts: Sequence[HostRecord], bridge_address: str) -> str:
+    """The ``/etc/hosts`` every host sees: localhost, every testbed host, the coordinator."""
+    lines = [
+        "# corral testbed (generated)",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        *(f"{h.address}\t{h.name}" for h in hosts),
+        f"{bridge_address}\t{COORDINATOR_NAME}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_hostfile(hosts: Sequence[HostRecord], slots: int) -> str:
+    """The hostfile for ``corral run --hosts``: one line per host, by name."""
+    return "".join(f"{h.name} slots={slots}\n" for h in hosts)
+
+
+def render_ssh_config(hosts: Sequence[HostRecord], identity_file: Path, known_hosts: Path) -> str:
+    """Client config: a ``Host`` entry per host name mapping it to its address."""
+    blocks = ["# corral testbed (generated); use: ssh -F THIS_FILE tb1\n"]
+    for h in hosts:
+        blocks.append(
+            f"Host {h.name}\n"
+            f"    HostName {h.address}\n"
+            "    User root\n"
+            "    Port 22\n"
+            f"    IdentityFile {identity_file}\n"
+            "    IdentitiesOnly yes\n"
+            f"    UserKnownHostsFile {known_hosts}\n"
+            "    GlobalKnownHostsFile /dev/null\n"
+            "    StrictHostKeyChecking yes\n"
+            "    ConnectTimeout 5\n"
+        )
+    return "\n".join(blocks)
+
+
+def render_known_hosts(entries: Sequence[tuple[HostRecord, str]]) -> str:
+    """``known_hosts`` lines, each host key recorded under both name and address."""
+    return "".join(f"{h.name},{h.address} {key.strip()}\n" for h, key in entries)
+
+
+def render_sshd_config(
+    host: HostRecord, *, host_key: Path, pid_file: Path, authorized_keys: Path
+) -> str:
+    """sshd_config for one host: key-only root login, forwarded variables accepted."""
+    return (
+        f"# corral testbed host {host.name} (generated)\n"
+        f"ListenAddress {host.address}:22\n"
+        f"HostKey {host_key}\n"
+        f"PidFile {pid_file}\n"
+        f"AuthorizedKeysFile {authorized_keys}\n"
+        "PubkeyAuthentication yes\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "PermitRootLogin prohibit-password\n"
+        "UsePAM no\n"
+        "StrictModes no\n"
+        "AcceptEnv *\n"
+        "UseDNS no\n"
+        "PrintMotd no\n"
+        "PrintLastLog no\n"
+        "X11Forwarding no\n"
+        "MaxSessions 256\n"
+        "MaxStartups 256:30:512\n"
+        "ClientAliveInterval 5\n"
+        "ClientAliveCountMax 3\n"
+        "Subsystem sftp internal-sftp\n"
+        "LogLevel INFO\n"
+    )

@@ -1,0 +1,813 @@
+"""The :class:`Testbed`: N simulated hosts on one Linux machine, each a network
+namespace on a bridge with its own hostname, ``/etc/hosts``, ``/srv/corral`` and sshd.
+
+Layout of a host ``tbK`` (address ``.K`` of the subnet):
+
+- network namespace ``corral-tbK``; a veth pair ``crl-tbK`` (root side, on the
+  bridge ``crlbr0`` that carries the coordinator's address) / ``eth0`` (inside);
+- a *holder* process (``sleep infinity``) started by ``ip netns exec ... unshare
+  --uts --mount`` that owns the host's UTS and mount namespaces, where the
+  hostname is set and the host's own ``/etc/hosts``, ``/etc/hostname`` and
+  ``/srv/corral`` are bind-mounted;
+- an OpenSSH ``sshd -D`` entered into the holder's namespaces with ``nsenter``.
+
+Everything created is recorded in ``STATE_DIR/state.json`` (and a copy in
+``/run/corral/testbed.json``) before or as it is created, so ``down`` removes
+exactly that, processes by PID *and* start time, even after a crashed ``up``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import CommandTimeout, ConfigError, LaunchError
+from corral.testbed import _system as sysx
+from corral.testbed._model import (
+    DEFAULT_SUBNET,
+    NETNS_PREFIX,
+    PEER_IFNAME,
+    SRV_DIR,
+    HostRecord,
+    TestbedState,
+    check_state_dir,
+    new_state,
+    plan_network,
+    render_etc_hosts,
+    render_hostfile,
+    render_known_hosts,
+    render_ssh_config,
+    render_sshd_config,
+)
+
+SSH_PORT = 22
+START_TIMEOUT = 20.0
+REGISTRY = sysx.RUN_DIR / "testbed.json"
+
+# Runs as the holder: configure the host's interface, hostname and private
+# files inside fresh UTS + mount namespaces, then become ``sleep infinity``.
+_HOLDER_SCRIPT = """set -e
+name=$1; cidr=$2; dir=$3; srv=$4
+ip link set lo up
+ip addr add "$cidr" dev eth0
+ip link set eth0 up
+hostname "$name"
+mount --bind "$dir/etc-hosts" /etc/hosts
+if [ -e /etc/hostname ]; then mount --bind "$dir/etc-hostname" /etc/hostname; fi
+mount --bind "$dir/srv" "$srv"
+exec sleep infinity
+"""
+
+# Files ``up`` writes directly in the state dir (``hosts/`` holds the per-host ones).
+_STATE_FILES = (
+    "state.json",
+    "hostfile",
+    "ssh_config",
+    "known_hosts",
+    "authorized_keys",
+    "id_ed25519",
+    "id_ed25519.pub",
+)
+
+
+def default_state_dir() -> Path:
+    """``$XDG_CACHE_HOME/corral/testbed``, else ``~/.cache/corral/testbed``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "corral" / "testbed"
+
+
+@dataclass(frozen=True)
+class TestbedHost:
+    """One simulated host: ``name`` is its hostname and ssh alias."""
+
+    __test__ = False
+
+    name: str
+    address: str
+    netns: str
+    veth: str
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """Health of one host, as seen from the root namespace."""
+
+    name: str
+    address: str
+    netns: bool
+    holder: bool
+    sshd: bool
+    link_up: bool
+    ssh_answers: bool
+
+    @property
+    def healthy(self) -> bool:
+        """Everything in place and sshd answering."""
+        return self.netns and self.holder and self.sshd and self.link_up and self.ssh_answers
+
+    def problems(self) -> list[str]:
+        """What is wrong with the host, in words."""
+        out: list[str] = []
+        if not self.netns:
+            out.append("network namespace missing")
+        if not self.holder:
+            out.append("namespace holder process gone")
+        if not self.sshd:
+            out.append("sshd not running")
+        if not self.link_up:
+            out.append("link down")
+        if self.sshd and self.link_up and not self.ssh_answers:
+            out.append("sshd does not answer on port 22")
+        return [f"{self.name}: {p}" for p in out]
+
+
+@dataclass(frozen=True)
+class TestbedStatus:
+    """State of a testbed; ``exists`` is False when the state dir records none."""
+
+    __test__ = False
+
+    state_dir: str
+    exists: bool
+    phase: str = ""
+    subnet: str = ""
+    bridge: str = ""
+    bridge_present: bool = False
+    hosts: tuple[HostStatus, ...] = ()
+    other_state_dir: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Fully up: every host healthy and the bridge present."""
+        return (
+            self.exists
+            and self.phase == "up"
+            and self.bridge_present
+            and all(h.healthy for h in self.hosts)
+        )
+
+    def problems(self) -> list[str]:
+        """Everything wrong, one line each."""
+        if not self.exists:
+            return []
+        out: list[str] = []
+        if self.phase != "up":
+            out.append("creation did not finish")
+        if not self.bridge_present:
+            out.append(f"bridge {self.bridge} missing")
+        for h in self.hosts:
+            out.extend(h.problems())
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``corral testbed status --json``)."""
+        return {
+            "state_dir": self.state_dir,
+            "exists": self.exists,
+            "healthy": self.healthy,
+            "phase": self.phase,
+            "subnet": self.subnet,
+            "bridge": self.bridge,
+            "bridge_present": self.bridge_present,
+            "other_state_dir": self.other_state_dir,
+            "problems": self.problems(),
+            "hosts": [
+                {
+                    "name": h.name,
+                    "address": h.address,
+                    "healthy": h.healthy,
+                    "netns": h.netns,
+                    "holder": h.holder,
+                    "sshd": h.sshd,
+                    "link_up": h.link_up,
+                    "ssh_answers": h.ssh_answers,
+                }
+                for h in self.hosts
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """What ``up`` did: ``already_up`` when a healthy testbed was found and left as is."""
+
+    state_dir: Path
+    hosts: tuple[TestbedHost, ...]
+    already_up: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DownResult:
+    """What ``down`` removed, one description each (empty when there was nothing)."""
+
+    state_dir: Path
+    removed: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Testbed:
+    """A simulated multi-host cluster whose state lives in ``state_dir``.
+
+    Needs Linux and root. ``up(n)`` creates hosts ``tb1..tbN``; ``down()``
+    removes them; the fault helpers (:meth:`cut_link`, :meth:`kill_sshd`, ...)
+    act on one host.
+    """
+
+    __test__ = False
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None) -> None:
+        raw = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.state_dir: Path = check_state_dir(raw)
+
+    def __repr__(self) -> str:
+        return f"Testbed({str(self.state_dir)!r})"
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def state_file(self) -> Path:
+        """``state.json``: what ``up`` created."""
+        return self.state_dir / "state.json"
+
+    @property
+    def hostfile(self) -> Path:
+        """Hostfile for ``corral run --hosts``."""
+        return self.state_dir / "hostfile"
+
+    @property
+    def ssh_config(self) -> Path:
+        """OpenSSH client config mapping each host name to its address."""
+        return self.state_dir / "ssh_config"
+
+    @property
+    def key_path(self) -> Path:
+        """The client's private key (ed25519)."""
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        """Host keys of every host, under both name and address."""
+        return self.state_dir / "known_hosts"
+
+    def host_dir(self, name: str) -> Path:
+        """Per-host files (configs, keys, logs; ``srv/`` is its ``/srv/corral``)."""
+        return self.state_dir / "hosts" / name
+
+    # ------------------------------------------------------------------ state
+
+    @classmethod
+    def running(cls) -> Testbed | None:
+        """The testbed currently registered on this machine (whatever its state dir)."""
+        rec = _read_registry()
+        return cls(rec.state_dir) if rec is not None else None
+
+    def _load(self) -> TestbedState | None:
+        """This dir's state; the registry copy when the state dir was lost (or is unreadable)."""
+        error: ConfigError | None = None
+        if self.state_file.exists():
+            try:
+                return TestbedState.from_json(self.state_file.read_text())
+            except ConfigError as exc:
+                error = exc
+        rec = _read_registry()
+        if rec is not None and Path(rec.state_dir) == self.state_dir:
+            return rec
+        if error is not None:
+            raise ConfigError(
+                f"{error.message}; remove the testbed's namespaces, links and processes by hand",
+                source=str(self.state_file),
+            ) from error
+        return None
+
+    def _require(self) -> TestbedState:
+        state = self._load()
+        if state is None:
+            raise ConfigError(
+                f"no testbed in {self.state_dir}; start one with `corral testbed up N"
+                f"{self._dir_flag()}`"
+            )
+        return state
+
+    def _save(self, state: TestbedState) -> None:
+        text = state.to_json()
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.state_file)
+        sysx.RUN_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        reg_tmp = REGISTRY.with_suffix(".tmp")
+        reg_tmp.write_text(text)
+        reg_tmp.replace(REGISTRY)
+
+    def _dir_flag(self) -> str:
+        return "" if self.state_dir == default_state_dir() else f" --state-dir {self.state_dir}"
+
+    @property
+    def hosts(self) -> list[TestbedHost]:
+        """The hosts of the recorded testbed (empty when none)."""
+        state = self._load()
+        if state is None:
+            return []
+        return [TestbedHost(h.name, h.address, h.netns, h.veth) for h in state.hosts]
+
+    def host(self, name: str) -> TestbedHost:
+        """The host called ``name`` (ConfigError if the testbed has none such)."""
+        h = self._require().host(name)
+        return TestbedHost(h.name, h.address, h.netns, h.veth)
+
+    # ------------------------------------------------------------------ up
+
+    def up(self, n: int, *, subnet: str = DEFAULT_SUBNET, slots: int = 1) -> UpResult:
+        """Create hosts ``tb1..tbN``; a no-op when the same testbed is already healthy.
+
+        Raises LaunchError when requirements are missing or a previous testbed
+        is half up, ConfigError for bad arguments or a conflicting testbed.
+        """
+        if slots < 1:
+            raise ConfigError(f"slots must be at least 1, not {slots}", option="--slots")
+        plan = plan_network(subnet, n)
+        sysx.check_requirements()
+        started = time.monotonic()
+        with sysx.locked():
+            existing = self._load()
+            if existing is not None:
+                return self._reuse(existing, n, str(plan.subnet), slots, started)
+            other = _read_registry()
+            if other is not None:
+                raise LaunchError(
+                    f"a testbed is already up with state dir {other.state_dir}; run "
+                    f"`corral testbed down --state-dir {other.state_dir}` first"
+                )
+            state = new_state(self.state_dir, plan, slots)
+            _check_free(state)
+            try:
+                self._create(state)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._teardown(state)
+                raise
+        hosts = tuple(TestbedHost(h.name, h.address, h.netns, h.veth) for h in state.hosts)
+        return UpResult(self.state_dir, hosts, already_up=False, seconds=time.monotonic() - started)
+
+    def _reuse(
+        self, state: TestbedState, n: int, subnet: str, slots: int, started: float
+    ) -> UpResult:
+        st = self._inspect(state)
+        if not st.healthy:
+            problems = st.problems()
+            if len(problems) > 4:
+                problems = [*problems[:3], f"... {len(problems) - 3} more"]
+            raise LaunchError(
+                f"a previous testbed in {self.state_dir} is half up ("
+                + "; ".join(problems)
+                + f"); run `corral testbed down{self._dir_flag()}` first"
+            )
+        if len(state.hosts) != n or state.subnet != subnet or state.slots != slots:
+            raise ConfigError(
+                f"a testbed of {len(state.hosts)} hosts on {state.subnet} (slots={state.slots}) "
+                f"is already up in {self.state_dir}; run `corral testbed down"
+                f"{self._dir_flag()}` first to change it"
+            )
+        hosts = tuple(TestbedHost(h.name, h.address, h.netns, h.veth) for h in state.hosts)
+        return UpResult(self.state_dir, hosts, already_up=True, seconds=time.monotonic() - started)
+
+    def _create(self, state: TestbedState) -> None:
+        ip, keygen = sysx.tool("ip"), sysx.tool("ssh-keygen")
+        sd = self.state_dir
+        sd.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sd.chmod(0o700)
+        for p in (Path("/run/sshd"), Path(SRV_DIR)):
+            if not p.exists():
+                p.mkdir(mode=0o755, parents=True)
+                if str(p) == SRV_DIR:
+                    state.created_paths.append(SRV_DIR)
+        for h in state.hosts:
+            (self.host_dir(h.name) / "srv").mkdir(parents=True, exist_ok=True)
+        self._save(state)  # recorded before anything exists in the kernel
+
+        # Keys: one client key and a host key per host, generated in parallel.
+        jobs = [(self.key_path, "corral-testbed-client")] + [
+            (self.host_dir(h.name) / "ssh_host_ed25519_key", f"corral-testbed-{h.name}")
+            for h in state.hosts
+        ]
+        keygens = []
+        for path, comment in jobs:
+            for old in (path, path.with_name(path.name + ".pub")):
+                old.unlink(missing_ok=True)
+            keygens.append(
+                subprocess.Popen(
+                    [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
+
+        # Network: bridge, namespaces and veth pairs in one `ip -batch`.
+        plen = ipaddress.ip_network(state.subnet).prefixlen
+        lines = [
+            f"link add name {state.bridge} type bridge forward_delay 0",
+            f"addr add {state.bridge_address}/{plen} dev {state.bridge}",
+            f"link set {state.bridge} up",
+        ]
+        for h in state.hosts:
+            lines += [
+                f"netns add {h.netns}",
+                f"link add {h.veth} type veth peer name {PEER_IFNAME} netns {h.netns}",
+                f"link set {h.veth} master {state.bridge} up",
+            ]
+        sysx.run([ip, "-batch", "-"], input="\n".join(lines) + "\n")
+        for h in state.hosts:
+            h.netns_inode = sysx.netns_inode(h.netns)
+        self._save(state)
+
+        # Per-host files, then the holders (one per host, all in parallel).
+        etc_hosts = render_etc_hosts(state.hosts, state.bridge_address)
+        for h in state.hosts:
+            d = self.host_dir(h.name)
+            (d / "etc-hosts").write_text(etc_hosts)
+            (d / "etc-hostname").write_text(h.name + "\n")
+        unshare = sysx.tool("unshare")
+        holders = {}
+        for h in state.hosts:
+            argv = [ip, "netns", "exec", h.netns, unshare, "--uts", "--mount"]
+            argv += ["--propagation", "private", "sh", "-c", _HOLDER_SCRIPT, "corral-holder"]
+            argv += [h.name, f"{h.address}/{plen}", str(self.host_dir(h.name)), SRV_DIR]
+            log = self.host_dir(h.name) / "holder.log"
+            holders[h.name] = sysx.spawn(argv, stdout=None, log=log).pid
+
+        for proc, (path, _) in zip(keygens, jobs, strict=True):
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise LaunchError(f"ssh-keygen for {path} failed: {err.decode().strip()}")
+        pub = self.key_path.with_name("id_ed25519.pub").read_text()
+        (sd / "authorized_keys").write_text(pub)
+        host_keys = []
+        for h in state.hosts:
+            d = self.host_dir(h.name)
+            key_type, key = (d / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+            host_keys.append((h, f"{key_type} {key}"))
+            (d / "sshd_config").write_text(
+                render_sshd_config(
+                    h,
+                    host_key=d / "ssh_host_ed25519_key",
+                    pid_file=d / "sshd.pid",
+                    authorized_keys=sd / "authorized_keys",
+                )
+            )
+        self.known_hosts.write_text(render_known_hosts(host_keys))
+        self.ssh_config.write_text(render_ssh_config(state.hosts, self.key_path, self.known_hosts))
+        self.hostfile.write_text(render_hostfile(state.hosts, state.slots))
+
+        failed = sysx.wait_comm(list(holders.values()), "sleep", START_TIMEOUT)
+        for h in state.hosts:
+            if holders[h.name] not in failed:
+                h.holder = sysx.record(holders[h.name])
+        self._save(state)
+        if failed:
+            name = next(n for n, pid in holders.items() if pid in failed)
+            raise LaunchError(
+                "setting up the host failed: " + self._log_tail(name, "holder.log"), host=name
+            )
+
+        sshds = {h.name: self._spawn_sshd(h) for h in state.hosts}
+        self._wait_sshd(state, sshds)
+        state.phase = "up"
+        self._save(state)
+
+    def _spawn_sshd(self, h: HostRecord) -> int:
+        assert h.holder is not None
+        d = self.host_dir(h.name)
+        argv = [sysx.tool("nsenter"), f"--target={h.holder.pid}", "--net", "--uts", "--mount"]
+        argv += ["--", sysx.tool("sshd"), "-D", "-f", str(d / "sshd_config")]
+        argv += ["-E", str(d / "sshd.log")]
+        return sysx.spawn(argv, stdout=None, log=d / "sshd.log").pid
+
+    def _wait_sshd(self, state: TestbedState, pids: Mapping[str, int]) -> None:
+        """Record each new sshd and wait until it accepts TCP connections."""
+        failed = sysx.wait_comm(list(pids.values()), "sshd", START_TIMEOUT)
+        for h in state.hosts:
+            if h.name in pids and pids[h.name] not in failed:
+                h.sshd = sysx.record(pids[h.name])
+        self._save(state)
+        if failed:
+            name = next(n for n, pid in pids.items() if pid in failed)
+            raise LaunchError("sshd failed: " + self._log_tail(name, "sshd.log"), host=name)
+        pending = [h for h in state.hosts if h.name in pids]
+        deadline = time.monotonic() + START_TIMEOUT
+        while pending:
+            for h in pending:
+                if not sysx.alive(pids[h.name]):
+                    raise LaunchError(
+                        "sshd exited: " + self._log_tail(h.name, "sshd.log"), host=h.name
+                    )
+            pending = [h for h in pending if not sysx.tcp_answers(h.address, SSH_PORT, 0.2)]
+            if pending and time.monotonic() > deadline:
+                raise LaunchError(
+                    f"sshd does not answer on {pending[0].address}:{SSH_PORT} after "
+                    f"{START_TIMEOUT:.0f} s",
+                    host=pending[0].name,
+                )
+            if pending:
+                time.sleep(0.01)
+
+    def _log_tail(self, name: str, log: str, lines: int = 5) -> str:
+        path = self.host_dir(name) / log
+        try:
+            tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            tail = []
+        return " / ".join(tail) or f"no output (see {path})"
+
+    # ------------------------------------------------------------------ down
+
+    def down(self) -> DownResult:
+        """Remove exactly what ``up`` recorded: processes (by PID and start time) and every
+        process left inside the hosts' namespaces, veths, namespaces, the bridge, the
+        state dir's generated files (including each host's ``/srv/corral``). A no-op
+        when there is no testbed here."""
+        sysx.check_requirements()
+        with sysx.locked():
+            state = self._load()
+            if state is None:
+                return DownResult(self.state_dir)
+            removed = self._teardown(state)
+        return DownResult(self.state_dir, tuple(removed))
+
+    def _teardown(self, state: TestbedState) -> list[str]:
+        removed: list[str] = []
+        inodes: set[int] = set()
+        for h in state.hosts:
+            ino = sysx.netns_inode(h.netns)
+            if ino is not None and h.netns_inode in (None, ino):
+                inodes.add(ino)
+            if sysx.is_ours(h.holder):
+                assert h.holder is not None
+                hino = sysx.netns_inode_of_pid(h.holder.pid)
+                if hino is not None:
+                    inodes.add(hino)
+        victims = [
+            rec.pid
+            for h in state.hosts
+            for rec in (h.sshd, h.holder)
+            if rec is not None and sysx.is_ours(rec)
+        ]
+        victims += sysx.pids_in_netns(inodes)
+        victims = list(dict.fromkeys(victims))
+        stuck: LaunchError | None = None
+        if victims:
+            try:
+                sysx.terminate(victims)
+            except LaunchError as exc:  # unkillable (D state): remove the rest anyway
+                stuck = exc
+            removed.append(f"{len(victims)} processes")
+
+        lines: list[str] = []
+        for h in state.hosts:
+            if sysx.link_exists(h.veth):
+                lines.append(f"link del {h.veth}")
+                removed.append(f"link {h.veth}")
+            ino = sysx.netns_inode(h.netns)
+            if ino is not None and h.netns_inode in (None, ino):
+                lines.append(f"netns del {h.netns}")
+                removed.append(f"netns {h.netns}")
+        if sysx.link_exists(state.bridge):
+            lines.append(f"link del {state.bridge}")
+            removed.append(f"bridge {state.bridge}")
+        if lines:
+            sysx.run([sysx.tool("ip"), "-force", "-batch", "-"], input="\n".join(lines) + "\n")
+
+        for path in state.created_paths:
+            with contextlib.suppress(OSError):
+                Path(path).rmdir()
+                removed.append(path)
+        sd = Path(state.state_dir)
+        shutil.rmtree(sd / "hosts", ignore_errors=True)
+        for name in _STATE_FILES:
+            (sd / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            sd.rmdir()
+        rec = _read_registry()
+        if rec is not None and rec.state_dir == state.state_dir:
+            REGISTRY.unlink(missing_ok=True)
+        if stuck is not None:
+            raise stuck
+        return removed
+
+    # ------------------------------------------------------------------ status
+
+    def status(self, *, timeout: float = 1.0) -> TestbedStatus:
+        """Each host's namespace, processes, link and whether its sshd answers."""
+        state = self._load()
+        if state is None:
+            other = _read_registry()
+            return TestbedStatus(
+                str(self.state_dir),
+                exists=False,
+                other_state_dir=other.state_dir if other is not None else None,
+            )
+        return self._inspect(state, timeout=timeout)
+
+    def _inspect(self, state: TestbedState, *, timeout: float = 1.0) -> TestbedStatus:
+        def one(h: HostRecord) -> HostStatus:
+            ino = sysx.netns_inode(h.netns)
+            netns = ino is not None and ino == h.netns_inode
+            sshd = sysx.is_ours(h.sshd)
+            link = sysx.link_is_up(h.veth)
+            answers = sshd and link and sysx.tcp_answers(h.address, SSH_PORT, timeout)
+            return HostStatus(
+                name=h.name,
+                address=h.address,
+                netns=netns,
+                holder=sysx.is_ours(h.holder),
+                sshd=sshd,
+                link_up=link,
+                ssh_answers=answers,
+            )
+
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(state.hosts)))) as pool:
+            hosts = tuple(pool.map(one, state.hosts))
+        return TestbedStatus(
+            state_dir=state.state_dir,
+            exists=True,
+            phase=state.phase,
+            subnet=state.subnet,
+            bridge=state.bridge,
+            bridge_present=sysx.link_exists(state.bridge),
+            hosts=hosts,
+        )
+
+    # ------------------------------------------------------------------ faults
+
+    def _holder_pid(self, h: HostRecord) -> int:
+        if h.holder is None or not sysx.is_ours(h.holder):
+            raise LaunchError(
+                f"the host is not running (its namespace holder is gone); run "
+                f"`corral testbed down{self._dir_flag()}` and `up` again",
+                host=h.name,
+            )
+        return h.holder.pid
+
+    def run_on(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = 30.0,
+        cwd: str | None = None,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside ``host``'s network, UTS and mount namespaces (no ssh).
+
+        The working directory is ``cwd`` or ``/``; the environment is ``env`` or
+        ours. Raises CommandTimeout after ``timeout`` seconds.
+        """
+        pid = self._holder_pid(self._require().host(host))
+        cmd = [sysx.tool("nsenter"), f"--target={pid}", "--net", "--uts", "--mount"]
+        cmd += [f"--wd={cwd or '/'}", "--", *argv]
+        try:
+            return subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                input=input,
+                env=dict(env) if env is not None else None,
+                check=check,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CommandTimeout(
+                f"timed out after {timeout} s", host=host, command=" ".join(argv)
+            ) from exc
+
+    def pids_on(self, host: str, *, include_daemons: bool = False) -> list[int]:
+        """PIDs of the processes on ``host`` (its network namespace); without
+        ``include_daemons`` the holder and the sshd listener are left out."""
+        h = self._require().host(host)
+        inodes = {i for i in (sysx.netns_inode(h.netns),) if i is not None}
+        pids = sysx.pids_in_netns(inodes)
+        if not include_daemons:
+            own = {rec.pid for rec in (h.holder, h.sshd) if rec is not None}
+            pids = [p for p in pids if p not in own]
+        return pids
+
+    def cut_link(self, host: str) -> None:
+        """Cut ``host`` off the network both ways (its bridge-side veth goes down)."""
+        h = self._require().host(host)
+        sysx.run([sysx.tool("ip"), "link", "set", h.veth, "down"])
+
+    def restore_link(self, host: str) -> None:
+        """Undo :meth:`cut_link`; stale neighbour entries are flushed on both ends so new
+        connections do not wait for ARP to recover."""
+        state = self._require()
+        h = state.host(host)
+        ip = sysx.tool("ip")
+        sysx.run([ip, "link", "set", h.veth, "up"])
+        sysx.run([ip, "neigh", "flush", "to", h.address, "dev", state.bridge], check=False)
+        sysx.run([ip, "-n", h.netns, "neigh", "flush", "dev", PEER_IFNAME], check=False)
+
+    def kill_sshd(self, host: str) -> None:
+        """Stop ``host``'s sshd listener (open sessions live on); new connections are refused."""
+        with sysx.locked():
+            state = self._require()
+            h = state.host(host)
+            if h.sshd is not None and sysx.is_ours(h.sshd):
+                sysx.terminate([h.sshd.pid])
+            h.sshd = None
+            self._save(state)
+
+    def start_sshd(self, host: str) -> None:
+        """Start ``host``'s sshd again (no-op when running); returns once it answers."""
+        with sysx.locked():
+            state = self._require()
+            h = state.host(host)
+            if sysx.is_ours(h.sshd):
+                return
+            self._holder_pid(h)
+            self._wait_sshd(state, {h.name: self._spawn_sshd(h)})
+
+    def repair(self) -> None:
+        """Bring a damaged testbed back to healthy (for fault tests): links up and missing
+        sshds started; a host whose namespace or holder is gone means down + up again."""
+        state = self._require()
+        st = self._inspect(state)
+        if st.healthy:
+            return
+        broken = not st.bridge_present or state.phase != "up"
+        if broken or any(not h.netns or not h.holder for h in st.hosts):
+            self.down()
+            self.up(len(state.hosts), subnet=state.subnet, slots=state.slots)
+            return
+        for h in st.hosts:
+            if not h.link_up:
+                self.restore_link(h.name)
+            if not h.sshd:
+                self.start_sshd(h.name)
+
+    def ssh_argv(self, host: str, *command: str) -> list[str]:
+        """An OpenSSH client command line for ``host`` (BatchMode, this testbed's config)."""
+        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, *command]
+
+
+def _read_registry() -> TestbedState | None:
+    try:
+        return TestbedState.from_json(REGISTRY.read_text())
+    except (OSError, ConfigError):
+        return None
+
+
+def _check_free(state: TestbedState) -> None:
+    """Refuse to create over names or routes that exist without a testbed record."""
+    taken = [f"bridge {state.bridge}"] if sysx.link_exists(state.bridge) else []
+    taken += [f"link {h.veth}" for h in state.hosts if sysx.link_exists(h.veth)]
+    taken += [f"netns {h.netns}" for h in state.hosts if sysx.netns_inode(h.netns) is not None]
+    with contextlib.suppress(OSError):
+        taken += [
+            f"netns {name}"
+            for name in os.listdir(sysx.NETNS_DIR)
+            if name.startswith(NETNS_PREFIX) and f"netns {name}" not in taken
+        ]
+    if taken:
+        fixes = []
+        for t in taken:
+            kind, name = t.split(" ", 1)
+            fixes.append(f"ip netns del {name}" if kind == "netns" else f"ip link del {name}")
+        raise LaunchError(
+            f"{', '.join(taken)} already exist but no testbed state records them (left over "
+            f"from a crashed run?); check and remove them with: {'; '.join(fixes)}"
+        )
+    net = ipaddress.ip_network(state.subnet)
+    routes = json.loads(sysx.run([sysx.tool("ip"), "-4", "-j", "route", "show"]) or "[]")
+    for r in routes:
+        dst = str(r.get("dst", "default"))
+        if dst == "default":
+            continue
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_network(dst, strict=False).overlaps(net):
+                raise ConfigError(
+                    f"{state.subnet} overlaps the existing route {dst} dev {r.get('dev')}; "
+                    "choose another --subnet",
+                    option="--subnet",
+                )
+
+
+__all__ = [
+    "DownResult",
+    "HostStatus",
+    "Testbed",
+    "TestbedHost",
+    "TestbedStatus",
+    "UpResult",
+    "default_state_dir",
+]

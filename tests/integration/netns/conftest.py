@@ -1,0 +1,61 @@
+"""Fixtures for tests on the netns testbed (3 simulated hosts with real sshd).
+
+``testbed`` is session-scoped: one ``up`` for the whole run, one ``down`` at the
+end. Tests that break a host (cut link, stopped sshd) must put it back, e.g.
+with ``testbed.repair()`` in a ``finally``. Without root or sshd the fixture
+skips, except under ``CI=true`` where it fails: CI must never skip these.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from corral.testbed import Testbed, missing_requirements
+
+TESTBED_HOSTS = 3
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_testbed_support() -> None:
+    """Skip (or fail under CI=true) when this machine cannot run the testbed."""
+    problems = missing_requirements()
+    if not problems:
+        return
+    reason = "netns testbed unavailable: " + "; ".join(problems)
+    if _in_ci():
+        pytest.fail(reason + " (CI=true: these tests must run, not skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    """A healthy 3-host testbed (tb1..tb3) for the whole session, removed at the end.
+
+    A testbed left over by a crashed earlier run is taken down first.
+    """
+    require_testbed_support()
+    leftover = Testbed.running()
+    if leftover is not None:
+        leftover.down()
+    tb = Testbed(tmp_path_factory.mktemp("testbed"))
+    tb.up(TESTBED_HOSTS)
+    try:
+        yield tb
+    finally:
+        tb.down()
+
+
+@pytest.fixture
+def healthy_testbed(testbed: Testbed) -> Iterator[Testbed]:
+    """The session testbed, repaired before and after the test (for fault tests)."""
+    testbed.repair()
+    try:
+        yield testbed
+    finally:
+        testbed.repair()

@@ -1,0 +1,238 @@
+"""The netns testbed itself: hosts, names, sshd, private /srv/corral, faults, up/down."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from corral.cli.testbed import register
+from corral.errors import ConfigError, LaunchError
+from corral.testbed import SRV_DIR, Testbed
+
+pytestmark = pytest.mark.netns
+
+HOSTS = ["tb1", "tb2", "tb3"]
+
+
+def ssh(
+    tb: Testbed,
+    host: str,
+    *command: str,
+    env: dict[str, str] | None = None,
+    opts: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` on ``host`` with the real OpenSSH client."""
+    argv = ["ssh", "-F", str(tb.ssh_config), "-o", "BatchMode=yes", *opts, host, *command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, env=env, check=False)
+
+
+def connect_error(address: str, port: int = 22, timeout: float = 1.0) -> type[OSError] | None:
+    """None when a TCP connect succeeds, else the exception type it failed with."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return type(exc)
+
+
+def netns_names() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def link_names() -> set[str]:
+    out = subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True)
+    return {link["ifname"] for link in json.loads(out.stdout)}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def recorded_pids(tb: Testbed) -> list[int]:
+    state = json.loads(tb.state_file.read_text())
+    return [h[k]["pid"] for h in state["hosts"] for k in ("holder", "sshd") if h[k]]
+
+
+# ---------------------------------------------------------------------------- hosts
+
+
+def test_status_and_state_files(testbed: Testbed) -> None:
+    st = testbed.status()
+    assert st.healthy, st.problems()
+    assert [(h.name, h.address) for h in st.hosts] == [
+        ("tb1", "10.77.0.1"),
+        ("tb2", "10.77.0.2"),
+        ("tb3", "10.77.0.3"),
+    ]
+    assert testbed.hostfile.read_text().split("\n")[:3] == [f"{h} slots=1" for h in HOSTS]
+    config = testbed.ssh_config.read_text()
+    for h in testbed.hosts:
+        assert f"Host {h.name}\n    HostName {h.address}\n" in config
+    known = testbed.known_hosts.read_text().splitlines()
+    assert [line.split()[0] for line in known] == [
+        "tb1,10.77.0.1",
+        "tb2,10.77.0.2",
+        "tb3,10.77.0.3",
+    ]
+    assert testbed.key_path.stat().st_mode & 0o077 == 0
+    assert {h.netns for h in testbed.hosts} <= netns_names()
+
+
+def test_each_host_has_its_own_hostname_over_ssh(testbed: Testbed) -> None:
+    for host in HOSTS:
+        res = ssh(testbed, host, "hostname")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == host
+
+
+def test_hosts_resolve_and_reach_each_other_by_name(testbed: Testbed) -> None:
+    own = testbed.run_on("tb1", ["getent", "hosts", "tb1"], check=True)
+    assert own.stdout.split()[0] == "10.77.0.1"  # not 127.0.x.x: c10d needs this
+    res = testbed.run_on("tb1", ["getent", "hosts", "tb2"], check=True)
+    assert res.stdout.split()[0] == "10.77.0.2"
+    probe = "import socket; socket.create_connection(('tb2', 22), timeout=3).close(); print('ok')"
+    res = testbed.run_on("tb1", ["python3", "-c", probe])
+    assert (res.returncode, res.stdout.strip()) == (0, "ok"), res.stderr
+    assert testbed.run_on("tb3", ["hostname"]).stdout.strip() == "tb3"
+
+
+def test_srv_corral_is_private_per_host(testbed: Testbed) -> None:
+    marker = f"{SRV_DIR}/private-{os.getpid()}"
+    res = testbed.run_on("tb1", ["sh", "-c", f"echo tb1 > {marker} && cat {marker}"])
+    assert res.stdout.strip() == "tb1", res.stderr
+    try:
+        assert testbed.run_on("tb2", ["test", "-e", marker]).returncode == 1
+        assert not Path(marker).exists()  # the coordinator does not see it either
+        on_tb2 = ssh(testbed, "tb2", f"test -e {marker} || echo absent")
+        assert on_tb2.stdout.strip() == "absent"
+        assert (testbed.host_dir("tb1") / "srv" / Path(marker).name).read_text() == "tb1\n"
+    finally:
+        testbed.run_on("tb1", ["rm", "-f", marker])
+
+
+def test_accept_env_forwards_variables(testbed: Testbed) -> None:
+    env = {**os.environ, "CORRAL_TEST": "hello $world; 'quoted'"}
+    res = ssh(testbed, "tb2", 'echo "$CORRAL_TEST"', env=env, opts=("-o", "SendEnv=CORRAL_TEST"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip("\n") == "hello $world; 'quoted'"
+
+
+# ---------------------------------------------------------------------------- up / faults
+
+
+def test_up_again_is_a_noop_and_other_sizes_are_refused(testbed: Testbed) -> None:
+    before = recorded_pids(testbed)
+    result = testbed.up(3)
+    assert result.already_up
+    assert recorded_pids(testbed) == before
+    with pytest.raises(ConfigError, match="already up"):
+        testbed.up(2)
+    with pytest.raises(LaunchError, match="already up with state dir"):
+        Testbed(testbed.state_dir.parent / "another").up(3)
+
+
+def test_half_up_testbed_is_detected(healthy_testbed: Testbed) -> None:
+    tb = healthy_testbed
+    tb.kill_sshd("tb2")
+    st = tb.status()
+    assert not st.healthy
+    assert st.problems() == ["tb2: sshd not running"]
+    assert connect_error("10.77.0.2") is ConnectionRefusedError
+    with pytest.raises(LaunchError, match=r"half up .*tb2: sshd not running.*testbed down"):
+        tb.up(3)
+    tb.start_sshd("tb2")
+    assert tb.status().healthy
+    assert ssh(tb, "tb2", "hostname").stdout.strip() == "tb2"
+
+
+def test_cut_link_blackholes_the_host_and_restore_brings_it_back(
+    healthy_testbed: Testbed,
+) -> None:
+    tb = healthy_testbed
+    tb.cut_link("tb3")
+    assert connect_error("10.77.0.3", timeout=1.0) is TimeoutError  # hangs, no refusal
+    probe = "import socket; socket.create_connection(('tb3', 22), timeout=1)"
+    assert tb.run_on("tb1", ["python3", "-c", probe]).returncode != 0
+    assert not tb.status(timeout=0.5).healthy
+    tb.restore_link("tb3")
+    assert connect_error("10.77.0.3", timeout=3.0) is None
+    assert ssh(tb, "tb3", "hostname").stdout.strip() == "tb3"
+
+
+def test_down_removes_everything_and_up_restores(testbed: Testbed) -> None:
+    stray = ssh(testbed, "tb2", "nohup sleep 600 >/dev/null 2>&1 & echo $!")
+    assert stray.returncode == 0, stray.stderr
+    stray_pid = int(stray.stdout.strip())
+    on_host = testbed.pids_on("tb2")
+    assert stray_pid in on_host
+    daemons = recorded_pids(testbed)
+    assert all(pid_alive(p) for p in daemons)
+    try:
+        result = testbed.down()
+        assert "bridge crlbr0" in result.removed
+        assert not {n for n in netns_names() if n.startswith("corral-")}
+        assert not {n for n in link_names() if n.startswith(("crl-", "crlbr"))}
+        assert not [p for p in [*daemons, stray_pid] if pid_alive(p)]
+        assert not testbed.state_file.exists()
+        assert Testbed.running() is None
+        assert not testbed.status().exists
+        assert testbed.down().removed == ()  # down on nothing is fine
+    finally:
+        testbed.up(3)
+    assert testbed.status().healthy
+    assert ssh(testbed, "tb1", "hostname").stdout.strip() == "tb1"
+
+
+def test_dead_holder_is_half_up_and_down_cleans_it(healthy_testbed: Testbed) -> None:
+    tb = healthy_testbed
+    state = json.loads(tb.state_file.read_text())
+    holder = state["hosts"][0]["holder"]["pid"]
+    os.kill(holder, 9)
+    deadline = time.monotonic() + 5
+    while pid_alive(holder) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(LaunchError, match=r"half up .*tb1: namespace holder process gone"):
+        tb.up(3)
+    tb.repair()  # down + up
+    assert tb.status().healthy
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_status_up_down(testbed: Testbed, tmp_path: Path) -> None:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    register(app)
+    runner = CliRunner()
+    res = runner.invoke(app, ["testbed", "status", "--json", "--state-dir", str(testbed.state_dir)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["healthy"] and [h["name"] for h in data["hosts"]] == HOSTS
+    res = runner.invoke(app, ["testbed", "up", "3", "--state-dir", str(testbed.state_dir)])
+    assert res.exit_code == 0, res.output
+    assert "already up" in res.stdout
+    assert f"--hosts {testbed.state_dir}/hostfile --ssh-config" in res.stdout
+    empty = tmp_path / "none"
+    res = runner.invoke(app, ["testbed", "status", "--state-dir", str(empty)])
+    assert res.exit_code == 1
+    assert f"a testbed is up in {testbed.state_dir}" in res.stdout
+    res = runner.invoke(app, ["testbed", "down", "--state-dir", str(empty)])
+    assert res.exit_code == 0 and "nothing to do" in res.stdout

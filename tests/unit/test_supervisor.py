@@ -1,0 +1,282 @@
+"""The supervisor against the scripted fake transport: no process is started."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from corral.agent.protocol import NODE
+from corral.cluster import Cluster, Host
+from corral.plan.render import plan_job
+from corral.plan.spec import JobSpec
+from corral.runtime.output import LogSink
+from corral.runtime.states import JobState, NodeState
+from corral.runtime.summary import print_report
+from corral.runtime.supervisor import (
+    EXIT_INTERRUPTED,
+    EXIT_LAUNCH,
+    EXIT_LOST,
+    EXIT_TIMEOUT,
+    Supervisor,
+)
+from corral.transport.fake import Behaviour, FakeNode, FakeTransport
+
+HOSTS = ("a", "b", "c")
+
+
+def _commands() -> list:  # type: ignore[type-arg]
+    cluster = Cluster(
+        tuple(Host(h, address=f"10.77.0.{i + 1}", slots=2) for i, h in enumerate(HOSTS))
+    )
+    spec = JobSpec(
+        script="t.py", launcher="python", job_id="j", python="python3", workdir="/w", run_dir="/r"
+    )
+    return plan_job(spec, cluster)
+
+
+def _ranks(node: FakeNode) -> list[int]:
+    return {"a": [0, 1], "b": [2, 3], "c": [4, 5]}[node.host.name]
+
+
+async def _stop_on_request(node: FakeNode, code: int = -15) -> int:
+    """Wait for stop, then report the node's remaining ranks as terminated."""
+    await node.next_op("stop")
+    for rank in _ranks(node):
+        node.event("rank_exit", rank=rank, code=code, eof_time=time.time())
+    node.event("node_exit", ranks={})
+    return 0
+
+
+async def succeed(node: FakeNode) -> int:
+    node.event("started", pid=1, pgids=[1])
+    for rank in _ranks(node):
+        node.out(rank, f"hello from {rank}\nsecond line\n")
+        node.event("rank_exit", rank=rank, code=0, eof_time=time.time())
+    node.event("node_exit", ranks={})
+    return 0
+
+
+async def run_sup(
+    transport: FakeTransport, tmp_path: Path, **kw: object
+) -> tuple[object, bytes, str]:
+    out = io.BytesIO()
+    console = Console(file=io.StringIO(), width=200)
+    sink = LogSink(tmp_path / "logs", list(HOSTS), stream=out, live=False, console=console)
+    sup = Supervisor(
+        _commands(),
+        transport,
+        sink,
+        job_id="j",
+        agent_argv=lambda h: ["python3", "-m", "corral.agent"],
+        heartbeat_interval=0.05,
+        **kw,
+    )  # type: ignore[arg-type]
+    result = await asyncio.wait_for(sup.run(handle_signals=False), 20)
+    sink.close()
+    print_report(result, console)
+    assert isinstance(console.file, io.StringIO)
+    return result, out.getvalue(), console.file.getvalue()
+
+
+def test_success_prefixes_every_line_and_tees_logs(tmp_path: Path) -> None:
+    transport = FakeTransport({h: succeed for h in HOSTS})
+    result, out, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.state == JobState.SUCCEEDED and result.exit_code == 0
+    lines = out.decode().splitlines()
+    for rank, host in [(0, "a"), (3, "b"), (5, "c")]:
+        assert f"[{host}:{rank}] hello from {rank}" in lines
+        assert f"[{host}:{rank}] second line" in lines
+    assert len(lines) == 12
+    assert (tmp_path / "logs" / "b.3.log").read_text() == "hello from 3\nsecond line\n"
+    assert all(n.state == NodeState.EXITED for n in result.nodes)
+    # the agent got a start message with its node's command
+    start = transport.nodes["b"].received[0]
+    assert start["op"] == "start" and start["node"]["host"] == "b"
+    assert "succeeded" in report
+
+
+def test_first_failure_stops_every_node_and_names_the_rank(tmp_path: Path) -> None:
+    async def failing(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.err(3, "Traceback...\nValueError: bad batch\n")
+        node.event("rank_exit", rank=3, code=7, eof_time=time.time())
+        return await _stop_on_request(node)
+
+    transport = FakeTransport(
+        {"a": _stop_on_request_started, "b": failing, "c": _stop_on_request_started}
+    )
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.state == JobState.FAILED
+    assert result.exit_code == 7
+    cause = result.root_cause
+    assert cause is not None and (cause.host, cause.rank, cause.code) == ("b", 3, 7)
+    assert cause.stderr_tail == ["Traceback...", "ValueError: bad batch"]
+    for name in HOSTS:  # every node was asked to stop
+        assert any(op["op"] == "stop" for op in transport.nodes[name].received)
+    states = {n.host.name: n.state for n in result.nodes}
+    assert states == {"a": NodeState.TERMINATED, "b": NodeState.FAILED, "c": NodeState.TERMINATED}
+    assert "root cause: rank 3 on b exited with code 7" in report
+    assert "ValueError: bad batch" in report
+
+
+async def _stop_on_request_started(node: FakeNode) -> int:
+    node.event("started", pid=1, pgids=[1])
+    return await _stop_on_request(node)
+
+
+def test_earliest_failure_is_the_root_cause_even_if_reported_later(tmp_path: Path) -> None:
+    early = time.time()
+
+    async def late_reporter(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        await node.next_op("stop")
+        # torchrun reports a SIGKILLed rank only when it exits, after the stop
+        node.event("rank_exit", rank=0, code=-9, eof_time=early)
+        node.event("rank_exit", rank=1, code=-15, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def quick_failure(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        await asyncio.sleep(0.05)
+        node.event(
+            "rank_exit",
+            rank=2,
+            code=1,
+            eof_time=time.time(),
+            error={"traceback": "RuntimeError: gloo connection reset"},
+        )
+        return await _stop_on_request(node)
+
+    transport = FakeTransport(
+        {"a": late_reporter, "b": quick_failure, "c": _stop_on_request_started}
+    )
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    cause = result.root_cause
+    assert cause is not None and (cause.host, cause.rank, cause.signal) == ("a", 0, "SIGKILL")
+    assert result.exit_code == 128 + 9
+    assert "OOM" in report
+    assert [f.rank for f in result.failures] == [0, 2]
+
+
+def test_lost_host_is_reported_and_the_rest_torn_down(tmp_path: Path) -> None:
+    async def vanish(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        await asyncio.sleep(0.05)
+        return 255  # connection dropped: no node_exit event
+
+    transport = FakeTransport(
+        {"a": _stop_on_request_started, "b": vanish, "c": _stop_on_request_started}
+    )
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.exit_code == EXIT_LOST
+    assert {n.host.name: n.state for n in result.nodes}["b"] == NodeState.LOST
+    assert "lost host b" in report
+
+
+def test_unreachable_host_fails_the_launch(tmp_path: Path) -> None:
+    transport = FakeTransport({h: _stop_on_request_started for h in HOSTS}, unreachable=["c"])
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.state == JobState.FAILED and result.exit_code == EXIT_LAUNCH
+    assert "could not start the node" in report and "unreachable" in report
+
+
+def test_timeout_stops_the_job(tmp_path: Path) -> None:
+    transport = FakeTransport({h: _stop_on_request_started for h in HOSTS})
+    result, _, _ = asyncio.run(run_sup(transport, tmp_path, timeout=0.3))
+    assert result.state == JobState.TIMED_OUT and result.exit_code == EXIT_TIMEOUT
+    assert all(n.state == NodeState.TERMINATED for n in result.nodes)
+
+
+def test_interrupt_stops_once_then_kills(tmp_path: Path) -> None:
+    async def stubborn(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        await node.next_op("kill")
+        return -9
+
+    async def main() -> tuple[object, dict[str, FakeNode]]:
+        transport = FakeTransport({h: stubborn for h in HOSTS})
+        sink = LogSink(
+            tmp_path / "logs",
+            list(HOSTS),
+            stream=io.BytesIO(),
+            live=False,
+            console=Console(file=io.StringIO()),
+        )
+        sup = Supervisor(
+            _commands(),
+            transport,
+            sink,
+            job_id="j",
+            agent_argv=lambda h: ["x"],
+            heartbeat_interval=0.05,
+            grace=30,
+        )
+        task = asyncio.ensure_future(sup.run(handle_signals=False))
+        await asyncio.sleep(0.2)
+        sup.interrupt()
+        await asyncio.sleep(0.1)
+        stops = [op for n in transport.nodes.values() for op in n.received if op["op"] == "stop"]
+        assert len(stops) == 3
+        sup.interrupt()  # second Ctrl-C: kill now instead of waiting 30 s of grace
+        result = await asyncio.wait_for(task, 10)
+        return result, transport.nodes
+
+    result, nodes = asyncio.run(main())
+    assert result.state == JobState.CANCELLED  # type: ignore[attr-defined]
+    assert result.exit_code == EXIT_INTERRUPTED  # type: ignore[attr-defined]
+    assert all(any(op["op"] == "kill" for op in n.received) for n in nodes.values())
+
+
+def test_heartbeats_are_sent(tmp_path: Path) -> None:
+    async def slow(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        await asyncio.sleep(0.4)
+        return await succeed(node)
+
+    transport = FakeTransport({h: slow for h in HOSTS})
+    asyncio.run(run_sup(transport, tmp_path))
+    assert sum(op["op"] == "hb" for op in transport.nodes["a"].received) >= 3
+
+
+def test_master_timeout_fails_torchrun_jobs(tmp_path: Path) -> None:
+    async def no_master(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        if node.host.name == "a":
+            node.event("master_timeout", addr="10.77.0.1", port=29500, timeout=5)
+        return await _stop_on_request(node)
+
+    transport = FakeTransport({h: no_master for h in HOSTS})
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.exit_code == EXIT_LAUNCH
+    assert "did not accept connections within 5 s" in report
+
+
+def test_node_level_output_has_host_only_prefix(tmp_path: Path) -> None:
+    async def chatty(node: FakeNode) -> int:
+        node.out(NODE, "torchrun banner\n")
+        return await succeed(node)
+
+    transport = FakeTransport({h: chatty for h in HOSTS})
+    _, out, _ = asyncio.run(run_sup(transport, tmp_path))
+    assert "[a] torchrun banner" in out.decode().splitlines()
+    assert (tmp_path / "logs" / "a.node.log").read_text() == "torchrun banner\n"
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_progress_reports_reach_the_summary(tmp_path: Path, code: int) -> None:
+    async def reporting(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        rank = _ranks(node)[0]
+        node.event("report", rank=rank, step=40, total=60, metrics={"loss": 0.25})
+        return await succeed(node)
+
+    transport = FakeTransport({h: reporting for h in HOSTS})
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert "step 40/60 loss=0.25" in report
+    assert result.nodes[0].ranks[0].progress is not None
