@@ -24,7 +24,7 @@ from corral.runtime.supervisor import (
     EXIT_TIMEOUT,
     Supervisor,
 )
-from corral.transport.fake import Behaviour, FakeNode, FakeTransport
+from corral.transport.fake import FakeNode, FakeTransport
 
 HOSTS = ("a", "b", "c")
 

@@ -40,6 +40,7 @@ from corral.agent.protocol import (
 )
 
 CHUNK = 1 << 16
+DRAIN_WINDOW = 2.0
 PR_SET_CHILD_SUBREAPER = 36
 _TORCHRUN_EXIT = re.compile(rb"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 
@@ -96,7 +97,15 @@ class Workload:
     popen: subprocess.Popen[bytes]
     code: int | None = None
     open_streams: int = 2
+    streams_abandoned: bool = False  # exited, but a leftover child still holds its pipes
+    drain_scheduled: bool = False
+    settled: bool = False
     stderr_tail: list[bytes] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Exited, and its output drained (or given up on after the drain window)."""
+        return self.code is not None and (self.open_streams == 0 or self.streams_abandoned)
 
 
 class NodeAgent:
@@ -400,9 +409,23 @@ class NodeAgent:
         if track.log is not None:
             track.log.flush()
 
+    async def _drain_window(self, work: Workload) -> None:
+        """A process exited but its pipes stay open: a child it left behind holds
+        them. Stop waiting for them after a moment; teardown kills that child."""
+        await asyncio.sleep(DRAIN_WINDOW)
+        if work.open_streams > 0:
+            work.streams_abandoned = True
+            self._workload_progress(work)
+
     def _workload_progress(self, work: Workload) -> None:
-        if work.code is None or work.open_streams > 0:
+        if work.code is not None and work.open_streams > 0 and not work.streams_abandoned:
+            if not work.drain_scheduled:
+                work.drain_scheduled = True
+                self._spawn(self._drain_window(work))
             return
+        if not work.finished or work.settled:
+            return
+        work.settled = True
         if work.rank != NODE:
             track = self.ranks[work.rank]
             track.code = work.code
@@ -423,7 +446,7 @@ class NodeAgent:
                     self._maybe_report_rank(track, final=True)
             if work.code != 0 and not self.stopping:
                 self.request_teardown(self.grace, reason="torchrun failed")
-        if all(w.code is not None and w.open_streams == 0 for w in self.workloads.values()):
+        if all(w.finished for w in self.workloads.values()):
             self.request_teardown(self.grace, reason="workload finished", finished=True)
 
     # -- master readiness ------------------------------------------------------------

@@ -1,0 +1,202 @@
+"""Train a small MLP with DistributedDataParallel, using the corral SDK.
+
+The data are points labelled by a fixed random "teacher" network, so the task
+is learnable and the loss drops fast. Runs under corral, plain ``torchrun``
+(gloo on CPU, nccl on GPUs) or plain ``python`` (one process)::
+
+    corral run --hosts local:2 --nproc-per-node 2 -- examples/train_ddp.py
+    torchrun --nproc-per-node 2 examples/train_ddp.py
+    python examples/train_ddp.py
+
+Checkpoints are written every ``--checkpoint-every`` steps by rank 0 and a
+rerun resumes from the newest complete one. ``--fail-at-step`` and friends
+inject a failure, to exercise a supervisor's teardown and restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+try:
+    from corral import sdk
+except ImportError:  # running from a source checkout without corral installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from corral import sdk
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+IN_DIM, CLASSES, EXAMPLES = 16, 4, 4096
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60, help="total optimisation steps")
+    p.add_argument(
+        "--checkpoint-dir",
+        default=os.environ.get("CORRAL_CHECKPOINT_DIR") or "checkpoints",
+        help="default: $CORRAL_CHECKPOINT_DIR, else ./checkpoints",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=20, help="0 disables checkpoints")
+    p.add_argument("--batch-size", type=int, default=256, help="global batch size")
+    p.add_argument("--lr", type=float, default=0.1, help="single-process learning rate")
+    p.add_argument("--lr-rule", choices=["linear", "sqrt", "none"], default="sqrt")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds (slows the run)")
+    p.add_argument("--seed", type=int, default=0)
+    fail = p.add_argument_group("failure injection (tests)")
+    fail.add_argument("--fail-at-step", type=int, default=None, help="fail before step K")
+    fail.add_argument("--fail-rank", type=int, default=0, help="the global rank that fails")
+    fail.add_argument("--fail-mode", choices=["exit", "raise"], default="exit")
+    fail.add_argument("--exit-code", type=int, default=1, help="exit status for --fail-mode exit")
+    fail.add_argument(
+        "--fail-on-attempt",
+        type=int,
+        default=0,
+        help="fail only on this attempt (CORRAL_ATTEMPT); -1: on every attempt",
+    )
+    return p.parse_args(argv)
+
+
+def make_dataset(seed: int) -> TensorDataset:
+    """Gaussian points labelled by a fixed random teacher MLP (same on every rank)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(EXAMPLES, IN_DIM, generator=gen)
+    w1 = torch.randn(IN_DIM, 32, generator=gen) / IN_DIM**0.5
+    w2 = torch.randn(32, CLASSES, generator=gen) / 32**0.5
+    y = (torch.tanh(x @ w1) @ w2).argmax(dim=1)
+    return TensorDataset(x, y)
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(IN_DIM, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES)
+    )
+
+
+def batches(
+    loader: DataLoader[Any], sampler: DistributedSampler[Any], start: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless batches, resuming at global step ``start`` (epoch and position)."""
+    per_epoch = len(loader)
+    epoch, skip = divmod(start, per_epoch)
+    while True:
+        sampler.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            if i >= skip:
+                yield batch[0], batch[1]
+        epoch, skip = epoch + 1, 0
+
+
+@torch.no_grad()
+def full_loss(model: nn.Module, data: TensorDataset) -> float:
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in data.tensors)
+    return float(nn.functional.cross_entropy(model(x), y))
+
+
+def load_resume_state(ckpt_dir: str, distributed: bool) -> dict[str, Any] | None:
+    """Rank 0 loads the newest complete checkpoint and shares it (no shared disk needed)."""
+    state: dict[str, Any] | None = None
+    if sdk.is_main_process():
+        path = sdk.latest_checkpoint(ckpt_dir)
+        if path is not None:
+            state = sdk.load_checkpoint(path)
+    if distributed:
+        box: list[Any] = [state]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+    return state
+
+
+@sdk.record
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    me = sdk.info()
+    sdk.print_distributed_info()
+    distributed = sdk.init_distributed()
+    cfg = sdk.scale_config(batch_size=args.batch_size, lr=args.lr, rule=args.lr_rule)
+
+    # init_distributed already selected this rank's GPU when there are GPUs.
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    data = make_dataset(args.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=me.world_size, rank=me.rank, shuffle=True, seed=args.seed, drop_last=True
+    )
+    loader = DataLoader(data, batch_size=cfg["batch_size"], sampler=sampler, drop_last=True)
+
+    model = make_model().to(device)  # same seed everywhere; DDP broadcasts rank 0's anyway
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    initial_loss = full_loss(model, data)
+    start = 0
+    state = load_resume_state(args.checkpoint_dir, distributed)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, initial_loss = int(state["step"]), float(state["initial_loss"])
+        if me.rank == 0:
+            print(f"resumed from step {start}", flush=True)
+    net: nn.Module = model
+    if distributed:
+        net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    loss_fn = nn.CrossEntropyLoss()
+
+    stream = batches(loader, sampler, start)
+    window: list[float] = []  # losses since the last printed line
+    for step in range(start + 1, args.steps + 1):
+        if (
+            step == args.fail_at_step
+            and me.rank == args.fail_rank
+            and args.fail_on_attempt in (-1, me.attempt)
+        ):
+            if args.fail_mode == "raise":
+                raise RuntimeError(f"injected failure at step {step} on rank {me.rank}")
+            print(f"rank {me.rank}: exiting with code {args.exit_code} at step {step}", flush=True)
+            sys.exit(args.exit_code)
+        x, y = (t.to(device) for t in next(stream))
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        optimizer.step()
+        value = loss.item()
+        window.append(value)
+        sdk.report(step, args.steps, loss=value)
+        if me.rank == 0 and (step % args.log_every == 0 or step in (start + 1, args.steps)):
+            mean = sum(window) / len(window)
+            print(f"step {step}/{args.steps} loss {mean:.4f}", flush=True)
+            window.clear()
+        if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
+            sdk.save_checkpoint(
+                {
+                    "step": step,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "initial_loss": initial_loss,
+                    "world_size": me.world_size,
+                },
+                args.checkpoint_dir,
+                step,
+            )
+        if args.sleep_per_step > 0:
+            time.sleep(args.sleep_per_step)
+
+    if me.rank == 0:
+        print(f"final loss {full_loss(model, data):.4f} (initial {initial_loss:.4f})", flush=True)
+    sdk.barrier()
+    sdk.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The worker SDK: imported by training scripts on the nodes.
+
+Works under corral, under plain ``torchrun`` and under plain ``python`` (one
+process: rank 0, world size 1). Needs only the standard library; torch is
+imported lazily by the functions that use it.
+
+```python
+from corral import sdk
+
+sdk.init_distributed()                      # waits for the master, explicit timeouts
+cfg = sdk.scale_config(batch_size=256, lr=1e-3)
+start = 0
+if (ckpt := sdk.latest_checkpoint("ckpts")) is not None:
+    start = sdk.load_checkpoint(ckpt)["step"]      # and restore model/optimizer
+for step in range(start, total):
+    ...
+    sdk.report(step + 1, total, loss=loss.item())   # heartbeat to the supervisor
+    if (step + 1) % 100 == 0:
+        sdk.save_checkpoint({"step": step + 1, ...}, "ckpts", step + 1)  # rank 0, atomic
+sdk.cleanup()
+```
+"""
+
+from __future__ import annotations
+
+from corral.sdk._checkpoint import (
+    is_complete_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from corral.sdk._config import output_dir, scale_config
+from corral.sdk._dist import (
+    MasterNotReadyError,
+    barrier,
+    cleanup,
+    destroy,
+    init_distributed,
+    wait_for_master,
+)
+from corral.sdk._env import (
+    DistInfo,
+    info,
+    is_distributed,
+    is_main_process,
+    print_distributed_info,
+    should_save_outputs,
+)
+from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
+from corral.sdk._report import report
+
+__all__ = [
+    "DistInfo",
+    "MasterNotReadyError",
+    "barrier",
+    "cleanup",
+    "destroy",
+    "error_file_path",
+    "info",
+    "init_distributed",
+    "is_complete_checkpoint",
+    "is_distributed",
+    "is_main_process",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "output_dir",
+    "print_distributed_info",
+    "read_error_file",
+    "record",
+    "report",
+    "save_checkpoint",
+    "scale_config",
+    "should_save_outputs",
+    "wait_for_master",
+    "write_error_file",
+]

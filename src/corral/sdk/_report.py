@@ -1,0 +1,118 @@
+"""Progress heartbeats to the corral supervisor over a unix socket.
+
+``CORRAL_CONTROL`` is ``unix:@NAME`` (Linux abstract socket) or
+``unix:/path/to/socket``. The first report connects and sends ``ctl <rank>\\n``;
+each report is then one JSON line::
+
+    {"type": "progress", "rank": 0, "step": 10, "total": 100,
+     "metrics": {"loss": 0.5}, "time": 1700000000.0}
+
+Reporting never raises into training: any socket error (including a send
+that blocks for more than :data:`SEND_TIMEOUT` seconds) disables it for the
+rest of the process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+
+from corral.sdk._env import info
+
+__all__ = ["SEND_TIMEOUT", "report"]
+
+SEND_TIMEOUT = 1.0
+CONTROL_ENV = "CORRAL_CONTROL"
+# No SIGPIPE even in a process that restored its default action (which kills).
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def _socket_address(spec: str) -> str:
+    if not spec.startswith("unix:") or len(spec) <= len("unix:"):
+        raise OSError(f"unsupported {CONTROL_ENV} address {spec!r}")
+    target = spec[len("unix:") :]
+    return "\0" + target[1:] if target.startswith("@") else target
+
+
+def _metric(value: object) -> float | None:
+    number = float(value)  # type: ignore[arg-type]  # tensors, numpy scalars, ints
+    return number if math.isfinite(number) else None
+
+
+class _Reporter:
+    """One connection per (process, address); disabled for good after an error."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spec: str | None = None
+        self._pid = 0
+        self._sock: socket.socket | None = None
+        self._disabled = False
+
+    def _reset(self, spec: str) -> None:
+        if self._sock is not None and self._pid == os.getpid():
+            self._sock.close()
+        self._sock = None
+        self._spec = spec
+        self._pid = os.getpid()
+        self._disabled = False
+
+    def _connect(self, spec: str, rank: int) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(SEND_TIMEOUT)
+            sock.connect(_socket_address(spec))
+            sock.sendall(f"ctl {rank}\n".encode("ascii"), _SEND_FLAGS)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def send(self, step: int, total: int | None, metrics: dict[str, object]) -> None:
+        spec = os.environ.get(CONTROL_ENV, "")
+        if not spec:
+            return
+        try:
+            rank = info().rank
+            payload = {
+                "type": "progress",
+                "rank": rank,
+                "step": int(step),
+                "total": None if total is None else int(total),
+                "metrics": {str(k): _metric(v) for k, v in metrics.items()},
+                "time": time.time(),
+            }
+            line = (json.dumps(payload, allow_nan=False) + "\n").encode()
+        except (TypeError, ValueError):
+            return  # a bad value in this one report: drop it, keep reporting
+        with self._lock:
+            if spec != self._spec or self._pid != os.getpid():
+                self._reset(spec)
+            if self._disabled:
+                return
+            try:
+                if self._sock is None:
+                    self._sock = self._connect(spec, rank)
+                self._sock.sendall(line, _SEND_FLAGS)
+            except OSError:
+                if self._sock is not None:
+                    self._sock.close()
+                self._sock = None
+                self._disabled = True
+
+
+_reporter = _Reporter()
+
+
+def report(step: int, total: int | None = None, **metrics: float) -> None:
+    """Tell the supervisor this rank reached ``step`` (of ``total``), with optional metrics.
+
+    A no-op without ``CORRAL_CONTROL``. Cheap enough to call every step; never
+    raises and never blocks for more than about a second. Non-finite metric
+    values are sent as ``null``.
+    """
+    _reporter.send(step, total, dict(metrics))

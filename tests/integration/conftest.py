@@ -1,0 +1,63 @@
+"""Helpers for integration tests that run real corral jobs on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def corral_argv(*args: str) -> list[str]:
+    """The corral command line, run with this interpreter."""
+    return [sys.executable, "-m", "corral", *args]
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Live processes (not zombies) whose environment carries CORRAL_JOB_ID=job_id."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get("CORRAL_JOB_ID") == job_id:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_no_job_processes(job_id: str, within: float) -> list[psutil.Process]:
+    """Poll until no process of the job is left (or ``within`` seconds pass)."""
+    deadline = time.monotonic() + within
+    left = job_processes(job_id)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = job_processes(job_id)
+    return left
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Iterator[Path]:
+    """A run dir for one test; any process of its jobs is killed afterwards."""
+    path = tmp_path / "runs"
+    yield path
+    for job in path.glob("*") if path.exists() else []:
+        for proc in job_processes(job.name):
+            proc.kill()
+
+
+def run_corral(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run corral to completion, capturing stdout and stderr as text."""
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run(
+        corral_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )

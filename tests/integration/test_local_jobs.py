@@ -1,0 +1,345 @@
+"""Real jobs on the embedded local cluster: processes, signals, logs, teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    SCRIPTS,
+    corral_argv,
+    job_processes,
+    run_corral,
+    wait_no_job_processes,
+)
+
+LAUNCHERS = ["python", "torchrun"]
+
+
+def _common(run_dir: Path, job_id: str, hosts: str = "local:2", nproc: int = 2) -> list[str]:
+    return [
+        "run",
+        "--hosts",
+        hosts,
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--job-id",
+        job_id,
+        "--grace",
+        "5",
+    ]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        corral_argv(*args),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS="200"),
+    )
+
+
+def _wait_for_output(proc: subprocess.Popen[str], pattern: str, timeout: float = 90) -> str:
+    """Read stdout until ``pattern`` appears; returns what was read."""
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if re.search(pattern, seen):
+            return seen
+    raise AssertionError(f"{pattern!r} not seen in output:\n{seen[-2000:]}")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_failing_rank_tears_down_every_process(
+    launcher: str, run_dir: Path, tmp_path: Path
+) -> None:
+    job = f"exit7-{launcher}"
+    started = time.monotonic()
+    result = run_corral(
+        *_common(run_dir, job),
+        "--launcher",
+        launcher,
+        "--",
+        str(SCRIPTS / "steps.py"),
+        "--fail-rank",
+        "1",
+        "--fail-at",
+        "5",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 7, result.stderr[-3000:]
+    assert not wait_no_job_processes(job, within=10)
+    assert time.monotonic() - started < 120
+    assert re.search(r"root cause: rank 1 on local-\d exited with code 7", result.stderr)
+    assert "rank 1 is about to fail (exit)" in result.stderr  # stderr tail in the report
+    # every rank ran, and every line carries its host and rank
+    for rank in range(4):
+        assert re.search(rf"^\[local-\d:{rank}\] rank {rank} step 0$", result.stdout, re.M)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_sigkilled_rank_is_named_with_its_signal(
+    launcher: str, run_dir: Path, tmp_path: Path
+) -> None:
+    job = f"kill-{launcher}"
+    result = run_corral(
+        *_common(run_dir, job),
+        "--launcher",
+        launcher,
+        "--",
+        str(SCRIPTS / "steps.py"),
+        "--fail-rank",
+        "2",
+        "--mode",
+        "kill",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 128 + 9, result.stderr[-3000:]
+    assert not wait_no_job_processes(job, within=10)
+    assert re.search(r"root cause: rank 2 on local-\d killed by SIGKILL", result.stderr)
+    assert "OOM" in result.stderr
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_exception_traceback_of_the_right_rank(
+    launcher: str, run_dir: Path, tmp_path: Path
+) -> None:
+    job = f"raise-{launcher}"
+    result = run_corral(
+        *_common(run_dir, job),
+        "--launcher",
+        launcher,
+        "--",
+        str(SCRIPTS / "steps.py"),
+        "--fail-rank",
+        "3",
+        "--mode",
+        "raise",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = result.stderr[result.stderr.index("root cause:") :]
+    assert re.search(r"root cause: rank 3 on local-\d exited with code 1", report)
+    assert "traceback (from the rank's error file)" in report
+    assert "ValueError: bad batch on rank 3" in report
+    assert "steps.py" in report and "runpy" not in report
+    errors = list(run_dir.glob(f"{job}/nodes/*/errors/rank-3.json"))
+    assert len(errors) == 1 and json.loads(errors[0].read_text())["exc_type"] == "ValueError"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_sigint_to_corral_tears_down_once(launcher: str, run_dir: Path, tmp_path: Path) -> None:
+    job = f"sigint-{launcher}"
+    proc = _start(
+        [*_common(run_dir, job), "--launcher", launcher, "--", str(SCRIPTS / "steps.py")], tmp_path
+    )
+    try:
+        _wait_for_output(proc, r"rank \d step 3")
+        assert len(job_processes(job)) >= 4
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("interrupted: stopping every node") == 1
+    assert "cancelled" in err
+    assert not wait_no_job_processes(job, within=10)
+
+
+def test_second_sigint_kills_at_once(run_dir: Path, tmp_path: Path) -> None:
+    job = "sigint-twice"
+    trap = tmp_path / "trap.py"
+    trap.write_text(
+        "import signal, time, os\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = _start(
+        [
+            *_common(run_dir, job, nproc=1),
+            "--launcher",
+            "python",
+            "--grace",
+            "300",
+            "--",
+            str(trap),
+        ],
+        tmp_path,
+    )
+    try:
+        _wait_for_output(proc, r"ready(.|\n)*ready")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None  # still in its 300 s grace: the ranks ignore SIGTERM
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - started < 30
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "killing every node now" in err
+    assert not wait_no_job_processes(job, within=10)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_sigkilled_corral_leaves_nothing_behind(
+    launcher: str, run_dir: Path, tmp_path: Path
+) -> None:
+    job = f"corral-killed-{launcher}"
+    proc = _start(
+        [*_common(run_dir, job), "--launcher", launcher, "--", str(SCRIPTS / "steps.py")], tmp_path
+    )
+    try:
+        _wait_for_output(proc, r"rank \d step 3")
+        proc.kill()  # no teardown by corral itself: the agents notice their stdin closing
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert not wait_no_job_processes(job, within=30)
+
+
+def test_detached_child_of_a_rank_is_cleaned_up(run_dir: Path, tmp_path: Path) -> None:
+    job = "daemon"
+    result = run_corral(
+        *_common(run_dir, job),
+        "--launcher",
+        "python",
+        "--",
+        str(SCRIPTS / "steps.py"),
+        "--steps",
+        "3",
+        "--daemon",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not wait_no_job_processes(job, within=10)
+
+
+def test_timeout_stops_the_job(run_dir: Path, tmp_path: Path) -> None:
+    job = "timeout"
+    result = run_corral(
+        *_common(run_dir, job),
+        "--launcher",
+        "python",
+        "--timeout",
+        "3",
+        "--",
+        str(SCRIPTS / "steps.py"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 124, result.stderr[-3000:]
+    assert "timed out after 3 s" in result.stderr
+    assert not wait_no_job_processes(job, within=10)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_line_exactly_once_and_unbroken(launcher: str, run_dir: Path, tmp_path: Path) -> None:
+    job = f"lines-{launcher}"
+    n = 50_000
+    result = run_corral(
+        *_common(run_dir, job),
+        "--launcher",
+        launcher,
+        "--",
+        str(SCRIPTS / "lines.py"),
+        str(n),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    pattern = re.compile(r"^\[(local-\d):(\d)\] rank (\d) line (\d+) x{40}$")
+    seen: dict[int, list[int]] = {r: [] for r in range(4)}
+    hosts: dict[int, str] = {}
+    for line in result.stdout.splitlines():
+        m = pattern.match(line)
+        if m is None:
+            assert not line.startswith("[local-0:") and not line.startswith("[local-1:"), line
+            continue
+        prefix_rank, rank = int(m.group(2)), int(m.group(3))
+        assert prefix_rank == rank, line
+        hosts[rank] = m.group(1)
+        seen[rank].append(int(m.group(4)))
+    for rank in range(4):
+        assert seen[rank] == list(range(n)), f"rank {rank}: {len(seen[rank])} lines"
+        log = run_dir / job / "logs" / f"{hosts[rank]}.{rank}.log"
+        lines = log.read_text().splitlines()
+        assert lines == [f"rank {rank} line {i} " + "x" * 40 for i in range(n)]
+        node_logs = list(run_dir.glob(f"{job}/nodes/{hosts[rank]}/logs/rank-{rank}.log"))
+        assert len(node_logs) == 1 and node_logs[0].read_text().splitlines() == lines
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_arguments_and_env_arrive_verbatim(launcher: str, run_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    tricky = [
+        "a b",
+        "it's",
+        'say "hi"',
+        "$(touch /tmp/corral-pwned)",
+        "x; rm -rf /",
+        "$HOME",
+        "naïve ☃ 日本",
+        "line1\nline2",
+        "",
+        "*",
+        "--flag=1",
+    ]
+    result = run_corral(
+        *_common(run_dir, f"argv-{launcher}"),
+        "--launcher",
+        launcher,
+        "--env",
+        f"OUT_DIR={out_dir}",
+        "--env",
+        "WEIRD=a b;$(x)",
+        "--",
+        str(SCRIPTS / "argv.py"),
+        *tricky,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not Path("/tmp/corral-pwned").exists()
+    for rank in range(4):
+        data = json.loads((out_dir / f"rank-{rank}.json").read_text())
+        assert data["argv"] == tricky
+        env = data["env"]
+        assert env["WEIRD"] == "a b;$(x)"
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_WORLD_SIZE"] == "2" and env["NNODES"] == "2"
+        assert env["CORRAL_JOB_ID"] == f"argv-{launcher}"
+        assert "PYTEST_CURRENT_TEST" not in env  # the coordinator's env is not forwarded
+
+
+def test_node_working_directories_are_separate(run_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "cwd.py"
+    script.write_text(
+        "import os\nopen('mine.txt', 'w').write(os.environ['RANK'])\nprint(os.getcwd())\n"
+    )
+    result = run_corral(
+        *_common(run_dir, "cwd", nproc=1), "--launcher", "python", "--", str(script), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for node in range(2):
+        work = run_dir / "cwd" / "nodes" / f"local-{node}" / "work"
+        assert (work / "mine.txt").read_text() == str(node)
+        assert f"[local-{node}:{node}] {work}" in result.stdout

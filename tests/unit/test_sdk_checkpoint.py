@@ -1,0 +1,182 @@
+"""corral.sdk checkpoints: atomic writes, pruning, and skipping damaged files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral import sdk
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def rank0(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def state(step: int) -> dict[str, object]:
+    return {"step": step, "weights": torch.full((256,), float(step)), "note": f"s{step}"}
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_save_load_roundtrip(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    path = sdk.save_checkpoint(
+        {"step": 7, "model": model.state_dict(), "optimizer": opt.state_dict()},
+        tmp_path / "ck",
+        7,
+    )
+    assert path == tmp_path / "ck" / "ckpt-00000007.pt"
+    assert names(tmp_path / "ck") == ["ckpt-00000007.pt"]  # no temp left behind
+    loaded = sdk.load_checkpoint(path)
+    assert loaded["step"] == 7
+    restored = torch.nn.Linear(3, 2)
+    restored.load_state_dict(loaded["model"])
+    assert torch.equal(restored.weight, model.weight)
+    opt2 = torch.optim.SGD(restored.parameters(), lr=0.1, momentum=0.9)
+    opt2.load_state_dict(loaded["optimizer"])
+    assert sdk.latest_checkpoint(tmp_path / "ck") == path
+
+
+def test_only_rank_zero_writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert sdk.save_checkpoint(state(1), tmp_path, 1) is None
+    assert names(tmp_path) == []
+
+
+def test_all_ranks_files_carry_the_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        for step in (10, 20):
+            sdk.save_checkpoint(state(step + rank), tmp_path, step, all_ranks=True)
+    assert names(tmp_path) == [
+        "ckpt-00000010-rank00000.pt",
+        "ckpt-00000010-rank00001.pt",
+        "ckpt-00000020-rank00000.pt",
+        "ckpt-00000020-rank00001.pt",
+    ]
+    latest1 = sdk.latest_checkpoint(tmp_path, rank=1)
+    assert latest1 is not None
+    assert latest1.name == "ckpt-00000020-rank00001.pt"
+    assert sdk.load_checkpoint(latest1)["step"] == 21
+    assert sdk.latest_checkpoint(tmp_path) is None  # no rank-0-only checkpoints here
+
+
+def test_prune_keeps_the_newest(tmp_path: Path) -> None:
+    for step in range(1, 7):
+        sdk.save_checkpoint(state(step), tmp_path, step, keep=2)
+    assert names(tmp_path) == ["ckpt-00000005.pt", "ckpt-00000006.pt"]
+    for step in range(7, 10):
+        sdk.save_checkpoint(state(step), tmp_path, step, keep=None)
+    assert len(names(tmp_path)) == 5
+
+
+def test_steps_sort_numerically(tmp_path: Path) -> None:
+    for step in (9, 100_000_000, 10):  # the last has more than 8 digits
+        sdk.save_checkpoint(state(step), tmp_path, step, keep=None)
+    latest = sdk.latest_checkpoint(tmp_path)
+    assert latest is not None
+    assert latest.name == "ckpt-100000000.pt"
+
+
+def test_prune_never_deletes_the_new_one_after_resuming_older(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        sdk.save_checkpoint(state(step), tmp_path, step)
+    # Resumed from 10 (say 20 and 30 were judged bad elsewhere); saving 15 with keep=1
+    # must keep 15 and leave the higher-step files to the user.
+    sdk.save_checkpoint(state(15), tmp_path, 15, keep=1)
+    assert names(tmp_path) == ["ckpt-00000015.pt", "ckpt-00000020.pt", "ckpt-00000030.pt"]
+
+
+def test_leftover_temp_file_is_ignored_then_cleaned(tmp_path: Path) -> None:
+    sdk.save_checkpoint(state(10), tmp_path, 10)
+    good = tmp_path / "ckpt-00000010.pt"
+    # A save of step 20 killed mid-write leaves its temp file (here: half of a real one).
+    data = good.read_bytes()
+    leftover = tmp_path / ".ckpt-00000020.pt.tmp-12345"
+    leftover.write_bytes(data[: len(data) // 2])
+    assert sdk.latest_checkpoint(tmp_path) == good
+    sdk.save_checkpoint(state(30), tmp_path, 30)
+    assert not leftover.exists()
+    assert names(tmp_path) == ["ckpt-00000010.pt", "ckpt-00000030.pt"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate-tail", "truncate-half", "zero-tail", "empty", "garbage"],
+)
+def test_damaged_newest_checkpoint_falls_back(tmp_path: Path, damage: str) -> None:
+    for step in (10, 20):
+        sdk.save_checkpoint(state(step), tmp_path, step)
+    newest = tmp_path / "ckpt-00000020.pt"
+    data = newest.read_bytes()
+    if damage == "truncate-tail":
+        newest.write_bytes(data[:-1])
+    elif damage == "truncate-half":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "zero-tail":  # right size, unwritten blocks (power loss without fsync)
+        newest.write_bytes(data[:-4096] + bytes(4096))
+    elif damage == "empty":
+        newest.write_bytes(b"")
+    else:
+        newest.write_bytes(b"not a checkpoint" * 100)
+    assert not sdk.is_complete_checkpoint(newest)
+    latest = sdk.latest_checkpoint(tmp_path)
+    assert latest == tmp_path / "ckpt-00000010.pt"
+    assert sdk.load_checkpoint(latest)["step"] == 10
+
+
+def test_latest_ignores_other_names_and_missing_dirs(tmp_path: Path) -> None:
+    assert sdk.latest_checkpoint(tmp_path / "nope") is None
+    assert sdk.latest_checkpoint(tmp_path) is None
+    sdk.save_checkpoint(state(5), tmp_path, 5)
+    for name in ("ckpt-00000099.pt.bak", "ckpt-latest.pt", "model-00000100.pt", "ckpt-9.pth"):
+        (tmp_path / name).write_bytes((tmp_path / "ckpt-00000005.pt").read_bytes())
+    (tmp_path / "ckpt-00000200.pt").mkdir()  # a directory with a checkpoint name
+    assert sdk.latest_checkpoint(tmp_path) == tmp_path / "ckpt-00000005.pt"
+
+
+def test_failed_save_leaves_previous_checkpoint_intact(tmp_path: Path) -> None:
+    sdk.save_checkpoint(state(1), tmp_path, 1)
+    with pytest.raises(Exception, match=r"(?i)pickle|lambda|attribute"):
+        sdk.save_checkpoint({"fn": lambda: 0}, tmp_path, 2)
+    assert names(tmp_path) == ["ckpt-00000001.pt"]
+    assert sdk.latest_checkpoint(tmp_path) == tmp_path / "ckpt-00000001.pt"
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="step"):
+        sdk.save_checkpoint(state(0), tmp_path, -1)
+    with pytest.raises(ValueError, match="keep"):
+        sdk.save_checkpoint(state(0), tmp_path, 1, keep=0)
+
+
+def test_load_rejects_non_dict(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt-00000001.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(TypeError, match="dict"):
+        sdk.load_checkpoint(path)
+
+
+def test_clear_error_without_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sdk.save_checkpoint(state(3), tmp_path, 3)
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    with pytest.raises(ImportError, match=r"pip install 'corral\[torch\]'"):
+        sdk.save_checkpoint(state(4), tmp_path, 4)
+    with pytest.raises(ImportError, match="corral"):
+        sdk.load_checkpoint(tmp_path / "ckpt-00000003.pt")
+    # Finding the latest checkpoint needs no torch (the coordinator can do it).
+    assert sdk.latest_checkpoint(tmp_path) == tmp_path / "ckpt-00000003.pt"

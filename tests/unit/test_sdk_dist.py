@@ -1,0 +1,228 @@
+"""corral.sdk.init_distributed: master wait, timeouts, the calls it makes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from corral import sdk
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield int(s.getsockname()[1])
+
+
+def test_single_process_is_a_noop() -> None:
+    assert sdk.init_distributed() is False
+    sdk.barrier()  # no group: no-ops
+    sdk.cleanup()
+    sdk.destroy()
+
+
+def test_wait_for_ready_master_logs(listener: int, capsys: pytest.CaptureFixture[str]) -> None:
+    sdk.wait_for_master("127.0.0.1", listener, timeout=5)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"Waiting for master 127.0.0.1:{listener}...",
+        f"Master node 127.0.0.1:{listener} is ready for connections",
+    ]
+
+
+def test_wait_until_master_comes_up(capsys: pytest.CaptureFixture[str]) -> None:
+    port = closed_port()
+    server = socket.socket()
+
+    def start_later() -> None:
+        time.sleep(0.5)
+        server.bind(("127.0.0.1", port))
+        server.listen(1)
+
+    t = threading.Thread(target=start_later)
+    t.start()
+    try:
+        start = time.monotonic()
+        sdk.wait_for_master("127.0.0.1", port, timeout=timedelta(seconds=10))
+        assert time.monotonic() - start >= 0.4
+    finally:
+        t.join()
+        server.close()
+    assert f"Master node 127.0.0.1:{port} is ready" in capsys.readouterr().err
+
+
+def test_wait_times_out_with_host_and_port() -> None:
+    port = closed_port()
+    start = time.monotonic()
+    with pytest.raises(sdk.MasterNotReadyError) as info:
+        sdk.wait_for_master("127.0.0.1", port, timeout=0.6)
+    elapsed = time.monotonic() - start
+    assert 0.5 <= elapsed < 3.0
+    assert isinstance(info.value, TimeoutError)
+    assert f"127.0.0.1:{port}" in str(info.value)
+    assert "0.6s" in str(info.value)
+    assert "ConnectionRefused" in str(info.value)
+    assert (info.value.host, info.value.port) == ("127.0.0.1", port)
+
+
+def test_unresolvable_host_is_retried_until_the_deadline() -> None:
+    with pytest.raises(sdk.MasterNotReadyError, match=r"no-such-host\.invalid:29500"):
+        sdk.wait_for_master("no-such-host.invalid", 29500, timeout=0.3)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, timedelta(0)])
+def test_nonpositive_timeouts_rejected(bad: float | timedelta) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        sdk.wait_for_master("127.0.0.1", 1, timeout=bad)
+
+
+def dist_env(monkeypatch: pytest.MonkeyPatch, rank: int, port: int) -> None:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+
+
+@pytest.fixture
+def fake_init(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record init_process_group calls instead of making them."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    return calls
+
+
+@pytest.mark.torch
+def test_rank0_initialises_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+    fake_init: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dist_env(monkeypatch, 0, closed_port())  # nothing listens: rank 0 must not wait
+    assert sdk.init_distributed(timeout=12.5) is True
+    assert fake_init == [
+        {
+            "backend": "gloo",
+            "init_method": "env://",
+            "timeout": timedelta(seconds=12.5),
+            "rank": 0,
+            "world_size": 2,
+        }
+    ]
+    err = capsys.readouterr().err
+    assert "Waiting for master" not in err
+    assert (
+        "Initializing distributed process group: rank=0, world_size=2, timeout=0:00:12.500000"
+        in err
+    )
+
+
+@pytest.mark.torch
+def test_other_ranks_wait_then_initialise(
+    monkeypatch: pytest.MonkeyPatch,
+    fake_init: list[dict[str, Any]],
+    listener: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dist_env(monkeypatch, 1, listener)
+    assert sdk.init_distributed(backend="gloo", timeout=timedelta(minutes=30)) is True
+    assert fake_init[0]["timeout"] == timedelta(minutes=30)
+    assert fake_init[0]["rank"] == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"Waiting for master 127.0.0.1:{listener}...",
+        f"Master node 127.0.0.1:{listener} is ready for connections",
+        "Initializing distributed process group: rank=1, world_size=2, timeout=0:30:00",
+    ]
+
+
+@pytest.mark.torch
+def test_master_timeout_raises_before_init(
+    monkeypatch: pytest.MonkeyPatch, fake_init: list[dict[str, Any]]
+) -> None:
+    port = closed_port()
+    dist_env(monkeypatch, 1, port)
+    with pytest.raises(sdk.MasterNotReadyError, match=f"127.0.0.1:{port}"):
+        sdk.init_distributed(timeout=300, master_timeout=0.3)
+    assert fake_init == []
+
+
+@pytest.mark.torch
+def test_missing_master_env_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, fake_init: list[dict[str, Any]]
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="MASTER_ADDR"):
+        sdk.init_distributed()
+    assert fake_init == []
+
+
+def test_sdk_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from corral import sdk\n"
+        "assert sdk.init_distributed() is False\n"
+        "sdk.barrier(); sdk.cleanup()\n"
+        "print(sdk.info().world_size, sdk.scale_config(batch_size=4, lr=1.0)['lr'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1.0"]
+
+
+def test_importing_the_sdk_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom corral import sdk\nprint('torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(sdk.__all__) == sorted(
+        [
+            "DistInfo", "MasterNotReadyError", "barrier", "cleanup", "destroy", "error_file_path",
+            "info", "init_distributed", "is_complete_checkpoint", "is_distributed",
+            "is_main_process", "latest_checkpoint", "load_checkpoint", "output_dir",
+            "print_distributed_info", "read_error_file", "record", "report", "save_checkpoint",
+            "scale_config", "should_save_outputs", "wait_for_master", "write_error_file",
+        ]
+    )  # fmt: skip
+    for name in sdk.__all__:
+        assert getattr(sdk, name) is not None

@@ -1,0 +1,256 @@
+"""corral.sdk.report over a real unix socket."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral import sdk
+
+
+class ControlServer:
+    """A unix stream server that collects every line each connection sends."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(address)
+        self.sock.listen(16)
+        self.connections: list[list[str]] = []
+        self.sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.accepter = threading.Thread(target=self._accept, daemon=True)
+        self.accepter.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            lines: list[str] = []
+            with self._lock:
+                self.connections.append(lines)
+                self.sockets.append(conn)
+            threading.Thread(target=self._read, args=(conn, lines), daemon=True).start()
+
+    @staticmethod
+    def _read(conn: socket.socket, lines: list[str]) -> None:
+        try:
+            with conn, conn.makefile("r", encoding="ascii") as fh:
+                for line in fh:
+                    lines.append(line)
+        except OSError:
+            pass
+
+    def wait_lines(self, n: int, timeout: float = 5.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                got = [line for conn in self.connections for line in conn]
+            if len(got) >= n:
+                return got
+            time.sleep(0.01)
+        raise AssertionError(f"expected {n} lines, got {got!r}")
+
+    def close(self) -> None:
+        """Stop listening and hang up on every client."""
+        self.sock.close()
+        for conn in self.sockets:
+            with contextlib.suppress(OSError):  # the reader may have closed it already
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def abstract_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlServer]:
+    name = f"corral-test-{uuid.uuid4().hex}"
+    server = ControlServer("\0" + name)
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    yield server
+    server.close()
+
+
+def test_handshake_then_json_lines(abstract_server: ControlServer) -> None:
+    before = time.time()
+    sdk.report(1, 10, loss=2.5, acc=0.25)
+    sdk.report(2)
+    lines = abstract_server.wait_lines(3)
+    assert len(abstract_server.connections) == 1  # one connection, reused
+    assert lines[0] == "ctl 3\n"
+    first, second = (json.loads(line) for line in lines[1:])
+    assert first == {
+        "type": "progress",
+        "rank": 3,
+        "step": 1,
+        "total": 10,
+        "metrics": {"loss": 2.5, "acc": 0.25},
+        "time": first["time"],
+    }
+    assert before <= first["time"] <= time.time()
+    assert (second["step"], second["total"], second["metrics"]) == (2, None, {})
+
+
+def test_unusual_metric_values(abstract_server: ControlServer) -> None:
+    torch = pytest.importorskip("torch")
+    sdk.report(1, loss=torch.tensor(0.5), bad=float("nan"), big=float("inf"), n=3)
+    payload = json.loads(abstract_server.wait_lines(2)[1])
+    assert payload["metrics"] == {"loss": 0.5, "bad": None, "big": None, "n": 3.0}
+
+
+def test_a_bad_value_drops_only_that_report(abstract_server: ControlServer) -> None:
+    sdk.report(1, loss="not a number")  # type: ignore[arg-type]
+    sdk.report(2, loss=1.0)
+    lines = abstract_server.wait_lines(2)
+    assert [json.loads(line)["step"] for line in lines[1:]] == [2]
+
+
+def test_filesystem_socket_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "ctl.sock"
+    server = ControlServer(str(path))
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:{path}")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    try:
+        sdk.report(7, 8, loss=0.1)
+        lines = server.wait_lines(2)
+    finally:
+        server.close()
+    assert lines[0] == "ctl 0\n"
+    assert json.loads(lines[1])["step"] == 7
+
+
+def test_noop_without_control_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_CONTROL", raising=False)
+
+    def no_socket(*args: Any, **kwargs: Any) -> socket.socket:
+        raise AssertionError("report() must not open a socket without CORRAL_CONTROL")
+
+    monkeypatch.setattr(socket, "socket", no_socket)
+    sdk.report(1, 2, loss=1.0)
+
+
+@pytest.mark.parametrize("spec", ["unix:@corral-nobody-listens-here", "tcp:127.0.0.1:1", "unix:"])
+def test_unreachable_or_bad_address_never_raises(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    monkeypatch.setenv("CORRAL_CONTROL", spec)
+    for step in range(3):
+        sdk.report(step, loss=1.0)
+
+
+def test_disabled_after_first_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"corral-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+    sdk.report(1)  # nobody listening: reporting turns itself off
+    server = ControlServer("\0" + name)
+    try:
+        sdk.report(2)
+        time.sleep(0.2)
+        assert server.connections == []
+    finally:
+        server.close()
+
+
+def test_supervisor_going_away_never_raises(abstract_server: ControlServer) -> None:
+    sdk.report(1)
+    abstract_server.wait_lines(2)
+    abstract_server.close()
+    start = time.monotonic()
+    for step in range(2, 200):
+        sdk.report(step, loss=float(step))  # EPIPE / ECONNRESET must not escape
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_stalled_supervisor_does_not_block_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"corral-test-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(1)  # accepts (via the backlog) but never reads
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+    metrics = {f"metric_{i}": float(i) for i in range(200)}
+    try:
+        start = time.monotonic()
+        slowest = 0.0
+        for step in range(3000):  # several MB: far more than the socket buffers
+            t0 = time.monotonic()
+            sdk.report(step, None, **metrics)
+            slowest = max(slowest, time.monotonic() - t0)
+        elapsed = time.monotonic() - start
+    finally:
+        listener.close()
+    assert slowest >= 0.9  # one send really blocked on the full buffer and timed out...
+    assert slowest < 2.0  # ...after about SEND_TIMEOUT (1 s), not forever
+    assert elapsed < 5.0  # and reporting stayed off afterwards
+
+
+def test_concurrent_reports_are_whole_lines(abstract_server: ControlServer) -> None:
+    def worker(offset: int) -> None:
+        for i in range(50):
+            sdk.report(offset + i, loss=float(i))
+
+    threads = [threading.Thread(target=worker, args=(k * 1000,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = abstract_server.wait_lines(201)
+    steps = sorted(json.loads(line)["step"] for line in lines[1:])
+    assert steps == sorted(k * 1000 + i for k in range(4) for i in range(50))
+
+
+def test_forked_child_opens_its_own_connection(abstract_server: ControlServer) -> None:
+    sdk.report(1)
+    abstract_server.wait_lines(2)
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            sdk.report(100)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    sdk.report(2)
+    lines = abstract_server.wait_lines(5)
+    assert len(abstract_server.connections) == 2
+    assert sorted(lines).count("ctl 3\n") == 2
+
+
+SIGPIPE_SCRIPT = """
+import os, signal, socket, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as some launchers leave it: SIGPIPE kills
+from corral import sdk
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind("\\0" + sys.argv[1])
+srv.listen(1)
+os.environ["CORRAL_CONTROL"] = "unix:@" + sys.argv[1]
+sdk.report(1)
+conn, _ = srv.accept()
+conn.close()  # the supervisor hangs up
+srv.close()
+for step in range(2, 50):
+    sdk.report(step)
+print("alive")
+"""
+
+
+def test_no_sigpipe_even_with_the_default_handler() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGPIPE_SCRIPT, f"corral-test-{uuid.uuid4().hex}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert proc.stdout.strip() == "alive"
