@@ -1,0 +1,191 @@
+"""The DDP example under corral, `corral plan`, and bad input at the command line."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, SCRIPTS, run_corral, wait_no_job_processes
+
+EXAMPLE = str(REPO / "examples" / "train_ddp.py")
+
+
+def _losses(text: str) -> tuple[float, float]:
+    m = re.search(r"final loss ([\d.]+) \(initial ([\d.]+)\)", text)
+    assert m, text[-3000:]
+    return float(m.group(1)), float(m.group(2))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("launcher", ["torchrun", "python"])
+def test_ddp_example_trains_then_resumes(launcher: str, run_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    ckpt = tmp_path / "ckpt"
+    common = [
+        "run",
+        "--hosts",
+        "local:2",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--launcher",
+        launcher,
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-dir",
+        str(ckpt),
+    ]
+    first = run_corral(
+        *common, "--job-id", f"ddp1-{launcher}", "--", EXAMPLE, "--steps", "40", cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    final, initial = _losses(first.stdout)
+    assert final < initial / 2, (final, initial)
+    assert "succeeded" in first.stderr
+    assert re.search(r"local-0 .* step 40/40 loss=", first.stderr)  # progress reached the summary
+    assert sorted(p.name for p in ckpt.glob("ckpt-*.pt")) == [
+        "ckpt-00000020.pt",
+        "ckpt-00000040.pt",
+    ]
+    second = run_corral(
+        *common, "--job-id", f"ddp2-{launcher}", "--", EXAMPLE, "--steps", "60", cwd=tmp_path
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from step 40" in second.stdout
+    assert (ckpt / "ckpt-00000060.pt").exists()
+    assert not wait_no_job_processes(f"ddp2-{launcher}", within=10)
+
+
+def test_plan_json_is_the_exact_command(tmp_path: Path) -> None:
+    result = run_corral(
+        "plan",
+        "--hosts",
+        "local:2",
+        "--nproc-per-node",
+        "2",
+        "--job-id",
+        "p1",
+        "--launcher",
+        "python",
+        "--env",
+        "A=1",
+        "--json",
+        "--",
+        str(SCRIPTS / "steps.py"),
+        "x y",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["job_id"] == "p1" and doc["launcher"] == "python"
+    node = doc["nodes"][1]
+    assert node["host"] == "local-1" and node["nproc"] == 2
+    assert node["argv"][-2:] == [str(SCRIPTS / "steps.py"), "x y"]
+    assert [r["rank"] for r in node["ranks"]] == [2, 3]
+    assert node["env"]["A"] == "1" and node["env"]["WORLD_SIZE"] == "4"
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+def test_plan_table(tmp_path: Path) -> None:
+    result = run_corral("plan", "--hosts", "local:2", "--", str(SCRIPTS / "steps.py"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "torch.distributed.run" in result.stdout and "--rdzv-backend=c10d" in result.stdout
+    assert "MASTER_ADDR=127.0.0.1" in result.stdout
+
+
+def _bad(tmp_path: Path, *args: str) -> str:
+    result = run_corral(*args, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def test_missing_script(tmp_path: Path) -> None:
+    err = _bad(tmp_path, "run", "--hosts", "local:2", "--", "nope.py")
+    assert "script nope.py not found" in err
+
+
+def test_no_script(tmp_path: Path) -> None:
+    assert "no script given" in _bad(tmp_path, "run", "--hosts", "local:2")
+
+
+def test_no_hosts(tmp_path: Path) -> None:
+    assert "--hosts" in _bad(tmp_path, "run", "--", str(SCRIPTS / "steps.py"))
+
+
+def test_malformed_hostfile_names_file_and_line(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# nodes\nnode1:4\nnode2 slots=zero\n")
+    err = _bad(tmp_path, "run", "--hosts", str(hostfile), "--", "train.py")
+    assert f"{hostfile}:3:" in err and "slots" in err
+
+
+def test_duplicate_host(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1\nnode1:2\n")
+    err = _bad(tmp_path, "run", "--hosts", str(hostfile), "--", "train.py")
+    assert f"{hostfile}:2:" in err and "duplicate" in err.lower()
+
+
+def test_zero_procs_per_node(tmp_path: Path) -> None:
+    err = _bad(
+        tmp_path,
+        "run",
+        "--hosts",
+        "local:2",
+        "--nproc-per-node",
+        "0",
+        "--",
+        str(SCRIPTS / "steps.py"),
+    )
+    assert "--nproc-per-node" in err and "at least 1" in err
+
+
+def test_unknown_launcher(tmp_path: Path) -> None:
+    err = _bad(
+        tmp_path,
+        "run",
+        "--hosts",
+        "local:2",
+        "--launcher",
+        "mpirun",
+        "--",
+        str(SCRIPTS / "steps.py"),
+    )
+    assert "unknown launcher 'mpirun'" in err
+
+
+def test_env_without_equals(tmp_path: Path) -> None:
+    err = _bad(
+        tmp_path, "run", "--hosts", "local:1", "--env", "FOO", "--", str(SCRIPTS / "steps.py")
+    )
+    assert "--env" in err and "'FOO' is not KEY=VALUE" in err
+
+
+def test_master_port_taken(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        err = _bad(
+            tmp_path,
+            "run",
+            "--hosts",
+            "local:2",
+            "--master-port",
+            str(port),
+            "--",
+            str(SCRIPTS / "steps.py"),
+        )
+    assert f"master port {port}" in err and "already in use" in err
+
+
+def test_verbose_shows_details(tmp_path: Path) -> None:
+    result = run_corral("-v", "run", "--hosts", "local:2", "--", "nope.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "script nope.py not found" in result.stderr

@@ -1,0 +1,59 @@
+"""Agent frames and the log sink's prefixing."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from corral.agent.protocol import (
+    EVENT,
+    NODE,
+    STDERR,
+    decode_header,
+    encode_event,
+    encode_frame,
+)
+from corral.runtime.output import LogSink, format_progress
+
+
+def test_frame_roundtrip() -> None:
+    frame = encode_frame(STDERR, 12, b"a\nb\n")
+    header, payload = frame.split(b"\n", 1)
+    assert decode_header(header + b"\n") == (STDERR, 12, 4)
+    assert payload == b"a\nb\n"
+    event = encode_event({"event": "x", "n": 1})
+    header, payload = event.split(b"\n", 1)
+    kind, rank, length = decode_header(header)
+    assert (kind, rank) == (EVENT, NODE) and json.loads(payload[:length]) == {"event": "x", "n": 1}
+
+
+@pytest.mark.parametrize("bad", [b"x 1 2\n", b"o 1\n", b"o a 2\n", b"o 1 -5\n", b""])
+def test_bad_headers(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_header(bad)
+
+
+def test_sink_prefixes_each_line_and_tees(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    sink = LogSink(
+        tmp_path, ["h1", "h2"], stream=out, live=False, console=Console(file=io.StringIO())
+    )
+    sink.lines("h1", 0, b"one\ntwo\n")
+    sink.lines("h2", 3, b"three\n")
+    sink.lines("h2", NODE, b"node says\n")
+    sink.close()
+    assert out.getvalue() == b"[h1:0] one\n[h1:0] two\n[h2:3] three\n[h2] node says\n"
+    assert (tmp_path / "h1.0.log").read_bytes() == b"one\ntwo\n"
+    assert (tmp_path / "h2.3.log").read_bytes() == b"three\n"
+    assert (tmp_path / "h2.node.log").read_bytes() == b"node says\n"
+
+
+def test_progress_format() -> None:
+    assert format_progress({"step": 3, "total": 10, "metrics": {"loss": 0.123456}}) == (
+        "step 3/10 loss=0.1235"
+    )
+    assert format_progress({"step": 3, "total": None, "metrics": {}}) == "step 3"
