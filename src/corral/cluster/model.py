@@ -32,6 +32,7 @@ class Host:
     interface: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     local: bool = False
+    python: str | None = None  # interpreter on the host, once resolved
 
     def __post_init__(self) -> None:
         if not self.address:

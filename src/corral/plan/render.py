@@ -53,7 +53,8 @@ def node_dir(spec: JobSpec, host: Host) -> str:
     """The node's own run dir on the host (logs, pids, error files)."""
     if host.local:
         return posixpath.join(spec.run_dir, spec.job_id, "nodes", host.name)
-    return posixpath.join("~", ".corral", "runs", spec.job_id)
+    # per host, so hosts that share a home directory (NFS) never share a node dir
+    return posixpath.join("~", ".corral", "runs", spec.job_id, host.name)
 
 
 def node_cwd(spec: JobSpec, host: Host) -> str:
@@ -143,7 +144,6 @@ def _fmt_seconds(value: float) -> str:
 def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeCommand]:
     """Plan one NodeCommand per host of ``cluster`` for ``spec``'s ``attempt``."""
     master_addr = _validate(spec, cluster)
-    python = spec.python or "python3"
     nnodes = cluster.size
     per_node = [_procs_per_node(spec, h) for h in cluster.hosts]
     world = sum(per_node)
@@ -152,6 +152,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
     rank_base = 0
     for node_rank, host in enumerate(cluster.hosts):
         nproc = per_node[node_rank]
+        python = host.python or spec.python or "python3"
         env = _base_env(spec, host, node_rank, attempt, master_addr)
         env["NNODES"] = str(nnodes)
         ranks: tuple[RankProcess, ...] = ()

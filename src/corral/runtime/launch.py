@@ -8,6 +8,7 @@ and writes ``<run_dir>/<job-id>/`` (plan.json, result.json, logs/).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -26,8 +27,9 @@ from rich.console import Console
 from corral.cli.common import SshOptions
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, LaunchError
-from corral.plan.render import plan_job
+from corral.plan.render import master_index, plan_job
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec, Launcher, NodeCommand
+from corral.runtime.hosts import probe_hosts
 from corral.runtime.output import LogSink
 from corral.runtime.summary import print_report
 from corral.runtime.supervisor import JobResult, Supervisor
@@ -162,7 +164,7 @@ def prepare(opts: LaunchOptions, *, dry_run: bool = False) -> Prepared:
             check_port_free(master_port)
     python = opts.python
     if python is None and cluster.is_local:
-        python = sys.executable
+        python = sys.executable  # remote hosts: resolved by the launch probe
     checkpoint_dir = opts.checkpoint_dir
     if checkpoint_dir and cluster.is_local:
         checkpoint_dir = os.path.abspath(checkpoint_dir)
@@ -207,9 +209,37 @@ def make_transport(opts: LaunchOptions) -> Transport:
 
 def _agent_argv(spec: JobSpec) -> Any:
     def argv(host: Host) -> list[str]:
-        return [spec.python or "python3", "-m", "corral.agent"]
+        return [host.python or spec.python or "python3", "-m", "corral.agent"]
 
     return argv
+
+
+def job_json(prepared: Prepared, opts: LaunchOptions) -> dict[str, Any]:
+    """What ``corral logs`` needs later to find the job's hosts again (no secrets)."""
+    return {
+        "job_id": prepared.spec.job_id,
+        "hosts": [
+            {
+                "name": c.host.name,
+                "address": c.host.address,
+                "port": c.host.port,
+                "user": c.host.user,
+                "local": c.host.local,
+                "python": c.host.python,
+                "node_dir": c.env.get("CORRAL_NODE_DIR"),
+            }
+            for c in prepared.commands
+        ],
+        "ssh": {
+            "user": opts.ssh.user,
+            "key": opts.ssh.key,
+            "port": opts.ssh.port,
+            "config": opts.ssh.config,
+            "password_env": opts.ssh.password_env,
+        },
+        "launcher": prepared.spec.launcher,
+        "command": [prepared.spec.script, *prepared.spec.args],
+    }
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -242,9 +272,46 @@ def result_json(result: JobResult) -> dict[str, Any]:
     }
 
 
+async def resolve_remote(prepared: Prepared, opts: LaunchOptions, transport: Transport) -> Prepared:
+    """Probe every SSH host (interpreter, corral, torch, workdir, master port) and
+    re-plan with what was found. Nothing is launched if any host is not ready."""
+    spec = prepared.spec
+    cluster = opts.cluster
+    master_addr = spec.master_addr or cluster.hosts[0].address
+    master = cluster.hosts[master_index(cluster, master_addr)]
+    probes = await probe_hosts(
+        transport,
+        cluster.hosts,
+        python=opts.python,
+        workdir=spec.workdir,
+        master=master,
+        master_port=spec.master_port,
+        need_torch=spec.launcher == "torchrun",
+    )
+    resolved = Cluster(
+        tuple(dataclasses.replace(h, python=probes[h.name].python) for h in cluster.hosts),
+        source=cluster.source,
+    )
+    if spec.master_port == 0:
+        port = probes[master.name].port
+        assert port is not None
+        spec = dataclasses.replace(spec, master_port=port)
+    return Prepared(spec=spec, commands=plan_job(spec, resolved), job_dir=prepared.job_dir)
+
+
 async def run_job(opts: LaunchOptions) -> JobResult:
     """Prepare, launch, supervise and report one job."""
     prepared = prepare(opts)
+    transport = make_transport(opts)
+    try:
+        if not opts.cluster.is_local:
+            prepared = await resolve_remote(prepared, opts, transport)
+        return await _supervise(prepared, opts, transport)
+    finally:
+        await transport.close()
+
+
+async def _supervise(prepared: Prepared, opts: LaunchOptions, transport: Transport) -> JobResult:
     spec = prepared.spec
     prepared.job_dir.mkdir(parents=True, exist_ok=True)
     _write_json(
@@ -269,7 +336,7 @@ async def run_job(opts: LaunchOptions) -> JobResult:
         f"launcher {spec.launcher}; logs in {prepared.job_dir / 'logs'}",
         style="bold",
     )
-    transport = make_transport(opts)
+    _write_json(prepared.job_dir / "job.json", job_json(prepared, opts))
     supervisor = Supervisor(
         prepared.commands,
         transport,
@@ -285,7 +352,6 @@ async def run_job(opts: LaunchOptions) -> JobResult:
         result = await supervisor.run()
     finally:
         sink.close()
-        await transport.close()
     print_report(result, console)
     _write_json(prepared.job_dir / "result.json", result_json(result))
     return result

@@ -1,0 +1,114 @@
+"""``corral logs JOB``: print a job's per-rank logs (coordinator or host-side copies)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from corral.cli.common import SshConfigOpt, SshKeyOpt, SshOptions, SshPasswordEnvOpt
+from corral.cluster.model import Host
+from corral.errors import ConfigError
+from corral.runtime.joblogs import LogFile, coordinator_logs, fetch_host_logs, load_job
+from corral.runtime.output import prefix_for
+from corral.transport.base import Transport
+from corral.transport.local import LocalTransport
+
+
+def _transport(
+    job: dict[str, object], key: str | None, config: str | None, password_env: str | None
+) -> Transport:
+    hosts = job.get("hosts") or []
+    assert isinstance(hosts, list)
+    if all(h.get("local") for h in hosts):
+        return LocalTransport()
+    from corral.transport.ssh import SshTransport
+
+    saved = job.get("ssh") or {}
+    assert isinstance(saved, dict)
+    options = SshOptions(
+        user=saved.get("user"),
+        key=key or saved.get("key"),
+        port=saved.get("port"),
+        config=config or saved.get("config"),
+        password_env=password_env or saved.get("password_env"),
+    )
+    return SshTransport.from_options(options)
+
+
+def _print(files: list[LogFile]) -> None:
+    out = sys.stdout.buffer
+    for log in files:
+        prefix = (prefix_for(log.host, -1 if log.rank is None else log.rank) + " ").encode()
+        for line in log.path.read_bytes().splitlines():
+            out.write(prefix + line + b"\n")
+    out.flush()
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(help="The job id (see runs/).")],
+    host: Annotated[str | None, typer.Option("--host", help="Only this host.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this global rank.")] = None,
+    from_hosts: Annotated[
+        bool,
+        typer.Option(
+            "--from-hosts",
+            help="Fetch the copies each host kept (e.g. after a lost "
+            "link) into runs/<job>/host-logs/ and print them.",
+        ),
+    ] = False,
+    run_dir: Annotated[str, typer.Option("--run-dir", envvar="CORRAL_RUN_DIR")] = "runs",
+    ssh_key: SshKeyOpt = None,
+    ssh_config: SshConfigOpt = None,
+    ssh_password_env: SshPasswordEnvOpt = None,
+) -> None:
+    """Print a job's logs, each line prefixed [host:rank]."""
+    root = Path(run_dir)
+    job = load_job(root, job_id)
+    if from_hosts:
+        hosts = [
+            Host(
+                name=h["name"],
+                address=h["address"],
+                port=h.get("port"),
+                user=h.get("user"),
+                local=bool(h.get("local")),
+            )
+            for h in job["hosts"]
+            if host is None or h["name"] == host
+        ]
+        if not hosts:
+            raise ConfigError(f"job {job_id} has no host {host!r}", option="--host")
+        node_dirs = {h["name"]: h["node_dir"] for h in job["hosts"]}
+        transport = _transport(job, ssh_key, ssh_config, ssh_password_env)
+
+        async def fetch() -> list[LogFile]:
+            try:
+                return await fetch_host_logs(
+                    transport, hosts, node_dirs, root / job_id / "host-logs"
+                )
+            finally:
+                await transport.close()
+
+        files = asyncio.run(fetch())
+    else:
+        files = coordinator_logs(root, job_id)
+    files = [
+        f for f in files if (host is None or f.host == host) and (rank is None or f.rank == rank)
+    ]
+    if not files:
+        what = " ".join(
+            x
+            for x in (f"host {host}" if host else "", f"rank {rank}" if rank is not None else "")
+            if x
+        )
+        raise ConfigError(f"job {job_id} has no logs{' for ' + what if what else ''}")
+    _print(files)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``logs`` to the root app."""
+    app.command("logs")(logs)
