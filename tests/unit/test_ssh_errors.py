@@ -105,9 +105,11 @@ def test_changed_host_key_warns_of_mitm(tmp_path: Path) -> None:
     assert "--accept-new-host-keys" not in text
 
 
-def test_host_key_error_without_decision_is_unknown() -> None:
-    error = translate_error(asyncssh.HostKeyNotVerifiable("not trusted"), host="h")
+def test_host_key_error_without_decision_keeps_asyncssh_reason() -> None:
+    reason = "Host key is not trusted for host jump.example"
+    error = translate_error(asyncssh.HostKeyNotVerifiable(reason), host="h")
     assert error.cause == "unknown host key"
+    assert "jump.example" in str(error)
 
 
 @pytest.mark.parametrize(

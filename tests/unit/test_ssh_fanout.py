@@ -197,6 +197,24 @@ def test_timeout_kills_and_fails_only_that_host() -> None:
     assert ("b", "stdout", b"started\n") in seen
 
 
+def test_cancelling_kills_every_started_process() -> None:
+    async def forever(proc: ScriptedProcess) -> int:
+        await asyncio.sleep(60)
+        return 0
+
+    transport = ScriptedTransport({"a": forever, "b": forever})
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_on_hosts(transport, HOSTS[:2], "x"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert [p.signals for p in transport.procs.values()] == [[signal.SIGKILL]] * 2
+
+
 def test_lost_connection_is_a_failed_result() -> None:
     async def lost(proc: ScriptedProcess) -> int:
         proc.lost = ConnectionLost("gone", host="a", cause="no keepalive reply")

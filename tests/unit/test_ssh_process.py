@@ -12,7 +12,7 @@ import pytest
 
 from corral.cluster import Host
 from corral.errors import ConnectionLost
-from corral.transport.base import NodeProcess
+from corral.transport.base import NodeProcess, Transport
 from corral.transport.ssh import EXIT_LOST, SshProcess, SshTransport, _Session
 
 HOST = Host(name="node1")
@@ -51,6 +51,15 @@ def run(test: Callable[[SshProcess, _Session, FakeChannel], Awaitable[None]]) ->
         chan.session = session
         session.connection_made(chan)
         await test(proc, session, chan)
+
+    asyncio.run(main())
+
+
+def test_ssh_transport_is_a_transport() -> None:
+    async def main() -> None:
+        transport: Transport = SshTransport()  # checked by mypy too
+        assert isinstance(transport, Transport)
+        await transport.close()
 
     asyncio.run(main())
 
@@ -187,6 +196,11 @@ def test_signal_with_pid_also_signals_the_group(monkeypatch: pytest.MonkeyPatch)
 
     async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
         session.data_received(b"__corral_pid__=321\n", asyncssh.EXTENDED_DATA_STDERR)
+        proc.signal(signal.SIGTERM)
+        await asyncio.sleep(0.01)
+        assert chan.signals == []  # the group kill covers the leader: no double TERM
+        assert commands == ["kill -15 -- -321 2>/dev/null || kill -15 321"]
+        commands.clear()
         code = await proc.kill()
         assert code == -9
         assert chan.signals == [signal.SIGKILL]

@@ -244,7 +244,13 @@ class Supervisor:
         except (ValueError, asyncio.IncompleteReadError) as exc:
             node.detail = f"garbled agent output: {exc}"
         finally:
-            code = await node.proc.wait()
+            try:
+                code = await node.proc.wait()
+            except CorralError as exc:
+                code, node.detail = 255, str(exc)
+            lost = getattr(node.proc, "lost", None)  # the SSH transport says why it broke
+            if lost is not None and not node.detail:
+                node.detail = str(lost)
             self._node_gone(node, code)
 
     def _rank(self, node: NodeRun, rank: int) -> RankRecord:
