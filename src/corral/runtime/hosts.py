@@ -37,6 +37,8 @@ workdir, port = sys.argv[1], int(sys.argv[2])
 info["workdir_ok"] = not workdir or os.path.isdir(os.path.expanduser(workdir))
 if port >= 0:
     s = socket.socket()
+    # as TCPStore does: a port in TIME_WAIT after the last job is free to reuse
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("", port))
         info["port"] = s.getsockname()[1]

@@ -128,6 +128,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """LaunchError if ``port`` cannot be bound on ``host`` (already taken)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as TCPStore does: a port in TIME_WAIT after the last job is free to reuse
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
