@@ -8,21 +8,59 @@ Training scripts import :mod:`corral.sdk`.
 
 from __future__ import annotations
 
-from corral.cluster import Cluster, Host, load_cluster
-from corral.errors import (
-    CheckFailed,
-    CommandTimeout,
-    ConfigError,
-    ConnectError,
-    ConnectionLost,
-    CorralError,
-    JobFailed,
-    LaunchError,
-    TransportError,
-)
-from corral.plan.render import plan_job
-from corral.plan.spec import JobSpec, NodeCommand, RankProcess
-from corral.runtime.states import JobState, NodeState
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.cluster import Cluster, Host, load_cluster
+    from corral.errors import (
+        CheckFailed,
+        CommandTimeout,
+        ConfigError,
+        ConnectError,
+        ConnectionLost,
+        CorralError,
+        JobFailed,
+        LaunchError,
+        TransportError,
+    )
+    from corral.plan.render import plan_job
+    from corral.plan.spec import JobSpec, NodeCommand, RankProcess
+    from corral.runtime.states import JobState, NodeState
+
+# Names are imported on first use: the node agent, the rank wrapper and the SDK
+# import ``corral.*`` submodules on every rank and must not pay for the CLI's
+# dependencies (pydantic, yaml, rich, asyncssh).
+_LAZY = {
+    "Cluster": "corral.cluster",
+    "Host": "corral.cluster",
+    "load_cluster": "corral.cluster",
+    "CheckFailed": "corral.errors",
+    "CommandTimeout": "corral.errors",
+    "ConfigError": "corral.errors",
+    "ConnectError": "corral.errors",
+    "ConnectionLost": "corral.errors",
+    "CorralError": "corral.errors",
+    "JobFailed": "corral.errors",
+    "LaunchError": "corral.errors",
+    "TransportError": "corral.errors",
+    "plan_job": "corral.plan.render",
+    "JobSpec": "corral.plan.spec",
+    "NodeCommand": "corral.plan.spec",
+    "RankProcess": "corral.plan.spec",
+    "JobState": "corral.runtime.states",
+    "NodeState": "corral.runtime.states",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'corral' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

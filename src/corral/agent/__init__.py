@@ -6,10 +6,7 @@ process for ``local:N``, over SSH otherwise) and talks to it with the frames of
 own process group, streams their output, keeps host-side log files, records
 every process group it owns, and tears them all down when asked, when its
 stdin closes or when the coordinator's heartbeats stop.
+
+Submodules are imported explicitly (``corral.agent.node``,
+``corral.agent.worker``): the rank wrapper must stay cheap to import.
 """
-
-from __future__ import annotations
-
-from corral.agent.node import NodeAgent
-
-__all__ = ["NodeAgent"]
