@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -651,3 +654,63 @@ def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_bytes(b"\xef\xbb\xbfnode1:2\n")
     assert [(h.name, h.slots) for h in load_cluster(str(path))] == [("node1", 2)]
+
+
+# --------------------------------------------------------------------------- import cost
+
+_SRC = str(Path(cluster_pkg.__file__).resolve().parents[2])
+_NO_HEAVY = (
+    "import sys\n"
+    "heavy = sorted(m for m in ('pydantic', 'yaml', 'corral.cluster._structured')"
+    " if m in sys.modules)\n"
+    "assert not heavy, heavy\n"
+)
+
+
+def run_fresh(code: str, cwd: Path) -> None:
+    """Run ``code`` in a fresh interpreter (sys.modules here already holds pydantic)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import corral.cluster",
+        "import corral.cluster; corral.cluster.load_cluster('local:2')",
+        "import corral.cluster; corral.cluster.load_cluster('n1,n2:4,gpu[01-02]:8')",
+        "import corral.cluster; corral.cluster.load_cluster('hosts.txt', ssh_user='ml')",
+        "import corral.cluster; corral.cluster.detect_format('hosts: [a]')",
+        # error paths too: a text hostfile error must not drag the YAML parser in
+        "from corral.cluster import parse_hostfile_text\n"
+        "try:\n    parse_hostfile_text('n1 slot=2', 'hf')\n"
+        "except Exception as exc:\n    assert 'did you mean' in str(exc)\n"
+        "else:\n    raise AssertionError('no error')",
+    ],
+    ids=["import", "local", "comma-list", "text-file", "detect", "text-error"],
+)
+def test_text_forms_import_neither_pydantic_nor_yaml(code: str, tmp_path: Path) -> None:
+    (tmp_path / "hosts.txt").write_text("node1:4\nnode2 slots=8 port=2222\n", encoding="utf-8")
+    run_fresh(f"{code}\n{_NO_HEAVY}", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("c.yaml", "hosts:\n  - node1:4\n  - name: node2\n    slots: 2\n", 6),
+        ("c.json", '[{"ssh": "h1", "ips": ["10.0.0.1"], "slots": 3}]', 3),
+    ],
+)
+def test_structured_files_load_their_parser_on_first_use(
+    name: str, text: str, expected: int, tmp_path: Path
+) -> None:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    run_fresh(
+        "import sys, corral.cluster\n"
+        f"assert corral.cluster.load_cluster({name!r}).total_slots == {expected}\n"
+        "assert 'corral.cluster._structured' in sys.modules",
+        tmp_path,
+    )
