@@ -57,3 +57,22 @@ def test_progress_format() -> None:
         "step 3/10 loss=0.1235"
     )
     assert format_progress({"step": 3, "total": None, "metrics": {}}) == "step 3"
+
+
+def test_live_mode_colors_prefixes_and_keeps_a_progress_footer(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    sink = LogSink(
+        tmp_path,
+        ["h1", "h2"],
+        stream=out,
+        live=True,
+        console=Console(file=io.StringIO(), force_terminal=True),
+    )
+    sink.report("h1", {"rank": 0, "step": 5, "total": 10, "metrics": {"loss": 0.5}})
+    sink.lines("h2", 1, b"hello\n")
+    sink.close()
+    text = out.getvalue()
+    assert b"step 5/10 loss=0.5" in text  # the footer was drawn, then erased above it:
+    assert b"\x1b[2F\x1b[J\x1b[35m[h2:1] \x1b[0mhello\n" in text  # h2's color, whole line
+    assert text.endswith(b"hello\n")  # within 0.25 s: no redraw, nothing left to erase
+    assert (tmp_path / "h2.1.log").read_bytes() == b"hello\n"  # logs stay plain

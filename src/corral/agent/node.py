@@ -40,6 +40,7 @@ from corral.agent.protocol import (
 )
 
 CHUNK = 1 << 16
+MAX_LINE = 8 << 20  # longer lines are split (frames are at most 16 MiB)
 DRAIN_WINDOW = 2.0
 PR_SET_CHILD_SUBREAPER = 36
 _TORCHRUN_EXIT = re.compile(rb"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
@@ -179,29 +180,32 @@ class NodeAgent:
         rank_of: Callable[[], int],
         on_line: Callable[[bytes], None] | None = None,
     ) -> None:
-        """Forward a byte stream as whole-line frames until EOF."""
-        pending = b""
+        """Forward a byte stream as whole-line frames until EOF.
+
+        A line is only ever cut when it grows past MAX_LINE without a newline.
+        """
+        pending = bytearray()
         while True:
             chunk = await reader.read(CHUNK)
             if not chunk:
                 break
-            data = pending + chunk
-            cut = data.rfind(b"\n") + 1
+            cut = chunk.rfind(b"\n") + 1
             if cut == 0:
-                pending = data
-                if len(pending) >= CHUNK * 4:  # a huge line without newline: pass it on
-                    self.forward(kind, rank_of(), pending)
-                    pending = b""
+                pending += chunk
+                if len(pending) >= MAX_LINE:  # a pathological line: pass it on in pieces
+                    self.forward(kind, rank_of(), bytes(pending) + b"\n")
+                    pending.clear()
                 continue
-            pending = data[cut:]
-            self.forward(kind, rank_of(), data[:cut])
+            data = bytes(pending) + chunk[:cut] if pending else chunk[:cut]
+            pending[:] = chunk[cut:]
+            self.forward(kind, rank_of(), data)
             if on_line is not None:
-                for line in data[:cut].splitlines():
+                for line in data.splitlines():
                     on_line(line)
         if pending:
-            self.forward(kind, rank_of(), pending + b"\n")
+            self.forward(kind, rank_of(), bytes(pending) + b"\n")
             if on_line is not None:
-                on_line(pending)
+                on_line(bytes(pending))
 
     # -- process tracking ------------------------------------------------------------
 
@@ -520,12 +524,14 @@ class NodeAgent:
                 os.killpg(pgid, signum)
 
     def _kill_all(self, signum: int) -> None:
+        """Signal every recorded process group once, and any descendant outside them."""
         for proc in self._descendants():
             self._record_pgid(proc.pid)
         self._signal_groups(signum)
         for proc in self._descendants():
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signum)
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(proc.pid) not in self.pgids:
+                    proc.send_signal(signum)
 
     def _alive(self) -> bool:
         return any(_running(p) for p in self._descendants())

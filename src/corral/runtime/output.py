@@ -7,8 +7,10 @@ teed to ``<run_dir>/<job>/logs/<host>.<rank>.log`` (node-level output such as
 torchrun's own goes to ``<host>.node.log``).
 
 On a terminal, prefixes are colored per host and a live progress line per
-node (fed by ``corral.sdk.report``) sits below the log; when piped, output is
-plain and progress is printed as an occasional line.
+node (fed by ``corral.sdk.report``) sits below the log: it is erased before a
+chunk of lines is written and redrawn at most four times a second, with
+pre-colored bytes so a terminal costs little more than a pipe. When piped,
+output is plain and progress is printed as an occasional line.
 """
 
 from __future__ import annotations
@@ -19,24 +21,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console
 from rich.text import Text
 
 NODE_RANK_LABEL = -1
-_COLORS = (
-    "cyan",
-    "magenta",
-    "green",
-    "yellow",
-    "blue",
-    "bright_red",
-    "bright_cyan",
-    "bright_magenta",
-    "bright_green",
-    "bright_yellow",
-    "bright_blue",
-)
+# ANSI foreground colors per host: cyan, magenta, green, yellow, blue, then bright ones
+_ANSI = (36, 35, 32, 33, 34, 96, 95, 92, 93, 94, 91)
+_RESET = b"\x1b[0m"
+_FOOTER_INTERVAL = 0.25
 _PLAIN_PROGRESS_INTERVAL = 10.0
 
 
@@ -75,23 +67,14 @@ class LogSink:
             live = sys.stdout.isatty() and sys.stderr.isatty() and stream is None
         self.live_mode = live
         self.console = console or Console(stderr=not live, highlight=False)
-        self._colors = {h: _COLORS[i % len(_COLORS)] for i, h in enumerate(hosts)}
+        self._colors = {h: _ANSI[i % len(_ANSI)] for i, h in enumerate(hosts)}
         self._hosts = hosts
         self._files: dict[tuple[str, int], IO[bytes]] = {}
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self.progress: dict[str, dict[str, Any]] = {}
         self._last_plain_progress = time.monotonic()
-        self._progress_dirty = False
-        self._live: Live | None = None
-        if live:
-            self._live = Live(
-                self._render_progress(),
-                console=self.console,
-                auto_refresh=True,
-                refresh_per_second=4,
-                transient=True,
-            )
-            self._live.start()
+        self._footer_height = 0
+        self._footer_drawn_at = 0.0
 
     # -- log lines ----------------------------------------------------------------------
 
@@ -111,32 +94,60 @@ class LogSink:
         key = (host, rank)
         prefix = self._prefixes.get(key)
         if prefix is None:
-            prefix = self._prefixes[key] = (prefix_for(host, rank) + " ").encode()
+            prefix = (prefix_for(host, rank) + " ").encode()
+            if self.live_mode:
+                prefix = b"\x1b[%dm" % self._colors.get(host, 37) + prefix + _RESET
+            self._prefixes[key] = prefix
         return prefix
 
     def lines(self, host: str, rank: int, data: bytes) -> None:
         """Write a chunk of whole lines (ending in a newline) from one rank."""
         self._file(host, rank).write(data)
-        if self._live is not None:
-            self._print_live(host, rank, data)
-            return
         prefix = self._prefix(host, rank)
         body = data[:-1] if data.endswith(b"\n") else data
-        self.stream.write(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
-        self.stream.flush()
-
-    def _print_live(self, host: str, rank: int, data: bytes) -> None:
-        text = Text(no_wrap=False, end="")
-        label = prefix_for(host, rank) + " "
-        style = self._colors.get(host, "white")
-        for line in data.decode("utf-8", "replace").splitlines():
-            text.append(label, style=style)
-            text.append(line + "\n")
-        self.console.print(text, end="", soft_wrap=True)
+        text = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
+        if self.live_mode:
+            self._write_above_footer(text)
+        else:
+            self.stream.write(text)
+            self.stream.flush()
 
     def message(self, text: str, style: str = "bold") -> None:
         """One line of corral's own (status, warnings)."""
+        if self.live_mode:
+            with self.console.capture() as captured:
+                self.console.print(Text("[corral] ", style=style) + Text(text), soft_wrap=True)
+            self._write_above_footer(captured.get().encode())
+            return
         self.console.print(Text("[corral] ", style=style) + Text(text), soft_wrap=True)
+
+    # -- the live footer (terminal only) -----------------------------------------------
+
+    def _erase_footer(self) -> bytes:
+        if not self._footer_height:
+            return b""
+        height, self._footer_height = self._footer_height, 0
+        return b"\x1b[%dF\x1b[J" % height  # up to the footer's first line, clear below
+
+    def _footer(self) -> bytes:
+        lines = []
+        for host in self._hosts:
+            prog = self.progress.get(host)
+            text = format_progress(prog) if prog else "waiting for first report"
+            color = self._colors.get(host, 37)
+            lines.append(b"\x1b[%dm%12s\x1b[0m %s\n" % (color, host.encode(), text.encode()))
+        self._footer_height = len(lines)
+        self._footer_drawn_at = time.monotonic()
+        return b"".join(lines)
+
+    def _write_above_footer(self, text: bytes, *, force: bool = False) -> None:
+        out = self._erase_footer() + text
+        if self.progress and (
+            force or time.monotonic() - self._footer_drawn_at >= _FOOTER_INTERVAL
+        ):
+            out += self._footer()
+        self.stream.write(out)
+        self.stream.flush()
 
     # -- progress -------------------------------------------------------------------------
 
@@ -146,32 +157,21 @@ class LogSink:
         if current is not None and event.get("rank", 0) > current.get("rank", 0):
             return
         self.progress[host] = dict(event)
-        self._progress_dirty = True
-        if self._live is not None:
-            self._live.update(self._render_progress())
+        if self.live_mode:
+            if time.monotonic() - self._footer_drawn_at >= _FOOTER_INTERVAL:
+                self._write_above_footer(b"", force=True)
         elif time.monotonic() - self._last_plain_progress >= _PLAIN_PROGRESS_INTERVAL:
             self._print_plain_progress()
 
     def _print_plain_progress(self) -> None:
         self._last_plain_progress = time.monotonic()
-        self._progress_dirty = False
         parts = [f"{h}: {format_progress(p)}" for h, p in self.progress.items()]
         self.message("progress  " + " | ".join(parts), style="dim")
 
-    def _render_progress(self) -> Group:
-        rows = []
-        for host in self._hosts:
-            prog = self.progress.get(host)
-            text = Text(f"{host:>12} ", style=self._colors.get(host, "white"))
-            text.append(format_progress(prog) if prog else "waiting for first report")
-            rows.append(text)
-        return Group(*rows)
-
     def close(self) -> None:
-        """Stop the live display and close every log file."""
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
+        """Erase the live footer and close every log file."""
+        if self._footer_height:
+            self.stream.write(self._erase_footer())
         for handle in self._files.values():
             handle.close()
         self._files.clear()
