@@ -1,0 +1,295 @@
+"""Launch overhead: time to the first training step, corral vs torchrun by hand.
+
+Workload ``workloads/first_step.py``: init the gloo process group, one allreduce
+(the "first step"); rank 0 records ``time.time()`` right after it in a file.
+
+* **corral**: ``corral run --hosts local:2 --nproc-per-node 1 --launcher torchrun
+  --master-port 0 -- first_step.py STAMP`` (one process, as a user types it);
+* **by hand**: the same two torchrun commands started concurrently with
+  ``subprocess`` (``python -m torch.distributed.run --nnodes=2 --nproc-per-node=1
+  --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=ID
+  --rdzv-conf=is_host=1|0 --max-restarts=0 --monitor-interval=0.1
+  --local-addr=127.0.0.1 first_step.py STAMP``), the flags corral's plan uses.
+
+Time to first step = recorded timestamp - this parent's ``time.time()`` just
+before starting. The CPU time of every process of the job (``RUSAGE_CHILDREN``)
+is recorded too: unlike wall time it barely depends on the machine's load.
+The methods alternate (ABBA order) for ``--rounds`` rounds
+each; medians and the ratio corral / by hand are reported, plus the time until
+everything has exited.
+
+    python benchmarks/bench_launch.py [--rounds 5] [--nproc-per-node 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    PYTHON,
+    WORKLOADS,
+    bench_env,
+    corral_cli,
+    exit_on_sigterm,
+    free_port,
+    kill_popen,
+    log,
+    median,
+    metric,
+    ratio,
+    read_stamp,
+    write_result,
+)
+
+NAME = "launch"
+NODES = 2
+TARGET_RATIO = 1.10
+TIMEOUT = 90.0
+SCRIPT = WORKLOADS / "first_step.py"
+
+
+def torchrun_argv(node_rank: int, nproc: int, port: int, rdzv_id: str) -> list[str]:
+    """One node's torchrun command, as typed by hand."""
+    return [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={NODES}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        "--local-addr=127.0.0.1",
+    ]
+
+
+def by_hand(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
+    """Two torchrun processes started concurrently."""
+    work.mkdir(parents=True)
+    stamp = work / "first-step"
+    port = free_port()
+    rdzv_id = f"bench-launch-{round_no}-{int(time.time())}"
+    procs: list[subprocess.Popen[bytes]] = []
+    cpu0 = children_cpu()
+    with open(work / "out.log", "wb") as sink:
+        launched = time.time()
+        try:
+            for node_rank in range(NODES):
+                procs.append(
+                    subprocess.Popen(
+                        [*torchrun_argv(node_rank, nproc, port, rdzv_id), str(SCRIPT), str(stamp)],
+                        stdout=sink,
+                        stderr=sink,
+                        env=bench_env(),
+                        cwd=work,
+                        start_new_session=True,
+                    )
+                )
+            deadline = time.monotonic() + TIMEOUT
+            codes: list[int | None] = [
+                p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs
+            ]
+            ended = time.time()
+        except subprocess.TimeoutExpired:
+            codes, ended = [None] * len(procs), time.time()
+        finally:
+            for proc in procs:
+                kill_popen(proc)
+    stepped = read_stamp(stamp)
+    return _result(launched, stepped, ended, codes, work / "out.log", children_cpu() - cpu0)
+
+
+def with_corral(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
+    """One ``corral run --launcher torchrun``."""
+    work.mkdir(parents=True)
+    stamp = work / "first-step"
+    cli, _ = corral_cli()
+    argv = [
+        *cli,
+        "run",
+        "--hosts",
+        f"local:{NODES}",
+        "--nproc-per-node",
+        str(nproc),
+        "--launcher",
+        "torchrun",
+        "--master-port",
+        "0",
+        "--run-dir",
+        str(work / "runs"),
+        "--",
+        str(SCRIPT),
+        str(stamp),
+    ]
+    cpu0 = children_cpu()
+    with open(work / "out.log", "wb") as sink:
+        launched = time.time()
+        proc = subprocess.Popen(
+            argv, stdout=sink, stderr=sink, env=bench_env(), cwd=work, start_new_session=True
+        )
+        try:
+            code: int | None = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            ended = time.time()
+            kill_popen(proc)
+    cpu = children_cpu() - cpu0
+    return _result(launched, read_stamp(stamp), ended, [code], work / "out.log", cpu)
+
+
+def children_cpu() -> float:
+    """CPU seconds of every reaped descendant so far (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _result(
+    launched: float,
+    stepped: float | None,
+    ended: float,
+    codes: list[int | None],
+    out: Path,
+    cpu: float,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "exit_codes": codes,
+        "cpu_s": cpu,
+        "first_step_s": stepped - launched if stepped else None,
+        "total_s": ended - launched,
+    }
+    if stepped is None or any(c != 0 for c in codes):
+        result["output_tail"] = out.read_text(errors="replace").splitlines()[-15:]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Alternate the two methods, write ``results/launch.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    nproc = args.nproc_per_node
+    log(f"launch: local:{NODES} x {nproc}, {args.rounds} rounds; corral via {corral_cli()[1]}")
+    top = Path(tempfile.mkdtemp(prefix="corral-bench-launch-"))
+    hand_runs: list[dict[str, Any]] = []
+    corral_runs: list[dict[str, Any]] = []
+    try:
+        for round_no in range(args.rounds):
+            order = ("hand", "corral") if round_no % 2 == 0 else ("corral", "hand")
+            for method in order:
+                work = top / f"{method}-{round_no}"
+                if method == "hand":
+                    res = by_hand(work, nproc, round_no)
+                    hand_runs.append(res)
+                else:
+                    res = with_corral(work, nproc, round_no)
+                    corral_runs.append(res)
+                shutil.rmtree(work, ignore_errors=True)
+                log(
+                    f"round {round_no + 1} {method}: first step {res['first_step_s'] or -1:.3f} s,"
+                    f" all exited {res['total_s']:.3f} s, {res['cpu_s']:.2f} CPU-s"
+                    f" (exit {res['exit_codes']})"
+                )
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+    corral_s = median(r["first_step_s"] for r in corral_runs)
+    hand_s = median(r["first_step_s"] for r in hand_runs)
+    corral_total = median(r["total_s"] for r in corral_runs)
+    hand_total = median(r["total_s"] for r in hand_runs)
+    corral_cpu = median(r["cpu_s"] for r in corral_runs)
+    hand_cpu = median(r["cpu_s"] for r in hand_runs)
+    step_ratio = ratio(corral_s, hand_s)
+    # each round's two runs are adjacent in time: their ratio is less exposed to load drift
+    paired = [
+        ratio(c["first_step_s"], h["first_step_s"])
+        for c, h in zip(corral_runs, hand_runs, strict=True)
+    ]
+    met = step_ratio is not None and step_ratio <= TARGET_RATIO
+    failed = [r for r in corral_runs + hand_runs if r["first_step_s"] is None]
+    metrics = [
+        metric(
+            f"time to first step, torchrun local:{NODES}x{nproc}",
+            corral_s,
+            "s",
+            f"ratio <= {TARGET_RATIO:.2f}x",
+            met,
+            baseline=hand_s,
+            baseline_desc="same torchrun commands started by hand",
+            ratio_value=step_ratio,
+        ),
+        metric(
+            f"time to job end, torchrun local:{NODES}x{nproc} (info)",
+            corral_total,
+            "s",
+            "-",
+            None,
+            baseline=hand_total,
+            baseline_desc="same torchrun commands started by hand",
+            ratio_value=ratio(corral_total, hand_total),
+        ),
+        metric(
+            f"CPU time of the whole job, torchrun local:{NODES}x{nproc} (info)",
+            corral_cpu,
+            "CPU-s",
+            "-",
+            None,
+            baseline=hand_cpu,
+            baseline_desc="same torchrun commands started by hand",
+            ratio_value=ratio(corral_cpu, hand_cpu),
+        ),
+    ]
+    write_result(
+        NAME,
+        {
+            "title": "Launch overhead",
+            "status": "ok" if not failed else "failed",
+            "reason": f"{len(failed)} run(s) never reached the first step" if failed else "",
+            "config": {
+                "hosts": f"local:{NODES}",
+                "nproc_per_node": nproc,
+                "launcher": "torchrun",
+                "rounds": args.rounds,
+                "order": "ABBA (by hand first in even rounds)",
+                "by_hand_argv": [*torchrun_argv(0, nproc, 0, "ID"), str(SCRIPT), "STAMP"],
+            },
+            "samples": {"corral": corral_runs, "by_hand": hand_runs, "paired_ratios": paired},
+            "medians": {
+                "corral_first_step_s": corral_s,
+                "by_hand_first_step_s": hand_s,
+                "corral_total_s": corral_total,
+                "by_hand_total_s": hand_total,
+                "corral_cpu_s": corral_cpu,
+                "by_hand_cpu_s": hand_cpu,
+                "overhead_s": corral_s - hand_s if corral_s and hand_s else None,
+                "paired_ratio": median(paired),
+            },
+            "metrics": metrics,
+            "ratio": step_ratio,
+            "target": f"<= {TARGET_RATIO:.2f}x",
+            "met": met and not failed,
+        },
+    )
+    print(
+        f"launch: first step corral {corral_s or 0:.3f} s, by hand {hand_s or 0:.3f} s, "
+        f"ratio {step_ratio or 0:.3f} (per-round median {median(paired) or 0:.3f}; "
+        f"target <= {TARGET_RATIO:.2f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
