@@ -30,6 +30,7 @@ from typing import IO, Any
 
 import psutil
 
+from corral.agent.probe import probe_info
 from corral.agent.protocol import (
     EVENT,
     NODE,
@@ -616,21 +617,38 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
+def _read_line(fd: int) -> bytes:
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
 def main() -> int:
-    """Read the start message, then run the agent until the node is done."""
+    """Answer an optional probe, read the start message, run until the node is done."""
     # Frames go to the real stdout; anything else printed goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     stdin_fd = os.dup(0)
-    first = b""
-    while not first.endswith(b"\n"):
-        byte = os.read(stdin_fd, 1)
-        if not byte:
+    first = _read_line(stdin_fd)
+    if not first:
+        return 2
+    message = json.loads(first)
+    if message.get("op") == "probe":
+        info = probe_info(message.get("workdir") or "", message.get("port"))
+        out.write(encode_event({"event": "probe", "time": time.time(), **info}))
+        out.flush()
+        first = _read_line(stdin_fd)
+        if not first:
             return 2
-        first += byte
-    start = json.loads(first)
+        message = json.loads(first)
+        if message.get("op") != "start":
+            return 0  # the launch was called off before anything started
     _set_subreaper()
-    agent = NodeAgent(start, out)
+    agent = NodeAgent(message, out)
     try:
         return asyncio.run(agent.run(stdin_fd))
     finally:

@@ -1,75 +1,49 @@
-"""Resolve what a launch needs from each host before anything is started.
+"""Start every SSH host's agent and check the host before anything is launched.
 
-One short command per host (in parallel, through the job's transport) finds
-the Python interpreter (``--python``, else the coordinator's own interpreter
-path when it exists there, else ``python3``), checks that corral (and torch,
-for the torchrun launcher) import with it, that ``--workdir`` exists, and, on
-the master host, that the master port is free (or picks one for port 0).
-Every problem is a LaunchError naming the host; nothing is launched.
+One session per host: a tiny shell picks the Python interpreter (``--python``,
+else the coordinator's own interpreter path when it exists there, else
+``python3``) and execs ``python -m corral.agent`` with it (so corral is
+importable by it, or the host is named with the import error). The agent first
+answers a probe: its interpreter, whether torch is there (torchrun launcher),
+whether ``--workdir`` exists and, on the master host, whether the master port
+is free (port 0: it picks one). Only when every host is ready does the
+coordinator send each agent its start message; otherwise every agent is told
+to exit and the problems are one LaunchError naming each host.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.cluster.model import Host
-from corral.errors import CorralError, LaunchError, TransportError
-from corral.transport.base import Transport
+from corral.errors import CorralError, LaunchError
+from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0
 
-_PROBE = r"""
-import json, os, socket, sys
-info = {"executable": sys.executable, "hostname": socket.gethostname(), "version": sys.version}
-try:
-    import corral
-    info["corral"] = getattr(corral, "__version__", "unknown")
-except Exception as exc:
-    info["corral"] = None
-    info["corral_error"] = f"{type(exc).__name__}: {exc}"
-import importlib.util
-info["torch"] = importlib.util.find_spec("torch") is not None
-workdir, port = sys.argv[1], int(sys.argv[2])
-info["workdir_ok"] = not workdir or os.path.isdir(os.path.expanduser(workdir))
-if port >= 0:
-    s = socket.socket()
-    # as TCPStore does: a port in TIME_WAIT after the last job is free to reuse
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("", port))
-        info["port"] = s.getsockname()[1]
-    except OSError as exc:
-        info["port"] = None
-        info["port_error"] = str(exc)
-    finally:
-        s.close()
-print("CORRAL-PROBE " + json.dumps(info))
-"""
-
-_SHELL = (
-    'code=$1; wd=$2; port=$3; shift 3; for p in "$@"; do '
-    'if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$code" "$wd" "$port"; fi; done; '
-    'echo "no python interpreter found (tried: $*)" >&2; exit 127'
+_AGENT_SHELL = (
+    'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m corral.agent; fi; '
+    'done; echo "no python interpreter found (tried: $*)" >&2; exit 127'
 )
 
 
 @dataclass(frozen=True)
 class HostProbe:
-    """What one host told us."""
+    """What one host's agent reported."""
 
     host: str
     python: str
     hostname: str
-    has_corral: bool
     has_torch: bool
     workdir_ok: bool
     port: int | None
     port_error: str | None = None
-    corral_error: str | None = None
 
 
 def candidates(python: str | None) -> list[str]:
@@ -79,57 +53,67 @@ def candidates(python: str | None) -> list[str]:
     return [sys.executable, "python3"] if sys.executable else ["python3"]
 
 
-async def probe_host(
+def agent_argv(python: str | None) -> list[str]:
+    """The command that starts the agent with the first interpreter found."""
+    return ["sh", "-c", _AGENT_SHELL, "sh", *candidates(python)]
+
+
+async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> HostProbe:
+    header = await proc.stdout.readline()
+    if not header:
+        err = (await proc.stderr.read()).decode(errors="replace").strip()
+        code = await proc.wait()
+        last = err.splitlines()[-1] if err else f"exit {code}"
+        if "No module named" in err:
+            last = (
+                f"corral cannot be imported ({last}); install it there "
+                f"(`python -m pip install corral`) or pass --python "
+                f"(tried: {', '.join(candidates(python))})"
+            )
+        raise LaunchError(f"could not start the corral agent: {last}", host=host.name)
+    kind, _, length = decode_header(header)
+    event = json.loads(await proc.stdout.readexactly(length))
+    if kind != EVENT or event.get("event") != "probe":
+        raise LaunchError(f"unexpected first message from the agent: {event}", host=host.name)
+    return HostProbe(
+        host=host.name,
+        python=event["executable"],
+        hostname=event["hostname"],
+        has_torch=bool(event["torch"]),
+        workdir_ok=bool(event["workdir_ok"]),
+        port=event.get("port"),
+        port_error=event.get("port_error"),
+    )
+
+
+async def start_agent(
     transport: Transport,
     host: Host,
     *,
     python: str | None,
     workdir: str | None,
     port: int | None,
-) -> HostProbe:
-    """Run the probe on ``host``; TransportError or LaunchError on failure."""
-    argv = [
-        "sh",
-        "-c",
-        _SHELL,
-        "sh",
-        _PROBE,
-        workdir or "",
-        str(-1 if port is None else port),
-        *candidates(python),
-    ]
-    proc = await transport.start(host, argv)
-    proc.close_stdin()
+) -> tuple[NodeProcess, HostProbe]:
+    """Start ``host``'s agent and read its probe (TransportError / LaunchError)."""
+    proc = await transport.start(host, agent_argv(python))
+    proc.write(encode_op({"op": "probe", "workdir": workdir, "port": port}))
     try:
-        out, err, code = await asyncio.wait_for(
-            asyncio.gather(proc.stdout.read(), proc.stderr.read(), proc.wait()), PROBE_TIMEOUT
-        )
+        probe = await asyncio.wait_for(_probe_reply(proc, host, python), PROBE_TIMEOUT)
     except asyncio.TimeoutError as exc:
+        abort(proc)
         raise LaunchError(
-            f"did not answer the launch probe within {PROBE_TIMEOUT:g} s", host=host.name
+            f"the agent did not answer within {PROBE_TIMEOUT:g} s", host=host.name
         ) from exc
-    line = next(
-        (ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("CORRAL-PROBE ")),
-        None,
-    )
-    if code != 0 or line is None:
-        why = err.decode(errors="replace").strip().splitlines()
-        raise LaunchError(
-            f"launch probe failed (exit {code}): {why[-1] if why else 'no output'}",
-            host=host.name,
-        )
-    info = json.loads(line[len("CORRAL-PROBE ") :])
-    return HostProbe(
-        host=host.name,
-        python=info["executable"],
-        hostname=info["hostname"],
-        has_corral=info["corral"] is not None,
-        has_torch=bool(info["torch"]),
-        workdir_ok=bool(info["workdir_ok"]),
-        port=info.get("port"),
-        port_error=info.get("port_error"),
-        corral_error=info.get("corral_error"),
-    )
+    except BaseException:
+        abort(proc)
+        raise
+    return proc, probe
+
+
+def abort(proc: NodeProcess) -> None:
+    """Tell an agent that answered its probe to exit without starting anything."""
+    proc.write(encode_op({"op": "abort"}))
+    proc.close_stdin()
 
 
 def problems(
@@ -137,11 +121,6 @@ def problems(
 ) -> list[str]:
     """Human-readable problems found by a probe (empty when the host is ready)."""
     found = []
-    if not probe.has_corral:
-        found.append(
-            f"corral cannot be imported by {probe.python} ({probe.corral_error}); install it "
-            f"there (`{probe.python} -m pip install corral`) or pass --python"
-        )
     if need_torch and not probe.has_torch:
         found.append(
             f"torch is not installed for {probe.python}, so torchrun is missing; install it "
@@ -157,7 +136,7 @@ def problems(
     return found
 
 
-async def probe_hosts(
+async def start_agents(
     transport: Transport,
     hosts: Sequence[Host],
     *,
@@ -166,32 +145,38 @@ async def probe_hosts(
     master: Host,
     master_port: int,
     need_torch: bool,
-) -> dict[str, HostProbe]:
-    """Probe every host in parallel; LaunchError listing every host that is not ready."""
+) -> dict[str, tuple[NodeProcess, HostProbe]]:
+    """Start and probe every host's agent in parallel. If any host is not ready,
+    every agent is aborted and one LaunchError lists each host's problem."""
 
-    async def one(host: Host) -> HostProbe:
+    async def one(host: Host) -> tuple[NodeProcess, HostProbe]:
         port = master_port if host.name == master.name else None
-        return await probe_host(transport, host, python=python, workdir=workdir, port=port)
+        return await start_agent(transport, host, python=python, workdir=workdir, port=port)
 
     results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
     errors: list[str] = []
-    probes: dict[str, HostProbe] = {}
+    started: dict[str, tuple[NodeProcess, HostProbe]] = {}
     for host, result in zip(hosts, results, strict=True):
-        if isinstance(result, (TransportError, LaunchError)):
-            errors.append(str(result))
-        elif isinstance(result, CorralError):
-            errors.append(f"{host.name}: {result}")
+        if isinstance(result, CorralError):
+            text = str(result)
+            errors.append(text if text.startswith(f"{host.name}:") else f"{host.name}: {text}")
         elif isinstance(result, BaseException):
             raise result
         else:
-            probes[host.name] = result
+            started[host.name] = result
             port = master_port if host.name == master.name else None
             errors += [
                 f"{host.name}: {p}"
-                for p in problems(result, need_torch=need_torch, workdir=workdir, port=port)
+                for p in problems(result[1], need_torch=need_torch, workdir=workdir, port=port)
             ]
     if errors:
+        for proc, _ in started.values():
+            abort(proc)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(proc.wait() for proc, _ in started.values())), 10
+            )
         if len(errors) == 1:
             raise LaunchError(errors[0])
         raise LaunchError(f"{len(errors)} problems before launch:\n  " + "\n  ".join(errors))
-    return probes
+    return started

@@ -29,11 +29,11 @@ from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, LaunchError
 from corral.plan.render import master_index, plan_job
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec, Launcher, NodeCommand
-from corral.runtime.hosts import probe_hosts
+from corral.runtime.hosts import start_agents
 from corral.runtime.output import LogSink
 from corral.runtime.summary import print_report
 from corral.runtime.supervisor import JobResult, Supervisor
-from corral.transport.base import Transport
+from corral.transport.base import NodeProcess, Transport
 from corral.transport.local import LocalTransport
 
 
@@ -274,14 +274,17 @@ def result_json(result: JobResult) -> dict[str, Any]:
     }
 
 
-async def resolve_remote(prepared: Prepared, opts: LaunchOptions, transport: Transport) -> Prepared:
-    """Probe every SSH host (interpreter, corral, torch, workdir, master port) and
-    re-plan with what was found. Nothing is launched if any host is not ready."""
+async def start_remote(
+    prepared: Prepared, opts: LaunchOptions, transport: Transport
+) -> tuple[Prepared, dict[str, NodeProcess]]:
+    """Start and probe every SSH host's agent (interpreter, torch, workdir, master
+    port) and re-plan with what they found. Nothing is launched if a host is not
+    ready."""
     spec = prepared.spec
     cluster = opts.cluster
     master_addr = spec.master_addr or cluster.hosts[0].address
     master = cluster.hosts[master_index(cluster, master_addr)]
-    probes = await probe_hosts(
+    started = await start_agents(
         transport,
         cluster.hosts,
         python=opts.python,
@@ -291,14 +294,15 @@ async def resolve_remote(prepared: Prepared, opts: LaunchOptions, transport: Tra
         need_torch=spec.launcher == "torchrun",
     )
     resolved = Cluster(
-        tuple(dataclasses.replace(h, python=probes[h.name].python) for h in cluster.hosts),
+        tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
         source=cluster.source,
     )
     if spec.master_port == 0:
-        port = probes[master.name].port
+        port = started[master.name][1].port
         assert port is not None
         spec = dataclasses.replace(spec, master_port=port)
-    return Prepared(spec=spec, commands=plan_job(spec, resolved), job_dir=prepared.job_dir)
+    planned = Prepared(spec=spec, commands=plan_job(spec, resolved), job_dir=prepared.job_dir)
+    return planned, {name: proc for name, (proc, _) in started.items()}
 
 
 async def run_job(opts: LaunchOptions) -> JobResult:
@@ -306,14 +310,20 @@ async def run_job(opts: LaunchOptions) -> JobResult:
     prepared = prepare(opts)
     transport = make_transport(opts)
     try:
+        started: dict[str, NodeProcess] = {}
         if not opts.cluster.is_local:
-            prepared = await resolve_remote(prepared, opts, transport)
-        return await _supervise(prepared, opts, transport)
+            prepared, started = await start_remote(prepared, opts, transport)
+        return await _supervise(prepared, opts, transport, started)
     finally:
         await transport.close()
 
 
-async def _supervise(prepared: Prepared, opts: LaunchOptions, transport: Transport) -> JobResult:
+async def _supervise(
+    prepared: Prepared,
+    opts: LaunchOptions,
+    transport: Transport,
+    started: dict[str, NodeProcess],
+) -> JobResult:
     spec = prepared.spec
     prepared.job_dir.mkdir(parents=True, exist_ok=True)
     _write_json(
@@ -349,6 +359,7 @@ async def _supervise(prepared: Prepared, opts: LaunchOptions, transport: Transpo
         timeout=opts.timeout,
         master_timeout=opts.rdzv_timeout,
         require_master=spec.launcher == "torchrun",
+        started=started,
     )
     try:
         result = await supervisor.run()

@@ -15,7 +15,7 @@ import json
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +152,7 @@ class Supervisor:
         heartbeat_timeout: float = 15.0,
         master_timeout: float = 300.0,
         require_master: bool = True,
+        started: Mapping[str, NodeProcess] | None = None,
     ) -> None:
         self.nodes = [NodeRun(command=c) for c in commands]
         self.transport = transport
@@ -164,6 +165,7 @@ class Supervisor:
         self.heartbeat_timeout = heartbeat_timeout
         self.master_timeout = master_timeout
         self.require_master = require_master
+        self.prestarted = dict(started or {})  # agents already running (probed SSH hosts)
         self.state = JobState.PENDING
         self.stop_reason: str | None = None
         self.stop_time: float | None = None
@@ -187,7 +189,9 @@ class Supervisor:
         cmd = node.command
         node.started = time.time()
         try:
-            node.proc = await self.transport.start(cmd.host, self.agent_argv(cmd.host))
+            node.proc = self.prestarted.pop(cmd.host.name, None) or await self.transport.start(
+                cmd.host, self.agent_argv(cmd.host)
+            )
         except CorralError as exc:
             node.detail = str(exc)
             node.set_state(NodeState.FAILED)
