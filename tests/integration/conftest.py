@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,3 +62,18 @@ def run_corral(*args: str, cwd: Path, timeout: float = 240) -> subprocess.Comple
     return subprocess.run(
         corral_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def wait_for_output(proc: subprocess.Popen[str], pattern: str, timeout: float = 120) -> str:
+    """Read ``proc``'s stdout until ``pattern`` matches what was read; return it."""
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if re.search(pattern, seen):
+            return seen
+    raise AssertionError(f"{pattern!r} not seen in output:\n{seen[-2000:]}")

@@ -17,6 +17,7 @@ from .conftest import (
     corral_argv,
     job_processes,
     run_corral,
+    wait_for_output,
     wait_no_job_processes,
 )
 
@@ -50,21 +51,6 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
         text=True,
         env=dict(os.environ, COLUMNS="200"),
     )
-
-
-def _wait_for_output(proc: subprocess.Popen[str], pattern: str, timeout: float = 90) -> str:
-    """Read stdout until ``pattern`` appears; returns what was read."""
-    assert proc.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen += line
-        if re.search(pattern, seen):
-            return seen
-    raise AssertionError(f"{pattern!r} not seen in output:\n{seen[-2000:]}")
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -152,7 +138,7 @@ def test_sigint_to_corral_tears_down_once(launcher: str, run_dir: Path, tmp_path
         [*_common(run_dir, job), "--launcher", launcher, "--", str(SCRIPTS / "steps.py")], tmp_path
     )
     try:
-        _wait_for_output(proc, r"rank \d step 3")
+        wait_for_output(proc, r"rank \d step 3")
         assert len(job_processes(job)) >= 4
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -186,7 +172,7 @@ def test_second_sigint_kills_at_once(run_dir: Path, tmp_path: Path) -> None:
         tmp_path,
     )
     try:
-        _wait_for_output(proc, r"ready(.|\n)*ready")
+        wait_for_output(proc, r"ready(.|\n)*ready")
         proc.send_signal(signal.SIGINT)
         time.sleep(1.0)
         assert proc.poll() is None  # still in its 300 s grace: the ranks ignore SIGTERM
@@ -210,7 +196,7 @@ def test_sigkilled_corral_leaves_nothing_behind(
         [*_common(run_dir, job), "--launcher", launcher, "--", str(SCRIPTS / "steps.py")], tmp_path
     )
     try:
-        _wait_for_output(proc, r"rank \d step 3")
+        wait_for_output(proc, r"rank \d step 3")
         proc.kill()  # no teardown by corral itself: the agents notice their stdin closing
         proc.wait(timeout=10)
     finally:

@@ -30,7 +30,6 @@ from typing import IO, Any
 
 import psutil
 
-from corral.agent.probe import probe_info
 from corral.agent.protocol import (
     EVENT,
     NODE,
@@ -617,42 +616,14 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _read_line(fd: int) -> bytes:
-    line = b""
-    while not line.endswith(b"\n"):
-        byte = os.read(fd, 1)
-        if not byte:
-            break
-        line += byte
-    return line
-
-
-def main() -> int:
-    """Answer an optional probe, read the start message, run until the node is done."""
-    # Frames go to the real stdout; anything else printed goes to stderr.
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    stdin_fd = os.dup(0)
-    first = _read_line(stdin_fd)
-    if not first:
-        return 2
-    message = json.loads(first)
-    if message.get("op") == "probe":
-        info = probe_info(message.get("workdir") or "", message.get("port"))
-        out.write(encode_event({"event": "probe", "time": time.time(), **info}))
-        out.flush()
-        first = _read_line(stdin_fd)
-        if not first:
-            return 2
-        message = json.loads(first)
-        if message.get("op") != "start":
-            return 0  # the launch was called off before anything started
+def run_agent(start: dict[str, Any], out: IO[bytes], stdin_fd: int) -> int:
+    """Run the node described by the ``start`` message until it is done."""
     _set_subreaper()
-    agent = NodeAgent(message, out)
+    agent = NodeAgent(start, out)
     try:
         return asyncio.run(agent.run(stdin_fd))
     finally:
         out.flush()
 
 
-__all__ = ["EVENT", "NodeAgent", "main"]
+__all__ = ["EVENT", "NodeAgent", "run_agent"]

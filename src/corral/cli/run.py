@@ -6,7 +6,7 @@ import asyncio
 import json
 import shlex
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -169,58 +169,12 @@ ScriptArg = Annotated[
 
 
 def _options(
-    hosts: str | None,
-    ssh_user: str | None,
-    ssh_key: str | None,
-    ssh_port: int | None,
-    ssh_password_env: str | None,
-    ssh_config: str | None,
-    accept_new_host_keys: bool,
-    launcher: str,
-    python: str | None,
-    nproc_per_node: str | None,
-    master_addr: str | None,
-    master_port: int,
-    workdir: str | None,
-    env: list[str] | None,
-    nccl_interface: str | None,
-    gloo_interface: str | None,
-    timeout: float | None,
-    checkpoint_dir: str | None,
-    run_dir: str,
-    grace: float,
-    rdzv_timeout: float,
-    job_id: str | None,
-    command: list[str] | None,
+    hosts: str | None, ssh: SshOptions, command: list[str] | None, **launch: Any
 ) -> LaunchOptions:
-    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh_user, ssh_port=ssh_port)
-    return LaunchOptions(
-        cluster=cluster,
-        ssh=SshOptions(
-            user=ssh_user,
-            key=ssh_key,
-            port=ssh_port,
-            password_env=ssh_password_env,
-            config=ssh_config,
-            accept_new_host_keys=accept_new_host_keys,
-        ),
-        command=list(command or []),
-        launcher=launcher,
-        python=python,
-        nproc_per_node=nproc_per_node,
-        master_addr=master_addr,
-        master_port=master_port,
-        workdir=workdir,
-        env=list(env or []),
-        nccl_interface=nccl_interface,
-        gloo_interface=gloo_interface,
-        timeout=timeout,
-        checkpoint_dir=checkpoint_dir,
-        run_dir=run_dir,
-        grace=grace,
-        rdzv_timeout=rdzv_timeout,
-        job_id=job_id,
-    )
+    """LaunchOptions from the CLUSTER options, SCRIPT [ARGS] and the LAUNCH options."""
+    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
+    launch["env"] = list(launch.get("env") or [])
+    return LaunchOptions(cluster=cluster, ssh=ssh, command=list(command or []), **launch)
 
 
 def run(
@@ -254,30 +208,33 @@ def run(
     signal N; 124 --timeout; 130 interrupted; 255 a host was lost; 3 the job could not
     start; 2 bad options or hostfile.
     """
+    ssh = SshOptions(
+        user=ssh_user,
+        key=ssh_key,
+        port=ssh_port,
+        password_env=ssh_password_env,
+        config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys,
+    )
     opts = _options(
         hosts,
-        ssh_user,
-        ssh_key,
-        ssh_port,
-        ssh_password_env,
-        ssh_config,
-        accept_new_host_keys,
-        launcher,
-        python,
-        nproc_per_node,
-        master_addr,
-        master_port,
-        workdir,
-        env,
-        nccl_interface,
-        gloo_interface,
-        timeout,
-        checkpoint_dir,
-        run_dir,
-        grace,
-        rdzv_timeout,
-        job_id,
+        ssh,
         command,
+        launcher=launcher,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=env,
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        timeout=timeout,
+        checkpoint_dir=checkpoint_dir,
+        run_dir=run_dir,
+        grace=grace,
+        rdzv_timeout=rdzv_timeout,
+        job_id=job_id,
     )
     result = asyncio.run(run_job(opts))
     raise typer.Exit(result.exit_code)
@@ -306,28 +263,21 @@ def plan(
     """Print the exact per-node command and environment `corral run` would use (dry run)."""
     opts = _options(
         hosts,
-        ssh_user,
-        None,
-        ssh_port,
-        None,
-        None,
-        False,
-        launcher,
-        python,
-        nproc_per_node,
-        master_addr,
-        master_port,
-        workdir,
-        env,
-        nccl_interface,
-        gloo_interface,
-        None,
-        checkpoint_dir,
-        run_dir,
-        10.0,
-        rdzv_timeout,
-        job_id,
+        SshOptions(user=ssh_user, port=ssh_port),
         command,
+        launcher=launcher,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=env,
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        checkpoint_dir=checkpoint_dir,
+        run_dir=run_dir,
+        rdzv_timeout=rdzv_timeout,
+        job_id=job_id,
     )
     prepared = prepare(opts, dry_run=True)
     if as_json:

@@ -12,7 +12,15 @@ import pytest
 
 from corral.testbed import Testbed
 
-from ..conftest import REPO, SCRIPTS, corral_argv, job_processes, run_corral, wait_no_job_processes
+from ..conftest import (
+    REPO,
+    SCRIPTS,
+    corral_argv,
+    job_processes,
+    run_corral,
+    wait_for_output,
+    wait_no_job_processes,
+)
 
 pytestmark = pytest.mark.netns
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
@@ -41,20 +49,6 @@ def _run_args(
         "--grace",
         "5",
     ]
-
-
-def _wait_for(proc: subprocess.Popen[str], pattern: str, timeout: float = 120) -> str:
-    assert proc.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen += line
-        if re.search(pattern, seen):
-            return seen
-    raise AssertionError(f"{pattern!r} not seen:\n{seen[-2000:]}")
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "python"])
@@ -152,7 +146,7 @@ def test_sigkilled_corral_leaves_nothing_on_any_host(
         text=True,
     )
     try:
-        _wait_for(proc, r"\[tb3:\d\] rank \d step 3")
+        wait_for_output(proc, r"\[tb3:\d\] rank \d step 3")
         assert len(job_processes(job)) >= 3
         proc.kill()
         proc.wait(timeout=10)
@@ -179,7 +173,7 @@ def test_cut_link_is_reported_and_the_rest_torn_down(
         text=True,
     )
     try:
-        _wait_for(proc, r"\[tb2:\d\] rank \d step 3")
+        wait_for_output(proc, r"\[tb2:\d\] rank \d step 3")
         healthy_testbed.cut_link("tb2")
         cut_at = time.monotonic()
         _, err = proc.communicate(timeout=90)
@@ -275,7 +269,7 @@ def test_interrupt_over_ssh(healthy_testbed: Testbed, run_dir: Path, tmp_path: P
         text=True,
     )
     try:
-        _wait_for(proc, r"\[tb2:\d\] rank \d step 3")
+        wait_for_output(proc, r"\[tb2:\d\] rank \d step 3")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
