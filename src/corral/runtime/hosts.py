@@ -117,7 +117,12 @@ def abort(proc: NodeProcess) -> None:
 
 
 def problems(
-    probe: HostProbe, *, need_torch: bool, workdir: str | None, port: int | None
+    probe: HostProbe,
+    *,
+    need_torch: bool,
+    workdir: str | None,
+    port: int | None,
+    workdir_given: bool = True,
 ) -> list[str]:
     """Human-readable problems found by a probe (empty when the host is ready)."""
     found = []
@@ -127,7 +132,13 @@ def problems(
             "there or use --launcher python"
         )
     if workdir and not probe.workdir_ok:
-        found.append(f"--workdir {workdir} does not exist")
+        if workdir_given:
+            found.append(f"--workdir {workdir} does not exist")
+        else:
+            found.append(
+                f"working directory {workdir} (this machine's current directory, "
+                "the default) does not exist there; pass --workdir"
+            )
     if port is not None and probe.port is None:
         found.append(
             f"master port {port} cannot be bound ({probe.port_error}); pass another "
@@ -145,6 +156,7 @@ async def start_agents(
     master: Host,
     master_port: int,
     need_torch: bool,
+    workdir_given: bool = True,
 ) -> dict[str, tuple[NodeProcess, HostProbe]]:
     """Start and probe every host's agent in parallel. If any host is not ready,
     every agent is aborted and one LaunchError lists each host's problem."""
@@ -167,7 +179,13 @@ async def start_agents(
             port = master_port if host.name == master.name else None
             errors += [
                 f"{host.name}: {p}"
-                for p in problems(result[1], need_torch=need_torch, workdir=workdir, port=port)
+                for p in problems(
+                    result[1],
+                    need_torch=need_torch,
+                    workdir=workdir,
+                    port=port,
+                    workdir_given=workdir_given,
+                )
             ]
     if errors:
         for proc, _ in started.values():

@@ -288,7 +288,8 @@ async def start_remote(
         transport,
         cluster.hosts,
         python=opts.python,
-        workdir=spec.workdir,
+        workdir=prepared.commands[0].cwd,  # --workdir, or this machine's current directory
+        workdir_given=spec.workdir is not None,
         master=master,
         master_port=spec.master_port,
         need_torch=spec.launcher == "torchrun",

@@ -1,0 +1,128 @@
+"""Pre-launch probes of SSH hosts, against the scripted fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.cluster import Host
+from corral.errors import LaunchError
+from corral.runtime.hosts import HostProbe, agent_argv, problems, start_agents
+from corral.transport.fake import FakeNode, FakeTransport
+
+HOSTS = [Host("h1", slots=1), Host("h2", slots=1)]
+
+
+def _probe(**kw: object) -> HostProbe:
+    base: dict[str, object] = dict(
+        host="h1",
+        python="/usr/bin/python3",
+        hostname="h1",
+        has_torch=True,
+        workdir_ok=True,
+        port=29500,
+    )
+    base.update(kw)
+    return HostProbe(**base)  # type: ignore[arg-type]
+
+
+def test_problems_name_what_is_wrong() -> None:
+    assert problems(_probe(), need_torch=True, workdir="/w", port=29500) == []
+    [torch] = problems(_probe(has_torch=False), need_torch=True, workdir=None, port=None)
+    assert "torch is not installed for /usr/bin/python3" in torch
+    [wd] = problems(_probe(workdir_ok=False), need_torch=False, workdir="/w", port=None)
+    assert wd == "--workdir /w does not exist"
+    [cwd] = problems(
+        _probe(workdir_ok=False), need_torch=False, workdir="/w", port=None, workdir_given=False
+    )
+    assert "current directory" in cwd and "--workdir" in cwd
+    [port] = problems(
+        _probe(port=None, port_error="in use"), need_torch=False, workdir=None, port=29500
+    )
+    assert "master port 29500 cannot be bound (in use)" in port
+
+
+def test_agent_argv_tries_interpreters_in_order() -> None:
+    argv = agent_argv("/opt/py/bin/python")
+    assert argv[:2] == ["sh", "-c"] and argv[-1] == "/opt/py/bin/python"
+    assert agent_argv(None)[-1] == "python3"
+
+
+def _agent(workdir_ok: bool) -> object:
+    async def behaviour(node: FakeNode) -> int:
+        op = await node.next_op("probe")
+        node.event(
+            "probe",
+            executable="/usr/bin/python3",
+            hostname=node.host.name,
+            torch=True,
+            workdir_ok=workdir_ok,
+            port=op["port"] if op["port"] is not None else None,
+        )
+        nxt = await node.next_op()
+        return 0 if nxt["op"] == "abort" else 1
+
+    return behaviour
+
+
+def test_one_bad_host_aborts_every_agent() -> None:
+    async def main() -> FakeTransport:
+        transport = FakeTransport({"h1": _agent(True), "h2": _agent(False)})  # type: ignore[dict-item]
+        with pytest.raises(LaunchError) as err:
+            await start_agents(
+                transport,
+                HOSTS,
+                python=None,
+                workdir="/code",
+                master=HOSTS[0],
+                master_port=29500,
+                need_torch=True,
+            )
+        assert str(err.value) == "h2: --workdir /code does not exist"
+        return transport
+
+    transport = asyncio.run(main())
+    for name in ("h1", "h2"):
+        ops = [op["op"] for op in transport.nodes[name].received]
+        assert ops == ["probe", "abort"], (name, ops)
+    assert transport.nodes["h1"].received[0]["port"] == 29500  # only the master checks it
+    assert transport.nodes["h2"].received[0]["port"] is None
+
+
+def test_unreachable_host_is_named() -> None:
+    async def main() -> None:
+        transport = FakeTransport({"h1": _agent(True)}, unreachable=["h2"])  # type: ignore[dict-item]
+        with pytest.raises(LaunchError, match=r"h2: cannot connect \(unreachable\)"):
+            await start_agents(
+                transport,
+                HOSTS,
+                python=None,
+                workdir=None,
+                master=HOSTS[0],
+                master_port=0,
+                need_torch=False,
+            )
+
+    asyncio.run(main())
+
+
+def test_ready_hosts_return_their_probes() -> None:
+    async def main() -> dict[str, HostProbe]:
+        transport = FakeTransport({"h1": _agent(True), "h2": _agent(True)})  # type: ignore[dict-item]
+        started = await start_agents(
+            transport,
+            HOSTS,
+            python=None,
+            workdir=None,
+            master=HOSTS[0],
+            master_port=0,
+            need_torch=True,
+        )
+        for proc, _ in started.values():
+            proc.write(b'{"op":"abort"}\n')
+        return {name: probe for name, (_, probe) in started.items()}
+
+    probes = asyncio.run(main())
+    assert probes["h1"].port == 0 and probes["h2"].port is None
+    assert probes["h2"].hostname == "h2"
