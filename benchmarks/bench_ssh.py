@@ -224,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     corral_s = median(r["first_step_s"] for r in corral)
     hand_s = median(r["first_step_s"] for r in hand)
     launch_ratio = ratio(corral_s, hand_s)
+    # each round's two runs are adjacent in time: less exposed to load drift
+    paired = [
+        ratio(c["first_step_s"], h["first_step_s"]) for c, h in zip(corral, hand, strict=True)
+    ]
     down_s = median(r["teardown_s"] for r in downs)
     survivors = sum(r["survivors"] for r in downs)
     wrong = sum(r["exit_code"] != 7 for r in downs)
@@ -238,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             launch_met,
             baseline=hand_s,
             baseline_desc="same torchrun commands started by hand with ssh",
+            ratio_value=launch_ratio,
         ),
         metric(
             "teardown over SSH, rank on tb2 exits -> corral exit",
@@ -260,11 +265,17 @@ def main(argv: list[str] | None = None) -> int:
             "title": "Launch and teardown across SSH hosts (netns testbed)",
             "status": "ok",
             "config": {"hosts": list(HOSTS), "rounds": args.rounds, "teardown_runs": args.runs},
-            "samples": {"corral": corral, "by_hand": hand, "teardown": downs},
+            "samples": {
+                "corral": corral,
+                "by_hand": hand,
+                "paired_ratios": paired,
+                "teardown": downs,
+            },
             "medians": {
                 "corral_first_step_s": corral_s,
                 "by_hand_first_step_s": hand_s,
                 "teardown_s": down_s,
+                "paired_ratio": median(paired),
             },
             "metrics": metrics,
             "ratio": launch_ratio,
