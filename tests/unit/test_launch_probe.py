@@ -126,3 +126,25 @@ def test_ready_hosts_return_their_probes() -> None:
     probes = asyncio.run(main())
     assert probes["h1"].port == 0 and probes["h2"].port is None
     assert probes["h2"].hostname == "h2"
+
+
+def test_login_shell_noise_is_named_not_a_traceback() -> None:
+    async def noisy(node: FakeNode) -> int:
+        node.stdout.feed_data(b"Welcome to node h1!\n")
+        await node.next_op()
+        return 0
+
+    async def main() -> None:
+        transport = FakeTransport({"h1": noisy, "h2": _agent(True)})  # type: ignore[dict-item]
+        with pytest.raises(LaunchError, match=r"h1: unexpected output before the corral agent"):
+            await start_agents(
+                transport,
+                HOSTS,
+                python=None,
+                workdir=None,
+                master=HOSTS[0],
+                master_port=0,
+                need_torch=False,
+            )
+
+    asyncio.run(main())

@@ -76,3 +76,27 @@ def test_live_mode_colors_prefixes_and_keeps_a_progress_footer(tmp_path: Path) -
     assert b"\x1b[2F\x1b[J\x1b[35m[h2:1] \x1b[0mhello\n" in text  # h2's color, whole line
     assert text.endswith(b"hello\n")  # within 0.25 s: no redraw, nothing left to erase
     assert (tmp_path / "h2.1.log").read_bytes() == b"hello\n"  # logs stay plain
+
+
+class _ClosedPipe(io.BytesIO):
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        raise BrokenPipeError
+
+
+def test_sink_keeps_logging_when_stdout_is_gone(tmp_path: Path) -> None:
+    sink = LogSink(
+        tmp_path, ["h1"], stream=_ClosedPipe(), live=False, console=Console(file=io.StringIO())
+    )
+    sink.lines("h1", 0, b"one\n")  # `corral run ... | head` closed the pipe
+    sink.lines("h1", 0, b"two\n")
+    sink.close()
+    assert (tmp_path / "h1.0.log").read_bytes() == b"one\ntwo\n"
+
+
+def test_rank_exit_status_is_what_the_os_reports() -> None:
+    from corral.agent.worker import _exit_code
+
+    assert _exit_code(SystemExit(None)) == 0
+    assert _exit_code(SystemExit(7)) == 7
+    assert _exit_code(SystemExit(-1)) == 255
+    assert _exit_code(SystemExit(256)) == 0

@@ -280,3 +280,48 @@ def test_progress_reports_reach_the_summary(tmp_path: Path, code: int) -> None:
     result, _, report = asyncio.run(run_sup(transport, tmp_path))
     assert "step 40/60 loss=0.25" in report
     assert result.nodes[0].ranks[0].progress is not None
+
+
+def test_launcher_failing_before_any_rank_fails_the_job(tmp_path: Path) -> None:
+    async def torchrun_dies(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        if node.host.name == "b":
+            node.err(NODE, "RendezvousTimeoutError: join timed out\n")
+            node.event("node_exit", ranks={}, code=1)
+            return 0
+        return await _stop_on_request(node)
+
+    transport = FakeTransport({h: torchrun_dies for h in HOSTS})
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.state == JobState.FAILED and result.exit_code == 1
+    assert "the launcher on b exited with code 1" in report
+    assert "RendezvousTimeoutError: join timed out" in report  # node-level stderr tail
+    assert {n.host.name: n.state for n in result.nodes}["b"] == NodeState.FAILED
+
+
+def test_node_that_cannot_start_is_failed_not_lost(tmp_path: Path) -> None:
+    async def bad_workdir(node: FakeNode) -> int:
+        if node.host.name == "c":
+            node.event("start_failed", error="working directory /nope does not exist")
+            return 3
+        return await _stop_on_request_started(node)
+
+    transport = FakeTransport({h: bad_workdir for h in HOSTS})
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.exit_code == EXIT_LAUNCH
+    assert {n.host.name: n.state for n in result.nodes}["c"] == NodeState.FAILED
+    assert "working directory /nope does not exist" in report
+
+
+def test_garbled_agent_output_kills_that_agent_instead_of_hanging(tmp_path: Path) -> None:
+    async def garbage(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        if node.host.name == "a":
+            node.stdout.feed_data(b"this is not a frame\n")
+            await asyncio.sleep(30)  # would hang if corral stopped reading without killing
+        return await _stop_on_request(node)
+
+    transport = FakeTransport({h: garbage for h in HOSTS})
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert 9 in transport.nodes["a"].signals
+    assert result.exit_code == EXIT_LOST and "lost host a" in report

@@ -97,6 +97,7 @@ class Workload:
     rank: int  # NODE for torchrun
     popen: subprocess.Popen[bytes]
     code: int | None = None
+    exit_time: float | None = None
     open_streams: int = 2
     streams_abandoned: bool = False  # exited, but a leftover child still holds its pipes
     drain_scheduled: bool = False
@@ -135,6 +136,7 @@ class NodeAgent:
         self._teardown_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._control_server: asyncio.AbstractServer | None = None
+        self._broken_logs: set[int] = set()
 
     # -- output ---------------------------------------------------------------------
 
@@ -161,11 +163,27 @@ class NodeAgent:
         return track.log
 
     def forward(self, kind: bytes, rank: int, data: bytes) -> None:
-        """Send complete lines of ``rank`` to the coordinator and the host-side log."""
+        """Send complete lines of ``rank`` to the coordinator and the host-side log.
+
+        A host-side log that cannot be written (disk full) is given up on; the
+        lines still go to the coordinator, so the rank never blocks on its output.
+        """
         self.emit(encode_frame(kind, rank, data))
-        log = self._rank_log(rank)
-        if log is not None:
-            log.write(data)
+        if rank in self._broken_logs:
+            return
+        try:
+            log = self._rank_log(rank)
+            if log is not None:
+                log.write(data)
+        except OSError as exc:
+            self._broken_logs.add(rank)
+            self.emit(
+                encode_frame(
+                    STDERR,
+                    NODE,
+                    f"corral agent: host-side log of rank {rank} disabled: {exc}\n".encode(),
+                )
+            )
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -240,6 +258,7 @@ class NodeAgent:
             work = self.workloads.get(pid)
             if work is not None:
                 work.code = code
+                work.exit_time = time.time()
                 work.popen.returncode = code
                 self._workload_progress(work)
             for track in self.ranks.values():
@@ -375,7 +394,7 @@ class NodeAgent:
             except ValueError:
                 continue
             if msg.get("type") == "exit":
-                track = self.ranks.get(rank) or self.ranks.setdefault(rank, RankTrack(rank=rank))
+                track = self.ranks.setdefault(rank, RankTrack(rank=rank))
                 track.code = int(msg.get("code", 1))
                 self._maybe_report_rank(track, final=False)
             else:
@@ -433,7 +452,8 @@ class NodeAgent:
         if work.rank != NODE:
             track = self.ranks[work.rank]
             track.code = work.code
-            track.eof_time = track.eof_time or time.time()
+            # when it died, not when its pipes (maybe held by its children) closed
+            track.eof_time = work.exit_time or time.time()
             self._maybe_report_rank(track, final=True)
         else:
             # torchrun exited: settle ranks whose end we saw but not their code.
@@ -519,7 +539,13 @@ class NodeAgent:
         self._teardown_task = self._spawn(self._teardown(grace))
 
     def _signal_groups(self, signum: int) -> None:
-        for pgid in list(self.pgids):
+        # only groups that still hold one of our processes: a long-gone group id
+        # may have been reused by an unrelated process
+        live = set()
+        for proc in self._descendants():
+            with contextlib.suppress(OSError):
+                live.add(os.getpgid(proc.pid))
+        for pgid in self.pgids & live:
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signum)
 
@@ -575,8 +601,10 @@ class NodeAgent:
             cwd = self._prepare_dirs()
             await self._serve_control()
             await self._start_workloads(cwd)
-        except OSError as exc:
-            self.event("start_failed", error=str(exc), host=socket.gethostname())
+        except Exception as exc:
+            self.event(
+                "start_failed", error=str(exc) or type(exc).__name__, host=socket.gethostname()
+            )
             self._kill_all(signal.SIGKILL)
             return 3
         self.event(
@@ -604,7 +632,8 @@ class NodeAgent:
         status = {"ranks": codes, "time": time.time()}
         with contextlib.suppress(OSError):
             (self.node_dir / "status.json").write_text(json.dumps(status))
-        self.event("node_exit", ranks=codes)
+        failed = [w.code for w in self.workloads.values() if w.rank == NODE and w.code]
+        self.event("node_exit", ranks=codes, code=failed[0] if failed else 0)
         return 0
 
 

@@ -84,7 +84,7 @@ def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
-        return exc.code
+        return exc.code & 0xFF  # what the OS reports: sys.exit(-1) is 255, 256 is 0
     print(exc.code, file=sys.stderr)
     return 1
 

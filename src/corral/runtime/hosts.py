@@ -71,8 +71,15 @@ async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> Hos
                 f"(tried: {', '.join(candidates(python))})"
             )
         raise LaunchError(f"could not start the corral agent: {last}", host=host.name)
-    kind, _, length = decode_header(header)
-    event = json.loads(await proc.stdout.readexactly(length))
+    try:
+        kind, _, length = decode_header(header)
+        event = json.loads(await proc.stdout.readexactly(length))
+    except (ValueError, asyncio.IncompleteReadError) as exc:
+        raise LaunchError(
+            f"unexpected output before the corral agent answered ({header[:60]!r}); does the "
+            "login shell print something to stdout for non-interactive sessions?",
+            host=host.name,
+        ) from exc
     if kind != EVENT or event.get("event") != "probe":
         raise LaunchError(f"unexpected first message from the agent: {event}", host=host.name)
     return HostProbe(

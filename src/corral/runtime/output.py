@@ -75,6 +75,7 @@ class LogSink:
         self._last_plain_progress = time.monotonic()
         self._footer_height = 0
         self._footer_drawn_at = 0.0
+        self._stream_broken = False
 
     # -- log lines ----------------------------------------------------------------------
 
@@ -109,8 +110,18 @@ class LogSink:
         if self.live_mode:
             self._write_above_footer(text)
         else:
-            self.stream.write(text)
+            self._write(text)
+
+    def _write(self, data: bytes) -> None:
+        """Write to the terminal/pipe; once it is gone (``| head``), only the log
+        files are written, so the job is never blocked or killed by it."""
+        if self._stream_broken:
+            return
+        try:
+            self.stream.write(data)
             self.stream.flush()
+        except (BrokenPipeError, OSError):
+            self._stream_broken = True
 
     def message(self, text: str, style: str = "bold") -> None:
         """One line of corral's own (status, warnings)."""
@@ -146,8 +157,7 @@ class LogSink:
             force or time.monotonic() - self._footer_drawn_at >= _FOOTER_INTERVAL
         ):
             out += self._footer()
-        self.stream.write(out)
-        self.stream.flush()
+        self._write(out)
 
     # -- progress -------------------------------------------------------------------------
 
@@ -171,8 +181,7 @@ class LogSink:
     def close(self) -> None:
         """Erase the live footer and close every log file."""
         if self._footer_height:
-            self.stream.write(self._erase_footer())
+            self._write(self._erase_footer())
         for handle in self._files.values():
             handle.close()
         self._files.clear()
-        self.stream.flush()

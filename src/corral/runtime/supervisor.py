@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
@@ -240,13 +242,14 @@ class Supervisor:
                     self._on_event(node, json.loads(payload))
                     continue
                 self.sink.lines(host, rank, payload)
-                if kind == STDERR and rank != NODE:
-                    record = self._rank(node, rank)
-                    record.stderr_tail.extend(
-                        payload.decode("utf-8", "replace").splitlines()[-STDERR_TAIL:]
-                    )
-        except (ValueError, asyncio.IncompleteReadError) as exc:
-            node.detail = f"garbled agent output: {exc}"
+                if kind == STDERR:
+                    tail = node.agent_tail if rank == NODE else self._rank(node, rank).stderr_tail
+                    tail.extend(payload.decode("utf-8", "replace").splitlines()[-STDERR_TAIL:])
+        except Exception as exc:
+            # Without a reader the agent would block on a full pipe forever: end it
+            # (its processes die with it) and report the node.
+            node.detail = f"corral stopped reading this node's agent: {exc!r}"
+            node.proc.signal(signal.SIGKILL)
         finally:
             try:
                 code = await node.proc.wait()
@@ -303,6 +306,7 @@ class Supervisor:
                 self.sink.message(f"warning: {text}", style="yellow")
         elif name == "start_failed":
             node.detail = str(event.get("error"))
+            node.failed = node.got_exit_event = True
             self._fail(
                 Failure(
                     node.host.name,
@@ -316,6 +320,23 @@ class Supervisor:
             )
         elif name == "node_exit":
             node.got_exit_event = True
+            code = int(event.get("code") or 0)
+            if code and not node.failed and not any(r.code for r in node.ranks.values()):
+                # torchrun itself failed (rendezvous timeout, bad arguments) before any
+                # rank reported a failure
+                node.failed = True
+                if self.stop_reason is None:
+                    self._fail(
+                        Failure(
+                            node.host.name,
+                            None,
+                            code,
+                            float(event["time"]),
+                            f"the launcher on {node.host.name} exited with code {code}",
+                            list(node.agent_tail),
+                        ),
+                        _exit_code_for(code),
+                    )
 
     def _on_rank_exit(self, node: NodeRun, event: dict[str, Any]) -> None:
         record = self._rank(node, int(event["rank"]))
@@ -376,13 +397,12 @@ class Supervisor:
                     EXIT_LOST,
                 )
         else:
-            bad = [r for r in node.ranks.values() if r.code != 0]
-            if not bad:
-                node.set_state(NodeState.EXITED)
-            elif self.stop_time is not None and all((r.time or 0) >= self.stop_time for r in bad):
+            if node.failed:
+                node.set_state(NodeState.FAILED)
+            elif self.stop_reason is not None or any(r.code != 0 for r in node.ranks.values()):
                 node.set_state(NodeState.TERMINATED)
             else:
-                node.set_state(NodeState.FAILED)
+                node.set_state(NodeState.EXITED)
         if all(n.state.terminal for n in self.nodes):
             self._all_done.set()
 
@@ -424,6 +444,8 @@ class Supervisor:
             if node.proc is not None and not node.state.terminal:
                 node.proc.write(encode_op({"op": "kill"}))
                 node.proc.signal(signal.SIGKILL)
+                if node.host.local:
+                    kill_recorded_groups(node.command.env.get("CORRAL_NODE_DIR", ""))
 
     def interrupt(self) -> None:
         """Ctrl-C / SIGTERM to corral: teardown once, kill at the second."""
@@ -508,6 +530,18 @@ class Supervisor:
             ended=time.time(),
             reason=self.stop_reason or "",
         )
+
+
+def kill_recorded_groups(node_dir: str) -> None:
+    """SIGKILL the process groups a local node's agent recorded (its last resort,
+    when the agent itself did not finish its teardown)."""
+    try:
+        text = (Path(node_dir) / "pgids").read_text()
+    except OSError:
+        return
+    for line in text.split():
+        with contextlib.suppress(ValueError, OSError):
+            os.killpg(int(line), signal.SIGKILL)
 
 
 def _exit_code_for(code: int | None) -> int:

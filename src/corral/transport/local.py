@@ -115,6 +115,6 @@ class LocalTransport:
         for proc in self._procs:
             if proc._proc.returncode is None:
                 proc.signal(signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
                     await asyncio.wait_for(proc.wait(), 5.0)
         self._procs.clear()

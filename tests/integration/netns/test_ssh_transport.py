@@ -212,7 +212,9 @@ def test_kill_takes_down_the_remote_process_group(testbed: Testbed) -> None:
 
     async def body(t: SshTransport) -> int | None:
         proc = await t.start_shell(h, f"sleep {marker} & sleep {marker}; echo never")
-        await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 30  # the remote pid arrives after the login shell
+        while proc.pid is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert proc.pid is not None
         return await proc.kill()
 
