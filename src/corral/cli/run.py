@@ -25,6 +25,7 @@ from corral.cli.common import (
 )
 from corral.cluster import load_cluster
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
+from corral.runtime.hosts import candidates
 from corral.runtime.launch import LaunchOptions, prepare, run_job
 
 _L = "Launch"
@@ -312,6 +313,12 @@ def plan(
             "\n".join(f"{k}={v}" for k, v in cmd.env.items()),
         )
     console.print(table)
+    if not opts.cluster.is_local and python is None:
+        tried = " if it exists there, else ".join(candidates(None))
+        console.print(
+            f"python3 above is resolved per host at launch: {tried} (or pass --python)",
+            style="dim",
+        )
 
 
 def register(app: typer.Typer) -> None:
