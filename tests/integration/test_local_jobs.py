@@ -329,3 +329,34 @@ def test_node_working_directories_are_separate(run_dir: Path, tmp_path: Path) ->
         work = run_dir / "cwd" / "nodes" / f"local-{node}" / "work"
         assert (work / "mine.txt").read_text() == str(node)
         assert f"[local-{node}:{node}] {work}" in result.stdout
+
+
+def test_a_reader_that_stops_reading_does_not_kill_the_job(run_dir: Path, tmp_path: Path) -> None:
+    """Output waits for a paused reader (`| less`, Ctrl-S); heartbeats do not."""
+    script = tmp_path / "chatty.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "r = os.environ['RANK']\n"
+        "for i in range(180):\n"
+        "    sys.stdout.write(''.join(f'rank {r} tick {i} line {j} ' + 'y' * 900 + '\\n'\n"
+        "                             for j in range(10)))\n"
+        "    sys.stdout.flush()\n"
+        "    time.sleep(0.1)\n"
+    )
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(
+            corral_argv(
+                *_common(run_dir, "paused-reader"), "--launcher", "python", "--", str(script)
+            ),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+        try:
+            time.sleep(22)  # longer than the agents' 15 s heartbeat deadline; pipe is full
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, (tmp_path / "err.txt").read_text()[-3000:]
+    assert out.count(b"\n") == 4 * 180 * 10
+    assert "heartbeat lost" not in (tmp_path / "err.txt").read_text()

@@ -513,9 +513,18 @@ class NodeAgent:
     async def _watch_heartbeat(self) -> None:
         if not self.heartbeat_timeout:
             return
+        interval = min(1.0, self.heartbeat_timeout / 4)
+        last_tick = time.monotonic()
         while not self.stopping:
-            await asyncio.sleep(min(1.0, self.heartbeat_timeout / 4))
-            if time.monotonic() - self.last_heartbeat > self.heartbeat_timeout:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            if now - last_tick > 2 * interval + 1.0:
+                # This loop itself was stalled (blocked writing to a coordinator that
+                # is slow to read, e.g. a paused terminal): heartbeats sent meanwhile
+                # wait unread in stdin. Do not count the stall against the coordinator.
+                self.last_heartbeat = max(self.last_heartbeat, now - interval)
+            last_tick = now
+            if now - self.last_heartbeat > self.heartbeat_timeout:
                 self.request_teardown(self.grace, reason="coordinator heartbeat lost")
                 return
 

@@ -16,7 +16,9 @@ output is plain and progress is printed as an occasional line.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -30,6 +32,63 @@ _ANSI = (36, 35, 32, 33, 34, 96, 95, 92, 93, 94, 91)
 _RESET = b"\x1b[0m"
 _FOOTER_INTERVAL = 0.25
 _PLAIN_PROGRESS_INTERVAL = 10.0
+
+
+class StreamWriterThread:
+    """Writes to the terminal or pipe from a thread of its own.
+
+    A slow reader (a paused terminal, ``| less``) must not stall the event loop:
+    the supervisor keeps reading agents and sending heartbeats while output
+    waits here, in order. Only past ``cap`` bytes in waiting does ``write``
+    block (back-pressure instead of unbounded memory). Once the reader is gone
+    (``| head``), output is discarded; the log files still get every line.
+    """
+
+    def __init__(self, stream: IO[bytes], cap: int = 64 << 20) -> None:
+        self.stream = stream
+        self.cap = cap
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._closed = False
+        self.broken = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="corral-output", daemon=True)
+        self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; blocks only while more than ``cap`` bytes are waiting."""
+        with self._cond:
+            while self._queued > self.cap and not self.broken:
+                self._cond.wait()
+            self._chunks.append(data)
+            self._queued += len(data)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._chunks and not self._closed:
+                    self._cond.wait()
+                if not self._chunks:
+                    return
+                data = b"".join(self._chunks)
+                self._chunks.clear()
+            if not self.broken:
+                try:
+                    self.stream.write(data)
+                    self.stream.flush()
+                except (BrokenPipeError, OSError, ValueError):
+                    self.broken = True
+            with self._cond:
+                self._queued -= len(data)
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Write out everything queued, then stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
 
 
 def prefix_for(host: str, rank: int) -> str:
@@ -75,7 +134,7 @@ class LogSink:
         self._last_plain_progress = time.monotonic()
         self._footer_height = 0
         self._footer_drawn_at = 0.0
-        self._stream_broken = False
+        self._writer = StreamWriterThread(self.stream)
 
     # -- log lines ----------------------------------------------------------------------
 
@@ -113,15 +172,8 @@ class LogSink:
             self._write(text)
 
     def _write(self, data: bytes) -> None:
-        """Write to the terminal/pipe; once it is gone (``| head``), only the log
-        files are written, so the job is never blocked or killed by it."""
-        if self._stream_broken:
-            return
-        try:
-            self.stream.write(data)
-            self.stream.flush()
-        except (BrokenPipeError, OSError):
-            self._stream_broken = True
+        """Hand bytes to the writer thread (in order; never dropped)."""
+        self._writer.write(data)
 
     def message(self, text: str, style: str = "bold") -> None:
         """One line of corral's own (status, warnings)."""
@@ -182,6 +234,7 @@ class LogSink:
         """Erase the live footer and close every log file."""
         if self._footer_height:
             self._write(self._erase_footer())
+        self._writer.close()  # waits until everything queued is written
         for handle in self._files.values():
             handle.close()
         self._files.clear()
