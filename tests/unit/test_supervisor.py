@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from corral.agent.protocol import NODE
+from corral.agent.protocol import NODE, encode_event
 from corral.cluster import Cluster, Host
 from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec
@@ -325,3 +325,33 @@ def test_garbled_agent_output_kills_that_agent_instead_of_hanging(tmp_path: Path
     result, _, report = asyncio.run(run_sup(transport, tmp_path))
     assert 9 in transport.nodes["a"].signals
     assert result.exit_code == EXIT_LOST and "lost host a" in report
+
+
+def test_failures_are_ordered_on_the_coordinators_clock(tmp_path: Path) -> None:
+    """Host b's clock runs 100 s fast. Its rank died 1 s before a's but is reported
+    only after the stop (as torchrun does for a SIGKILLed rank): it is still the
+    root cause once b's times are put on the coordinator's clock."""
+    skew = 100.0
+
+    def skewed_event(node: FakeNode, **fields: object) -> None:
+        node.stdout.feed_data(encode_event({"time": time.time() + skew, **fields}))
+
+    async def host_a(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        await asyncio.sleep(0.1)
+        node.event("rank_exit", rank=0, code=3, eof_time=time.time())
+        return await _stop_on_request(node)
+
+    async def host_b(node: FakeNode) -> int:
+        skewed_event(node, event="started", pid=1, pgids=[1])
+        await node.next_op("stop")
+        skewed_event(node, event="rank_exit", rank=2, code=-9, eof_time=time.time() - 1.0 + skew)
+        skewed_event(node, event="rank_exit", rank=3, code=-15, eof_time=time.time() + skew)
+        skewed_event(node, event="node_exit", ranks={})
+        return 0
+
+    transport = FakeTransport({"a": host_a, "b": host_b, "c": _stop_on_request_started})
+    result, _, _ = asyncio.run(run_sup(transport, tmp_path))
+    cause = result.root_cause
+    assert cause is not None and (cause.host, cause.rank, cause.code) == ("b", 2, -9)
+    assert result.exit_code == 128 + 9

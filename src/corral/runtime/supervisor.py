@@ -86,6 +86,12 @@ class NodeRun:
     agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
     detail: str = ""
     got_exit_event: bool = False
+    clock_offset: float = 0.0  # coordinator clock minus the host's clock
+
+    def to_local(self, host_time: float) -> float:
+        """A timestamp of this host's clock on the coordinator's clock."""
+        return host_time + self.clock_offset
+
     failed: bool = False  # one of its ranks failed before the job was stopping
 
     @property
@@ -271,6 +277,9 @@ class Supervisor:
     def _on_event(self, node: NodeRun, event: dict[str, Any]) -> None:
         name = event.get("event")
         if name == "started":
+            # failures on different hosts are ordered on one clock: ours (the offset
+            # also absorbs the transit delay, which is small next to real skew)
+            node.clock_offset = time.time() - float(event["time"])
             if node.state == NodeState.STARTING:
                 node.set_state(NodeState.RUNNING)
             if all(n.state != NodeState.STARTING for n in self.nodes) and (
@@ -300,7 +309,10 @@ class Supervisor:
             )
             if self.require_master:
                 self._fail(
-                    Failure(node.host.name, None, None, float(event["time"]), text, []), EXIT_LAUNCH
+                    Failure(
+                        node.host.name, None, None, node.to_local(float(event["time"])), text, []
+                    ),
+                    EXIT_LAUNCH,
                 )
             else:
                 self.sink.message(f"warning: {text}", style="yellow")
@@ -312,7 +324,7 @@ class Supervisor:
                     node.host.name,
                     None,
                     None,
-                    float(event["time"]),
+                    node.to_local(float(event["time"])),
                     f"could not start the node: {node.detail}",
                     [],
                 ),
@@ -331,7 +343,7 @@ class Supervisor:
                             node.host.name,
                             None,
                             code,
-                            float(event["time"]),
+                            node.to_local(float(event["time"])),
                             f"the launcher on {node.host.name} exited with code {code}",
                             list(node.agent_tail),
                         ),
@@ -345,7 +357,8 @@ class Supervisor:
         record.exited = True
         record.code = event.get("code")
         record.pid = event.get("pid") or record.pid
-        record.time = event.get("eof_time") or event.get("time")
+        host_time = event.get("eof_time") or event.get("time")
+        record.time = node.to_local(float(host_time)) if host_time is not None else None
         record.error = event.get("error")
         if record.code == 0:
             return
