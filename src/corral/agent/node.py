@@ -83,7 +83,6 @@ class RankTrack:
     pid: int | None = None
     code: int | None = None
     open_streams: int = 0
-    exited: bool = False
     eof_time: float | None = None
     reported: bool = False
     log: IO[bytes] | None = None
@@ -212,6 +211,8 @@ class NodeAgent:
                 pending += chunk
                 if len(pending) >= MAX_LINE:  # a pathological line: pass it on in pieces
                     self.forward(kind, rank_of(), bytes(pending) + b"\n")
+                    if on_line is not None:
+                        on_line(bytes(pending))
                     pending.clear()
                 continue
             data = bytes(pending) + chunk[:cut] if pending else chunk[:cut]
@@ -537,7 +538,7 @@ class NodeAgent:
     # -- teardown --------------------------------------------------------------------
 
     def request_teardown(self, grace: float, *, reason: str, finished: bool = False) -> None:
-        """Start tearing down (once); a later request with a shorter grace kills sooner."""
+        """Start tearing down (once); a later request with no grace (kill) kills at once."""
         if self._teardown_task is not None:
             if grace == 0.0:
                 self._kill_all(signal.SIGKILL)

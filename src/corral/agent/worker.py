@@ -68,7 +68,7 @@ def _report_exit(address: str | None, rank: int, code: int) -> None:
         sock.close()
 
 
-def _trim_traceback(exc: BaseException, script: str) -> None:
+def _trim_traceback(exc: BaseException) -> None:
     """Drop this wrapper's and runpy's frames so the traceback starts in the script."""
     tb = exc.__traceback__
     here = os.path.abspath(__file__)
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:
-        _trim_traceback(exc, script)
+        _trim_traceback(exc)
         traceback.print_exception(exc)
         code = 1
         with contextlib.suppress(Exception):
