@@ -23,6 +23,8 @@ from corral.errors import ConnectError, ConnectionLost
 from corral.testbed import Testbed
 from corral.transport.ssh import EXIT_LOST, SshTransport
 
+from .conftest import require_testbed_support
+
 pytestmark = pytest.mark.netns
 
 T = TypeVar("T")
@@ -424,8 +426,7 @@ def test_hostfile_address_is_used_when_the_config_has_no_hostname(
 @pytest.fixture
 def password_sshd(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """An sshd on 127.0.0.1 accepting only root's password, set in a private mount namespace."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (private /etc/shadow for sshd)")
+    require_testbed_support()  # root and sshd; fails rather than skips under CI=true
     password = "corral-pw-" + uuid.uuid4().hex[:8]
     hashed = subprocess.run(
         ["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True
