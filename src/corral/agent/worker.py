@@ -9,11 +9,14 @@ corral needs around it:
 * an uncaught exception is written to the rank's error file (the traceback of
   the root cause) and reported with the exit code on the control socket;
 * the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed
-  torchrun or agent never leaves ranks behind.
+  torchrun or agent never leaves ranks behind;
+* once the script is done, torch's C++ static destructors are skipped (they
+  can abort a finished process, see ``_exit_without_static_destructors``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -22,6 +25,7 @@ import runpy
 import signal
 import socket
 import sys
+import threading
 import traceback
 
 PR_SET_PDEATHSIG = 1
@@ -129,7 +133,29 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     _report_exit(control, rank, code)
+    if "torch" in sys.modules:
+        _exit_without_static_destructors(code)
     return code
+
+
+def _exit_without_static_destructors(code: int) -> None:
+    """Finish like a normal interpreter exit (non-daemon threads joined, atexit
+    handlers run, streams flushed), then leave with ``os._exit``.
+
+    torch's C++ static destructors can abort a process whose work is done
+    ("terminate called without an active exception", SIGABRT) when a collective
+    library's threads are still around at exit; the script has finished and its
+    status is known, so that teardown is skipped rather than reported as a crash.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
