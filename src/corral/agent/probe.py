@@ -9,6 +9,18 @@ import sys
 from typing import Any
 
 
+def try_bind(port: int, host: str = "") -> tuple[int | None, OSError | None]:
+    """Bind ``port`` (0: any free one) the way TCPStore will: a port in TIME_WAIT
+    after the last job counts as free. Returns (the port, None) or (None, the error)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return None, exc
+        return int(sock.getsockname()[1]), None
+
+
 def probe_info(workdir: str, port: int | None) -> dict[str, Any]:
     """Interpreter, hostname, torch, whether ``workdir`` exists, and for the master
     host whether ``port`` can be bound (0: a free port is picked and returned)."""
@@ -20,14 +32,7 @@ def probe_info(workdir: str, port: int | None) -> dict[str, Any]:
         "port": None,
     }
     if port is not None:
-        sock = socket.socket()
-        # as TCPStore does: a port in TIME_WAIT after the last job is free to reuse
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-            info["port"] = sock.getsockname()[1]
-        except OSError as exc:
-            info["port_error"] = str(exc)
-        finally:
-            sock.close()
+        info["port"], error = try_bind(port)
+        if error is not None:
+            info["port_error"] = str(error)
     return info

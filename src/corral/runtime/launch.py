@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+from corral.agent.probe import try_bind
 from corral.cli.common import SshOptions
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, LaunchError
@@ -120,24 +120,21 @@ def parse_nproc(value: str | None, cluster: Cluster) -> int | None:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    port, error = try_bind(0, host)
+    if port is None:
+        raise LaunchError(f"cannot find a free port on {host}: {error}")
+    return port
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """LaunchError if ``port`` cannot be bound on ``host`` (already taken)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # as TCPStore does: a port in TIME_WAIT after the last job is free to reuse
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            why = "already in use" if exc.errno == errno.EADDRINUSE else str(exc)
-            raise LaunchError(
-                f"master port {port} on {host} is {why}; pass another --master-port, "
-                "or --master-port 0 to pick a free one"
-            ) from exc
+    _, error = try_bind(port, host)
+    if error is not None:
+        why = "already in use" if error.errno == errno.EADDRINUSE else str(error)
+        raise LaunchError(
+            f"master port {port} on {host} is {why}; pass another --master-port, "
+            "or --master-port 0 to pick a free one"
+        ) from error
 
 
 def prepare(opts: LaunchOptions, *, dry_run: bool = False) -> Prepared:
