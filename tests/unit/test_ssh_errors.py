@@ -10,9 +10,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from corral.cli.common import SshOptions
 from corral.errors import ConfigError, ConnectError, TransportError
 from corral.transport.known_hosts import HostKeyDecision, HostKeyVerdict, KnownHostsPolicy
+from corral.transport.options import SshOptions
 from corral.transport.ssh import SshTransport, is_transient, translate_error
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -74,30 +72,6 @@ AcceptNewHostKeysOpt = Annotated[
         rich_help_panel="Cluster",
     ),
 ]
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    """How to reach SSH hosts (ignored for ``local:N``)."""
-
-    user: str | None = None
-    key: str | None = None
-    port: int | None = None
-    password_env: str | None = None
-    config: str | None = None
-    accept_new_host_keys: bool = False
-
-    def password(self) -> str | None:
-        """The password from the named environment variable (ConfigError if unset)."""
-        if self.password_env is None:
-            return None
-        value = os.environ.get(self.password_env)
-        if value is None:
-            raise ConfigError(
-                f"environment variable {self.password_env} is not set",
-                option="--ssh-password-env",
-            )
-        return value
 
 
 def require_hosts(hosts: str | None) -> str:

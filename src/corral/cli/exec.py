@@ -25,7 +25,6 @@ from corral.cli.common import (
     HostsOpt,
     SshConfigOpt,
     SshKeyOpt,
-    SshOptions,
     SshPasswordEnvOpt,
     SshPortOpt,
     SshUserOpt,
@@ -41,6 +40,7 @@ from corral.runtime.fanout import (
     unreachable_summary,
 )
 from corral.transport.base import Transport
+from corral.transport.options import SshOptions
 
 EXIT_OK = 0
 EXIT_FAILED = 1

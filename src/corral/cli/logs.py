@@ -9,13 +9,14 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.common import SshConfigOpt, SshKeyOpt, SshOptions, SshPasswordEnvOpt
+from corral.cli.common import SshConfigOpt, SshKeyOpt, SshPasswordEnvOpt
 from corral.cluster.model import Host
 from corral.errors import ConfigError
 from corral.runtime.joblogs import LogFile, coordinator_logs, fetch_host_logs, load_job
 from corral.runtime.output import prefix_for
 from corral.transport.base import Transport
 from corral.transport.local import LocalTransport
+from corral.transport.options import SshOptions
 
 
 def _transport(

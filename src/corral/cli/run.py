@@ -17,7 +17,6 @@ from corral.cli.common import (
     HostsOpt,
     SshConfigOpt,
     SshKeyOpt,
-    SshOptions,
     SshPasswordEnvOpt,
     SshPortOpt,
     SshUserOpt,
@@ -27,6 +26,7 @@ from corral.cluster import load_cluster
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
 from corral.runtime.hosts import candidates
 from corral.runtime.launch import LaunchOptions, prepare, run_job
+from corral.transport.options import SshOptions
 
 _L = "Launch"
 

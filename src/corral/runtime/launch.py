@@ -24,7 +24,6 @@ from typing import Any
 from rich.console import Console
 
 from corral.agent.probe import try_bind
-from corral.cli.common import SshOptions
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, LaunchError
 from corral.plan.render import master_index, plan_job
@@ -35,6 +34,7 @@ from corral.runtime.summary import print_report
 from corral.runtime.supervisor import JobResult, Supervisor
 from corral.transport.base import NodeProcess, Transport
 from corral.transport.local import LocalTransport
+from corral.transport.options import SshOptions
 
 
 @dataclass

@@ -88,7 +88,7 @@ _UNREACHABLE_ERRNOS = frozenset(
 
 
 class SshSettings(Protocol):
-    """What :class:`SshTransport` reads from the CLUSTER options (``cli.common.SshOptions``)."""
+    """What :class:`SshTransport` reads from the CLUSTER options (``SshOptions``)."""
 
     @property
     def user(self) -> str | None: ...
@@ -675,7 +675,7 @@ class SshTransport:
 
     @classmethod
     def from_options(cls, options: SshSettings | None, **kwargs: Any) -> SshTransport:
-        """A transport for the CLUSTER options (``cli.common.SshOptions``)."""
+        """A transport for the CLUSTER options (``transport.options.SshOptions``)."""
         return cls(options, **kwargs)
 
     def __repr__(self) -> str:

@@ -17,10 +17,10 @@ from typing import TypeVar
 import asyncssh
 import pytest
 
-from corral.cli.common import SshOptions
 from corral.cluster import Cluster, Host, load_cluster
 from corral.errors import ConnectError, ConnectionLost
 from corral.testbed import Testbed
+from corral.transport.options import SshOptions
 from corral.transport.ssh import EXIT_LOST, SshTransport
 
 from .conftest import require_testbed_support
