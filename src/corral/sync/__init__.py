@@ -1,0 +1,1 @@
+"""Code sync (rsync over SSH) and code-tree fingerprints."""
