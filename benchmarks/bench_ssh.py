@@ -1,7 +1,7 @@
 """Across SSH hosts (the netns testbed): launch latency and teardown latency.
 
 Brings up its own 2-host testbed (network namespaces + real sshd; needs root,
-exit 77 otherwise or when another testbed is already up) and measures:
+exit 77 otherwise; waits while tests hold the testbed) and measures:
 
 * **launch**: time to the first training step (``workloads/first_step.py``: gloo
   init + one allreduce) under ``corral run --launcher torchrun`` on tb1+tb2 vs
@@ -192,13 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    from corral.testbed import Testbed, missing_requirements
+    from corral.testbed import exclusive, missing_requirements
 
     problems = missing_requirements()
     if problems:
         return _skip("; ".join(problems))
-    if Testbed.running() is not None:
-        return _skip("another testbed is up (tests running?); not touching it")
+    with exclusive():  # waits while tests (or another benchmark) use the testbed
+        return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from corral.testbed import Testbed
+
+    leftover = Testbed.running()
+    if leftover is not None:
+        leftover.down()
     top = Path(tempfile.mkdtemp(prefix="corral-bench-ssh-"))
     tb = Testbed(top / "testbed")
     tb.up(len(HOSTS))

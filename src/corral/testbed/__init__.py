@@ -20,6 +20,7 @@ from corral.testbed._testbed import (
     TestbedStatus,
     UpResult,
     default_state_dir,
+    exclusive,
 )
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "UpResult",
     "check_requirements",
     "default_state_dir",
+    "exclusive",
     "missing_requirements",
 ]

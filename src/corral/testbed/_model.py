@@ -20,11 +20,12 @@ HOST_PREFIX = "tb"
 NETNS_PREFIX = "corral-"
 """Network namespace of host ``tbK`` is ``corral-tbK``."""
 VETH_PREFIX = "crl-"
-"""Root-side veth of host ``tbK`` is ``crl-tbK`` (the peer inside is ``eth0``)."""
+"""Root-side veth of host ``tbK`` is ``crl-tbK`` (the peer inside is ``nic-tbK``)."""
 BRIDGE = "crlbr0"
 """The bridge in the root namespace that connects every host and the coordinator."""
-PEER_IFNAME = "eth0"
-"""Name of each host's interface inside its namespace."""
+PEER_PREFIX = "nic-"
+"""Host ``tbK``'s interface inside its namespace is ``nic-tbK``: every host's device
+has its own name, as on real clusters where NICs are named differently."""
 COORDINATOR_NAME = "corral-coordinator"
 """Name under which hosts reach the root namespace (the bridge address)."""
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -34,6 +35,11 @@ MAX_HOSTS = 250
 STATE_VERSION = 1
 
 _UNSAFE_PATH = re.compile(r"[\s\"'%\\#]")
+
+
+def peer_ifname(host: str) -> str:
+    """Name of ``host``'s network interface inside its namespace."""
+    return PEER_PREFIX + host
 
 
 def host_name(index: int) -> str:

@@ -4,7 +4,7 @@ namespace on a bridge with its own hostname, ``/etc/hosts``, ``/srv/corral`` and
 Layout of a host ``tbK`` (address ``.K`` of the subnet):
 
 - network namespace ``corral-tbK``; a veth pair ``crl-tbK`` (root side, on the
-  bridge ``crlbr0`` that carries the coordinator's address) / ``eth0`` (inside);
+  bridge ``crlbr0`` that carries the coordinator's address) / ``nic-tbK`` (inside);
 - a *holder* process (``sleep infinity``) started by ``ip netns exec ... unshare
   --uts --mount`` that owns the host's UTS and mount namespaces, where the
   hostname is set and the host's own ``/etc/hosts``, ``/etc/hostname`` and
@@ -19,13 +19,14 @@ exactly that, processes by PID *and* start time, even after a crashed ``up``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +37,12 @@ from corral.testbed import _system as sysx
 from corral.testbed._model import (
     DEFAULT_SUBNET,
     NETNS_PREFIX,
-    PEER_IFNAME,
     SRV_DIR,
     HostRecord,
     TestbedState,
     check_state_dir,
     new_state,
+    peer_ifname,
     plan_network,
     render_etc_hosts,
     render_hostfile,
@@ -53,14 +54,15 @@ from corral.testbed._model import (
 SSH_PORT = 22
 START_TIMEOUT = 20.0
 REGISTRY = sysx.RUN_DIR / "testbed.json"
+EXCLUSIVE_LOCK = Path("/tmp/corral-testbed.lock")
 
 # Runs as the holder: configure the host's interface, hostname and private
 # files inside fresh UTS + mount namespaces, then become ``sleep infinity``.
 _HOLDER_SCRIPT = """set -e
-name=$1; cidr=$2; dir=$3; srv=$4
+name=$1; cidr=$2; dir=$3; srv=$4; dev=$5
 ip link set lo up
-ip addr add "$cidr" dev eth0
-ip link set eth0 up
+ip addr add "$cidr" dev "$dev"
+ip link set "$dev" up
 hostname "$name"
 mount --bind "$dir/etc-hosts" /etc/hosts
 if [ -e /etc/hostname ]; then mount --bind "$dir/etc-hostname" /etc/hostname; fi
@@ -96,6 +98,11 @@ class TestbedHost:
     address: str
     netns: str
     veth: str
+
+    @property
+    def interface(self) -> str:
+        """The host's network device inside its namespace (``nic-tbK``)."""
+        return peer_ifname(self.name)
 
 
 @dataclass(frozen=True)
@@ -422,7 +429,7 @@ class Testbed:
         for h in state.hosts:
             lines += [
                 f"netns add {h.netns}",
-                f"link add {h.veth} type veth peer name {PEER_IFNAME} netns {h.netns}",
+                f"link add {h.veth} type veth peer name {peer_ifname(h.name)} netns {h.netns}",
                 f"link set {h.veth} master {state.bridge} up",
             ]
         sysx.run([ip, "-batch", "-"], input="\n".join(lines) + "\n")
@@ -442,6 +449,7 @@ class Testbed:
             argv = [ip, "netns", "exec", h.netns, unshare, "--uts", "--mount"]
             argv += ["--propagation", "private", "sh", "-c", _HOLDER_SCRIPT, "corral-holder"]
             argv += [h.name, f"{h.address}/{plen}", str(self.host_dir(h.name)), SRV_DIR]
+            argv.append(peer_ifname(h.name))
             log = self.host_dir(h.name) / "holder.log"
             holders[h.name] = sysx.spawn(argv, stdout=None, log=log).pid
 
@@ -715,7 +723,7 @@ class Testbed:
         ip = sysx.tool("ip")
         sysx.run([ip, "link", "set", h.veth, "up"])
         sysx.run([ip, "neigh", "flush", "to", h.address, "dev", state.bridge], check=False)
-        sysx.run([ip, "-n", h.netns, "neigh", "flush", "dev", PEER_IFNAME], check=False)
+        sysx.run([ip, "-n", h.netns, "neigh", "flush", "dev", peer_ifname(h.name)], check=False)
 
     def kill_sshd(self, host: str) -> None:
         """Stop ``host``'s sshd listener (open sessions live on); new connections are refused."""
@@ -758,6 +766,18 @@ class Testbed:
     def ssh_argv(self, host: str, *command: str) -> list[str]:
         """An OpenSSH client command line for ``host`` (BatchMode, this testbed's config)."""
         return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, *command]
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[None]:
+    """Hold the machine-wide testbed lock for the block (blocks while another holder
+    has it): test sessions and benchmarks that each bring up a testbed take turns."""
+    with open(EXCLUSIVE_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _read_registry() -> TestbedState | None:

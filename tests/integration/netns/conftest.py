@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from corral.testbed import Testbed, missing_requirements
+from corral.testbed import Testbed, exclusive, missing_requirements
 
 TESTBED_HOSTS = 3
 
@@ -40,15 +40,17 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     A testbed left over by a crashed earlier run is taken down first.
     """
     require_testbed_support()
-    leftover = Testbed.running()
-    if leftover is not None:
-        leftover.down()
-    tb = Testbed(tmp_path_factory.mktemp("testbed"))
-    tb.up(TESTBED_HOSTS)
-    try:
-        yield tb
-    finally:
-        tb.down()
+    # One testbed per machine: a second pytest session (or a benchmark) waits here.
+    with exclusive():
+        leftover = Testbed.running()
+        if leftover is not None:
+            leftover.down()
+        tb = Testbed(tmp_path_factory.mktemp("testbed"))
+        tb.up(TESTBED_HOSTS)
+        try:
+            yield tb
+        finally:
+            tb.down()
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Pre-flight checks: one module per check, each returning a CheckResult."""
