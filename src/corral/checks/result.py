@@ -1,8 +1,9 @@
 """What a pre-flight check returns: a status per host, one overall status, a fix.
 
-Statuses order from best to worst: ``pass`` < ``skip`` (not applicable here)
-< ``warn`` (never blocks a launch) < ``fail`` (blocks it). A check's status is
-the worst of its hosts' unless the check says otherwise.
+Statuses order: ``skip`` (not applicable here) < ``pass`` < ``warn`` (never
+blocks a launch) < ``fail`` (blocks it). A check's status is the worst of its
+hosts' unless the check says otherwise, so a check skipped on some hosts and
+passed on the others passes, and a report of passes and skips passes.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ class Status(str, enum.Enum):
 
     @property
     def rank(self) -> int:
-        """Badness: pass 0, skip 1, warn 2, fail 3."""
+        """Badness: skip 0, pass 1, warn 2, fail 3."""
         return _RANK[self]
 
 
-_RANK = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3}
+_RANK = {Status.SKIP: 0, Status.PASS: 1, Status.WARN: 2, Status.FAIL: 3}
 
 
 def worst(statuses: Iterable[Status]) -> Status:
-    """The worst status (``pass`` for none)."""
+    """The worst status (``pass`` for none; ``skip`` only when all are skips)."""
     return max(statuses, key=lambda s: s.rank, default=Status.PASS)
 
 
@@ -132,8 +133,9 @@ class ChecklistReport:
 
     @property
     def overall_status(self) -> Status:
-        """The worst check status."""
-        return worst(c.status for c in self.checks)
+        """The worst check status; ``pass`` when every check passed or was skipped."""
+        status = worst(c.status for c in self.checks)
+        return Status.PASS if status is Status.SKIP else status
 
     @property
     def failed(self) -> list[CheckResult]:

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from corral.checks.context import DEFAULT_MIN_FREE_GB
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
@@ -23,6 +24,7 @@ from corral.cli.common import (
     require_hosts,
 )
 from corral.cluster import load_cluster
+from corral.errors import ConfigError
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
 from corral.runtime.hosts import candidates
 from corral.runtime.launch import LaunchOptions, prepare, run_job
@@ -163,6 +165,81 @@ JobIdOpt = Annotated[
     str | None,
     typer.Option("--job-id", help="Job id (default: generated, time-based).", rich_help_panel=_L),
 ]
+CHECKS_PANEL = "Checks"
+
+MinFreeOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-free-gb",
+        envvar="CORRAL_MIN_FREE_GB",
+        help="Free space the checkpoint directory needs on every host.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+ThresholdOpt = Annotated[
+    float,
+    typer.Option(
+        "--consistency-threshold",
+        envvar="CORRAL_CONSISTENCY_THRESHOLD",
+        help="Share of hosts whose code must match this machine's (0.95 lets 1 in 20 "
+        "differ, with a warning).",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+ExcludeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exclude-divergent",
+        help="Leave hosts whose code differs out of the job (when the rest is still a "
+        "valid cluster).",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+CodeDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--code-dir",
+        envvar="CORRAL_CODE_DIR",
+        help="The code tree here that the hosts' --workdir must match (default: the "
+        "current directory).",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+NoPreflightOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-preflight",
+        envvar="CORRAL_NO_PREFLIGHT",
+        help="Launch without the pre-flight checklist (see `corral check`).",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+SmokeTestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--smoke-test",
+        help="Add the collective smoke test (an all-reduce over every rank) to the pre-flight.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+SyncOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sync",
+        help="Push the code tree to every host (corral sync) before the pre-flight.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+SyncScriptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sync-script",
+        envvar="CORRAL_SYNC_SCRIPT",
+        help="Your own sync script, run before the pre-flight: a non-zero exit blocks the "
+        "launch; a missing script is a warning.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
 ScriptArg = Annotated[
     list[str] | None,
     typer.Argument(help="SCRIPT [ARGS...] after `--`.", show_default=False),
@@ -202,6 +279,14 @@ def run(
     grace: GraceOpt = 10.0,
     rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
     job_id: JobIdOpt = None,
+    no_preflight: NoPreflightOpt = False,
+    smoke_test: SmokeTestOpt = False,
+    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
+    consistency_threshold: ThresholdOpt = 1.0,
+    exclude_divergent: ExcludeOpt = False,
+    code_dir: CodeDirOpt = None,
+    sync: SyncOpt = False,
+    sync_script: SyncScriptOpt = None,
 ) -> None:
     """Launch SCRIPT on every node and supervise it; the exit code is the job's result.
 
@@ -236,7 +321,19 @@ def run(
         grace=grace,
         rdzv_timeout=rdzv_timeout,
         job_id=job_id,
+        preflight=not no_preflight,
+        smoke_test=smoke_test,
+        min_free_gb=min_free_gb,
+        consistency_threshold=consistency_threshold,
+        exclude_divergent=exclude_divergent,
+        code_dir=code_dir,
+        sync=sync,
+        sync_script=sync_script,
     )
+    if not 0.0 < consistency_threshold <= 1.0:
+        raise ConfigError(
+            f"must be in (0, 1] (got {consistency_threshold:g})", option="--consistency-threshold"
+        )
     result = asyncio.run(run_job(opts))
     raise typer.Exit(result.exit_code)
 

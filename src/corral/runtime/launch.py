@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from corral.agent.probe import try_bind
+from corral.checks.context import DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, LaunchError
 from corral.plan.render import master_index, plan_job
@@ -59,6 +60,14 @@ class LaunchOptions:
     grace: float = 10.0
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
     job_id: str | None = None
+    preflight: bool = True  # run the pre-flight checklist first (--no-preflight skips it)
+    smoke_test: bool = False  # include the collective smoke test in the pre-flight
+    min_free_gb: float = DEFAULT_MIN_FREE_GB
+    consistency_threshold: float = 1.0
+    exclude_divergent: bool = False
+    code_dir: str | None = None
+    sync: bool = False  # push the code tree (corral sync) before the pre-flight
+    sync_script: str | None = None  # a user sync script run before the pre-flight
     stream: Any = None  # bytes sink for job output (tests); default stdout
     console: Console | None = None  # where corral's own messages go; default stderr
 
@@ -130,7 +139,16 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """LaunchError if ``port`` cannot be bound on ``host`` (already taken)."""
     _, error = try_bind(port, host)
     if error is not None:
-        why = "already in use" if error.errno == errno.EADDRINUSE else str(error)
+        why = str(error)
+        if error.errno == errno.EADDRINUSE:
+            from corral.checks.hostside import port_holders
+
+            holders = port_holders(port)
+            why = "already in use" + (
+                " by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:60]})" for h in holders)
+                if holders
+                else ""
+            )
         raise LaunchError(
             f"master port {port} on {host} is {why}; pass another --master-port, "
             "or --master-port 0 to pick a free one"
@@ -304,16 +322,41 @@ async def start_remote(
 
 
 async def run_job(opts: LaunchOptions) -> JobResult:
-    """Prepare, launch, supervise and report one job."""
+    """Prepare, sync and check (unless told not to), launch, supervise and report one job."""
     prepared = prepare(opts)
     transport = make_transport(opts)
     try:
+        if opts.sync or opts.sync_script or opts.preflight:
+            opts, prepared = await _before_launch(prepared, opts, transport)
         started: dict[str, NodeProcess] = {}
         if not opts.cluster.is_local:
             prepared, started = await start_remote(prepared, opts, transport)
         return await _supervise(prepared, opts, transport, started)
     finally:
         await transport.close()
+
+
+async def _before_launch(
+    prepared: Prepared, opts: LaunchOptions, transport: Transport
+) -> tuple[LaunchOptions, Prepared]:
+    """``--sync`` / ``--sync-script``, then the pre-flight checklist; returns the
+    options and plan to launch (hosts excluded, interfaces detected)."""
+    from corral.runtime.preflight import apply, preflight
+
+    console = opts.console or Console(stderr=True, highlight=False)
+    sync: dict[str, Any] | None = None
+    if (opts.sync or opts.sync_script) and not opts.cluster.is_local:
+        from corral.sync.launch import sync_before_launch
+
+        sync = await sync_before_launch(opts, prepared.spec, console)
+    if not opts.preflight:
+        return opts, prepared
+    outcome = await preflight(opts, prepared.spec, transport, console, sync=sync)
+    cluster = apply(outcome, opts.cluster)
+    if cluster == opts.cluster:
+        return opts, prepared
+    opts = dataclasses.replace(opts, cluster=cluster, job_id=prepared.spec.job_id)
+    return opts, prepare(opts)
 
 
 async def _supervise(

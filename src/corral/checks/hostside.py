@@ -1,0 +1,472 @@
+"""What the pre-flight checklist runs on each host (standard library only).
+
+Shipped with ``corral.runtime.remote_python`` together with
+``corral.sync.fingerprint``, so it needs no corral (and no torch) on the host
+and never imports anything heavy. :func:`main` is one session per host:
+
+1. on the master host, bind and listen on the master port first (who holds it
+   when that fails; an ephemeral port then stands in, so reachability is still
+   measured);
+2. print one JSON line of facts (interpreter, versions, GPUs, RDMA, memory,
+   the code tree's manifest, the checkpoint directory, stale processes, the
+   interface that routes to the master, the clock);
+3. answer ``{"op": "connect", "addr", "port", "timeout"}`` lines with a real TCP
+   connection attempt, until stdin closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+_SIOCGIFADDR = 0x8915
+_LAUNCHER_BINARIES = {
+    "torchrun": ("torchrun",),
+    "python": (),
+    "accelerate": ("accelerate",),
+    "mlx": ("mlx.launch",),
+}
+_NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _run(argv: list[str], timeout: float = 10.0) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+# ----------------------------------------------------------------------- software
+
+
+def packages() -> dict[str, str]:
+    """Installed distributions of this interpreter: lower-case name -> version."""
+    import importlib.metadata as metadata
+
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(name.lower().replace("_", "-"), dist.version)
+    return found
+
+
+def torch_build() -> dict[str, Any]:
+    """torch's version and the CUDA it was built for, read without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {"installed": False}
+    info: dict[str, Any] = {"installed": True, "cuda": None, "version": None}
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return info
+    for key in ("__version__", "cuda", "hip"):
+        match = re.search(rf"^{key}\s*(?::[^=]*)?=\s*['\"]([^'\"]*)['\"]", text, re.M)
+        if match:
+            info["version" if key == "__version__" else key] = match.group(1)
+    return info
+
+
+def software(pkgs: dict[str, str], launcher: str) -> dict[str, Any]:
+    """Versions that must agree across hosts, and the launcher binaries found."""
+    torch = torch_build()
+    nccl = next((pkgs[d] for d in _NCCL_DISTS if d in pkgs), None)
+    bindir = os.path.dirname(sys.executable)
+    search = os.pathsep.join([bindir, os.environ.get("PATH", "")])
+    binaries = {b: shutil.which(b, path=search) for b in _LAUNCHER_BINARIES.get(launcher, ())}
+    return {
+        "python": ".".join(str(v) for v in sys.version_info[:3]),
+        "python_executable": sys.executable,
+        "torch": torch.get("version"),
+        "cuda": torch.get("cuda"),
+        "nccl": nccl,
+        "mlx": pkgs.get("mlx"),
+        "corral": pkgs.get("corral"),
+        # PathFinder: sys.path only (the modules shipped with this script are no install)
+        "corral_importable": importlib.machinery.PathFinder.find_spec("corral") is not None,
+        "binaries": binaries,
+    }
+
+
+# ----------------------------------------------------------------------- hardware
+
+
+def gpus() -> list[dict[str, Any]]:
+    """GPUs from nvidia-smi, else from the driver's /proc entries (no memory then)."""
+    out = None
+    if shutil.which("nvidia-smi"):
+        out = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+    if out is not None:
+        found = []
+        for line in out.splitlines():
+            name, _, mem = line.rpartition(",")
+            if name.strip():
+                try:
+                    memory = int(float(mem.strip()))
+                except ValueError:
+                    memory = None
+                found.append({"name": name.strip(), "memory_mib": memory})
+        return found
+    base = "/proc/driver/nvidia/gpus"
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.listdir(base)):
+            model = "NVIDIA GPU"
+            with contextlib.suppress(OSError), open(os.path.join(base, entry, "information")) as f:
+                for line in f:
+                    if line.startswith("Model:"):
+                        model = line.split(":", 1)[1].strip()
+            found.append({"name": model, "memory_mib": None})
+    return found
+
+
+def rdma_devices() -> list[str]:
+    """InfiniBand / RoCE devices (``/sys/class/infiniband``)."""
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def memory() -> dict[str, int | None]:
+    """Total and available memory in bytes (from /proc/meminfo)."""
+    values: dict[str, int | None] = {"total": None, "available": None}
+    with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                values["total" if key == "MemTotal" else "available"] = int(rest.split()[0]) * 1024
+    return values
+
+
+def hardware() -> dict[str, Any]:
+    """GPUs, RDMA devices, CPUs and memory."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    return {"gpus": gpus(), "rdma": rdma_devices(), "cpus": cpus, "memory": memory()}
+
+
+# ----------------------------------------------------------------------- network
+
+
+def _interfaces() -> dict[str, str]:
+    """IPv4 address of every interface that has one."""
+    import fcntl
+
+    found: dict[str, str] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(
+                    sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+                )
+            except OSError:
+                continue
+            found[name] = socket.inet_ntoa(raw[20:24])
+    return found
+
+
+def route_to(addr: str) -> dict[str, Any]:
+    """How this host reaches ``addr``: the resolved IP, the source address the
+    kernel picks, and the interface that carries that address."""
+    info: dict[str, Any] = {"addr": addr, "ip": None, "source": None, "interface": None}
+    try:
+        info["ip"] = socket.gethostbyname(addr)
+    except OSError as exc:
+        info["error"] = f"cannot resolve {addr}: {exc.strerror or exc}"
+        return info
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((info["ip"], 9))  # UDP: picks the route, sends nothing
+            info["source"] = sock.getsockname()[0]
+    except OSError as exc:
+        info["error"] = f"no route to {addr} ({info['ip']}): {exc.strerror or exc}"
+        return info
+    interfaces = _interfaces()
+    info["interfaces"] = interfaces
+    for name, ip in interfaces.items():
+        if ip == info["source"]:
+            info["interface"] = name
+            break
+    return info
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            next(fh, None)
+            for line in fh:
+                cols = line.split()
+                if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(cols[9])
+    return inodes
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return " ".join(fh.read().decode(errors="replace").replace("\0", " ").split())[:200]
+    except OSError:
+        return ""
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+
+
+def port_holders(port: int) -> list[dict[str, Any]]:
+    """Processes with a listening TCP socket on ``port`` (PID and command line)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    targets = {f"socket:[{i}]" for i in inodes}
+    holders = []
+    for pid in _pids():
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if link in targets:
+                holders.append({"pid": pid, "cmdline": _cmdline(pid)})
+                break
+    return holders
+
+
+def listen(port: int) -> tuple[socket.socket | None, dict[str, Any]]:
+    """Listen on ``port`` on every address, as the rendezvous store will; when that
+    fails, name the holders and listen on an ephemeral port instead."""
+    info: dict[str, Any] = {"requested": port, "free": False, "port": None}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("", port))
+        info["free"] = True
+    except OSError as exc:
+        info["error"] = exc.strerror or str(exc)
+        info["holders"] = port_holders(port)
+        try:
+            sock.bind(("", 0))
+        except OSError:
+            sock.close()
+            return None, info
+    sock.listen(128)
+    info["port"] = sock.getsockname()[1]
+    return sock, info
+
+
+def connect(addr: str, port: int, timeout: float) -> dict[str, Any]:
+    """One real TCP connection to ``addr:port``."""
+    start = time.monotonic()
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            pass
+    except TimeoutError:
+        return {"ok": False, "error": f"no answer within {timeout:g} s (filtered or unroutable)"}
+    except OSError as exc:
+        return {"ok": False, "error": exc.strerror or str(exc)}
+    return {"ok": True, "ms": round((time.monotonic() - start) * 1000, 3)}
+
+
+# ----------------------------------------------------------------------- processes
+
+
+def _same_netns(pid: int, own: str | None) -> bool:
+    try:
+        return own is None or os.readlink(f"/proc/{pid}/ns/net") == own
+    except OSError:
+        return False
+
+
+def stale_processes(skip: set[int]) -> list[dict[str, Any]]:
+    """Processes of corral jobs still alive on this host (its network namespace):
+    anything with ``CORRAL_JOB_ID`` in its environment or running the agent."""
+    try:
+        own = os.readlink("/proc/self/ns/net")
+    except OSError:
+        own = None
+    found = []
+    for pid in _pids():
+        if pid in skip or not _same_netns(pid, own):
+            continue
+        job = None
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                for item in fh.read().split(b"\0"):
+                    if item.startswith(b"CORRAL_JOB_ID="):
+                        job = item.split(b"=", 1)[1].decode(errors="replace")
+                        break
+        except OSError:
+            pass
+        cmd = _cmdline(pid)
+        if job is None and "corral.agent" not in cmd:
+            continue
+        found.append({"pid": pid, "job": job, "cmdline": cmd})
+    return found
+
+
+def gpu_processes() -> list[dict[str, Any]]:
+    """Processes using a GPU (nvidia-smi), with their memory."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-compute-apps=pid,process_name,used_memory",
+            "--format=csv,noheader,nounits",
+        ]
+    )
+    procs = []
+    for line in (out or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            procs.append({"pid": int(parts[0]), "cmdline": parts[1], "memory_mib": parts[2]})
+    return procs
+
+
+# ----------------------------------------------------------------------- storage
+
+
+def checkpoint_dir(path: str) -> dict[str, Any]:
+    """Whether ``path`` exists or can be created, is writable, and its free space."""
+    full = os.path.abspath(os.path.expanduser(path))
+    info: dict[str, Any] = {"path": full, "existed": os.path.isdir(full), "writable": False}
+    try:
+        os.makedirs(full, exist_ok=True)
+    except OSError as exc:
+        info["error"] = f"cannot create {full}: {exc.strerror or exc}"
+        return info
+    probe = os.path.join(full, f".corral-write-test-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"corral")
+            fh.flush()
+            os.fsync(fh.fileno())
+        info["writable"] = True
+    except OSError as exc:
+        info["error"] = f"cannot write in {full}: {exc.strerror or exc}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    try:
+        st = os.statvfs(full)
+        info["free_bytes"] = st.f_bavail * st.f_frsize
+        info["total_bytes"] = st.f_blocks * st.f_frsize
+    except OSError:
+        pass
+    return info
+
+
+# ----------------------------------------------------------------------- code
+
+
+def code(params: dict[str, Any]) -> dict[str, Any]:
+    """The code tree's manifest and the entry script's hash on this host."""
+    from corral.sync import fingerprint  # shipped alongside this module
+
+    out: dict[str, Any] = {}
+    code_dir = params.get("code_dir")
+    if code_dir:
+        root = os.path.abspath(os.path.expanduser(code_dir))
+        if not os.path.isdir(root):
+            out["tree"] = {"root": root, "missing": True}
+        else:
+            manifest = fingerprint.build_manifest(
+                root, extra_ignores=params.get("extra_ignores") or ()
+            )
+            out["tree"] = manifest.to_json()
+    script = params.get("script")
+    if script:
+        path = os.path.expanduser(script)
+        if not os.path.isabs(path) and params.get("workdir"):
+            path = os.path.join(os.path.expanduser(params["workdir"]), path)
+        try:
+            out["script"] = {"path": path, "sha256": fingerprint.file_digest(path)}
+        except OSError as exc:
+            out["script"] = {"path": path, "error": exc.strerror or str(exc)}
+    return out
+
+
+# ----------------------------------------------------------------------- session
+
+
+def facts(params: dict[str, Any], listener: dict[str, Any] | None) -> dict[str, Any]:
+    """Everything the checks need from this host."""
+    pkgs = packages()
+    workdir = params.get("workdir") or ""
+    skip = {os.getpid(), os.getppid()}
+    result: dict[str, Any] = {
+        "event": "facts",
+        "hostname": socket.gethostname(),
+        "software": software(pkgs, params.get("launcher") or "torchrun"),
+        "packages": pkgs,
+        "hardware": hardware(),
+        "workdir": {
+            "path": workdir,
+            "exists": bool(workdir) and os.path.isdir(os.path.expanduser(workdir)),
+        },
+        "code": code(params),
+        "stale": stale_processes(skip),
+        "gpu_processes": gpu_processes(),
+        "listener": listener,
+    }
+    if params.get("master_addr"):
+        result["route"] = route_to(params["master_addr"])
+    if params.get("checkpoint_dir"):
+        result["checkpoint"] = checkpoint_dir(params["checkpoint_dir"])
+    result["time"] = time.time()
+    return result
+
+
+def main(params: dict[str, Any]) -> int:
+    """Listen (master host), print the facts, answer connect requests until EOF."""
+    listener_sock = None
+    listener = None
+    if params.get("listen_port") is not None:
+        listener_sock, listener = listen(int(params["listen_port"]))
+    _emit(facts(params, listener))
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if request.get("op") == "connect":
+            reply = connect(request["addr"], int(request["port"]), float(request["timeout"]))
+            _emit({"event": "connect", **reply})
+        elif request.get("op") == "time":
+            _emit({"event": "time", "time": time.time()})
+    if listener_sock is not None:
+        listener_sock.close()
+    return 0

@@ -1,0 +1,272 @@
+"""Run the whole pre-flight checklist: gather every host's facts at once, judge
+them check by check, optionally drop divergent hosts, then the collective smoke
+test. Every check's module is pure over the gathered facts except the smoke
+test, which runs a real all-reduce."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.checks import (
+    checkpoint,
+    clock,
+    connectivity,
+    consistency,
+    hardware,
+    network,
+    software,
+    stale,
+    sync_status,
+)
+from corral.checks.context import CheckContext, ChecklistOptions
+from corral.checks.gather import GatherRequest, gather
+from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
+from corral.cluster.model import Cluster
+from corral.plan.render import master_index
+from corral.sync.fingerprint import Manifest, build_manifest, file_digest
+from corral.transport.base import Transport
+
+CHECK_NAMES = (
+    "connectivity",
+    "hardware",
+    "software",
+    "code",
+    "network",
+    "checkpoint",
+    "clock",
+    "stale",
+    "collective",
+    "sync",
+)
+Check = Callable[[CheckContext], CheckResult]
+
+
+@dataclass
+class ChecklistOutcome:
+    """The report, and what the launch takes from it."""
+
+    report: ChecklistReport
+    cluster: Cluster  # without the hosts --exclude-divergent dropped
+    excluded: list[str] = field(default_factory=list)
+    interfaces: dict[str, str] = field(default_factory=dict)  # detected, per host
+    pythons: dict[str, str] = field(default_factory=dict)  # interpreter found per host
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+    @property
+    def ok(self) -> bool:
+        """No check failed."""
+        return not self.report.failed
+
+
+def _timed(check: Check, ctx: CheckContext) -> CheckResult:
+    started = time.perf_counter()
+    result = check(ctx)
+    result.duration_s = time.perf_counter() - started
+    return result
+
+
+def _ignores_for(code_dir: str, run_dir: str | None) -> tuple[str, ...]:
+    """Run directories inside the code tree are outputs, not code."""
+    if not run_dir:
+        return ()
+    try:
+        rel = Path(os.path.abspath(run_dir)).relative_to(os.path.abspath(code_dir))
+    except ValueError:
+        return ()
+    return (f"/{rel.as_posix()}/",) if rel.parts else ()
+
+
+def _make_transport(opts: ChecklistOptions) -> Transport:
+    if opts.cluster.is_local:
+        from corral.transport.local import LocalTransport
+
+        return LocalTransport()
+    from corral.transport.ssh import SshTransport
+
+    return SshTransport.from_options(opts.ssh, connect_timeout=opts.connect_timeout)
+
+
+def _local_reference(
+    opts: ChecklistOptions, code_dir: str | None, ignores: tuple[str, ...]
+) -> tuple[Manifest | None, str | None]:
+    manifest = None
+    if code_dir and os.path.isdir(code_dir):
+        manifest = build_manifest(code_dir, extra_ignores=ignores)
+    script_hash = None
+    if opts.script and os.path.isfile(opts.script):
+        script_hash = file_digest(opts.script)
+    return manifest, script_hash
+
+
+def _exclude(ctx: CheckContext, code: CheckResult) -> list[str]:
+    """Drop divergent hosts when what remains is a valid cluster; says so in ``code``."""
+    divergent = sorted(code.data.get("divergent", {}))
+    if not divergent:
+        return []
+    if ctx.master.name in divergent:
+        code.error = (code.error or "") + (
+            f"; --exclude-divergent cannot drop {ctx.master.name}: it is the master host"
+        )
+        return []
+    keep = tuple(h for h in ctx.cluster.hosts if h.name not in divergent)
+    if not keep:
+        return []
+    ctx.cluster = Cluster(keep, source=ctx.cluster.source)
+    for name in divergent:
+        code.hosts[name] = HostCheck(Status.WARN, "excluded: " + code.hosts[name].detail)
+    code.status = Status.WARN
+    code.warning = (
+        f"--exclude-divergent: {', '.join(divergent)} left out (code differs); the job runs "
+        f"on {len(keep)} host(s)"
+    )
+    code.error = None
+    code.data["excluded"] = divergent
+    return divergent
+
+
+async def _smoke(ctx: CheckContext, transport: Transport, port: int) -> CheckResult:
+    from corral.checks.smoke import smoke_test
+
+    opts = ctx.options
+    detected = network.interfaces(ctx)
+    env: dict[str, dict[str, str]] = {}
+    for host in ctx.cluster.hosts:
+        nccl = opts.nccl_interface or host.interface or detected.get(host.name)
+        gloo = opts.gloo_interface or host.interface or detected.get(host.name)
+        env[host.name] = {
+            **({"NCCL_SOCKET_IFNAME": nccl} if nccl and not ctx.is_local else {}),
+            **({"GLOO_SOCKET_IFNAME": gloo} if gloo and not ctx.is_local else {}),
+        }
+    pythons: dict[str, str | None] = {}
+    for host in ctx.cluster.hosts:
+        f = ctx.facts[host.name]
+        pythons[host.name] = (
+            (f.facts.get("software") or {}).get("python_executable") or host.python or opts.python
+        )
+    result: CheckResult = await smoke_test(
+        transport,
+        list(ctx.cluster.hosts),
+        master=ctx.master,
+        master_addr=ctx.master_addr,
+        port=port,
+        nproc={h.name: ctx.nproc(h) for h in ctx.cluster.hosts},
+        python=pythons,
+        env=env,
+        deadline=opts.smoke_timeout,
+    )
+    return result
+
+
+def _skipped(name: str, cluster: Cluster, why: str) -> CheckResult:
+    return CheckResult.from_hosts(
+        name, {h.name: HostCheck(Status.SKIP, why) for h in cluster.hosts}, summary=why
+    )
+
+
+async def run_checklist(
+    opts: ChecklistOptions,
+    *,
+    transport: Transport | None = None,
+    run_dir: str | None = "runs",
+) -> ChecklistOutcome:
+    """Run every check on every host in parallel and return the report."""
+    started = time.perf_counter()
+    cluster = opts.cluster
+    master_addr = opts.master_addr or (
+        "127.0.0.1" if cluster.is_local else cluster.hosts[0].address
+    )
+    master = (
+        cluster.hosts[master_index(cluster, master_addr)]
+        if not cluster.is_local
+        else cluster.hosts[0]
+    )
+    workdir = opts.workdir or os.getcwd()
+    if cluster.is_local:
+        workdir = os.path.abspath(workdir)
+    code_dir = opts.code_dir or (os.getcwd() if not cluster.is_local else None)
+    ignores = (*opts.extra_ignores, *(_ignores_for(code_dir, run_dir) if code_dir else ()))
+    checkpoint_dir = opts.checkpoint_dir
+    if checkpoint_dir and not os.path.isabs(os.path.expanduser(checkpoint_dir)):
+        checkpoint_dir = os.path.join(workdir, checkpoint_dir)
+    request = GatherRequest(
+        launcher=opts.launcher,
+        workdir=workdir,
+        code_dir=None if cluster.is_local else workdir,
+        script=None if cluster.is_local else opts.script,
+        extra_ignores=ignores,
+        checkpoint_dir=checkpoint_dir,
+        master_addr=master_addr,
+        master_port=opts.master_port,
+        connect_timeout=min(opts.connect_timeout, 5.0),
+    )
+    own_transport = transport is None
+    tp = transport or _make_transport(opts)
+    phases: dict[str, float] = {}
+    try:
+        t0 = time.perf_counter()
+        asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
+        reference = asyncio.to_thread(
+            _local_reference, opts, None if cluster.is_local else code_dir, ignores
+        )
+        facts_map, (manifest, script_hash) = await asyncio.gather(
+            gather(tp, asked, request, master=master, python=opts.python), reference
+        )
+        if cluster.is_local:
+            only = facts_map[cluster.hosts[0].name]
+            facts_map = {h.name: dataclasses.replace(only, host=h) for h in cluster.hosts}
+        phases["gather"] = time.perf_counter() - t0
+        ctx = CheckContext(
+            options=opts,
+            cluster=cluster,
+            master=master,
+            master_addr=master_addr,
+            workdir=workdir,
+            facts=facts_map,
+            local_manifest=manifest,
+            local_script_sha256=script_hash,
+        )
+        results = [_timed(m.check, ctx) for m in (connectivity, hardware, software)]
+        code = _timed(consistency.check, ctx)
+        excluded: list[str] = []
+        if opts.exclude_divergent and code.status is Status.FAIL:
+            excluded = _exclude(ctx, code)
+        results.append(code)
+        results += [_timed(m.check, ctx) for m in (network, checkpoint, clock, stale)]
+        if opts.smoke:
+            t1 = time.perf_counter()
+            listener = facts_map[master.name].facts.get("listener") or {}
+            port = int(listener.get("port") or opts.master_port)
+            smoke = await _smoke(ctx, tp, port)
+            smoke.duration_s = time.perf_counter() - t1
+            phases["collective"] = smoke.duration_s
+        else:
+            smoke = _skipped("collective", ctx.cluster, "smoke test not requested")
+        results.append(smoke)
+        results.append(_timed(sync_status.check, ctx))
+    finally:
+        if own_transport:
+            await tp.close()
+    report = ChecklistReport(
+        checks=results,
+        hosts=[h.name for h in cluster.hosts],
+        duration_s=time.perf_counter() - started,
+    )
+    pythons = {
+        name: str(f.facts["software"]["python_executable"])
+        for name, f in facts_map.items()
+        if f.ok and f.facts.get("software", {}).get("python_executable")
+    }
+    return ChecklistOutcome(
+        report=report,
+        cluster=ctx.cluster,
+        excluded=excluded,
+        interfaces=network.interfaces(ctx),
+        pythons=pythons,
+        phases=phases,
+    )

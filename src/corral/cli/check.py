@@ -1,0 +1,220 @@
+"""``corral check [CLUSTER] [LAUNCH] [--json] [-- SCRIPT]``: the pre-flight checklist.
+
+Every check runs on every host in parallel; the table (check x host) and each
+problem's fix go to stderr, or the JSON report to stdout with ``--json``.
+Exit 0 when nothing failed (warnings included), 1 when a check failed,
+2 for bad options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from corral.checks.context import DEFAULT_MIN_FREE_GB, DEFAULT_SMOKE_TIMEOUT, ChecklistOptions
+from corral.checks.render import print_report
+from corral.checks.runner import run_checklist
+from corral.cli.common import (
+    AcceptNewHostKeysOpt,
+    HostsOpt,
+    SshConfigOpt,
+    SshKeyOpt,
+    SshPasswordEnvOpt,
+    SshPortOpt,
+    SshUserOpt,
+    require_hosts,
+)
+from corral.cli.run import (
+    CHECKS_PANEL,
+    CheckpointOpt,
+    CodeDirOpt,
+    ExcludeOpt,
+    GlooOpt,
+    LauncherOpt,
+    MasterAddrOpt,
+    MasterPortOpt,
+    MinFreeOpt,
+    NcclOpt,
+    NprocOpt,
+    PythonOpt,
+    RunDirOpt,
+    ScriptArg,
+    ThresholdOpt,
+    WorkdirOpt,
+)
+from corral.cluster import load_cluster
+from corral.errors import ConfigError
+from corral.plan.spec import DEFAULT_MASTER_PORT, LAUNCHERS
+from corral.runtime.launch import parse_nproc
+from corral.transport.options import SshOptions
+
+SmokeTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--smoke-timeout",
+        help="Deadline of the collective smoke test, in seconds.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+ConnectTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--connect-timeout",
+        envvar="CORRAL_CONNECT_TIMEOUT",
+        help="Seconds to wait for each host's SSH connection.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+
+
+def checklist_options(
+    *,
+    hosts: str | None,
+    ssh: SshOptions,
+    command: list[str] | None,
+    launcher: str,
+    python: str | None,
+    nproc_per_node: str | None,
+    master_addr: str | None,
+    master_port: int,
+    workdir: str | None,
+    nccl_interface: str | None,
+    gloo_interface: str | None,
+    checkpoint_dir: str | None,
+    min_free_gb: float,
+    consistency_threshold: float,
+    exclude_divergent: bool,
+    code_dir: str | None,
+    smoke: bool,
+    smoke_timeout: float,
+    connect_timeout: float,
+) -> ChecklistOptions:
+    """Validated ChecklistOptions from the command line."""
+    if launcher not in LAUNCHERS:
+        raise ConfigError(
+            f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}",
+            option="--launcher",
+        )
+    if not 0.0 < consistency_threshold <= 1.0:
+        raise ConfigError(
+            f"must be in (0, 1] (got {consistency_threshold:g})", option="--consistency-threshold"
+        )
+    if min_free_gb < 0:
+        raise ConfigError(f"must be >= 0 (got {min_free_gb:g})", option="--min-free-gb")
+    if not 0 <= master_port <= 65535:
+        raise ConfigError(f"{master_port} is not a TCP port", option="--master-port")
+    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
+    return ChecklistOptions(
+        cluster=cluster,
+        ssh=ssh,
+        launcher=launcher,
+        python=python,
+        workdir=workdir,
+        code_dir=code_dir,
+        script=command[0] if command else None,
+        master_addr=master_addr,
+        master_port=master_port,
+        nproc_per_node=parse_nproc(nproc_per_node, cluster),
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        checkpoint_dir=checkpoint_dir,
+        min_free_gb=min_free_gb,
+        consistency_threshold=consistency_threshold,
+        exclude_divergent=exclude_divergent,
+        smoke=smoke,
+        smoke_timeout=smoke_timeout,
+        connect_timeout=connect_timeout,
+    )
+
+
+def check(
+    command: ScriptArg = None,
+    hosts: HostsOpt = None,
+    ssh_user: SshUserOpt = None,
+    ssh_key: SshKeyOpt = None,
+    ssh_port: SshPortOpt = None,
+    ssh_password_env: SshPasswordEnvOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    launcher: LauncherOpt = "torchrun",
+    python: PythonOpt = None,
+    nproc_per_node: NprocOpt = None,
+    master_addr: MasterAddrOpt = None,
+    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
+    workdir: WorkdirOpt = None,
+    nccl_interface: NcclOpt = None,
+    gloo_interface: GlooOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    run_dir: RunDirOpt = "runs",
+    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
+    consistency_threshold: ThresholdOpt = 1.0,
+    exclude_divergent: ExcludeOpt = False,
+    code_dir: CodeDirOpt = None,
+    smoke: Annotated[
+        bool,
+        typer.Option(
+            "--smoke-test/--no-smoke-test",
+            help="Run the collective smoke test (a real all-reduce over every rank).",
+            rich_help_panel=CHECKS_PANEL,
+        ),
+    ] = True,
+    smoke_timeout: SmokeTimeoutOpt = DEFAULT_SMOKE_TIMEOUT,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the pre-flight checklist on every host: connectivity, hardware, software
+    versions, code consistency, network (master port, reachability, interfaces),
+    checkpoint dir, clock skew, stale processes, a collective smoke test, sync status.
+
+    Exit 0 when no check failed, 1 when one did, 2 for bad options.
+    """
+    ssh = SshOptions(
+        user=ssh_user,
+        key=ssh_key,
+        port=ssh_port,
+        password_env=ssh_password_env,
+        config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys,
+    )
+    opts = checklist_options(
+        hosts=hosts,
+        ssh=ssh,
+        command=command,
+        launcher=launcher,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        checkpoint_dir=checkpoint_dir,
+        min_free_gb=min_free_gb,
+        consistency_threshold=consistency_threshold,
+        exclude_divergent=exclude_divergent,
+        code_dir=code_dir,
+        smoke=smoke,
+        smoke_timeout=smoke_timeout,
+        connect_timeout=connect_timeout,
+    )
+    outcome = asyncio.run(run_checklist(opts, run_dir=run_dir))
+    report = outcome.report
+    if as_json:
+        doc = report.to_json()
+        doc["excluded"] = outcome.excluded
+        doc["interfaces"] = outcome.interfaces
+        doc["phases_s"] = {k: round(v, 4) for k, v in outcome.phases.items()}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        print_report(Console(stderr=True, highlight=False), report)
+    raise typer.Exit(1 if report.failed else 0)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``check`` to the root app."""
+    app.command("check", context_settings={"allow_interspersed_args": False})(check)
