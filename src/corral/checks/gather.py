@@ -115,7 +115,8 @@ async def _open(
     text = program(SHIPPED, "corral.checks.hostside:main", params)
     started = time.monotonic()
     try:
-        proc = await transport.start(host, argv, env={var: text})
+        # the host's own env (hostfile/YAML) applies: it is the job's environment too
+        proc = await transport.start(host, argv, env={**host.env, var: text})
     except CorralError as exc:
         result.error = str(exc)
         return _Session(host, None, result)

@@ -41,7 +41,7 @@ def versions_table(check: CheckResult) -> Table | None:
     mismatched: dict[str, dict[str, str]] = check.data.get("mismatched") or {}
     if not mismatched:
         return None
-    grid = Table(title="versions that differ", title_justify="left")
+    grid = Table()
     grid.add_column("host")
     for key in mismatched:
         grid.add_column(key)
@@ -64,6 +64,7 @@ def problems(console: Console, report: ChecklistReport) -> None:
         if check.name == "software":
             versions = versions_table(check)
             if versions is not None:
+                console.print("  versions that differ:")
                 console.print(versions)
         if check.fix_command:
             console.print(Text("  fix: ", style="bold") + Text(check.fix_command))

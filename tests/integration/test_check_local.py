@@ -1,0 +1,127 @@
+"""The checklist's host side and `corral check` on local nodes (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from corral.checks import hostside
+from corral.runtime.remote_python import program, shell_argv
+
+from .conftest import run_corral
+
+
+def test_route_listen_connect_and_port_holders() -> None:
+    route = hostside.route_to("127.0.0.1")
+    assert route["interface"] == "lo" and route["source"] == "127.0.0.1"
+    assert "resolve" in hostside.route_to("no-such-host.invalid")["error"]
+
+    sock, info = hostside.listen(0)
+    assert sock is not None and info["free"] and info["port"]
+    try:
+        assert hostside.connect("127.0.0.1", info["port"], 2.0)["ok"]
+        holders = hostside.port_holders(info["port"])
+        assert [h["pid"] for h in holders] == [os.getpid()]
+        busy_sock, busy = hostside.listen(info["port"])
+        assert busy_sock is not None  # a stand-in port
+        assert not busy["free"] and busy["port"] != info["port"]
+        assert [h["pid"] for h in busy["holders"]] == [os.getpid()]
+        busy_sock.close()
+    finally:
+        sock.close()
+    refused = hostside.connect("127.0.0.1", info["port"], 2.0)
+    assert not refused["ok"] and "refused" in refused["error"].lower()
+
+
+def test_checkpoint_dir_probe(tmp_path: Path) -> None:
+    info = hostside.checkpoint_dir(str(tmp_path / "new" / "ckpt"))
+    assert info["writable"] and not info["existed"] and info["free_bytes"] > 0
+    assert not list((tmp_path / "new" / "ckpt").iterdir())  # the probe file is gone
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    bad = hostside.checkpoint_dir(str(blocked / "sub"))
+    assert not bad["writable"] and "cannot create" in bad["error"]
+
+
+def test_stale_processes_finds_job_processes() -> None:
+    child = subprocess.Popen(["sleep", "30"], env={**os.environ, "CORRAL_JOB_ID": "stale-test-job"})
+    try:
+        found = hostside.stale_processes(set())
+        assert {"pid": child.pid, "job": "stale-test-job", "cmdline": "sleep 30"} in found
+        assert all(p["pid"] != os.getpid() for p in found)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_shipped_program_runs_without_corral_installed(tmp_path: Path) -> None:
+    """The host side runs under an interpreter that has no corral (system python)."""
+    (tmp_path / "a.py").write_text("x = 1\n")
+    params = {"code_dir": str(tmp_path), "workdir": str(tmp_path), "launcher": "python"}
+    text = program(
+        ["corral.sync.fingerprint", "corral.checks.hostside"], "corral.checks.hostside:main", params
+    )
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    argv, var = shell_argv(python)
+    out = subprocess.run(
+        argv, env={**os.environ, var: text}, input="", capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout.splitlines()[0])
+    assert facts["event"] == "facts"
+    assert list(facts["code"]["tree"]["files"]) == ["a.py"]
+    assert facts["software"]["python_executable"] == python
+
+
+def test_check_local_nodes_json(tmp_path: Path) -> None:
+    proc = run_corral(
+        "check", "--hosts", "local:2", "--json", "--checkpoint-dir", "ck", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["overall_status"] in ("pass", "warn")
+    assert checks["collective"]["status"] == "pass"  # a real all-reduce over 2 local ranks
+    assert checks["checkpoint"]["hosts"]["local-0"]["detail"].startswith(str(tmp_path / "ck"))
+    assert checks["code"]["status"] == "pass"
+
+
+def test_run_refuses_when_master_port_is_held(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("print('STARTED')\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = run_corral(
+            "run",
+            "--hosts",
+            "local:2",
+            "--master-port",
+            str(port),
+            "--launcher",
+            "python",
+            "--",
+            str(script),
+            cwd=tmp_path,
+        )
+    assert proc.returncode == 2
+    assert f"PID {os.getpid()}" in proc.stderr
+    assert "STARTED" not in proc.stdout
+
+
+def test_run_prints_the_preflight_verdict_and_skips_it_on_request(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("print('STARTED', flush=True)\n")
+    base = ("run", "--hosts", "local:2", "--master-port", "0", "--launcher", "python")
+    checked = run_corral(*base, "--", str(script), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert "pre-flight ✓ pass" in checked.stderr
+    skipped = run_corral(*base, "--no-preflight", "--", str(script), cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "pre-flight" not in skipped.stderr
+    assert skipped.stdout.count("STARTED") == 2

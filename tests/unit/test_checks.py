@@ -1,0 +1,325 @@
+"""The check modules are pure over gathered facts: each judged on synthetic facts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.checks import (
+    checkpoint,
+    clock,
+    connectivity,
+    consistency,
+    hardware,
+    network,
+    software,
+    stale,
+)
+from corral.checks.context import CheckContext, ChecklistOptions
+from corral.checks.gather import HostFacts
+from corral.checks.render import print_report
+from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
+from corral.checks.runner import _exclude
+from corral.cluster import load_cluster
+from corral.cluster.model import Cluster
+from corral.sync.fingerprint import build_manifest
+
+NAMES = ["n1", "n2", "n3"]
+BASE: dict[str, Any] = {
+    "software": {
+        "python": "3.11.7",
+        "python_executable": "/usr/bin/python3",
+        "torch": "2.13.0+cpu",
+        "cuda": None,
+        "nccl": None,
+        "mlx": None,
+        "corral": "0.1.0",
+        "corral_importable": True,
+        "binaries": {"torchrun": "/usr/bin/torchrun"},
+    },
+    "packages": {"torch": "2.13.0+cpu", "numpy": "2.1.0", "pip": "24.0", "corral": "0.1.0"},
+    "hardware": {
+        "gpus": [],
+        "rdma": [],
+        "cpus": 8,
+        "memory": {"total": 32 << 30, "available": 20 << 30},
+    },
+    "code": {},
+    "stale": [],
+    "gpu_processes": [],
+    "listener": None,
+    "route": {"addr": "10.0.0.1", "ip": "10.0.0.1", "source": None, "interface": "eth0"},
+}
+
+
+def _cluster(slots: int = 1) -> Cluster:
+    return load_cluster(",".join(f"{n}:{slots}" for n in NAMES))
+
+
+def _ctx(
+    per_host: dict[str, dict[str, Any]] | None = None,
+    *,
+    errors: dict[str, str] | None = None,
+    cluster: Cluster | None = None,
+    **options: Any,
+) -> CheckContext:
+    cluster = cluster or _cluster()
+    facts = {}
+    for i, host in enumerate(cluster.hosts):
+        data = copy.deepcopy(BASE)
+        data["route"]["source"] = f"10.0.0.{i + 1}"
+        for key, value in (per_host or {}).get(host.name, {}).items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key].update(value)
+            else:
+                data[key] = value
+        error = (errors or {}).get(host.name)
+        facts[host.name] = HostFacts(
+            host=host,
+            facts={} if error else data,
+            error=error,
+            rtt_ms=0.5,
+            clock_offset_s=0.0,
+            connect={"ok": True, "ms": 0.3},
+        )
+    opts = ChecklistOptions(cluster=cluster, **options)
+    return CheckContext(
+        options=opts,
+        cluster=cluster,
+        master=cluster.hosts[0],
+        master_addr="10.0.0.1",
+        workdir="/srv/code",
+        facts=facts,
+    )
+
+
+def test_from_hosts_takes_the_worst_and_names_hosts() -> None:
+    result = CheckResult.from_hosts(
+        "x",
+        {
+            "a": HostCheck(Status.PASS),
+            "b": HostCheck(Status.FAIL, "broken"),
+            "c": HostCheck(Status.SKIP),
+        },
+        fix_command="fix it",
+    )
+    assert result.status is Status.FAIL
+    assert result.error == "b: broken" and result.fix_command == "fix it"
+    assert CheckResult.from_hosts("y", {"a": HostCheck(Status.SKIP)}).status is Status.SKIP
+    passed = CheckResult.from_hosts("z", {"a": HostCheck(Status.PASS)}, fix_command="unused")
+    assert passed.fix_command is None and passed.error is None
+    report = ChecklistReport(
+        checks=[passed, CheckResult.from_hosts("s", {"a": HostCheck(Status.SKIP)})], hosts=["a"]
+    )
+    assert report.overall_status is Status.PASS
+    doc = report.to_json()
+    assert doc["overall_status"] == "pass" and doc["block_on_failure"] is True
+    assert doc["checks"][0]["hosts"]["a"] == {"status": "pass", "detail": ""}
+
+
+def test_connectivity_names_unreachable_host() -> None:
+    result = connectivity.check(_ctx(errors={"n2": "n2: connection refused"}))
+    assert result.status is Status.FAIL
+    assert result.hosts["n2"].status is Status.FAIL and "refused" in result.hosts["n2"].detail
+    assert result.hosts["n1"].status is Status.PASS and "RTT" in result.hosts["n1"].detail
+    assert result.fix_command is not None and "ssh -v n2" in result.fix_command
+
+
+def test_software_mismatch_fails_the_minority_with_a_table() -> None:
+    ctx = _ctx(
+        {
+            "n3": {"software": {"torch": "2.12.0"}, "packages": {"torch": "2.12.0", "pip": "23"}},
+            "n2": {"packages": {"numpy": "1.26.4"}},
+        }
+    )
+    result = software.check(ctx)
+    assert result.status is Status.FAIL
+    assert result.hosts["n1"].status is Status.PASS
+    assert "torch 2.12.0 (others 2.13.0+cpu)" in result.hosts["n3"].detail
+    assert "numpy 1.26.4 (others 2.1.0)" in result.hosts["n2"].detail
+    assert result.data["mismatched"]["torch"] == {
+        "n1": "2.13.0+cpu",
+        "n2": "2.13.0+cpu",
+        "n3": "2.12.0",
+    }
+    assert "pip" not in result.data["mismatched"]  # packaging tools may differ
+    assert result.fix_command is not None and "numpy==2.1.0" in result.fix_command
+
+
+def test_software_missing_corral_and_torch_fail() -> None:
+    ctx = _ctx({"n2": {"software": {"corral_importable": False, "torch": None}}})
+    result = software.check(ctx)
+    detail = result.hosts["n2"].detail
+    assert result.hosts["n2"].status is Status.FAIL
+    assert "corral is not installed" in detail and "torch is not installed" in detail
+    assert (
+        software.check(_ctx({"n2": {"software": {"torch": None}}}, launcher="python"))
+        .hosts["n2"]
+        .detail.startswith("differs")
+    )  # python launcher: torch only has to agree
+
+
+def test_hardware_gpus_against_ranks_and_rdma() -> None:
+    gpus = [{"name": "A100", "memory_mib": 81920}] * 4
+    ctx = _ctx(
+        {
+            "n1": {"hardware": {"gpus": gpus, "rdma": ["mlx5_0"]}},
+            "n2": {"hardware": {"gpus": gpus[:2], "rdma": ["mlx5_0"]}},
+            "n3": {"hardware": {"gpus": gpus}},
+        },
+        cluster=_cluster(slots=4),
+    )
+    result = hardware.check(ctx)
+    assert (
+        result.hosts["n1"].status is Status.PASS and "4x A100 80 GiB" in result.hosts["n1"].detail
+    )
+    assert result.hosts["n2"].status is Status.FAIL and "only 2 GPUs" in result.hosts["n2"].detail
+    assert result.hosts["n3"].status is Status.WARN and "RDMA" in result.hosts["n3"].detail
+    assert result.fix_command is not None and "NCCL_IB_DISABLE=1" in result.fix_command
+    cpu = hardware.check(_ctx())
+    assert cpu.status is Status.PASS and cpu.summary.startswith("CPU only")
+
+
+def test_consistency_names_divergent_files_and_honours_threshold(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("1")
+    (tmp_path / "b.py").write_text("2")
+    ref = build_manifest(str(tmp_path))
+    same = ref.to_json()
+    changed = dict(same, files={"a.py": ref.files["a.py"], "b.py": "0" * 64, "c.py": "1" * 64})
+    changed["digest"] = "different"
+    per_host = {
+        "n1": {"code": {"tree": same}},
+        "n2": {"code": {"tree": same}},
+        "n3": {"code": {"tree": changed}},
+    }
+    ctx = _ctx(per_host)
+    ctx.local_manifest = ref
+    result = consistency.check(ctx)
+    assert result.status is Status.FAIL
+    assert result.data["ratio"] == pytest.approx(2 / 3)
+    assert "changed b.py" in result.hosts["n3"].detail and "extra c.py" in result.hosts["n3"].detail
+    assert result.error is not None and "n3" in result.error
+    assert result.fix_command is not None and result.fix_command.startswith(
+        "corral sync --hosts n3"
+    )
+
+    lenient = _ctx(per_host, consistency_threshold=0.6)
+    lenient.local_manifest = ref
+    assert consistency.check(lenient).status is Status.WARN
+
+    missing = _ctx({**per_host, "n3": {"code": {"tree": {"root": "/srv/code", "missing": True}}}})
+    missing.local_manifest = ref
+    assert "no code directory /srv/code" in consistency.check(missing).hosts["n3"].detail
+
+
+def test_exclude_divergent_drops_hosts_but_never_the_master() -> None:
+    ctx = _ctx()
+    code = CheckResult.from_hosts(
+        "code",
+        {
+            "n1": HostCheck(Status.PASS),
+            "n2": HostCheck(Status.PASS),
+            "n3": HostCheck(Status.FAIL, "x"),
+        },
+        data={"divergent": {"n3": {"changed": ["x"]}}},
+    )
+    assert _exclude(ctx, code) == ["n3"]
+    assert [h.name for h in ctx.cluster.hosts] == ["n1", "n2"]
+    assert code.status is Status.WARN and code.warning is not None and "n3 left out" in code.warning
+
+    ctx = _ctx()
+    master_code = CheckResult.from_hosts(
+        "code", {"n1": HostCheck(Status.FAIL, "x")}, data={"divergent": {"n1": {}}}
+    )
+    assert _exclude(ctx, master_code) == []
+    assert master_code.error is not None and "master host" in master_code.error
+
+
+def test_network_failures_are_named() -> None:
+    listener = {
+        "requested": 29500,
+        "free": False,
+        "port": 41000,
+        "error": "Address already in use",
+        "holders": [{"pid": 4242, "cmdline": "python old_train.py"}],
+    }
+    ctx = _ctx(
+        {
+            "n1": {"listener": listener},
+            "n2": {"route": {"ip": "127.0.1.1"}},
+        }
+    )
+    ctx.facts["n3"].connect = {"ok": False, "error": "Connection timed out"}
+    result = network.check(ctx)
+    assert result.status is Status.FAIL
+    assert "PID 4242" in result.hosts["n1"].detail and "in use" in result.hosts["n1"].detail
+    assert "resolves to 127.0.1.1" in result.hosts["n2"].detail
+    assert "cannot reach 10.0.0.1:41000" in result.hosts["n3"].detail
+    assert result.fix_command is not None and "kill 4242" in result.fix_command
+    assert network.interfaces(ctx) == {"n1": "eth0", "n2": "eth0", "n3": "eth0"}
+
+
+def test_network_loopback_master_and_missing_interface() -> None:
+    ctx = _ctx()
+    ctx.master_addr = "127.0.0.1"
+    result = network.check(ctx)
+    assert result.status is Status.FAIL and "loopback" in (result.error or "")
+
+    ctx = _ctx({"n2": {"route": {"interfaces": {"eth0": "10.0.0.2", "lo": "127.0.0.1"}}}})
+    ctx.options.gloo_interface = "ib0"
+    result = network.check(ctx)
+    assert "interface ib0 does not exist there (has eth0, lo)" in result.hosts["n2"].detail
+
+
+def test_clock_skew_warns() -> None:
+    ctx = _ctx()
+    ctx.facts["n2"].clock_offset_s = 2.5
+    result = clock.check(ctx)
+    assert result.status is Status.WARN and result.hosts["n2"].status is Status.WARN
+    assert "+2.500 s" in result.hosts["n2"].detail
+    assert clock.check(_ctx()).status is Status.PASS
+
+
+def test_checkpoint_space_and_errors() -> None:
+    assert checkpoint.check(_ctx()).status is Status.SKIP
+    ok = {"path": "/ck", "existed": True, "writable": True, "free_bytes": 50 << 30}
+    ctx = _ctx(
+        {
+            "n1": {"checkpoint": ok},
+            "n2": {"checkpoint": dict(ok, free_bytes=1 << 20)},
+            "n3": {
+                "checkpoint": {"path": "/ck", "error": "cannot write in /ck: Read-only file system"}
+            },
+        },
+        checkpoint_dir="/ck",
+        min_free_gb=1.0,
+    )
+    result = checkpoint.check(ctx)
+    assert result.hosts["n1"].status is Status.PASS
+    assert result.hosts["n2"].status is Status.FAIL and "need 1 GiB" in result.hosts["n2"].detail
+    assert "Read-only" in result.hosts["n3"].detail
+    assert result.error is not None and "n2" in result.error and "n3" in result.error
+
+
+def test_stale_processes_warn_with_kill_command() -> None:
+    ctx = _ctx({"n2": {"stale": [{"pid": 77, "job": "old", "cmdline": "python -m corral.agent"}]}})
+    result = stale.check(ctx)
+    assert result.status is Status.WARN
+    assert "corral job(s) old: 77" in result.hosts["n2"].detail
+    assert result.fix_command == "ssh n2 kill 77"
+
+
+def test_console_report_shows_table_problems_and_fixes() -> None:
+    from rich.console import Console
+
+    ctx = _ctx({"n3": {"software": {"torch": "2.12.0"}, "packages": {"torch": "2.12.0"}}})
+    report = ChecklistReport(checks=[software.check(ctx), clock.check(ctx)], hosts=NAMES)
+    console = Console(record=True, width=200)
+    print_report(console, report)
+    text = console.export_text()
+    assert "pre-flight checklist" in text and "versions that differ" in text
+    assert "✗ software:" in text and "fix:" in text
+    assert "1 passed, 0 warned, 1 failed" in text
