@@ -43,6 +43,7 @@ DEFAULT_TIMEOUTS = {
     "launch": 240.0,
     "fanout": 420.0,
     "ssh": 400.0,
+    "check": 420.0,
 }
 
 

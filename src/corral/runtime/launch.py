@@ -346,7 +346,7 @@ async def _before_launch(
     console = opts.console or Console(stderr=True, highlight=False)
     sync: dict[str, Any] | None = None
     if (opts.sync or opts.sync_script) and not opts.cluster.is_local:
-        from corral.sync.launch import sync_before_launch
+        from corral.runtime.presync import sync_before_launch
 
         sync = await sync_before_launch(opts, prepared.spec, console)
     if not opts.preflight:

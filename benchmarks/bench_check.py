@@ -1,0 +1,223 @@
+"""The pre-flight checklist on 16 testbed hosts (netns + real sshd; needs root,
+exit 77 otherwise; waits while tests hold the testbed).
+
+Measures, median of ``--runs``:
+
+* ``corral check --json`` end to end (the CLI process, wall clock) with every
+  check including the collective smoke test (16 ranks, gloo), and without the
+  smoke test; per-check and per-phase times from the report;
+* a baseline in the same run: the same host-side facts gathered the way a
+  hand-written pre-flight script does it, one ``ssh -F ssh_config tbK`` after
+  another (OpenSSH, same program text). Ratio = corral without the smoke test /
+  that loop.
+
+Target: the full checklist <= 3 s wall on 16 hosts.
+
+    python benchmarks/bench_check.py [--hosts 16] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    bench_env,
+    corral_cli,
+    exit_on_sigterm,
+    log,
+    median,
+    metric,
+    ratio,
+    write_result,
+)
+
+NAME = "check"
+TARGET_S = 3.0
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _skip(reason: str) -> int:
+    print(f"skipped: {reason}")
+    write_result(NAME, {"status": "skipped", "reason": reason})
+    return 77
+
+
+def _corral_check(tb: Any, workdir: str, smoke: bool) -> dict[str, Any]:
+    argv, _ = corral_cli()
+    cmd = [
+        *argv,
+        "check",
+        "--hosts",
+        str(tb.hostfile),
+        "--ssh-config",
+        str(tb.ssh_config),
+        "--workdir",
+        workdir,
+        "--code-dir",
+        workdir,
+        "--checkpoint-dir",
+        "/srv/corral/bench-ckpt",
+        "--min-free-gb",
+        "0.1",
+        "--json",
+    ]
+    if not smoke:
+        cmd.append("--no-smoke-test")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=bench_env(), cwd=workdir, timeout=300
+    )
+    wall = time.perf_counter() - started
+    report = json.loads(proc.stdout)
+    return {
+        "wall_s": wall,
+        "exit_code": proc.returncode,
+        "overall": report["overall_status"],
+        "report_s": report["duration_s"],
+        "phases_s": report.get("phases_s", {}),
+        "checks_s": {c["name"]: c["duration_s"] for c in report["checks"]},
+        "statuses": {c["name"]: c["status"] for c in report["checks"]},
+        "collective": next(c for c in report["checks"] if c["name"] == "collective")["data"],
+    }
+
+
+def _sequential_loop(tb: Any, names: list[str], workdir: str) -> float:
+    """The same facts, gathered one host after another with the OpenSSH client."""
+    from corral.runtime.remote_python import program
+
+    params = {
+        "launcher": "torchrun",
+        "workdir": workdir,
+        "code_dir": workdir,
+        "checkpoint_dir": "/srv/corral/bench-ckpt",
+        "master_addr": tb.host(names[0]).address,
+    }
+    text = program(
+        ["corral.sync.fingerprint", "corral.checks.hostside"], "corral.checks.hostside:main", params
+    )
+    started = time.perf_counter()
+    for name in names:
+        out = subprocess.run(
+            tb.ssh_argv(name, sys.executable, "-c", _shell_quote(text)),
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if out.returncode != 0 or not out.stdout.startswith("{"):
+            raise RuntimeError(f"{name}: {out.stderr[-300:]}")
+    return time.perf_counter() - started
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Bring up the testbed, measure, take it down, write ``results/check.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    from corral.testbed import Testbed, exclusive, missing_requirements
+
+    problems = missing_requirements()
+    if problems:
+        return _skip("; ".join(problems))
+    top = Path(tempfile.mkdtemp(prefix="corral-bench-check-"))
+    with exclusive():
+        leftover = Testbed.running()
+        if leftover is not None:
+            leftover.down()
+        tb = Testbed(top / "testbed")
+        workdir = str(REPO / "examples")
+        full: list[dict[str, Any]] = []
+        lean: list[dict[str, Any]] = []
+        loops: list[float] = []
+        try:
+            tb.up(args.hosts)
+            names = [h.name for h in tb.hosts]
+            _corral_check(tb, workdir, smoke=False)  # warm the page cache and sshd
+            for run in range(args.runs):
+                lean.append(_corral_check(tb, workdir, smoke=False))
+                loops.append(_sequential_loop(tb, names, workdir))
+                full.append(_corral_check(tb, workdir, smoke=True))
+                log(
+                    f"run {run + 1}: full {full[-1]['wall_s']:.2f} s "
+                    f"({full[-1]['overall']}), without smoke {lean[-1]['wall_s']:.2f} s, "
+                    f"ssh loop {loops[-1]:.2f} s"
+                )
+        finally:
+            tb.down()
+            shutil.rmtree(top, ignore_errors=True)
+    full_s = median(r["wall_s"] for r in full)
+    lean_s = median(r["wall_s"] for r in lean)
+    loop_s = median(loops)
+    gather_s = median(r["phases_s"].get("gather") for r in lean)
+    smoke_s = median(r["phases_s"].get("collective") for r in full)
+    per_check = {
+        name: median(r["checks_s"][name] for r in full) for name in full[0]["checks_s"]
+    }
+    bus = median(r["collective"].get("bus_bandwidth_gbps") for r in full)
+    all_ok = all(r["exit_code"] == 0 for r in full + lean)
+    metrics = [
+        metric(
+            f"full checklist incl. smoke test, {args.hosts} hosts",
+            full_s,
+            "s",
+            f"<= {TARGET_S:g} s",
+            full_s is not None and full_s <= TARGET_S and all_ok,
+        ),
+        metric(
+            f"checklist without smoke test, {args.hosts} hosts",
+            lean_s,
+            "s",
+            "ratio < 1.0x",
+            lean_s is not None and loop_s is not None and lean_s < loop_s,
+            baseline=loop_s,
+            baseline_desc="same host-side facts, sequential ssh loop",
+            ratio_value=ratio(lean_s, loop_s),
+        ),
+        metric("smoke test (all-reduce, gloo) alone", smoke_s, "s", "-", None),
+    ]
+    write_result(
+        NAME,
+        {
+            "title": f"Pre-flight checklist on {args.hosts} testbed hosts",
+            "status": "ok",
+            "config": {"hosts": args.hosts, "runs": args.runs, "cpus": os.cpu_count()},
+            "samples": {"full": full, "without_smoke": lean, "ssh_loop_s": loops},
+            "medians": {
+                "full_s": full_s,
+                "without_smoke_s": lean_s,
+                "ssh_loop_s": loop_s,
+                "gather_s": gather_s,
+                "smoke_s": smoke_s,
+                "bus_bandwidth_gbps": bus,
+                "per_check_s": per_check,
+            },
+            "metrics": metrics,
+            "met": bool(metrics[0]["met"]),
+        },
+    )
+    print(
+        f"checklist on {args.hosts} hosts: full {full_s} s (smoke {smoke_s} s), "
+        f"without smoke {lean_s} s, sequential ssh loop {loop_s} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
