@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     loop_s = median(loops)
     gather_s = median(r["phases_s"].get("gather") for r in lean)
     smoke_s = median(r["phases_s"].get("collective") for r in full)
-    per_check = {
-        name: median(r["checks_s"][name] for r in full) for name in full[0]["checks_s"]
-    }
+    per_check = {name: median(r["checks_s"][name] for r in full) for name in full[0]["checks_s"]}
     bus = median(r["collective"].get("bus_bandwidth_gbps") for r in full)
     all_ok = all(r["exit_code"] == 0 for r in full + lean)
     metrics = [
