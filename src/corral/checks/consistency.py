@@ -76,9 +76,23 @@ def check(ctx: CheckContext) -> CheckResult:
     if ctx.is_local:
         early = {h.name: HostCheck(Status.PASS, "same filesystem") for h in ctx.cluster}
         return CheckResult.from_hosts(NAME, early, summary="one filesystem (local nodes)")
+    missing = (
+        f"--workdir {ctx.workdir} does not exist"
+        if ctx.options.workdir
+        else f"working directory {ctx.workdir} (this machine's current directory) does not "
+        "exist there; pass --workdir"
+    )
+    no_workdir = {
+        f.host.name: HostCheck(Status.FAIL, missing)
+        for f in ctx.answered()
+        if not (f.facts.get("workdir") or {}).get("exists", True)
+    }
     if ctx.local_manifest is None and ctx.local_script_sha256 is None:
-        early = {h.name: HostCheck(Status.SKIP, "no code directory here") for h in ctx.cluster}
-        return CheckResult.from_hosts(NAME, early, summary="nothing to compare")
+        why = "pass --code-dir to compare the code here with --workdir there"
+        early = {h.name: no_workdir.get(h.name, HostCheck(Status.SKIP, why)) for h in ctx.cluster}
+        return CheckResult.from_hosts(
+            NAME, early, summary="nothing to compare", fix_command="create it, or corral sync"
+        )
     divergent = divergence(ctx)
     answered = [f.host.name for f in ctx.answered()]
     total = len(ctx.cluster.hosts)
@@ -92,6 +106,8 @@ def check(ctx: CheckContext) -> CheckResult:
         f = ctx.facts[host.name]
         if not f.ok:
             hosts[host.name] = HostCheck(Status.SKIP, "host did not answer")
+        elif host.name in no_workdir:
+            hosts[host.name] = no_workdir[host.name]
         elif host.name in divergent:
             status = Status.FAIL if below else Status.WARN
             hosts[host.name] = HostCheck(status, _detail(divergent[host.name]))

@@ -93,15 +93,31 @@ def _make_transport(opts: ChecklistOptions) -> Transport:
 
 
 def _local_reference(
-    opts: ChecklistOptions, code_dir: str | None, ignores: tuple[str, ...]
+    code_dir: str | None, script: str | None, ignores: tuple[str, ...]
 ) -> tuple[Manifest | None, str | None]:
     manifest = None
     if code_dir and os.path.isdir(code_dir):
         manifest = build_manifest(code_dir, extra_ignores=ignores)
     script_hash = None
-    if opts.script and os.path.isfile(opts.script):
-        script_hash = file_digest(opts.script)
+    if script and os.path.isfile(script):
+        script_hash = file_digest(script)
     return manifest, script_hash
+
+
+def code_reference(opts: ChecklistOptions) -> tuple[str | None, str | None]:
+    """(the code tree here, the entry script here) that the hosts' --workdir must
+    match: ``--code-dir``, else the current directory when the hosts run in the
+    same path (no ``--workdir``, or the same one); the script when its path means
+    the same file here and there."""
+    if opts.cluster.is_local:
+        return None, None
+    cwd = os.getcwd()
+    same_place = opts.workdir is None or os.path.abspath(opts.workdir) == cwd
+    code_dir = opts.code_dir or (cwd if same_place else None)
+    script = opts.script
+    if script and not os.path.isabs(script):
+        script = os.path.join(code_dir, script) if code_dir else None
+    return code_dir, script
 
 
 def _exclude(ctx: CheckContext, code: CheckResult) -> list[str]:
@@ -189,7 +205,7 @@ async def run_checklist(
     workdir = opts.workdir or os.getcwd()
     if cluster.is_local:
         workdir = os.path.abspath(workdir)
-    code_dir = opts.code_dir or (os.getcwd() if not cluster.is_local else None)
+    code_dir, local_script = code_reference(opts)
     ignores = (*opts.extra_ignores, *(_ignores_for(code_dir, run_dir) if code_dir else ()))
     checkpoint_dir = opts.checkpoint_dir
     if checkpoint_dir and not os.path.isabs(os.path.expanduser(checkpoint_dir)):
@@ -197,8 +213,8 @@ async def run_checklist(
     request = GatherRequest(
         launcher=opts.launcher,
         workdir=workdir,
-        code_dir=None if cluster.is_local else workdir,
-        script=None if cluster.is_local else opts.script,
+        code_dir=workdir if code_dir else None,
+        script=opts.script if local_script else None,
         extra_ignores=ignores,
         checkpoint_dir=checkpoint_dir,
         master_addr=master_addr,
@@ -211,9 +227,7 @@ async def run_checklist(
     try:
         t0 = time.perf_counter()
         asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
-        reference = asyncio.to_thread(
-            _local_reference, opts, None if cluster.is_local else code_dir, ignores
-        )
+        reference = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
         facts_map, (manifest, script_hash) = await asyncio.gather(
             gather(tp, asked, request, master=master, python=opts.python), reference
         )

@@ -161,12 +161,13 @@ async def start_agents(
     python: str | None,
     workdir: str | None,
     master: Host,
-    master_port: int,
+    master_port: int | None,
     need_torch: bool,
     workdir_given: bool = True,
 ) -> dict[str, tuple[NodeProcess, HostProbe]]:
-    """Start and probe every host's agent in parallel. If any host is not ready,
-    every agent is aborted and one LaunchError lists each host's problem."""
+    """Start and probe every host's agent in parallel (``master_port`` None: the
+    master port is not tested). If any host is not ready, every agent is aborted
+    and one LaunchError lists each host's problem."""
 
     async def one(host: Host) -> tuple[NodeProcess, HostProbe]:
         port = master_port if host.name == master.name else None

@@ -7,6 +7,7 @@ and writes ``<run_dir>/<job-id>/`` (plan.json, result.json, logs/).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -290,11 +291,11 @@ def result_json(result: JobResult) -> dict[str, Any]:
 
 
 async def start_remote(
-    prepared: Prepared, opts: LaunchOptions, transport: Transport
+    prepared: Prepared, opts: LaunchOptions, transport: Transport, *, check_port: bool = True
 ) -> tuple[Prepared, dict[str, NodeProcess]]:
     """Start and probe every SSH host's agent (interpreter, torch, workdir, master
-    port) and re-plan with what they found. Nothing is launched if a host is not
-    ready."""
+    port unless ``check_port`` is False; port 0 is always resolved) and re-plan
+    with what they found. Nothing is launched if a host is not ready."""
     spec = prepared.spec
     cluster = opts.cluster
     master_addr = spec.master_addr or cluster.hosts[0].address
@@ -306,7 +307,7 @@ async def start_remote(
         workdir=prepared.commands[0].cwd,  # --workdir, or this machine's current directory
         workdir_given=spec.workdir is not None,
         master=master,
-        master_port=spec.master_port,
+        master_port=spec.master_port if check_port or spec.master_port == 0 else None,
         need_torch=spec.launcher == "torchrun",
     )
     resolved = Cluster(
@@ -326,37 +327,101 @@ async def run_job(opts: LaunchOptions) -> JobResult:
     prepared = prepare(opts)
     transport = make_transport(opts)
     try:
-        if opts.sync or opts.sync_script or opts.preflight:
-            opts, prepared = await _before_launch(prepared, opts, transport)
+        console = opts.console or Console(stderr=True, highlight=False)
+        sync = await _sync(prepared, opts, console)
         started: dict[str, NodeProcess] = {}
-        if not opts.cluster.is_local:
+        if opts.cluster.is_local:
+            if opts.preflight:
+                opts, prepared = await _checked(prepared, opts, transport, console, sync)
+        elif opts.preflight:
+            opts, prepared, started = await _checked_remote(
+                prepared, opts, transport, console, sync
+            )
+        else:
             prepared, started = await start_remote(prepared, opts, transport)
         return await _supervise(prepared, opts, transport, started)
     finally:
         await transport.close()
 
 
-async def _before_launch(
-    prepared: Prepared, opts: LaunchOptions, transport: Transport
+async def _sync(prepared: Prepared, opts: LaunchOptions, console: Console) -> dict[str, Any] | None:
+    """``--sync`` / ``--sync-script`` (SSH clusters): what the ``sync`` check reports."""
+    if not (opts.sync or opts.sync_script) or opts.cluster.is_local:
+        return None
+    from corral.runtime.presync import sync_before_launch
+
+    return await sync_before_launch(opts, prepared.spec, console)
+
+
+async def _checked(
+    prepared: Prepared,
+    opts: LaunchOptions,
+    transport: Transport,
+    console: Console,
+    sync: dict[str, Any] | None,
 ) -> tuple[LaunchOptions, Prepared]:
-    """``--sync`` / ``--sync-script``, then the pre-flight checklist; returns the
-    options and plan to launch (hosts excluded, interfaces detected)."""
+    """The pre-flight checklist (local nodes); the plan it leaves to launch."""
     from corral.runtime.preflight import apply, preflight
 
-    console = opts.console or Console(stderr=True, highlight=False)
-    sync: dict[str, Any] | None = None
-    if (opts.sync or opts.sync_script) and not opts.cluster.is_local:
-        from corral.runtime.presync import sync_before_launch
-
-        sync = await sync_before_launch(opts, prepared.spec, console)
-    if not opts.preflight:
-        return opts, prepared
     outcome = await preflight(opts, prepared.spec, transport, console, sync=sync)
     cluster = apply(outcome, opts.cluster)
     if cluster == opts.cluster:
         return opts, prepared
     opts = dataclasses.replace(opts, cluster=cluster, job_id=prepared.spec.job_id)
     return opts, prepare(opts)
+
+
+async def _checked_remote(
+    prepared: Prepared,
+    opts: LaunchOptions,
+    transport: Transport,
+    console: Console,
+    sync: dict[str, Any] | None,
+) -> tuple[LaunchOptions, Prepared, dict[str, NodeProcess]]:
+    """The checklist and the agents' start-up at the same time (both are a Python
+    start on every host): nothing is launched until the checklist passed. The
+    checklist tests the master port, so the agents do not (port 0 excepted)."""
+    from corral.runtime.preflight import apply, preflight
+
+    checks = asyncio.ensure_future(preflight(opts, prepared.spec, transport, console, sync=sync))
+    agents = asyncio.ensure_future(start_remote(prepared, opts, transport, check_port=False))
+    done = await asyncio.gather(checks, agents, return_exceptions=True)
+    outcome, started_agents = done
+    if isinstance(outcome, BaseException) or isinstance(started_agents, BaseException):
+        if not isinstance(started_agents, BaseException):
+            await _abort_all(started_agents[1].values())
+        error = outcome if isinstance(outcome, BaseException) else started_agents
+        assert isinstance(error, BaseException)
+        raise error
+    planned, started = started_agents
+    cluster = apply(outcome, opts.cluster)
+    if cluster == opts.cluster:
+        return opts, planned, started
+    keep = {h.name for h in cluster.hosts}
+    dropped = [name for name in started if name not in keep]
+    await _abort_all(started.pop(name) for name in dropped)
+    pythons = {c.host.name: c.host.python for c in planned.commands}
+    resolved = Cluster(
+        tuple(dataclasses.replace(h, python=pythons.get(h.name)) for h in cluster.hosts),
+        source=cluster.source,
+    )
+    opts = dataclasses.replace(opts, cluster=cluster, job_id=planned.spec.job_id)
+    replanned = Prepared(
+        spec=planned.spec, commands=plan_job(planned.spec, resolved), job_dir=planned.job_dir
+    )
+    return opts, replanned, started
+
+
+async def _abort_all(procs: Any) -> None:
+    """Tell agents that were started (and probed) to exit without launching."""
+    from corral.runtime.hosts import abort
+
+    waiting = []
+    for proc in procs:
+        abort(proc)
+        waiting.append(proc.wait())
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 10)
 
 
 async def _supervise(

@@ -1,0 +1,150 @@
+"""``corral ping [CLUSTER] [--timeout S] [--json]``: list the hosts that do not answer.
+
+Every host is pinged at once (``echo`` over a fresh SSH connection, or a local
+process for ``local:N``) with a hard deadline per host. A table (host, status,
+round-trip time, cause) goes to stderr; stdout gets the names of the hosts that
+did not answer, one per line (``corral ping --hosts f | xargs ...``), or with
+``--json`` one JSON document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from corral.cli.common import (
+    AcceptNewHostKeysOpt,
+    HostsOpt,
+    SshConfigOpt,
+    SshKeyOpt,
+    SshPasswordEnvOpt,
+    SshPortOpt,
+    SshUserOpt,
+    require_hosts,
+)
+from corral.cli.exec import make_transport
+from corral.cluster import Cluster, load_cluster
+from corral.errors import ConfigError
+from corral.runtime.ping import DEFAULT_TIMEOUT, PingResult, failed_hosts, ping_hosts
+from corral.transport.options import SshOptions
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        envvar="CORRAL_PING_TIMEOUT",
+        help="Hard deadline per host in seconds, covering connect, auth and the command.",
+    ),
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help='Print {"hosts": {name: {"ok", "rtt_ms", "error", "cause"}}, "failed": [...], '
+        '"ok": [...]} on stdout instead of the table and the failed names.',
+    ),
+]
+
+
+def to_json(results: Mapping[str, PingResult]) -> str:
+    """The ``--json`` document."""
+    doc = {
+        "hosts": {name: r.to_dict() for name, r in results.items()},
+        "failed": failed_hosts(results),
+        "ok": [name for name, r in results.items() if r.ok],
+    }
+    return json.dumps(doc, indent=2)
+
+
+def print_table(results: Mapping[str, PingResult], console: Console) -> None:
+    """The host/status/rtt/cause table, each failure's full message, and a summary line."""
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("host")
+    table.add_column("status")
+    table.add_column("rtt", justify="right")
+    table.add_column("cause")
+    for name, r in results.items():
+        table.add_row(
+            name,
+            Text("ok" if r.ok else "failed", style="green" if r.ok else "red"),
+            "-" if r.rtt_ms is None else f"{r.rtt_ms:.1f} ms",
+            r.cause or "",
+        )
+    console.print(table)
+    for r in results.values():
+        if r.error is not None:
+            console.print(Text(f"  {r.error}", style="red"), soft_wrap=True)
+    ok = sum(r.ok for r in results.values())
+    style = "bold green" if ok == len(results) else "bold red"
+    console.print(Text(f"{ok}/{len(results)} hosts answered", style=style))
+
+
+async def ping_cluster(
+    cluster: Cluster,
+    ssh: SshOptions,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> dict[str, PingResult]:
+    """Ping every host of ``cluster`` over a fresh transport, closed afterwards."""
+    hosts = list(cluster.hosts)
+    # The transport stops connecting at the deadline too, so nothing outlives the ping.
+    transport = make_transport(cluster, ssh, connect_timeout=timeout, fanout=max(64, len(hosts)))
+    try:
+        return await ping_hosts(transport, hosts, timeout=timeout)
+    finally:
+        await transport.close()
+
+
+def ping(
+    hosts: HostsOpt = None,
+    ssh_user: SshUserOpt = None,
+    ssh_key: SshKeyOpt = None,
+    ssh_port: SshPortOpt = None,
+    ssh_password_env: SshPasswordEnvOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the hosts that do not answer (echo over SSH, with a deadline per host).
+
+    The table goes to stderr; stdout gets the failed host names, one per line
+    (or the --json document). Exit codes: 0 every host answered; 1 some did not;
+    2 bad options or hostfile.
+    """
+    if not timeout > 0:
+        raise ConfigError(f"invalid timeout {timeout:g}: expected seconds > 0", option="--timeout")
+    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh_user, ssh_port=ssh_port)
+    ssh = SshOptions(
+        user=ssh_user,
+        key=ssh_key,
+        port=ssh_port,
+        password_env=ssh_password_env,
+        config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys,
+    )
+    results = asyncio.run(ping_cluster(cluster, ssh, timeout=timeout))
+    failed = failed_hosts(results)
+    if as_json:
+        typer.echo(to_json(results))
+    else:
+        print_table(results, Console(stderr=True, highlight=False))
+        for name in failed:
+            typer.echo(name)
+    if failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``ping`` to the root app."""
+    app.command("ping")(ping)
