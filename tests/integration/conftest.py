@@ -56,11 +56,14 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
             proc.kill()
 
 
-def run_corral(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run corral to completion, capturing stdout and stderr as text."""
-    env = dict(os.environ, COLUMNS="200")
+def run_corral(
+    *args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run corral to completion, capturing stdout and stderr as text (``env``: extra
+    variables)."""
+    full = dict(os.environ, COLUMNS="200", **(env or {}))
     return subprocess.run(
-        corral_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        corral_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full
     )
 
 

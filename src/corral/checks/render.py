@@ -59,7 +59,8 @@ def problems(console: Console, report: ChecklistReport) -> None:
         message = check.error if check.status is Status.FAIL else check.warning
         console.print(
             Text(f"{MARK[check.status]} {check.name}: ", style=STYLE[check.status])
-            + Text(message or check.summary)
+            + Text(message or check.summary),
+            soft_wrap=True,
         )
         if check.name == "software":
             versions = versions_table(check)
@@ -67,7 +68,7 @@ def problems(console: Console, report: ChecklistReport) -> None:
                 console.print("  versions that differ:")
                 console.print(versions)
         if check.fix_command:
-            console.print(Text("  fix: ", style="bold") + Text(check.fix_command))
+            console.print(Text("  fix: ", style="bold") + Text(check.fix_command), soft_wrap=True)
 
 
 def verdict(report: ChecklistReport, prefix: str = "") -> Text:

@@ -36,12 +36,9 @@ def check(ctx: CheckContext) -> CheckResult:
     error = warning = fix = None
     script_state = script.get("status")
     if script_state == "failed":
-        hosts = {
-            n: HostCheck(Status.FAIL, f"sync script failed: {script.get('detail')}") for n in names
-        }
-        error = (
-            f"the sync script {script.get('path')} failed ({script.get('detail')}): launch blocked"
-        )
+        failed = HostCheck(Status.FAIL, "the sync script failed: launch blocked")
+        hosts = dict.fromkeys(names, failed)
+        error = f"{script.get('detail')}; launch blocked"
         fix = f"fix {script.get('path')} and run it again (or pass --sync to use corral sync)"
     elif script_state == "missing":
         hosts = {

@@ -85,7 +85,12 @@ def _hostfile(tmp_path: Path, names: list[str], slots: int = 1, extra: str = "")
 
 
 def _check(
-    testbed: Testbed, tmp_path: Path, *args: str, names: list[str] = HOSTS, hosts: str = ""
+    testbed: Testbed,
+    tmp_path: Path,
+    *args: str,
+    names: list[str] = HOSTS,
+    hosts: str = "",
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     argv = [
         "check",
@@ -96,7 +101,7 @@ def _check(
         "--json",
         *args,
     ]
-    proc = run_corral(*argv, cwd=tmp_path, timeout=180)
+    proc = run_corral(*argv, cwd=tmp_path, timeout=180, env=env)
     assert proc.stdout.strip(), proc.stderr
     report = json.loads(proc.stdout)
     jsonschema.validate(report, REPORT_SCHEMA)
@@ -105,6 +110,10 @@ def _check(
 
 def _by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in report["checks"]}
+
+
+def _failed(report: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return [(c["name"], c["error"]) for c in report["checks"] if c["status"] == "fail"]
 
 
 def _on_host(testbed: Testbed, host: str, script: str) -> None:
@@ -176,6 +185,7 @@ def test_changed_file_on_one_host_is_named_and_excluded(
     testbed: Testbed, tmp_path: Path, code_tree: tuple[Path, str], run_dir: Path
 ) -> None:
     src, dest = code_tree
+    # same size, same second: rsync's default quick check would call it unchanged
     _on_host(testbed, "tb3", f"echo 'LAYERS = 5' > {dest}/pkg/model.py")
     _on_host(testbed, "tb3", f"echo junk > {dest}/outputs/other.bin")  # ignored: no matter
     proc, report = _check(
@@ -189,6 +199,37 @@ def test_changed_file_on_one_host_is_named_and_excluded(
     assert {code["hosts"][h]["status"] for h in ("tb1", "tb2")} == {"pass"}
     assert code["data"]["divergent"]["tb3"]["changed"] == ["pkg/model.py"]
     assert "tb3" in code["error"] and "corral sync" in code["fix_command"]
+
+    # corral sync brings tb3 back in line; the sync check then says so
+    state = tmp_path / "state"
+    env_state = {"CORRAL_STATE_DIR": str(state)}
+    synced = run_corral(
+        "sync",
+        "--hosts",
+        _hostfile(tmp_path, HOSTS),
+        "--ssh-config",
+        str(testbed.ssh_config),
+        str(src),
+        "--dest",
+        dest,
+        cwd=tmp_path,
+        env=env_state,
+    )
+    assert synced.returncode == 0, synced.stderr
+    proc, after = _check(
+        testbed,
+        tmp_path,
+        "--workdir",
+        dest,
+        "--code-dir",
+        str(src),
+        "--no-smoke-test",
+        env=env_state,
+    )
+    assert proc.returncode == 0, (_failed(after), synced.stderr)
+    assert _by_name(after)["code"]["status"] == "pass"
+    assert {c["status"] for c in _by_name(after)["sync"]["hosts"].values()} == {"pass"}
+    _on_host(testbed, "tb3", f"echo 'LAYERS = 5' > {dest}/pkg/model.py")
 
     # the seed's 0.95 threshold: 2 of 3 is still below it; 0.6 lets one host differ (warn)
     _, lenient = _check(
@@ -441,3 +482,44 @@ def test_unreachable_host_fails_connectivity_fast(healthy_testbed: Testbed, tmp_
     assert connectivity["hosts"]["tb2"]["status"] == "fail"
     assert "refused" in connectivity["hosts"]["tb2"]["detail"].lower()
     assert connectivity["hosts"]["tb1"]["status"] == "pass"
+
+
+def test_run_sync_and_sync_script_semantics(
+    testbed: Testbed, tmp_path: Path, code_tree: tuple[Path, str], run_dir: Path
+) -> None:
+    src, dest = code_tree
+    _on_host(testbed, "tb2", f"echo 'LAYERS = 9' > {dest}/pkg/model.py")
+    env = {"CORRAL_STATE_DIR": str(tmp_path / "state")}
+    common = ["--hosts", _hostfile(tmp_path, HOSTS), "--ssh-config", str(testbed.ssh_config)]
+    common += ["--workdir", dest, "--code-dir", str(src), "--run-dir", str(run_dir)]
+    common += ["--launcher", "python"]
+
+    failing = tmp_path / "sync.sh"
+    failing.write_text("#!/bin/sh\necho pushing to $CORRAL_HOST_NAMES\nexit 3\n")
+    refused = run_corral(
+        "run", *common, "--sync-script", str(failing), "--", "train.py", cwd=tmp_path, env=env
+    )
+    assert refused.returncode == 2
+    assert "pushing to tb1 tb2 tb3" in refused.stderr
+    assert "sync script" in refused.stderr and "exit code 3" in refused.stderr
+    assert "host tb" not in refused.stdout
+
+    missing = run_corral(
+        "run",
+        *common,
+        "--no-preflight",
+        "--sync-script",
+        str(tmp_path / "nope.sh"),
+        "--",
+        "train.py",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert missing.returncode == 0, missing.stderr  # a missing script warns and goes on
+    assert "not found" in missing.stderr
+
+    synced = run_corral("run", *common, "--sync", "--", "train.py", cwd=tmp_path, env=env)
+    assert synced.returncode == 0, synced.stderr
+    assert "3/3 hosts synced" in synced.stderr
+    for host in HOSTS:
+        assert f"host {host} world 3" in synced.stdout
