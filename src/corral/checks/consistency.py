@@ -151,6 +151,4 @@ def check(ctx: CheckContext) -> CheckResult:
         fix_command=sync_command(ctx, names) if divergent else None,
         data=data,
     )
-    if divergent and not below:
-        result.status = Status.WARN
     return result

@@ -26,8 +26,8 @@ from corral.cli.common import (
 from corral.cluster import load_cluster
 from corral.errors import ConfigError
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
-from corral.runtime.hosts import candidates
 from corral.runtime.launch import LaunchOptions, prepare, run_job
+from corral.runtime.remote_python import candidates
 from corral.transport.options import SshOptions
 
 _L = "Launch"

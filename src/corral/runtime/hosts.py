@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError, LaunchError
+from corral.runtime.remote_python import candidates
 from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0
@@ -44,13 +44,6 @@ class HostProbe:
     workdir_ok: bool
     port: int | None
     port_error: str | None = None
-
-
-def candidates(python: str | None) -> list[str]:
-    """Interpreters to try on a host, in order."""
-    if python:
-        return [python]
-    return [sys.executable, "python3"] if sys.executable else ["python3"]
 
 
 def agent_argv(python: str | None) -> list[str]:
