@@ -281,7 +281,15 @@ def test_cli_local_cluster(tmp_path: Path) -> None:
     assert out.returncode == 0 and "nothing to push" in out.stderr
 
 
-def test_cli_ctrl_c_stops_every_rsync(tmp_path: Path) -> None:
+def cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return list(proc.cmdline())
+    except psutil.Error:  # already gone, or a zombie
+        return []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_ctrl_c_stops_every_rsync(tmp_path: Path, signum: int) -> None:
     src = make_tree(tmp_path / "src")
     env = cli_env(tmp_path)
     env.update(FAKE_SSH_SLEEP="60", FAKE_SSH_LOG=str(tmp_path / "ssh.log"))
@@ -301,12 +309,12 @@ def test_cli_ctrl_c_stops_every_rsync(tmp_path: Path) -> None:
             time.sleep(0.05)
         children = psutil.Process(proc.pid).children(recursive=True)
         ssh = str(tmp_path / "bin" / "ssh")
-        assert sum(ssh in c.cmdline() for c in children) == 2  # one per host, mid-"connect"
-        proc.send_signal(signal.SIGINT)
+        assert sum(ssh in cmdline(c) for c in children) == 2  # one per host, mid-"connect"
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     _, alive = psutil.wait_procs(children, timeout=10)
     assert alive == []

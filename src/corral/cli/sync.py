@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import json
 import os
-from typing import Annotated
+import signal
+from collections.abc import Coroutine
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -228,6 +230,33 @@ def _summary(report: SyncReport, console: Console) -> None:
     console.print(Text(summary_line(report), style=style), soft_wrap=True)
 
 
+async def interruptible(work: Coroutine[Any, Any, int]) -> int | None:
+    """Run ``work``; Ctrl-C or SIGTERM cancels it (its processes are stopped and
+    reaped on the way out) and gives None. A second signal does not cut that short."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    interrupted = False
+
+    def stop() -> None:
+        nonlocal interrupted
+        if not interrupted:
+            interrupted = True
+            task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if interrupted:
+            return None
+        raise
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 async def sync_cluster(
     cluster: Cluster,
     src: str,
@@ -343,8 +372,8 @@ def sync(
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
     )
-    try:
-        code = asyncio.run(
+    code = asyncio.run(
+        interruptible(
             sync_cluster(
                 cluster,
                 src,
@@ -361,9 +390,10 @@ def sync(
                 python=python,
             )
         )
-    except KeyboardInterrupt:
+    )
+    if code is None:
         Console(stderr=True).print("[bold red]interrupted[/]: every rsync was stopped")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(EXIT_INTERRUPTED)
     if code:
         raise typer.Exit(code)
 

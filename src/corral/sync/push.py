@@ -33,8 +33,9 @@ from corral.errors import ConfigError
 from corral.runtime import remote_python
 from corral.sync import fingerprint
 from corral.sync.hashcache import cached_manifest, changed_since, snapshot
+from corral.sync.procs import KILL_GRACE, communicate, drain, gather_all, kill_group, spawn
 from corral.sync.rsync_output import OUT_FORMAT, RsyncProgress, RsyncReader, exit_meaning
-from corral.sync.script import ScriptResult, kill_group
+from corral.sync.script import ScriptResult
 from corral.sync.sshargs import (
     DEFAULT_CONNECT_TIMEOUT,
     Resolved,
@@ -70,7 +71,6 @@ PRUNE_MODULES = ("corral.sync.fingerprint", "corral.sync.prune")
 STDERR_KEEP = 64 * 1024
 ERROR_LINES = 3
 PROGRESS_INTERVAL = 0.1  # seconds between progress callbacks per host
-_KILL_GRACE = 3.0
 _READ = 64 * 1024
 
 # (pattern in ssh's stderr, cause) for a host ssh could not get into
@@ -347,13 +347,12 @@ async def _collect(stream: asyncio.StreamReader | None, keep: int) -> bytes:
 
 
 async def _run_rsync(job: _Job, host: Host, argv: list[str]) -> tuple[int, RsyncProgress, str]:
-    proc = await asyncio.create_subprocess_exec(
+    proc = await spawn(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=job.env,
-        start_new_session=True,  # no terminal: Ctrl-C is ours to handle, askpass is used
+        env=job.env,  # own session: Ctrl-C is ours to handle, and askpass is used
     )
     reader = RsyncReader()
     errors = asyncio.ensure_future(_collect(proc.stderr, STDERR_KEEP))
@@ -370,8 +369,10 @@ async def _run_rsync(job: _Job, host: Host, argv: list[str]) -> tuple[int, Rsync
         stderr = await errors
         code = await proc.wait()
     except BaseException:
-        errors.cancel()
-        await kill_group(proc, _KILL_GRACE)
+        await kill_group(proc)
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(errors), KILL_GRACE)
+        await drain(proc, stderr=False)
         raise
     if job.listener is not None:
         job.listener.progress(host.name, reader.progress, "syncing")
@@ -382,20 +383,7 @@ async def _run_prune(
     job: _Job, host: Host, ssh: list[str], target: str
 ) -> tuple[int, dict[str, Any], str]:
     argv = [*ssh, target, prune_command(job.dest, job.python)]
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=job.env,
-        start_new_session=True,
-    )
-    try:
-        out, err = await proc.communicate(job.keep)
-    except BaseException:
-        await kill_group(proc, _KILL_GRACE)
-        raise
-    code = proc.returncode if proc.returncode is not None else -1
+    code, out, err = await communicate(*argv, input=job.keep, env=job.env)
     report: dict[str, Any] = {}
     for line in reversed(out.decode(errors="replace").splitlines()):
         with contextlib.suppress(ValueError):
@@ -539,7 +527,7 @@ async def sync_tree(
     try:
         hosts = list(cluster.hosts)
         builtin = await builtin_algorithms(ssh=ssh)
-        resolved = await asyncio.gather(*(resolve_host(ssh_options, h, ssh=ssh) for h in hosts))
+        resolved = await gather_all(*(resolve_host(ssh_options, h, ssh=ssh) for h in hosts))
         with tempfile.TemporaryDirectory(prefix="corral-sync-") as tmp:
             files_from = Path(tmp) / "files"
             keep = _keep_list(files)
@@ -573,8 +561,8 @@ async def sync_tree(
                 async with limit:
                     return await _sync_host(job, host, res)
 
-            report.hosts = list(
-                await asyncio.gather(*(one(h, r) for h, r in zip(hosts, resolved, strict=True)))
+            report.hosts = await gather_all(
+                *(one(h, r) for h, r in zip(hosts, resolved, strict=True))
             )
         manifest = await hashing
     except BaseException:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from corral.sync.procs import drain, kill_group, spawn
+
 __all__ = [
     "PREFIX",
     "ScriptResult",
@@ -36,7 +38,6 @@ __all__ = [
 
 PREFIX = "[sync-script] "
 TAIL_LINES = 20
-_KILL_GRACE = 5.0
 _CHUNK = 64 * 1024
 
 ScriptStatus = Literal["ok", "missing", "failed"]
@@ -130,14 +131,13 @@ async def run_sync_script(
     full_env.update(env or {})
     started = time.monotonic()
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await spawn(
             *script_argv(file),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env=full_env,
             cwd=cwd,
-            start_new_session=True,
         )
     except OSError as exc:
         return ScriptResult(
@@ -166,6 +166,7 @@ async def run_sync_script(
         code = await proc.wait()
     except BaseException:
         await kill_group(proc)
+        await drain(proc)
         raise
     seconds = time.monotonic() - started
     if code == 0:
@@ -179,17 +180,3 @@ async def run_sync_script(
         tail=list(tail),
         message=f"sync script {shown} failed ({_exit_text(code)}){last}",
     )
-
-
-async def kill_group(proc: asyncio.subprocess.Process, grace: float = _KILL_GRACE) -> None:
-    """SIGTERM the process's group, SIGKILL after ``grace`` seconds, and reap it."""
-    if proc.returncode is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), grace)
-            return
-        except asyncio.TimeoutError:
-            continue

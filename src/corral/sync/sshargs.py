@@ -23,7 +23,6 @@ a file: ssh asks an *askpass* helper, a two-line shell script that prints
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import stat
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from corral.cluster.model import Host
 from corral.errors import ConfigError
+from corral.sync.procs import communicate
 from corral.transport.options import SshOptions
 
 __all__ = [
@@ -166,19 +166,11 @@ def parse_ssh_g(text: str) -> dict[str, str]:
 
 async def _ssh_g(argv: Sequence[str], name: str) -> dict[str, str]:
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            "-G",
-            name,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        code, out, err = await communicate(*argv, "-G", name)
     except OSError as exc:
         why = exc.strerror or exc
         raise ConfigError(f"cannot run {argv[0]!r}: {why} (install OpenSSH)") from exc
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
+    if code != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         raise ConfigError(
             f"ssh cannot use its config for {name}: {lines[-1] if lines else 'ssh -G failed'}",
