@@ -276,6 +276,11 @@ def port_holders(port: int) -> list[dict[str, Any]]:
     return holders
 
 
+def describe_holders(holders: list[dict[str, Any]]) -> str:
+    """``PID 12 (python train.py), ...`` for :func:`port_holders`' result."""
+    return ", ".join(f"PID {h['pid']} ({h['cmdline'][:60]})" for h in holders)
+
+
 def listen(port: int) -> tuple[socket.socket | None, dict[str, Any]]:
     """Listen on ``port`` on every address, as the rendezvous store will; when that
     fails, name the holders and listen on an ephemeral port instead."""

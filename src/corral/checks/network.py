@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.checks.context import CheckContext, is_loopback
+from corral.checks.hostside import describe_holders
 from corral.checks.result import CheckResult, HostCheck, Status
 
 NAME = "network"
@@ -30,7 +31,7 @@ def _holders(listener: dict[str, Any]) -> str:
     holders = listener.get("holders") or []
     if not holders:
         return "held by a process corral cannot see (another user's or another namespace's)"
-    return "held by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:60]})" for h in holders)
+    return "held by " + describe_holders(holders)
 
 
 def check(ctx: CheckContext) -> CheckResult:

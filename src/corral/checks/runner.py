@@ -31,6 +31,7 @@ from corral.cluster.model import Cluster
 from corral.plan.render import master_index
 from corral.sync.fingerprint import Manifest, build_manifest, file_digest
 from corral.transport.base import Transport
+from corral.transport.choose import transport_for
 
 CHECK_NAMES = (
     "connectivity",
@@ -80,16 +81,6 @@ def _ignores_for(code_dir: str, run_dir: str | None) -> tuple[str, ...]:
     except ValueError:
         return ()
     return (f"/{rel.as_posix()}/",) if rel.parts else ()
-
-
-def _make_transport(opts: ChecklistOptions) -> Transport:
-    if opts.cluster.is_local:
-        from corral.transport.local import LocalTransport
-
-        return LocalTransport()
-    from corral.transport.ssh import SshTransport
-
-    return SshTransport.from_options(opts.ssh, connect_timeout=opts.connect_timeout)
 
 
 def _local_reference(
@@ -222,7 +213,7 @@ async def run_checklist(
         connect_timeout=min(opts.connect_timeout, 5.0),
     )
     own_transport = transport is None
-    tp = transport or _make_transport(opts)
+    tp = transport or transport_for(opts.cluster, opts.ssh, connect_timeout=opts.connect_timeout)
     phases: dict[str, float] = {}
     try:
         t0 = time.perf_counter()

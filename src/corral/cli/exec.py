@@ -40,6 +40,7 @@ from corral.runtime.fanout import (
     unreachable_summary,
 )
 from corral.transport.base import Transport
+from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
 
 EXIT_OK = 0
@@ -150,15 +151,7 @@ def make_transport(
     cluster: Cluster, ssh: SshOptions, *, connect_timeout: float | None = None, fanout: int = 64
 ) -> Transport:
     """LocalTransport for ``local:N``, else an SshTransport for the CLUSTER options."""
-    if cluster.is_local:
-        from corral.transport.local import LocalTransport
-
-        return LocalTransport()
-    if any(h.local for h in cluster.hosts):
-        raise ConfigError("a cluster cannot mix local:N nodes and SSH hosts", option="--hosts")
-    from corral.transport.ssh import SshTransport
-
-    return SshTransport(ssh, connect_timeout=connect_timeout, max_concurrency=fanout)
+    return transport_for(cluster, ssh, connect_timeout=connect_timeout, max_concurrency=fanout)
 
 
 async def exec_on_cluster(

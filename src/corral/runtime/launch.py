@@ -35,7 +35,7 @@ from corral.runtime.output import LogSink
 from corral.runtime.summary import print_report
 from corral.runtime.supervisor import JobResult, Supervisor
 from corral.transport.base import NodeProcess, Transport
-from corral.transport.local import LocalTransport
+from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
 
 
@@ -142,14 +142,10 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     if error is not None:
         why = str(error)
         if error.errno == errno.EADDRINUSE:
-            from corral.checks.hostside import port_holders
+            from corral.checks.hostside import describe_holders, port_holders
 
             holders = port_holders(port)
-            why = "already in use" + (
-                " by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:60]})" for h in holders)
-                if holders
-                else ""
-            )
+            why = "already in use" + (" by " + describe_holders(holders) if holders else "")
         raise LaunchError(
             f"master port {port} on {host} is {why}; pass another --master-port, "
             "or --master-port 0 to pick a free one"
@@ -216,13 +212,7 @@ def prepare(opts: LaunchOptions, *, dry_run: bool = False) -> Prepared:
 
 def make_transport(opts: LaunchOptions) -> Transport:
     """LocalTransport for ``local:N``; the SSH transport otherwise."""
-    if opts.cluster.is_local:
-        return LocalTransport()
-    if any(h.local for h in opts.cluster.hosts):
-        raise ConfigError("a cluster cannot mix local:N nodes and SSH hosts", option="--hosts")
-    from corral.transport.ssh import SshTransport
-
-    return SshTransport.from_options(opts.ssh)
+    return transport_for(opts.cluster, opts.ssh)
 
 
 def _agent_argv(spec: JobSpec) -> Any:
