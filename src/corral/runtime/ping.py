@@ -33,7 +33,7 @@ __all__ = ["KILL_GRACE", "PingResult", "failed_hosts", "ping_hosts"]
 
 #: After the deadline, how long to wait for a killed ping command to end (then it is left).
 KILL_GRACE = 1.0
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = 10.0
 _NONCE_PREFIX = "corral-ping-"
 _CAPTURE_LIMIT = 4096  # bytes of stdout/stderr kept per host
 _SHOWN = 120  # characters of unexpected output quoted in an error

@@ -107,7 +107,7 @@ def test_timeout_kills_the_remote_command(testbed: Testbed) -> None:
     marker = f"{2000 + uuid.uuid4().int % 9000}.5"
     started = time.monotonic()
     result = corral_exec(
-        testbed, "--timeout", "2", "--", f'[ "$(hostname)" = tb1 ] && sleep {marker}; echo done'
+        testbed, "--timeout", "5", "--", f'[ "$(hostname)" = tb1 ] && sleep {marker}; echo done'
     )
     assert time.monotonic() - started < 20
     assert result.returncode == 1

@@ -26,7 +26,7 @@ pytest.importorskip("torch")  # the [torch] extra is part of `make setup`
 T = TypeVar("T")
 HOSTS = ("tb1", "tb2", "tb3")
 NPROC = {"tb1": 1, "tb2": 2, "tb3": 1}
-CONNECT_TIMEOUT = 3.0
+CONNECT_TIMEOUT = 10.0
 SLACK = MARGIN + 2 * KILL_GRACE + CONNECT_TIMEOUT + 15
 
 
