@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="default: $CORRAL_CHECKPOINT_DIR, else ./checkpoints",
     )
     p.add_argument("--checkpoint-every", type=int, default=20, help="0 disables checkpoints")
+    p.add_argument(
+        "--ballast-mb",
+        type=float,
+        default=0.0,
+        help="extra MB of data in each checkpoint (slower, bigger saves; tests)",
+    )
     p.add_argument("--batch-size", type=int, default=256, help="global batch size")
     p.add_argument("--lr", type=float, default=0.1, help="single-process learning rate")
     p.add_argument("--lr-rule", choices=["linear", "sqrt", "none"], default="sqrt")
@@ -56,7 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     fail = p.add_argument_group("failure injection (tests)")
     fail.add_argument("--fail-at-step", type=int, default=None, help="fail before step K")
     fail.add_argument("--fail-rank", type=int, default=0, help="the global rank that fails")
-    fail.add_argument("--fail-mode", choices=["exit", "raise"], default="exit")
+    fail.add_argument(
+        "--fail-mode",
+        choices=["exit", "raise", "kill", "hang"],
+        default="exit",
+        help="exit: sys.exit; raise: an exception; kill: SIGKILL itself; hang: sleep forever",
+    )
     fail.add_argument("--exit-code", type=int, default=1, help="exit status for --fail-mode exit")
     fail.add_argument(
         "--fail-on-attempt",
@@ -104,18 +116,24 @@ def full_loss(model: nn.Module, data: TensorDataset) -> float:
     return float(nn.functional.cross_entropy(model(x), y))
 
 
-def load_resume_state(ckpt_dir: str, distributed: bool) -> dict[str, Any] | None:
-    """Rank 0 loads the newest complete checkpoint and shares it (no shared disk needed)."""
-    state: dict[str, Any] | None = None
-    if sdk.is_main_process():
-        path = sdk.latest_checkpoint(ckpt_dir)
-        if path is not None:
-            state = sdk.load_checkpoint(path)
-    if distributed:
-        box: list[Any] = [state]
-        dist.broadcast_object_list(box, src=0)
-        state = box[0]
-    return state
+def inject_failure(args: argparse.Namespace, rank: int, step: int) -> None:
+    """The failure asked for on the command line (tests and benchmarks)."""
+    if args.fail_mode == "raise":
+        raise RuntimeError(f"injected failure at step {step} on rank {rank}")
+    if args.fail_mode == "kill":
+        print(f"rank {rank}: killing itself (SIGKILL) at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if args.fail_mode == "hang":
+        print(f"rank {rank}: hanging at step {step}", flush=True)
+        hang_forever()
+    print(f"rank {rank}: exiting with code {args.exit_code} at step {step}", flush=True)
+    sys.exit(args.exit_code)
+
+
+def hang_forever() -> None:
+    """Stuck inside a training step (what hang detection must find)."""
+    while True:
+        time.sleep(3600)
 
 
 @sdk.record
@@ -141,18 +159,20 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
     initial_loss = full_loss(model, data)
     start = 0
-    state = load_resume_state(args.checkpoint_dir, distributed)
+    # rank 0 loads the newest complete checkpoint and broadcasts it: no shared disk needed
+    state = sdk.resume(args.checkpoint_dir)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, initial_loss = int(state["step"]), float(state["initial_loss"])
         if me.rank == 0:
-            print(f"resumed from step {start}", flush=True)
+            print(f"resumed from step {start} (world size {me.world_size})", flush=True)
     net: nn.Module = model
     if distributed:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     loss_fn = nn.CrossEntropyLoss()
 
+    ballast = torch.zeros(int(args.ballast_mb * (1 << 20)) // 4, dtype=torch.float32)
     stream = batches(loader, sampler, start)
     window: list[float] = []  # losses since the last printed line
     for step in range(start + 1, args.steps + 1):
@@ -161,10 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             and me.rank == args.fail_rank
             and args.fail_on_attempt in (-1, me.attempt)
         ):
-            if args.fail_mode == "raise":
-                raise RuntimeError(f"injected failure at step {step} on rank {me.rank}")
-            print(f"rank {me.rank}: exiting with code {args.exit_code} at step {step}", flush=True)
-            sys.exit(args.exit_code)
+            inject_failure(args, me.rank, step)
         x, y = (t.to(device) for t in next(stream))
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(net(x), y)
@@ -185,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                     "optimizer": optimizer.state_dict(),
                     "initial_loss": initial_loss,
                     "world_size": me.world_size,
+                    "ballast": ballast,
                 },
                 args.checkpoint_dir,
                 step,

@@ -1,13 +1,22 @@
-"""corral.sdk checkpoints: atomic writes, pruning, and skipping damaged files."""
+"""corral.sdk checkpoints: atomic writes, pruning, skipping damaged files, announcing
+saves to the supervisor, write errors and resume()."""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from corral import sdk
+from corral.sdk import _checkpoint
+
+from .test_sdk_report import ControlServer
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -16,6 +25,8 @@ pytestmark = pytest.mark.torch
 @pytest.fixture(autouse=True)
 def rank0(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("CORRAL_CONTROL", "CORRAL_CHECKPOINT_DIR", "CORRAL_HOST"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -180,3 +191,153 @@ def test_clear_error_without_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         sdk.load_checkpoint(tmp_path / "ckpt-00000003.pt")
     # Finding the latest checkpoint needs no torch (the coordinator can do it).
     assert sdk.latest_checkpoint(tmp_path) == tmp_path / "ckpt-00000003.pt"
+
+
+# -- announcements to the supervisor ---------------------------------------------------
+
+
+@pytest.fixture
+def control(monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlServer]:
+    name = f"corral-test-{uuid.uuid4().hex}"
+    server = ControlServer("\0" + name)
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+    yield server
+    server.close()
+
+
+def test_each_save_is_announced_on_the_control_socket(
+    control: ControlServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    sdk.report(4, 10, loss=1.0)
+    path = sdk.save_checkpoint(state(5), "ck", 5)
+    sdk.report(5, 10)
+    lines = control.wait_lines(4)
+    assert len(control.connections) == 1  # the progress connection, shared
+    assert lines[0] == "ctl 0\n"
+    progress, announced, after = (json.loads(line) for line in lines[1:])
+    assert progress["type"] == after["type"] == "progress"
+    assert announced == {
+        "type": "checkpoint",
+        "step": 5,
+        "path": str(tmp_path / "ck" / "ckpt-00000005.pt"),
+        "rank": 0,
+        "time": announced["time"],
+    }
+    assert path is not None and Path(announced["path"]) == path.resolve()
+
+
+def test_only_rank_zero_saves_are_announced(
+    control: ControlServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    sdk.save_checkpoint(state(1), tmp_path, 1)  # skipped on rank 1
+    sdk.save_checkpoint(state(1), tmp_path, 1, all_ranks=True)  # a per-rank shard
+    sdk.report(1)
+    lines = control.wait_lines(2)
+    assert [json.loads(line)["type"] for line in lines[1:]] == ["progress"]
+
+
+def test_a_failed_save_is_not_announced(control: ControlServer, tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"(?i)pickle|lambda|attribute"):
+        sdk.save_checkpoint({"fn": lambda: 0}, tmp_path, 2)
+    sdk.report(2)
+    lines = control.wait_lines(2)
+    assert [json.loads(line)["type"] for line in lines[1:]] == ["progress"]
+
+
+# -- write errors ----------------------------------------------------------------------
+
+
+def test_a_full_disk_raises_a_clear_error_and_keeps_the_previous(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CORRAL_HOST", "tb7")
+    previous = sdk.save_checkpoint(state(10), tmp_path, 10)
+    assert previous is not None
+    before = previous.read_bytes()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_checkpoint.os, "fsync", full)
+    with pytest.raises(sdk.CheckpointWriteError) as caught:
+        sdk.save_checkpoint(state(20), tmp_path, 20)
+    monkeypatch.undo()
+    err = caught.value
+    target = tmp_path / "ckpt-00000020.pt"
+    assert str(err) == (
+        f"cannot save checkpoint {target} on host tb7: no space left on device; "
+        f"the previous checkpoint {previous} is intact"
+    )
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    assert (err.host, err.path, err.cause) == ("tb7", str(target), "no space left on device")
+    assert err.previous == str(previous)
+    assert names(tmp_path) == ["ckpt-00000010.pt"]  # no temp file left
+    assert previous.read_bytes() == before
+    assert sdk.latest_checkpoint(tmp_path) == previous
+
+
+def test_a_write_error_without_an_earlier_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(sdk.CheckpointWriteError) as caught:
+        sdk.save_checkpoint(state(1), blocker / "ck", 1)
+    message = str(caught.value)
+    assert f"cannot save checkpoint {blocker / 'ck' / 'ckpt-00000001.pt'} on host " in message
+    assert f"no earlier checkpoint in {blocker / 'ck'}" in message
+
+
+def test_the_write_error_pickles() -> None:
+    import pickle
+
+    err = sdk.CheckpointWriteError(
+        "cannot save", host="h", path="/p", cause="no space left on device", code=errno.ENOSPC
+    )
+    copy = pickle.loads(pickle.dumps(err))
+    assert (str(copy), copy.host, copy.path, copy.errno) == ("cannot save", "h", "/p", errno.ENOSPC)
+
+
+# -- resume ----------------------------------------------------------------------------
+
+
+def test_resume_loads_the_latest_complete_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sdk.resume(tmp_path) is None
+    assert capsys.readouterr().out == ""
+    for step in (10, 20, 30):
+        sdk.save_checkpoint(state(step), tmp_path, step, keep=None)
+    newest = tmp_path / "ckpt-00000030.pt"
+    newest.write_bytes(newest.read_bytes()[:-10])  # damaged: 20 is the latest complete one
+    loaded = sdk.resume(tmp_path)
+    assert loaded is not None and loaded["step"] == 20
+    assert torch.equal(loaded["weights"], torch.full((256,), 20.0))
+    assert capsys.readouterr().out == (
+        f"[corral] resuming from {tmp_path / 'ckpt-00000020.pt'} (step 20)\n"
+    )
+
+
+def test_resume_defaults_to_the_checkpoint_dir_of_the_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ValueError, match="--checkpoint-dir"):
+        sdk.resume()
+    sdk.save_checkpoint({"epoch": 3}, tmp_path, 3)
+    monkeypatch.setenv("CORRAL_CHECKPOINT_DIR", str(tmp_path))
+    assert sdk.resume() == {"epoch": 3}
+    assert capsys.readouterr().out == ""  # no "step" key: nothing to say
+
+
+def test_resume_prints_only_on_rank_zero(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sdk.save_checkpoint(state(4), tmp_path, 4)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    loaded = sdk.resume(tmp_path)  # no process group: this rank reads its own directory
+    assert loaded is not None and loaded["step"] == 4
+    assert capsys.readouterr().out == ""

@@ -217,7 +217,8 @@ def test_importing_the_sdk_does_not_import_torch() -> None:
 def test_public_api_is_pinned() -> None:
     assert sorted(sdk.__all__) == sorted(
         [
-            "DistInfo", "MasterNotReadyError", "barrier", "cleanup", "destroy", "error_file_path",
+            "CheckpointWriteError", "DistInfo", "MasterNotReadyError", "barrier", "cleanup",
+            "destroy", "enable_stack_dumps", "error_file_path", "resume",
             "info", "init_distributed", "is_complete_checkpoint", "is_distributed",
             "is_main_process", "latest_checkpoint", "load_checkpoint", "output_dir",
             "print_distributed_info", "read_error_file", "record", "report", "save_checkpoint",

@@ -38,6 +38,7 @@ from corral.agent.protocol import (
     encode_event,
     encode_frame,
 )
+from corral.agent.worker import error_file
 
 CHUNK = 1 << 16
 MAX_LINE = 8 << 20  # longer lines are split (frames are at most 16 MiB)
@@ -117,7 +118,9 @@ class NodeAgent:
         self.node = node
         self.grace: float = float(start.get("grace", 10.0))
         self.heartbeat_timeout: float | None = start.get("heartbeat_timeout")
+        self.heartbeat_interval: float = float(start.get("heartbeat_interval", 2.0))
         self.master_timeout: float = float(start.get("master_timeout", 300.0))
+        self.stack_timeout = 10.0
         self.out = out
         self.env: dict[str, str] = dict(node["env"])
         self.node_dir = Path(os.path.expanduser(self.env.get("CORRAL_NODE_DIR", ".corral-node")))
@@ -403,7 +406,8 @@ class NodeAgent:
                 self.emit(encode_event({"event": "report", **msg}))
 
     def _error_file(self, rank: int) -> dict[str, Any] | None:
-        path = self.node_dir / "errors" / f"rank-{rank}.json"
+        attempt = self.env.get("CORRAL_ATTEMPT", "0")
+        path = Path(error_file(str(self.node_dir), attempt, rank))
         try:
             data: dict[str, Any] = json.loads(path.read_text())
             return data
@@ -510,6 +514,9 @@ class NodeAgent:
                 self.request_teardown(float(op.get("grace", self.grace)), reason="stop requested")
             elif kind == "kill":
                 self.request_teardown(0.0, reason="kill requested")
+            elif kind == "dump":
+                self.stack_timeout = float(op.get("timeout", self.stack_timeout))
+                self._spawn(self._dump_stacks())
 
     async def _watch_heartbeat(self) -> None:
         if not self.heartbeat_timeout:
@@ -528,6 +535,25 @@ class NodeAgent:
             if now - self.last_heartbeat > self.heartbeat_timeout:
                 self.request_teardown(self.grace, reason="coordinator heartbeat lost")
                 return
+
+    async def _send_heartbeats(self) -> None:
+        """The agent's own heartbeat: the coordinator declares the host lost when these
+        stop arriving (link cut, host hung) for its ``--host-timeout``."""
+        while not self.done.is_set():
+            self.event("hb")
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def _dump_stacks(self) -> None:
+        """Dump every live rank's Python stack (hang detection) and send them."""
+        from corral.agent.stacks import dump_event
+
+        ranks = {
+            t.rank: t.pid
+            for t in self.ranks.values()
+            if t.pid is not None and t.code is None and not t.reported
+        }
+        fields = await dump_event(ranks, self.node_dir, self.stack_timeout)
+        self.event("stacks", **fields)
 
     async def _track_groups(self) -> None:
         while not self.stopping:
@@ -626,6 +652,7 @@ class NodeAgent:
         )
         self._spawn(self._read_ops(stdin))
         self._spawn(self._watch_heartbeat())
+        self._spawn(self._send_heartbeats())
         self._spawn(self._track_groups())
         if self.node.get("hosts_master"):
             self._spawn(self._probe_master())

@@ -8,6 +8,9 @@ corral needs around it:
   assigned, so every line is attributed to the right ``[host:rank]``;
 * an uncaught exception is written to the rank's error file (the traceback of
   the root cause) and reported with the exit code on the control socket;
+* ``SIGUSR1`` dumps every thread's Python stack to
+  ``$CORRAL_NODE_DIR/stacks/rank-<RANK>.txt`` (:func:`corral.sdk.enable_stack_dumps`),
+  the fallback of hang detection where py-spy cannot attach;
 * the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed
   torchrun or agent never leaves ranks behind;
 * once the script is done, torch's C++ static destructors are skipped (they
@@ -72,6 +75,22 @@ def _report_exit(address: str | None, rank: int, code: int) -> None:
         sock.close()
 
 
+def _enable_stack_dumps(node_dir: str, rank: int) -> None:
+    """Register the ``SIGUSR1`` stack dump of this rank (see ``corral.sdk._stacks``)."""
+    try:
+        from corral.sdk._stacks import enable_stack_dumps, stack_file
+
+        enable_stack_dumps(stack_file(node_dir, rank))
+    except Exception as exc:  # never keep the script from running
+        print(f"corral: stack dumps disabled: {exc}", file=sys.stderr)
+
+
+def error_file(node_dir: str, attempt: str, rank: int) -> str:
+    """Where a rank's error file goes: one per attempt, so a rank of a later attempt
+    never inherits the traceback of an earlier one (ranks are re-assigned)."""
+    return os.path.join(node_dir, "errors", f"attempt-{attempt}-rank-{rank}.json")
+
+
 def _trim_traceback(exc: BaseException) -> None:
     """Drop this wrapper's and runpy's frames so the traceback starts in the script."""
     tb = exc.__traceback__
@@ -106,13 +125,15 @@ def main(argv: list[str]) -> int:
     local_rank = int(env.get("LOCAL_RANK", "0"))
     node_dir = env.get("CORRAL_NODE_DIR")
     if node_dir:
-        env["CORRAL_ERROR_FILE"] = os.path.join(node_dir, "errors", f"rank-{rank}.json")
+        env["CORRAL_ERROR_FILE"] = error_file(node_dir, env.get("CORRAL_ATTEMPT", "0"), rank)
     control = env.get("CORRAL_CONTROL")
     if control and env.get("CORRAL_STREAMS") == "socket":
         try:
             _redirect_streams(control, rank, local_rank)
         except OSError as exc:
             print(f"corral: cannot reach the node agent at {control}: {exc}", file=sys.stderr)
+    if node_dir:
+        _enable_stack_dumps(node_dir, rank)
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

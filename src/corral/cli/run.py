@@ -26,6 +26,8 @@ from corral.cli.common import (
 from corral.cluster import load_cluster
 from corral.errors import ConfigError
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
+from corral.runtime.hang import AUTO_HANG_TIMEOUT
+from corral.runtime.health import DEFAULT_HOST_TIMEOUT
 from corral.runtime.launch import LaunchOptions, prepare, run_job
 from corral.runtime.remote_python import candidates
 from corral.transport.options import SshOptions
@@ -240,6 +242,68 @@ SyncScriptOpt = Annotated[
         rich_help_panel=CHECKS_PANEL,
     ),
 ]
+FAULTS_PANEL = "Fault tolerance"
+
+MaxRestartsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-restarts",
+        envvar="CORRAL_MAX_RESTARTS",
+        help="Restart the job (from its latest checkpoint) up to N times after a failed "
+        "rank, a lost host or a hang.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
+RestartBackoffOpt = Annotated[
+    float,
+    typer.Option(
+        "--restart-backoff",
+        envvar="CORRAL_RESTART_BACKOFF",
+        help="Seconds before the first restart, doubled for each further one (at most 60).",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
+MinNodesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--min-nodes",
+        envvar="CORRAL_MIN_NODES",
+        help="Restart without lost hosts while at least M hosts remain (ranks are "
+        "re-assigned). Default: all hosts, i.e. a lost host ends the job.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
+HostTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--host-timeout",
+        envvar="CORRAL_HOST_TIMEOUT",
+        help="Seconds without a heartbeat from a host's agent (link down, host hung) "
+        "before the host is declared lost.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
+HangTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--hang-timeout",
+        envvar="CORRAL_HANG_TIMEOUT",
+        help="Seconds without progress (sdk.report) on any rank, or one rank behind the "
+        "others, before every rank's stack is dumped and the job stopped (or restarted). "
+        "Counted once a rank has reported progress. Default: "
+        f"{AUTO_HANG_TIMEOUT:g} s.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
+ReplicateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--replicate-checkpoints",
+        help="Copy each new rank-0 checkpoint to this machine (runs/<job>/checkpoints), "
+        "so a restart can resume even when the host that wrote it is lost.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
 ScriptArg = Annotated[
     list[str] | None,
     typer.Argument(help="SCRIPT [ARGS...] after `--`.", show_default=False),
@@ -287,13 +351,21 @@ def run(
     code_dir: CodeDirOpt = None,
     sync: SyncOpt = False,
     sync_script: SyncScriptOpt = None,
+    max_restarts: MaxRestartsOpt = 0,
+    restart_backoff: RestartBackoffOpt = 1.0,
+    min_nodes: MinNodesOpt = None,
+    host_timeout: HostTimeoutOpt = DEFAULT_HOST_TIMEOUT,
+    hang_timeout: HangTimeoutOpt = None,
+    replicate_checkpoints: ReplicateOpt = False,
 ) -> None:
     """Launch SCRIPT on every node and supervise it; the exit code is the job's result.
 
     Exit codes: 0 success; the failing rank's own code; 128+N when it was killed by
-    signal N; 124 --timeout; 130 interrupted; 255 a host was lost; 3 the job could not
-    start; 2 bad options or hostfile.
+    signal N; 124 --timeout; 125 a hang was detected; 130 interrupted; 255 a host was
+    lost; 3 the job could not start; 2 bad options or hostfile. With --max-restarts,
+    the code of the last attempt.
     """
+    _check_fault_options(max_restarts, restart_backoff, min_nodes, host_timeout, hang_timeout)
     ssh = SshOptions(
         user=ssh_user,
         key=ssh_key,
@@ -329,13 +401,45 @@ def run(
         code_dir=code_dir,
         sync=sync,
         sync_script=sync_script,
+        max_restarts=max_restarts,
+        restart_backoff=restart_backoff,
+        min_nodes=min_nodes,
+        host_timeout=host_timeout,
+        hang_timeout=hang_timeout,
+        replicate_checkpoints=replicate_checkpoints,
     )
+    if min_nodes is not None and min_nodes > len(opts.cluster.hosts):
+        raise ConfigError(
+            f"{min_nodes} is more than the {len(opts.cluster.hosts)} hosts of the cluster",
+            option="--min-nodes",
+        )
     if not 0.0 < consistency_threshold <= 1.0:
         raise ConfigError(
             f"must be in (0, 1] (got {consistency_threshold:g})", option="--consistency-threshold"
         )
     result = asyncio.run(run_job(opts))
     raise typer.Exit(result.exit_code)
+
+
+def _check_fault_options(
+    max_restarts: int,
+    backoff: float,
+    min_nodes: int | None,
+    host_timeout: float,
+    hang_timeout: float | None,
+) -> None:
+    if max_restarts < 0:
+        raise ConfigError(f"must be 0 or more (got {max_restarts})", option="--max-restarts")
+    if not backoff >= 0:
+        raise ConfigError(
+            f"must be 0 or more seconds (got {backoff:g})", option="--restart-backoff"
+        )
+    if min_nodes is not None and min_nodes < 1:
+        raise ConfigError(f"must be at least 1 (got {min_nodes})", option="--min-nodes")
+    if not host_timeout > 0:
+        raise ConfigError(f"must be more than 0 s (got {host_timeout:g})", option="--host-timeout")
+    if hang_timeout is not None and not hang_timeout > 0:
+        raise ConfigError(f"must be more than 0 s (got {hang_timeout:g})", option="--hang-timeout")
 
 
 def plan(

@@ -49,6 +49,12 @@ def control_address(job_id: str, node_rank: int, attempt: int) -> str:
     return f"unix:@corral-{job_id}-n{node_rank}-a{attempt}"
 
 
+def rdzv_id(job_id: str, attempt: int) -> str:
+    """torchrun's rendezvous id: one per attempt, so a straggler of an earlier attempt
+    can never join a later one."""
+    return job_id if attempt == 0 else f"{job_id}-a{attempt}"
+
+
 def node_dir(spec: JobSpec, host: Host) -> str:
     """The node's own run dir on the host (logs, pids, error files)."""
     if host.local:
@@ -169,7 +175,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={master_addr}:{spec.master_port}",
-                f"--rdzv-id={spec.job_id}",
+                f"--rdzv-id={rdzv_id(spec.job_id, attempt)}",
                 f"--rdzv-conf={rdzv_conf}",
                 "--max-restarts=0",
                 "--monitor-interval=0.1",

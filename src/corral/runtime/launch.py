@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,13 +28,17 @@ from rich.console import Console
 from corral.agent.probe import try_bind
 from corral.checks.context import DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster, Host
-from corral.errors import ConfigError, LaunchError
+from corral.errors import ConfigError, CorralError, LaunchError
 from corral.plan.render import master_index, plan_job
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec, Launcher, NodeCommand
+from corral.runtime.ckpt_keeper import CheckpointKeeper
+from corral.runtime.health import DEFAULT_HOST_TIMEOUT
 from corral.runtime.hosts import start_agents
-from corral.runtime.output import LogSink
-from corral.runtime.summary import print_report
-from corral.runtime.supervisor import JobResult, Supervisor
+from corral.runtime.output import LogSink, say
+from corral.runtime.restart import AttemptLog, RestartPolicy, decide
+from corral.runtime.states import JobState, NodeState
+from corral.runtime.summary import attempts_table, print_report
+from corral.runtime.supervisor import EXIT_INTERRUPTED, JobResult, Supervisor
 from corral.transport.base import NodeProcess, Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
@@ -69,6 +74,12 @@ class LaunchOptions:
     code_dir: str | None = None
     sync: bool = False  # push the code tree (corral sync) before the pre-flight
     sync_script: str | None = None  # a user sync script run before the pre-flight
+    max_restarts: int = 0  # restarts after a failed rank, a lost host or a hang
+    restart_backoff: float = 1.0  # seconds before the first restart (doubled each time)
+    min_nodes: int | None = None  # fewest hosts to restart on (None: all of them)
+    host_timeout: float = DEFAULT_HOST_TIMEOUT  # silence after which a host is lost
+    hang_timeout: float | None = None  # seconds without progress (None: auto, see hang.py)
+    replicate_checkpoints: bool = False  # keep a copy of each new checkpoint here
     stream: Any = None  # bytes sink for job output (tests); default stdout
     console: Console | None = None  # where corral's own messages go; default stderr
 
@@ -80,6 +91,7 @@ class Prepared:
     spec: JobSpec
     commands: list[NodeCommand]
     job_dir: Path
+    attempt: int = 0
 
 
 def new_job_id() -> str:
@@ -152,7 +164,7 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
         ) from error
 
 
-def prepare(opts: LaunchOptions, *, dry_run: bool = False) -> Prepared:
+def prepare(opts: LaunchOptions, *, dry_run: bool = False, attempt: int = 0) -> Prepared:
     """Validate options, resolve what must be resolved, and plan every node."""
     if not opts.command:
         raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
@@ -206,8 +218,10 @@ def prepare(opts: LaunchOptions, *, dry_run: bool = False) -> Prepared:
         rdzv_timeout=opts.rdzv_timeout,
         run_dir=run_dir,
     )
-    commands = plan_job(spec, cluster)
-    return Prepared(spec=spec, commands=commands, job_dir=Path(run_dir) / spec.job_id)
+    commands = plan_job(spec, cluster, attempt)
+    return Prepared(
+        spec=spec, commands=commands, job_dir=Path(run_dir) / spec.job_id, attempt=attempt
+    )
 
 
 def make_transport(opts: LaunchOptions) -> Transport:
@@ -277,6 +291,7 @@ def result_json(result: JobResult) -> dict[str, Any]:
             {"host": f.host, "rank": f.rank, "code": f.code, "message": f.message, "time": f.time}
             for f in result.failures
         ],
+        "attempts": result.attempts,
     }
 
 
@@ -308,7 +323,12 @@ async def start_remote(
         port = started[master.name][1].port
         assert port is not None
         spec = dataclasses.replace(spec, master_port=port)
-    planned = Prepared(spec=spec, commands=plan_job(spec, resolved), job_dir=prepared.job_dir)
+    planned = Prepared(
+        spec=spec,
+        commands=plan_job(spec, resolved, prepared.attempt),
+        job_dir=prepared.job_dir,
+        attempt=prepared.attempt,
+    )
     return planned, {name: proc for name, (proc, _) in started.items()}
 
 
@@ -317,7 +337,11 @@ async def run_job(opts: LaunchOptions) -> JobResult:
     prepared = prepare(opts)
     transport = make_transport(opts)
     try:
-        console = opts.console or Console(stderr=True, highlight=False)
+        console = opts.console or Console(stderr=True)
+        history = AttemptLog.load(prepared.job_dir)
+        if history.records:
+            opts = dataclasses.replace(opts, job_id=prepared.spec.job_id)
+            prepared = prepare(opts, attempt=history.next_number)
         sync = await _sync(prepared, opts, console)
         started: dict[str, NodeProcess] = {}
         if opts.cluster.is_local:
@@ -329,7 +353,7 @@ async def run_job(opts: LaunchOptions) -> JobResult:
             )
         else:
             prepared, started = await start_remote(prepared, opts, transport)
-        return await _supervise(prepared, opts, transport, started)
+        return await _run_attempts(prepared, opts, transport, started, history, console)
     finally:
         await transport.close()
 
@@ -358,7 +382,7 @@ async def _checked(
     if cluster == opts.cluster:
         return opts, prepared
     opts = dataclasses.replace(opts, cluster=cluster, job_id=prepared.spec.job_id)
-    return opts, prepare(opts)
+    return opts, prepare(opts, attempt=prepared.attempt)
 
 
 async def _checked_remote(
@@ -397,7 +421,10 @@ async def _checked_remote(
     )
     opts = dataclasses.replace(opts, cluster=cluster, job_id=planned.spec.job_id)
     replanned = Prepared(
-        spec=planned.spec, commands=plan_job(planned.spec, resolved), job_dir=planned.job_dir
+        spec=planned.spec,
+        commands=plan_job(planned.spec, resolved, planned.attempt),
+        job_dir=planned.job_dir,
+        attempt=planned.attempt,
     )
     return opts, replanned, started
 
@@ -414,11 +441,135 @@ async def _abort_all(procs: Any) -> None:
         await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 10)
 
 
+async def _run_attempts(
+    prepared: Prepared,
+    opts: LaunchOptions,
+    transport: Transport,
+    started: dict[str, NodeProcess],
+    history: AttemptLog,
+    console: Console,
+) -> JobResult:
+    """Supervise attempt after attempt until one succeeds or no restart is allowed
+    (see :mod:`corral.runtime.restart`); returns the last attempt's result."""
+    policy = RestartPolicy(opts.max_restarts, opts.restart_backoff, opts.min_nodes)
+    initial_hosts = len(opts.cluster.hosts)
+    if history.records:
+        say(
+            console,
+            f"job {prepared.spec.job_id}: {len(history.records)} earlier attempt(s) "
+            f"on record; this is attempt {history.next_number}",
+            style="bold",
+        )
+    keeper = CheckpointKeeper.create(prepared, opts, transport, console)
+    restarts = 0
+    placed: str | None = None
+    if history.records:  # a rerun: rank 0 may now be a host without the checkpoint
+        try:
+            placed = await keeper.place(prepared)
+        except CorralError as exc:
+            say(console, f"warning: the latest checkpoint could not be placed: {exc}", "yellow")
+    while True:
+        world = sum(c.nproc for c in prepared.commands)
+        record = history.start([c.host.name for c in prepared.commands], world, placed)
+        result = await _supervise(prepared, opts, transport, started, keeper)
+        record.finish(result)
+        history.save()
+        result.attempts = history.to_json()
+        if result.state != JobState.FAILED:
+            break
+        hosts = [c.host.name for c in prepared.commands]
+        unreachable = await _unreachable(transport, opts.cluster, result)
+        decision = decide(
+            policy,
+            result,
+            restarts_done=restarts,
+            hosts=hosts,
+            unreachable=unreachable,
+            initial_hosts=initial_hosts,
+        )
+        if not decision.restart:
+            if opts.max_restarts:
+                say(console, f"not restarting: {decision.reason}", style="bold red")
+            break
+        restarts += 1
+        delay = policy.delay(restarts)
+        say(
+            console,
+            f"attempt {record.number} failed: {record.cause}; {decision.reason} "
+            f"(restart {restarts} of {policy.max_restarts}) in {delay:g} s",
+            style="bold yellow",
+        )
+        if not await _backoff(delay):
+            result.exit_code = EXIT_INTERRUPTED
+            break
+        cluster = Cluster(
+            tuple(h for h in opts.cluster.hosts if h.name in decision.hosts),
+            source=opts.cluster.source,
+        )
+        opts = dataclasses.replace(
+            opts, cluster=cluster, job_id=prepared.spec.job_id, master_addr=_master(opts, cluster)
+        )
+        prepared = prepare(opts, attempt=history.next_number)
+        started = {}
+        try:
+            if not cluster.is_local:
+                prepared, started = await start_remote(prepared, opts, transport)
+            placed = await keeper.place(prepared)
+        except CorralError as exc:
+            await _abort_all(started.values())
+            say(console, f"not restarting: {exc}", style="bold red")
+            break
+    await keeper.close()
+    if len(history.records) > 1:
+        console.print(attempts_table(history.records))
+    return result
+
+
+def _master(opts: LaunchOptions, cluster: Cluster) -> str | None:
+    """The master address for the next attempt: the one given, unless its host is gone."""
+    if opts.master_addr is None:
+        return None
+    if any(opts.master_addr in (h.address, h.name) for h in cluster.hosts):
+        return opts.master_addr
+    return None
+
+
+async def _unreachable(transport: Transport, cluster: Cluster, result: JobResult) -> list[str]:
+    """The connectivity check between attempts: hosts (not already lost) that do not
+    answer an echo within the ping deadline."""
+    if cluster.is_local:
+        return []
+    from corral.runtime.ping import failed_hosts, ping_hosts
+
+    alive = [n.host for n in result.nodes if n.state != NodeState.LOST]
+    if not alive:
+        return []
+    return failed_hosts(await ping_hosts(transport, alive))
+
+
+async def _backoff(delay: float) -> bool:
+    """Wait before a restart; False when Ctrl-C / SIGTERM came meanwhile."""
+    if delay <= 0:
+        return True
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, interrupted.set)
+    try:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(interrupted.wait(), delay)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return not interrupted.is_set()
+
+
 async def _supervise(
     prepared: Prepared,
     opts: LaunchOptions,
     transport: Transport,
     started: dict[str, NodeProcess],
+    keeper: CheckpointKeeper,
 ) -> JobResult:
     spec = prepared.spec
     prepared.job_dir.mkdir(parents=True, exist_ok=True)
@@ -430,7 +581,7 @@ async def _supervise(
             "nodes": [c.to_json() for c in prepared.commands],
         },
     )
-    console = opts.console or Console(stderr=True, highlight=False)
+    console = opts.console or Console(stderr=True)
     sink = LogSink(
         prepared.job_dir / "logs",
         [h.name for h in opts.cluster.hosts],
@@ -439,8 +590,9 @@ async def _supervise(
         console=opts.console,
     )
     world = sum(c.nproc for c in prepared.commands)
+    attempt = f" (attempt {prepared.attempt})" if prepared.attempt else ""
     sink.message(
-        f"job {spec.job_id}: {len(prepared.commands)} nodes, {world} ranks, "
+        f"job {spec.job_id}{attempt}: {len(prepared.commands)} nodes, {world} ranks, "
         f"launcher {spec.launcher}; logs in {prepared.job_dir / 'logs'}",
         style="bold",
     )
@@ -456,6 +608,11 @@ async def _supervise(
         master_timeout=opts.rdzv_timeout,
         require_master=spec.launcher == "torchrun",
         started=started,
+        heartbeat_timeout=opts.host_timeout,
+        host_timeout=opts.host_timeout,
+        hang_timeout=opts.hang_timeout,
+        hang_dir=prepared.job_dir / "hang",
+        on_report=keeper.on_report,
     )
     try:
         result = await supervisor.run()

@@ -91,6 +91,11 @@ class StreamWriterThread:
         self._thread.join()
 
 
+def say(console: Console, text: str, style: str = "bold") -> None:
+    """One line of corral's own outside a job's log stream (never read as markup)."""
+    console.print(Text("[corral] ", style=style) + Text(text), soft_wrap=True)
+
+
 def prefix_for(host: str, rank: int) -> str:
     """The ``[host:rank]`` prefix (``[host]`` for node-level output)."""
     return f"[{host}]" if rank == NODE_RANK_LABEL else f"[{host}:{rank}]"
@@ -182,7 +187,7 @@ class LogSink:
                 self.console.print(Text("[corral] ", style=style) + Text(text), soft_wrap=True)
             self._write_above_footer(captured.get().encode())
             return
-        self.console.print(Text("[corral] ", style=style) + Text(text), soft_wrap=True)
+        say(self.console, text, style)
 
     # -- the live footer (terminal only) -----------------------------------------------
 

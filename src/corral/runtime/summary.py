@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -9,6 +12,9 @@ from rich.text import Text
 from corral.runtime.output import format_progress
 from corral.runtime.states import JobState, NodeState
 from corral.runtime.supervisor import Failure, JobResult, NodeRun, signal_name
+
+if TYPE_CHECKING:
+    from corral.runtime.restart import AttemptRecord
 
 OOM_HINT = (
     "hint: exit -9/137 (SIGKILL) with no traceback is most often the kernel's OOM killer; "
@@ -109,3 +115,23 @@ def print_report(result: JobResult, console: Console) -> None:
     console.print(
         Text(f"exit code {result.exit_code}, {result.ended - result.started:.1f}s", style="dim")
     )
+
+
+def attempts_table(records: Sequence[AttemptRecord]) -> Table:
+    """Every attempt of the job: hosts, ranks, how it ended and why, how long it ran."""
+    table = Table(title="attempts", title_justify="left")
+    for column in ("attempt", "hosts", "ranks", "result", "cause", "duration", "resumed from"):
+        table.add_column(column, overflow="fold")
+    for record in records:
+        style = "green" if record.state == "succeeded" else "bold red"
+        duration = record.duration
+        table.add_row(
+            str(record.number),
+            ",".join(record.hosts),
+            str(record.world_size),
+            Text(record.state, style=style),
+            "" if record.state == "succeeded" else record.cause,
+            "-" if duration is None else f"{duration:.1f}s",
+            record.checkpoint or "",
+        )
+    return table

@@ -25,6 +25,15 @@ from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
 from corral.plan.spec import NodeCommand
+from corral.runtime.hang import HangVerdict
+from corral.runtime.hangwatch import HangWatch
+from corral.runtime.health import (
+    DEFAULT_HOST_TIMEOUT,
+    HostHealth,
+    HostWatch,
+    RankHealth,
+    check_rank_transition,
+)
 from corral.runtime.output import LogSink
 from corral.runtime.states import (
     JobState,
@@ -35,6 +44,7 @@ from corral.runtime.states import (
 from corral.transport.base import NodeProcess, Transport
 
 STDERR_TAIL = 20
+STACK_TIMEOUT = 10.0  # seconds a node may take to dump its ranks' stacks
 
 #: corral's exit codes besides 0 and the failing rank's own code.
 EXIT_SIGNAL_BASE = 128  # rank killed by signal N -> 128 + N
@@ -42,6 +52,7 @@ EXIT_TIMEOUT = 124  # --timeout reached
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM to corral
 EXIT_LOST = 255  # a host was lost (connection or agent died)
 EXIT_LAUNCH = 3  # a node could not be started / the master never came up
+EXIT_HANG = 125  # hang detection stopped the job (no progress for --hang-timeout)
 
 
 def signal_name(code: int | None) -> str | None:
@@ -71,6 +82,12 @@ class RankRecord:
     error: dict[str, Any] | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
     progress: dict[str, Any] | None = None
+    health: RankHealth = RankHealth.STARTED
+
+    def set_health(self, new: RankHealth) -> None:
+        """Move to ``new`` along a documented transition (no-op if already there)."""
+        if new != self.health:
+            self.health = check_rank_transition(self.health, new)
 
 
 @dataclass
@@ -87,6 +104,9 @@ class NodeRun:
     detail: str = ""
     got_exit_event: bool = False
     clock_offset: float = 0.0  # coordinator clock minus the host's clock
+    watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
+    stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)
+    stacks_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def to_local(self, host_time: float) -> float:
         """A timestamp of this host's clock on the coordinator's clock."""
@@ -136,6 +156,7 @@ class JobResult:
     started: float
     ended: float
     reason: str = ""
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt so far
 
     @property
     def root_cause(self) -> Failure | None:
@@ -161,8 +182,13 @@ class Supervisor:
         master_timeout: float = 300.0,
         require_master: bool = True,
         started: Mapping[str, NodeProcess] | None = None,
+        host_timeout: float = DEFAULT_HOST_TIMEOUT,
+        hang_timeout: float | None = None,
+        hang_dir: Path | None = None,
+        on_report: Callable[[NodeRun, dict[str, Any]], None] | None = None,
     ) -> None:
-        self.nodes = [NodeRun(command=c) for c in commands]
+        now = time.monotonic()
+        self.nodes = [NodeRun(command=c, watch=HostWatch(c.host.name, now)) for c in commands]
         self.transport = transport
         self.sink = sink
         self.job_id = job_id
@@ -174,6 +200,10 @@ class Supervisor:
         self.master_timeout = master_timeout
         self.require_master = require_master
         self.prestarted = dict(started or {})  # agents already running (probed SSH hosts)
+        self.host_timeout = host_timeout
+        self.hang = HangWatch(hang_timeout, hang_dir)
+        self.on_report = on_report
+        self.hang_verdict: HangVerdict | None = None
         self.state = JobState.PENDING
         self.stop_reason: str | None = None
         self.stop_time: float | None = None
@@ -216,6 +246,7 @@ class Supervisor:
             "node": cmd.to_json(),
             "grace": self.grace,
             "heartbeat_timeout": self.heartbeat_timeout,
+            "heartbeat_interval": self.heartbeat_interval,
             "master_timeout": self.master_timeout,
         }
         node.proc.write(encode_op(start))
@@ -230,6 +261,7 @@ class Supervisor:
                 return
             if not line.endswith(b"\n"):
                 line += b"\n"
+            node.watch.heard(time.monotonic())
             node.agent_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
             self.sink.lines(node.host.name, NODE, line)
 
@@ -242,6 +274,7 @@ class Supervisor:
                 header = await reader.readline()
                 if not header:
                     break
+                node.watch.heard(time.monotonic())
                 kind, rank, length = decode_header(header)
                 payload = await reader.readexactly(length)
                 if kind == EVENT:
@@ -294,8 +327,18 @@ class Supervisor:
             self._on_rank_exit(node, event)
         elif name == "report":
             record = self._rank(node, int(event.get("rank", 0)))
+            if self.on_report is not None:
+                self.on_report(node, event)
+            if event.get("type", "progress") != "progress":
+                return
             record.progress = event
+            if record.health == RankHealth.STARTED:
+                record.set_health(RankHealth.PROGRESSING)
+            self.hang.observe(node.host.name, record.rank, event.get("step"))
             self.sink.report(node.host.name, event)
+        elif name == "stacks":
+            node.stacks = list(event.get("stacks") or [])
+            node.stacks_ready.set()
         elif name == "master_ready":
             self._master_ready = True
             self.sink.message(
@@ -355,6 +398,7 @@ class Supervisor:
         if record.exited:
             return  # already settled; the first report wins
         record.exited = True
+        record.set_health(RankHealth.EXITED)
         record.code = event.get("code")
         record.pid = event.get("pid") or record.pid
         host_time = event.get("eof_time") or event.get("time")
@@ -397,6 +441,7 @@ class Supervisor:
                 else f"agent killed by {signal_name(code)}"
             )
             node.set_state(NodeState.LOST)
+            node.watch.lose()
             if self.stop_reason is None:
                 self._fail(
                     Failure(
@@ -480,6 +525,108 @@ class Supervisor:
                 if node.proc is not None and not node.state.terminal:
                     node.proc.write(b'{"op":"hb"}\n')
 
+    async def _watch_hosts(self) -> None:
+        """Declare a host LOST when nothing (not even its agent's heartbeat) arrived
+        for ``host_timeout`` seconds; warn once when it falls SILENT."""
+        interval = min(1.0, self.heartbeat_interval)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for node in self.nodes:
+                if node.proc is None or node.state.terminal:
+                    continue
+                change = node.watch.check(
+                    now, interval=self.heartbeat_interval, timeout=self.host_timeout
+                )
+                if change == HostHealth.SILENT and self.stop_reason is None:
+                    self.sink.message(
+                        f"no heartbeat from {node.host.name} for "
+                        f"{node.watch.silence(now):.0f} s (lost after {self.host_timeout:g} s)",
+                        style="yellow",
+                    )
+                elif change == HostHealth.LOST:
+                    self._declare_lost(
+                        node,
+                        f"no heartbeat from its agent for {self.host_timeout:g} s "
+                        "(--host-timeout): link down or host hung",
+                    )
+
+    def _declare_lost(self, node: NodeRun, detail: str) -> None:
+        """The host stopped answering: it is LOST; its agent tears itself down when our
+        heartbeats stop reaching it, and the rest of the job is stopped."""
+        node.detail = detail
+        node.set_state(NodeState.LOST)
+        node.ended = time.time()
+        if node.proc is not None:
+            node.proc.signal(signal.SIGKILL)
+        failure = Failure(
+            node.host.name,
+            None,
+            None,
+            time.time(),
+            f"lost host {node.host.name}: {detail}",
+            list(node.agent_tail),
+        )
+        if self.stop_reason is None:
+            self._fail(failure, EXIT_LOST)
+        else:
+            self.extra_failures.append(failure)
+        if all(n.state.terminal for n in self.nodes):
+            self._all_done.set()
+
+    async def _watch_progress(self) -> None:
+        """Hang detection: no progress for the hang timeout, or one rank lagging."""
+        while self.stop_reason is None:
+            await asyncio.sleep(1.0)
+            live = [
+                (node.host.name, record.rank)
+                for node in self.nodes
+                if not node.state.terminal
+                for record in node.ranks.values()
+                if not record.exited
+            ]
+            verdict = self.hang.check(time.monotonic(), live)
+            if verdict is not None and self.stop_reason is None:
+                await self._on_hang(verdict)
+                return
+
+    async def _on_hang(self, verdict: HangVerdict) -> None:
+        """Dump every rank's stack, say who is stuck and where, then stop the job."""
+        self.hang_verdict = verdict
+        for node in self.nodes:
+            for host, rank in verdict.suspects:
+                if host == node.host.name and rank in node.ranks:
+                    node.ranks[rank].set_health(RankHealth.HUNG)
+        self.sink.message(f"hang detected: {verdict.message()}; dumping stacks", style="bold red")
+        asking = [n for n in self.nodes if n.proc is not None and not n.state.terminal]
+        for node in asking:
+            node.stacks = None
+            node.stacks_ready.clear()
+            assert node.proc is not None
+            node.proc.write(encode_op({"op": "dump", "timeout": STACK_TIMEOUT}))
+        waits = [asyncio.ensure_future(n.stacks_ready.wait()) for n in asking]
+        if waits:
+            await asyncio.wait(waits, timeout=STACK_TIMEOUT + 5.0)
+            for task in waits:
+                task.cancel()
+        stacks: dict[tuple[str, int], str] = {}
+        for node in asking:
+            for entry in node.stacks or []:
+                text = str(entry.get("text") or "")
+                if not text:
+                    text = f"(no stack: {entry.get('error') or 'nothing captured'})\n"
+                stacks[(node.host.name, int(entry["rank"]))] = text
+        paths = self.hang.write(stacks)
+        for line in self.hang.describe(verdict, stacks, paths):
+            self.sink.message(line, style="red")
+        key = self.hang.culprit(verdict, stacks)
+        blamed: str = key[0] if key is not None else self.nodes[0].host.name
+        blamed_rank: int | None = key[1] if key is not None else None
+        where = self.hang.where(stacks, key)
+        stuck = f"; rank {blamed_rank} on {blamed} is stuck in {where[0]}" if where else ""
+        message = f"hang: {verdict.message()}{stuck}"
+        self._fail(Failure(blamed, blamed_rank, None, time.time(), message, where), EXIT_HANG)
+
     async def _deadline(self, timeout: float) -> None:
         await asyncio.sleep(timeout)
         if self.stop_reason is None:
@@ -505,6 +652,8 @@ class Supervisor:
                     f"Waiting for master {master.master_addr}:{master.master_port}...", style="dim"
                 )
             self._tasks.append(asyncio.ensure_future(self._heartbeats()))
+            self._tasks.append(asyncio.ensure_future(self._watch_hosts()))
+            self._tasks.append(asyncio.ensure_future(self._watch_progress()))
             if self.timeout:
                 self._tasks.append(asyncio.ensure_future(self._deadline(self.timeout)))
             if all(n.state.terminal for n in self.nodes):

@@ -24,6 +24,7 @@ sdk.cleanup()
 from __future__ import annotations
 
 from corral.sdk._checkpoint import (
+    CheckpointWriteError,
     is_complete_checkpoint,
     latest_checkpoint,
     load_checkpoint,
@@ -48,13 +49,17 @@ from corral.sdk._env import (
 )
 from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
 from corral.sdk._report import report
+from corral.sdk._resume import resume
+from corral.sdk._stacks import enable_stack_dumps
 
 __all__ = [
+    "CheckpointWriteError",
     "DistInfo",
     "MasterNotReadyError",
     "barrier",
     "cleanup",
     "destroy",
+    "enable_stack_dumps",
     "error_file_path",
     "info",
     "init_distributed",
@@ -68,6 +73,7 @@ __all__ = [
     "read_error_file",
     "record",
     "report",
+    "resume",
     "save_checkpoint",
     "scale_config",
     "should_save_outputs",

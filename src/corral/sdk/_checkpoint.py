@@ -6,6 +6,13 @@ flush, ``fsync``, ``os.replace``, ``fsync`` the directory. A crash therefore
 leaves at worst a ``.ckpt-*.tmp-*`` file, which is never a candidate and is
 removed by the next save.
 
+Each completed rank-0 save is announced to the corral supervisor (when running
+under corral) as a ``{"type": "checkpoint", "step", "path", "rank", "time"}``
+line on the control socket, so the coordinator can keep a replica of it. A
+save that cannot be written (disk full, read-only or failing disk) raises
+:class:`CheckpointWriteError` naming the host, the path and the cause; its temp
+file is removed and the previous checkpoint is left as it was.
+
 ``latest_checkpoint`` also guards against files damaged some other way (a
 partial copy, a non-atomic network filesystem, a torn page after power loss):
 ``torch.save`` writes a zip archive whose directory is at the end of the file,
@@ -17,18 +24,31 @@ zero-tailed file fails it, and the next older checkpoint is used instead.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import socket
 import struct
 import sys
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from corral.sdk._env import info
+from corral.sdk._report import send_event
 
-__all__ = ["is_complete_checkpoint", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointWriteError",
+    "checkpoint_files",
+    "is_complete_checkpoint",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_state",
+    "save_checkpoint",
+]
 
 _NAME = re.compile(r"ckpt-(\d+)(?:-rank(\d+))?\.pt")
 _LOCAL_HEADER = b"PK\x03\x04"
@@ -44,6 +64,64 @@ def _torch() -> Any:
 
 def _filename(step: int, rank: int | None) -> str:
     return f"ckpt-{step:08d}.pt" if rank is None else f"ckpt-{step:08d}-rank{rank:05d}.pt"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, read-only or failing disk).
+
+    The message names the host, the path and the cause, and which previous
+    checkpoint is intact. ``errno`` is the underlying error number when known;
+    ``host``, ``path``, ``cause`` and ``previous`` (a path or None) are attributes.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        path: str,
+        cause: str,
+        previous: str | None = None,
+        code: int | None = None,
+    ) -> None:
+        if code is None:
+            super().__init__(message)
+        else:
+            super().__init__(code, message)
+        self.message = message
+        self.host = host
+        self.path = path
+        self.cause = cause
+        self.previous = previous
+        self.filename = path
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_write_error,
+            (self.message, self.host, self.path, self.cause, self.previous, self.errno),
+        )
+
+
+def _rebuild_write_error(
+    message: str, host: str, path: str, cause: str, previous: str | None, code: int | None
+) -> CheckpointWriteError:
+    return CheckpointWriteError(
+        message, host=host, path=path, cause=cause, previous=previous, code=code
+    )
+
+
+def checkpoint_files(
+    directory: str | os.PathLike[str], rank: int | None = None
+) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint-named file of this rank family, oldest first.
+
+    ``rank=None`` means the rank-0 files (``ckpt-N.pt``). Temp files never match;
+    completeness is not checked (see :func:`is_complete_checkpoint`).
+    """
+    return _checkpoints(Path(directory), rank)
 
 
 def _checkpoints(directory: Path, rank: int | None) -> list[tuple[int, Path]]:
@@ -92,6 +170,11 @@ def save_checkpoint(
     family with a step <= ``step`` are kept and older ones deleted (``keep=None``
     keeps everything); files with a higher step are left alone. No collective
     is called, so ranks never wait on each other here.
+
+    A rank-0 save is then announced to the supervisor (a no-op outside corral).
+    Raises :class:`CheckpointWriteError` when the file cannot be written (the
+    disk is full, ...): nothing of the new checkpoint is left and the previous
+    ones are untouched.
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -103,21 +186,86 @@ def save_checkpoint(
         return None
     rank = me.rank if all_ranks else None
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / _filename(step, rank)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             torch.save(dict(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # e.g. the folder itself could not be made
+            tmp.unlink(missing_ok=True)
+        failure = _write_failure(exc, folder)
+        if failure is None:
+            raise
+        raise _write_error(final, rank, failure) from exc
     _fsync_dir(folder)
     _prune(folder, rank, step, keep)
+    if rank is None:
+        send_event(
+            {
+                "type": "checkpoint",
+                "step": step,
+                "path": os.path.abspath(final),
+                "rank": me.rank,
+                "time": time.time(),
+            }
+        )
     return final
+
+
+# torch's zip writer turns a failed write into a RuntimeError (the OSError is its context)
+_TORCH_WRITE_FAILURE = ("PytorchStreamWriter", "inline_container", "file write failed")
+_LOW_SPACE = 1 << 20
+
+
+def _write_failure(exc: BaseException, folder: Path) -> tuple[int | None, str] | None:
+    """(errno, cause) when ``exc`` is a failure to write the file, else None."""
+    if not isinstance(exc, Exception):
+        return None  # KeyboardInterrupt, SystemExit: not a write failure
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and not isinstance(current, CheckpointWriteError):
+            if current.errno is None:
+                return None, str(current) or type(current).__name__
+            text = current.strerror or os.strerror(current.errno)
+            return current.errno, text[:1].lower() + text[1:]
+        current = current.__cause__ or current.__context__
+    if isinstance(exc, RuntimeError) and any(m in str(exc) for m in _TORCH_WRITE_FAILURE):
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            return None, str(exc)
+        if st.f_bavail * st.f_frsize < _LOW_SPACE:
+            return errno.ENOSPC, os.strerror(errno.ENOSPC).lower()
+        return None, str(exc)
+    return None
+
+
+def _write_error(
+    final: Path, rank: int | None, failure: tuple[int | None, str]
+) -> CheckpointWriteError:
+    code, cause = failure
+    host = os.environ.get("CORRAL_HOST", "").strip() or socket.gethostname()
+    previous = latest_checkpoint(final.parent, rank=rank)
+    if previous is None:
+        kept = f"no earlier checkpoint in {final.parent}"
+    else:
+        kept = f"the previous checkpoint {previous} is intact"
+    path = os.path.abspath(final)
+    return CheckpointWriteError(
+        f"cannot save checkpoint {path} on host {host}: {cause}; {kept}",
+        host=host,
+        path=path,
+        cause=cause,
+        previous=None if previous is None else str(previous),
+        code=code,
+    )
 
 
 def _prune(folder: Path, rank: int | None, step: int, keep: int | None) -> None:
@@ -174,8 +322,19 @@ def load_checkpoint(
     path: str | os.PathLike[str], map_location: Any = "cpu", *, weights_only: bool = True
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` (tensors mapped to ``map_location``)."""
+    return load_state(path, str(path), map_location, weights_only=weights_only)
+
+
+def load_state(
+    source: str | os.PathLike[str] | IO[bytes],
+    label: str,
+    map_location: Any = "cpu",
+    *,
+    weights_only: bool = True,
+) -> dict[str, Any]:
+    """:func:`load_checkpoint` from a path or a binary file object (``label`` names it)."""
     torch = _torch()
-    state = torch.load(path, map_location=map_location, weights_only=weights_only)
+    state = torch.load(source, map_location=map_location, weights_only=weights_only)
     if not isinstance(state, dict):
-        raise TypeError(f"{path} does not hold a dict (got {type(state).__name__})")
+        raise TypeError(f"{label} does not hold a dict (got {type(state).__name__})")
     return state

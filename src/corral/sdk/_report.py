@@ -7,6 +7,10 @@ each report is then one JSON line::
     {"type": "progress", "rank": 0, "step": 10, "total": 100,
      "metrics": {"loss": 0.5}, "time": 1700000000.0}
 
+Other SDK parts send their own events on the same connection with
+:func:`send_event` (e.g. ``save_checkpoint``'s ``{"type": "checkpoint", ...}``);
+the node agent forwards every line but ``{"type": "exit"}`` to the coordinator.
+
 Reporting never raises into training: any socket error (including a send
 that blocks for more than :data:`SEND_TIMEOUT` seconds) disables it for the
 rest of the process.
@@ -20,10 +24,11 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 
 from corral.sdk._env import info
 
-__all__ = ["SEND_TIMEOUT", "report"]
+__all__ = ["SEND_TIMEOUT", "report", "send_event"]
 
 SEND_TIMEOUT = 1.0
 CONTROL_ENV = "CORRAL_CONTROL"
@@ -89,6 +94,24 @@ class _Reporter:
             line = (json.dumps(payload, allow_nan=False) + "\n").encode()
         except (TypeError, ValueError):
             return  # a bad value in this one report: drop it, keep reporting
+        self._send_line(spec, rank, line)
+
+    def send_event(self, event: Mapping[str, object]) -> None:
+        spec = os.environ.get(CONTROL_ENV, "")
+        if not spec:
+            return
+        try:
+            rank = info().rank
+            payload = {"rank": rank, **event}
+            if not isinstance(payload.get("type"), str) or payload["type"] == "exit":
+                return  # "exit" is the agent's own message; an untyped line means nothing
+            payload.setdefault("time", time.time())
+            line = (json.dumps(payload, allow_nan=False) + "\n").encode()
+        except (TypeError, ValueError):
+            return
+        self._send_line(spec, rank, line)
+
+    def _send_line(self, spec: str, rank: int, line: bytes) -> None:
         with self._lock:
             if spec != self._spec or self._pid != os.getpid():
                 self._reset(spec)
@@ -116,3 +139,14 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
     values are sent as ``null``.
     """
     _reporter.send(step, total, dict(metrics))
+
+
+def send_event(event: Mapping[str, object]) -> None:
+    """Send one JSON event line (it must have a string ``"type"``, not ``"exit"``).
+
+    ``rank`` (this process's) and ``time`` are added when missing. Like
+    :func:`report`: a no-op without ``CORRAL_CONTROL``, never raises, never
+    blocks for more than about a second; the coordinator receives it as
+    ``{"event": "report", **event}``.
+    """
+    _reporter.send_event(event)

@@ -1,0 +1,116 @@
+"""Checkpoints without a shared filesystem, during a job and between its attempts.
+
+With ``--checkpoint-dir`` on SSH hosts the directory may be host-local: rank 0
+writes ``ckpt-N.pt`` on its own disk. Before a restart the keeper makes sure
+the newest *complete* checkpoint is on the host that becomes rank 0 (copied from
+a surviving host, else from the coordinator's replica); with
+``--replicate-checkpoints`` it pulls every announced checkpoint into
+``runs/<job>/checkpoints/`` while the job runs, so losing rank 0's host loses no
+more than the checkpoint being written. See :mod:`corral.runtime.checkpoints`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from corral.cluster.model import Host
+from corral.errors import CorralError
+from corral.plan.render import node_cwd
+from corral.runtime.checkpoints import Replica, ensure_latest_on
+from corral.runtime.output import say
+from corral.transport.base import Transport
+
+if TYPE_CHECKING:
+    from corral.runtime.launch import LaunchOptions, Prepared
+    from corral.runtime.supervisor import NodeRun
+
+
+def rank0_host(prepared: Prepared) -> Host:
+    """The host that will run global rank 0 in ``prepared``'s attempt.
+
+    The python launcher puts rank 0 on node 0. torchrun's c10d rendezvous ranks
+    the nodes by their sorted ``--local-addr`` (corral passes each host's address).
+    """
+    commands = prepared.commands
+    if prepared.spec.launcher == "torchrun":
+        return min(commands, key=lambda c: c.host.address).host
+    return commands[0].host
+
+
+@dataclass
+class CheckpointKeeper:
+    """Replicates announced checkpoints and places the latest one before a restart."""
+
+    transport: Transport
+    console: Console
+    directory: str | None = None
+    python: str | None = None
+    replica: Replica | None = None
+    _pulls: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @classmethod
+    def create(
+        cls, prepared: Prepared, opts: LaunchOptions, transport: Transport, console: Console
+    ) -> CheckpointKeeper:
+        """A keeper for the job: inactive for ``local:N`` (one filesystem) or without
+        ``--checkpoint-dir``."""
+        if not opts.checkpoint_dir or opts.cluster.is_local:
+            return cls(transport, console)
+        replica = None
+        if opts.replicate_checkpoints:
+            replica = Replica.for_job(
+                prepared.spec.run_dir, prepared.spec.job_id, python=opts.python
+            )
+        return cls(transport, console, opts.checkpoint_dir, opts.python, replica)
+
+    def on_report(self, node: NodeRun, event: dict[str, Any]) -> None:
+        """A rank announced a saved checkpoint: pull it into the replica (newest wins)."""
+        if self.replica is None or event.get("type") != "checkpoint":
+            return
+        path = event.get("path")
+        if not isinstance(path, str):
+            return
+        task = asyncio.ensure_future(self._pull(node.host, path))
+        self._pulls.add(task)
+        task.add_done_callback(self._pulls.discard)
+
+    async def _pull(self, host: Host, path: str) -> None:
+        assert self.replica is not None
+        try:
+            await self.replica.pull(self.transport, host, path)
+        except (CorralError, ValueError) as exc:
+            say(self.console, f"checkpoint replica: {exc}", style="yellow")
+
+    async def place(self, prepared: Prepared) -> str | None:
+        """Make the latest complete checkpoint available to the next attempt's rank 0;
+        returns what was done (for the attempts table), None when nothing applies.
+        Raises a CorralError naming the host when it cannot be done (a restart from
+        scratch would silently lose every step)."""
+        if self.directory is None:
+            return None
+        target = rank0_host(prepared)
+        hosts = [c.host for c in prepared.commands]
+        placement = await ensure_latest_on(
+            self.transport,
+            target,
+            hosts,
+            self.directory,
+            lambda h: node_cwd(prepared.spec, h),
+            self.replica,
+            python=self.python,
+        )
+        text = placement.describe()
+        say(self.console, f"{text}", style="bold")
+        return text if placement.action != "none" else None
+
+    async def close(self) -> None:
+        """Stop pulls still running (they leave no partial file)."""
+        for task in list(self._pulls):
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*self._pulls, return_exceptions=True)

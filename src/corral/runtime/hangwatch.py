@@ -1,0 +1,82 @@
+"""The supervisor's side of hang detection: feed the detector, keep the dumps.
+
+:mod:`corral.runtime.hang` decides (pure); this keeps its clock (the
+coordinator's ``time.monotonic()`` when a report arrives), writes every rank's
+stack to ``runs/<job>/hang/<host>.<rank>.txt`` and picks the rank to blame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from corral.runtime.hang import (
+    HangDetector,
+    HangVerdict,
+    RankKey,
+    classify,
+    describe,
+    top_frames,
+)
+
+
+class HangWatch:
+    """Hang detection for one attempt (``timeout`` None: the auto mode)."""
+
+    def __init__(self, timeout: float | None, directory: Path | None) -> None:
+        self.detector = HangDetector.for_option(timeout, started=time.monotonic())
+        self.directory = directory
+
+    def observe(self, host: str, rank: int, step: Any) -> None:
+        """A progress report arrived (reports without an integer step are ignored)."""
+        if self.detector is None or isinstance(step, bool) or not isinstance(step, int):
+            return
+        self.detector.observe(host, rank, step, time.monotonic())
+
+    def check(self, now: float, ranks: Iterable[RankKey]) -> HangVerdict | None:
+        """A verdict, once, when the live ``ranks`` stopped progressing."""
+        return None if self.detector is None else self.detector.check(now, ranks)
+
+    def write(self, stacks: Mapping[RankKey, str]) -> dict[RankKey, Path]:
+        """Every rank's stack into ``<host>.<rank>.txt``; the paths written."""
+        if self.directory is None:
+            return {}
+        paths: dict[RankKey, Path] = {}
+        with contextlib.suppress(OSError):
+            self.directory.mkdir(parents=True, exist_ok=True)
+        for (host, rank), text in sorted(stacks.items()):
+            path = self.directory / f"{host}.{rank}.txt"
+            try:
+                path.write_text(text if text.endswith("\n") else text + "\n")
+            except OSError:
+                continue
+            paths[(host, rank)] = path
+        return paths
+
+    @staticmethod
+    def describe(
+        verdict: HangVerdict, stacks: Mapping[RankKey, str], paths: Mapping[RankKey, Path]
+    ) -> list[str]:
+        """The lines to print: who is stuck where, who waits, where the dumps are."""
+        return describe(verdict, stacks, paths)
+
+    @staticmethod
+    def culprit(verdict: HangVerdict, stacks: Mapping[RankKey, str]) -> RankKey | None:
+        """The rank to blame: a suspect stuck outside a collective, else the first suspect."""
+        stuck, _ = classify(stacks)
+        for key in verdict.suspects:
+            if key in stuck:
+                return key
+        if stuck:
+            return stuck[0]
+        return verdict.suspects[0] if verdict.suspects else None
+
+    @staticmethod
+    def where(stacks: Mapping[RankKey, str], key: RankKey | None, n: int = 5) -> list[str]:
+        """The top frames of ``key``'s stack (innermost first)."""
+        if key is None or key not in stacks:
+            return []
+        return top_frames(stacks[key], n)
