@@ -475,6 +475,7 @@ async def _run_attempts(
         record.finish(result)
         history.save()
         result.attempts = history.to_json()
+        _write_json(prepared.job_dir / "result.json", result_json(result))
         if result.state != JobState.FAILED:
             break
         hosts = [c.host.name for c in prepared.commands]
