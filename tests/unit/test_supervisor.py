@@ -355,3 +355,100 @@ def test_failures_are_ordered_on_the_coordinators_clock(tmp_path: Path) -> None:
     cause = result.root_cause
     assert cause is not None and (cause.host, cause.rank, cause.code) == ("b", 2, -9)
     assert result.exit_code == 128 + 9
+
+
+async def _heartbeating(node: FakeNode) -> int:
+    """Started, then only the agent's own heartbeats until asked to stop."""
+    node.event("started", pid=1, pgids=[1])
+
+    async def beat() -> None:
+        while True:
+            node.event("hb")
+            await asyncio.sleep(0.05)
+
+    task = asyncio.ensure_future(beat())
+    try:
+        return await _stop_on_request(node)
+    finally:
+        task.cancel()
+
+
+async def _goes_silent(node: FakeNode) -> int:
+    """Started, then nothing at all (a cut link): not even a reply to stop."""
+    node.event("started", pid=1, pgids=[1])
+    await asyncio.sleep(3600)
+    return 0
+
+
+def test_a_silent_host_is_lost_after_the_host_timeout(tmp_path: Path) -> None:
+    transport = FakeTransport({"a": _heartbeating, "b": _heartbeating, "c": _goes_silent})
+    started = time.monotonic()
+    result, _, report = asyncio.run(run_sup(transport, tmp_path, host_timeout=0.6))
+    assert time.monotonic() - started < 15  # a bound, not a timing: it must not hang
+    assert result.state == JobState.FAILED and result.exit_code == EXIT_LOST
+    cause = result.root_cause
+    assert cause is not None and cause.host == "c" and cause.rank is None
+    assert "lost host c: no heartbeat from its agent for 0.6 s (--host-timeout)" in cause.message
+    states = {n.host.name: n.state for n in result.nodes}
+    assert states["c"] == NodeState.LOST
+    assert states["a"] == states["b"] == NodeState.TERMINATED
+    assert 9 in transport.nodes["c"].signals  # its channel was killed
+    assert "lost host c" in report
+
+
+def test_heartbeats_keep_a_quiet_host_alive(tmp_path: Path) -> None:
+    async def quiet_then_done(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        for _ in range(20):  # 1 s without output, longer than the host timeout
+            node.event("hb")
+            await asyncio.sleep(0.05)
+        for rank in _ranks(node):
+            node.event("rank_exit", rank=rank, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    transport = FakeTransport({h: quiet_then_done for h in HOSTS})
+    result, _, _ = asyncio.run(run_sup(transport, tmp_path, host_timeout=0.4))
+    assert result.state == JobState.SUCCEEDED
+
+
+def test_a_hang_dumps_stacks_and_names_the_stuck_rank(tmp_path: Path) -> None:
+    sleeping = (
+        'Thread 1 (idle): "MainThread"\n    hang_forever (train.py:12)\n    main (train.py:30)\n'
+    )
+    waiting = (
+        'Thread 1 (active): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:2500)\n"
+        "    main (train.py:28)\n"
+    )
+
+    def hanging(stuck_rank: int | None):  # type: ignore[no-untyped-def]
+        async def behave(node: FakeNode) -> int:
+            node.event("started", pid=1, pgids=[1])
+            for rank in _ranks(node):
+                node.event("rank_start", rank=rank, local_rank=rank % 2, pid=100 + rank)
+                node.event("report", type="progress", rank=rank, step=5, total=10)
+            await node.next_op("dump")
+            stacks = [
+                {"rank": r, "pid": 100 + r, "method": "py-spy", "error": None,
+                 "text": sleeping if r == stuck_rank else waiting}
+                for r in _ranks(node)
+            ]  # fmt: skip
+            node.event("stacks", stacks=stacks)
+            return await _stop_on_request(node)
+
+        return behave
+
+    transport = FakeTransport({"a": hanging(None), "b": hanging(3), "c": hanging(None)})
+    result, _, report = asyncio.run(
+        run_sup(transport, tmp_path, hang_timeout=1.0, hang_dir=tmp_path / "hang")
+    )
+    assert "root cause: hang:" in report
+    assert result.state == JobState.FAILED and result.exit_code == 125
+    cause = result.root_cause
+    assert cause is not None and (cause.host, cause.rank) == ("b", 3)
+    assert "hang: no rank made progress" in cause.message
+    assert "is stuck in hang_forever (train.py:12)" in cause.message
+    assert "hang_forever" in (tmp_path / "hang" / "b.3.txt").read_text()
+    assert "all_reduce" in (tmp_path / "hang" / "a.0.txt").read_text()
+    assert len(list((tmp_path / "hang").glob("*.txt"))) == 6

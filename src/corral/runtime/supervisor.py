@@ -529,12 +529,19 @@ class Supervisor:
         """Declare a host LOST when nothing (not even its agent's heartbeat) arrived
         for ``host_timeout`` seconds; warn once when it falls SILENT."""
         interval = min(1.0, self.heartbeat_interval)
+        last_tick = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            stalled = now - last_tick > 2 * interval + 1.0
+            last_tick = now
             for node in self.nodes:
                 if node.proc is None or node.state.terminal:
                     continue
+                if stalled:
+                    # this loop itself was held up (e.g. a burst of output): frames that
+                    # arrived meanwhile are still unread, so the silence is ours
+                    node.watch.heard(now - interval)
                 change = node.watch.check(
                     now, interval=self.heartbeat_interval, timeout=self.host_timeout
                 )
