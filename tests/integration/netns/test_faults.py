@@ -32,9 +32,9 @@ pytest.importorskip("torch")
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
 HOSTS = ("tb1", "tb2", "tb3")
-STEPS = 60
+STEPS = 40
 EVERY = 10  # checkpoint interval (steps)
-SLOW = "0.15"  # seconds per step: the job runs long enough to be hit mid-way
+SLOW = "0.1"  # seconds per step: the job runs long enough to be hit mid-way
 DETECT_MARGIN = 20.0  # seconds allowed past a detection deadline on a loaded box
 
 
@@ -372,7 +372,7 @@ def test_kill_during_checkpoint_write_uses_the_previous_one(
             "--checkpoint-dir",
             host_ckpt(job),
         )
-        + train("--ballast-mb", "150"),
+        + train("--ballast-mb", "80"),
         tmp_path,
     )
     w.wait_for(r"step 15/")
