@@ -31,7 +31,6 @@ except ImportError:  # running from a source checkout without corral installed
     from corral import sdk
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
