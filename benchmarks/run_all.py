@@ -45,6 +45,7 @@ DEFAULT_TIMEOUTS = {
     "ssh": 400.0,
     "check": 420.0,
     "sync": 420.0,
+    "faults": 1200.0,
 }
 
 
@@ -187,7 +188,7 @@ def _fmt(value: Any, unit: str = "") -> str:
     if isinstance(value, float | int):
         if unit == "lines/s":
             return f"{value:,.0f} lines/s"
-        if unit in ("lines", "processes", "runs"):
+        if unit in ("lines", "processes", "runs", "steps"):
             return f"{value:g}"
         text = f"{value:.3f}" if abs(value) < 100 else f"{value:,.0f}"
         return f"{text} {unit}".strip()

@@ -202,7 +202,10 @@ def test_rank_sigkill_restarts_and_finishes(healthy_testbed: Testbed, tmp_path: 
     code = w.finish()
     err = w.text("err")
     assert code == 0, err[-4000:]
-    assert re.search(r"attempt 0 failed: rank 1 on tb\d killed by SIGKILL", err), err[-4000:]
+    # under torchrun the rank is torchrun's child: its status comes from torchrun's own
+    # report, which can be cut short by the teardown
+    cause = r"attempt 0 failed: rank 1 on tb\d (killed by SIGKILL|exited without reporting)"
+    assert re.search(cause, err), err[-4000:]
     assert "restart 1 of 1" in err
     assert resumed_step(w.text("out")) == 20  # the last checkpoint before step 25
     assert_trained(w)
@@ -235,7 +238,7 @@ def test_lost_host_continues_on_the_others(healthy_testbed: Testbed, tmp_path: P
     w.wait_for(r"step 25/")
     killed_at = time.monotonic()
     tb.kill_sshd("tb1")
-    for pid in tb.pids_on("tb1"):
+    for pid in host_processes(tb, "tb1", job):
         with_suppress_kill(pid)
     detected = w.wait_for(r"lost host tb1", "err")
     assert detected - killed_at < 15 + DETECT_MARGIN
@@ -250,6 +253,21 @@ def test_lost_host_continues_on_the_others(healthy_testbed: Testbed, tmp_path: P
     assert "(world size 2)" in w.text("out")
     assert_trained(w)
     assert_nothing_left(tb, job)
+
+
+def host_processes(tb: Testbed, host: str, job: str) -> list[int]:
+    """What dies with the host: its sshd sessions and every process of the job. Login
+    shells are spared: the hosts share /root, and a shell killed inside `pyenv rehash`
+    would leave a lock that stalls every later login on every host."""
+    pids = []
+    for pid in tb.pids_on(host):
+        try:
+            proc = psutil.Process(pid)
+            if proc.name() == "sshd" or proc.environ().get("CORRAL_JOB_ID") == job:
+                pids.append(pid)
+        except psutil.Error:
+            continue
+    return pids
 
 
 def with_suppress_kill(pid: int) -> None:
