@@ -6,7 +6,9 @@ the newest *complete* checkpoint is on the host that becomes rank 0 (copied from
 a surviving host, else from the coordinator's replica); with
 ``--replicate-checkpoints`` it pulls every announced checkpoint into
 ``runs/<job>/checkpoints/`` while the job runs, so losing rank 0's host loses no
-more than the checkpoint being written. See :mod:`corral.runtime.checkpoints`.
+more than one checkpoint interval plus the time a checkpoint takes to reach the
+replica (an SSH session and the copy: about a second on a small checkpoint).
+See :mod:`corral.runtime.checkpoints`.
 """
 
 from __future__ import annotations

@@ -449,7 +449,8 @@ class Supervisor:
                         None,
                         code,
                         time.time(),
-                        f"lost host {node.host.name}: {node.detail}",
+                        f"lost host {node.host.name}: "
+                        + node.detail.removeprefix(f"{node.host.name}: "),
                         list(node.agent_tail),
                     ),
                     EXIT_LOST,
