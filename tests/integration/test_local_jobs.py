@@ -127,7 +127,7 @@ def test_exception_traceback_of_the_right_rank(
     assert "traceback (from the rank's error file)" in report
     assert "ValueError: bad batch on rank 3" in report
     assert "steps.py" in report and "runpy" not in report
-    errors = list(run_dir.glob(f"{job}/nodes/*/errors/rank-3.json"))
+    errors = list(run_dir.glob(f"{job}/nodes/*/errors/attempt-0-rank-3.json"))
     assert len(errors) == 1 and json.loads(errors[0].read_text())["exc_type"] == "ValueError"
 
 
