@@ -47,7 +47,7 @@ from corral.cluster.model import Host
 from corral.errors import CorralError, TransportError
 from corral.runtime.remote_python import program, shell_argv
 from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint
-from corral.transport.base import NodeProcess, Transport
+from corral.transport.base import NodeProcess, Transport, kill_and_wait
 
 __all__ = [
     "REPLICA_SOURCE",
@@ -192,13 +192,13 @@ async def _survey_one(
         code, out, err, proc = await asyncio.wait_for(ask(), timeout)
     except asyncio.TimeoutError:
         for proc in started:
-            await _kill(proc)
+            await kill_and_wait(proc, KILL_GRACE)
         return HostCheckpoints(host, error=f"no answer within {timeout:g} s")
     except CorralError as exc:
         return HostCheckpoints(host, error=str(exc))
     except asyncio.CancelledError:
         for proc in started:
-            await asyncio.shield(_kill(proc))
+            await asyncio.shield(kill_and_wait(proc, KILL_GRACE))
         raise
     for line in out.decode("utf-8", "replace").splitlines():
         if line.startswith("{"):
@@ -250,13 +250,6 @@ async def survey(
 
 
 # --------------------------------------------------------------------------- streaming
-
-
-async def _kill(proc: NodeProcess) -> None:
-    with contextlib.suppress(Exception):
-        proc.signal(signal.SIGKILL)
-    with contextlib.suppress(Exception, asyncio.TimeoutError):
-        await asyncio.wait_for(proc.wait(), KILL_GRACE)
 
 
 class _Remote:

@@ -470,7 +470,8 @@ async def _run_attempts(
             say(console, f"warning: the latest checkpoint could not be placed: {exc}", "yellow")
     while True:
         world = sum(c.nproc for c in prepared.commands)
-        record = history.start([c.host.name for c in prepared.commands], world, placed)
+        hosts = [c.host.name for c in prepared.commands]
+        record = history.start(hosts, world, placed)
         result = await _supervise(prepared, opts, transport, started, keeper)
         record.finish(result)
         history.save()
@@ -478,7 +479,6 @@ async def _run_attempts(
         _write_json(prepared.job_dir / "result.json", result_json(result))
         if result.state != JobState.FAILED:
             break
-        hosts = [c.host.name for c in prepared.commands]
         unreachable = await _unreachable(transport, opts.cluster, result)
         decision = decide(
             policy,
@@ -528,8 +528,6 @@ async def _run_attempts(
 
 def _master(opts: LaunchOptions, cluster: Cluster) -> str | None:
     """The master address for the next attempt: the one given, unless its host is gone."""
-    if opts.master_addr is None:
-        return None
     if any(opts.master_addr in (h.address, h.name) for h in cluster.hosts):
         return opts.master_addr
     return None
@@ -620,5 +618,4 @@ async def _supervise(
     finally:
         sink.close()
     print_report(result, console)
-    _write_json(prepared.job_dir / "result.json", result_json(result))
     return result

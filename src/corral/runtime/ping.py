@@ -17,9 +17,7 @@ transport's connect timeout and cancelled by ``transport.close()``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from typing import Any
 
 from corral.cluster.model import Host
 from corral.errors import CommandTimeout, ConnectError, TransportError
-from corral.transport.base import NodeProcess, Transport
+from corral.transport.base import NodeProcess, Transport, kill_and_wait
 
 __all__ = ["KILL_GRACE", "PingResult", "failed_hosts", "ping_hosts"]
 
@@ -105,14 +103,6 @@ async def _probe(
     return code, out, err, lost if isinstance(lost, TransportError) else None
 
 
-async def _stop(proc: NodeProcess) -> None:
-    """SIGKILL the process group; wait at most :data:`KILL_GRACE` for the exit."""
-    with contextlib.suppress(Exception):
-        proc.signal(signal.SIGKILL)
-    with contextlib.suppress(Exception, asyncio.TimeoutError):
-        await asyncio.wait_for(proc.wait(), KILL_GRACE)
-
-
 def _check_reply(
     host: Host, command: str, nonce: str, code: int, out: bytes, err: bytes
 ) -> TransportError | None:
@@ -181,17 +171,17 @@ async def _ping_one(transport: Transport, host: Host, timeout: float) -> PingRes
         )
     except asyncio.TimeoutError:
         if started:
-            await _stop(started[0])
+            await kill_and_wait(started[0], KILL_GRACE)
         return PingResult(host.name, False, None, _timed_out(host, command, timeout, bool(started)))
     except TransportError as exc:
         return PingResult(host.name, False, None, _specific_timeout(exc, time.monotonic() - begin))
     except asyncio.CancelledError:
         if started:
-            await asyncio.shield(_stop(started[0]))
+            await asyncio.shield(kill_and_wait(started[0], KILL_GRACE))
         raise
     except Exception as exc:  # a transport that did not translate its error: still a failed host
         if started:
-            await _stop(started[0])
+            await kill_and_wait(started[0], KILL_GRACE)
         failure = TransportError(
             f"ping failed: {type(exc).__name__}: {exc}",
             host=host.name,

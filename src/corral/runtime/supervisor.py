@@ -203,7 +203,6 @@ class Supervisor:
         self.host_timeout = host_timeout
         self.hang = HangWatch(hang_timeout, hang_dir)
         self.on_report = on_report
-        self.hang_verdict: HangVerdict | None = None
         self.state = JobState.PENDING
         self.stop_reason: str | None = None
         self.stop_time: float | None = None
@@ -435,26 +434,14 @@ class Supervisor:
         if node.state.terminal:
             pass
         elif not node.got_exit_event:
-            node.detail = node.detail or (
+            detail = node.detail or (
                 f"agent exited with code {code} without reporting"
                 if code >= 0
                 else f"agent killed by {signal_name(code)}"
             )
-            node.set_state(NodeState.LOST)
-            node.watch.lose()
+            failure = self._mark_lost(node, detail, code)
             if self.stop_reason is None:
-                self._fail(
-                    Failure(
-                        node.host.name,
-                        None,
-                        code,
-                        time.time(),
-                        f"lost host {node.host.name}: "
-                        + node.detail.removeprefix(f"{node.host.name}: "),
-                        list(node.agent_tail),
-                    ),
-                    EXIT_LOST,
-                )
+                self._fail(failure, EXIT_LOST)
         else:
             if node.failed:
                 node.set_state(NodeState.FAILED)
@@ -562,25 +549,31 @@ class Supervisor:
     def _declare_lost(self, node: NodeRun, detail: str) -> None:
         """The host stopped answering: it is LOST; its agent tears itself down when our
         heartbeats stop reaching it, and the rest of the job is stopped."""
-        node.detail = detail
-        node.set_state(NodeState.LOST)
+        failure = self._mark_lost(node, detail, None)
         node.ended = time.time()
         if node.proc is not None:
             node.proc.signal(signal.SIGKILL)
-        failure = Failure(
-            node.host.name,
-            None,
-            None,
-            time.time(),
-            f"lost host {node.host.name}: {detail}",
-            list(node.agent_tail),
-        )
         if self.stop_reason is None:
             self._fail(failure, EXIT_LOST)
         else:
             self.extra_failures.append(failure)
         if all(n.state.terminal for n in self.nodes):
             self._all_done.set()
+
+    def _mark_lost(self, node: NodeRun, detail: str, code: int | None) -> Failure:
+        """Move ``node`` to LOST with ``detail``; the failure that names it."""
+        node.detail = detail
+        node.set_state(NodeState.LOST)
+        node.watch.lose()
+        name = node.host.name
+        return Failure(
+            name,
+            None,
+            code,
+            time.time(),
+            f"lost host {name}: " + detail.removeprefix(f"{name}: "),
+            list(node.agent_tail),
+        )
 
     async def _watch_progress(self) -> None:
         """Hang detection: no progress for the hang timeout, or one rank lagging."""
@@ -600,7 +593,6 @@ class Supervisor:
 
     async def _on_hang(self, verdict: HangVerdict) -> None:
         """Dump every rank's stack, say who is stuck and where, then stop the job."""
-        self.hang_verdict = verdict
         for node in self.nodes:
             for host, rank in verdict.suspects:
                 if host == node.host.name and rank in node.ranks:

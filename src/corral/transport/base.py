@@ -10,6 +10,8 @@ by unit tests are interchangeable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -61,3 +63,12 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Release connections and other resources."""
         ...
+
+
+async def kill_and_wait(proc: NodeProcess, grace: float) -> None:
+    """SIGKILL ``proc`` and wait at most ``grace`` seconds for its exit; never raises
+    (the process, or the link to its host, may already be gone)."""
+    with contextlib.suppress(Exception):
+        proc.signal(signal.SIGKILL)
+    with contextlib.suppress(Exception, asyncio.TimeoutError):
+        await asyncio.wait_for(proc.wait(), grace)
