@@ -9,7 +9,14 @@ Measures, median of ``--runs``:
 * a baseline in the same run: the same host-side facts gathered the way a
   hand-written pre-flight script does it, one ``ssh -F ssh_config tbK`` after
   another (OpenSSH, same program text). Ratio = corral without the smoke test /
-  that loop.
+  that loop;
+* the floor of the smoke test on this machine, in the same run: every host at
+  once runs ``ssh tbK python -c 'import torch.distributed'`` (one login and one
+  torch import per host, which any real all-reduce needs) and nothing else.
+  The testbed's hosts share this machine's CPUs, so that floor grows with the
+  host count; on real hosts each import runs on its own CPUs;
+* the full checklist on ``--small`` (2) of the hosts: each host's own cost,
+  which is what 16 real hosts working in parallel would see.
 
 Target: the full checklist <= 3 s wall on 16 hosts.
 
@@ -51,13 +58,15 @@ def _skip(reason: str) -> int:
     return 77
 
 
-def _corral_check(tb: Any, workdir: str, smoke: bool) -> dict[str, Any]:
+def _corral_check(
+    tb: Any, workdir: str, smoke: bool, hostfile: Path | None = None
+) -> dict[str, Any]:
     argv, _ = corral_cli()
     cmd = [
         *argv,
         "check",
         "--hosts",
-        str(tb.hostfile),
+        str(hostfile or tb.hostfile),
         "--ssh-config",
         str(tb.ssh_config),
         "--workdir",
@@ -118,6 +127,25 @@ def _sequential_loop(tb: Any, names: list[str], workdir: str) -> float:
     return time.perf_counter() - started
 
 
+def _floor(tb: Any, names: list[str]) -> float:
+    """Every host at once: one ssh login and one ``import torch.distributed``."""
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            tb.ssh_argv(name, sys.executable, "-c", _shell_quote("import torch.distributed")),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for name in names
+    ]
+    for name, proc in zip(names, procs, strict=True):
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name}: {err.decode(errors='replace')[-300:]}")
+    return time.perf_counter() - started
+
+
 def _shell_quote(text: str) -> str:
     import shlex
 
@@ -129,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--small", type=int, default=2, help="hosts of the per-host measurement")
     args = parser.parse_args(argv)
     exit_on_sigterm()
     from corral.testbed import Testbed, exclusive, missing_requirements
@@ -146,18 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         full: list[dict[str, Any]] = []
         lean: list[dict[str, Any]] = []
         loops: list[float] = []
+        floors: list[float] = []
+        small: list[dict[str, Any]] = []
         try:
             tb.up(args.hosts)
             names = [h.name for h in tb.hosts]
+            few = top / "hosts-small"
+            few.write_text("".join(f"{n}\n" for n in names[: args.small]))
             _corral_check(tb, workdir, smoke=False)  # warm the page cache and sshd
             for run in range(args.runs):
                 lean.append(_corral_check(tb, workdir, smoke=False))
                 loops.append(_sequential_loop(tb, names, workdir))
                 full.append(_corral_check(tb, workdir, smoke=True))
+                floors.append(_floor(tb, names))
+                small.append(_corral_check(tb, workdir, smoke=True, hostfile=few))
                 log(
                     f"run {run + 1}: full {full[-1]['wall_s']:.2f} s "
                     f"({full[-1]['overall']}), without smoke {lean[-1]['wall_s']:.2f} s, "
-                    f"ssh loop {loops[-1]:.2f} s"
+                    f"ssh loop {loops[-1]:.2f} s, floor {floors[-1]:.2f} s, "
+                    f"{args.small} hosts {small[-1]['wall_s']:.2f} s"
                 )
         finally:
             tb.down()
@@ -169,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     smoke_s = median(r["phases_s"].get("collective") for r in full)
     per_check = {name: median(r["checks_s"][name] for r in full) for name in full[0]["checks_s"]}
     bus = median(r["collective"].get("bus_bandwidth_gbps") for r in full)
-    all_ok = all(r["exit_code"] == 0 for r in full + lean)
+    floor_s = median(floors)
+    small_s = median(r["wall_s"] for r in small)
+    all_ok = all(r["exit_code"] == 0 for r in full + lean + small)
     metrics = [
         metric(
             f"full checklist incl. smoke test, {args.hosts} hosts",
@@ -177,6 +215,19 @@ def main(argv: list[str] | None = None) -> int:
             "s",
             f"<= {TARGET_S:g} s",
             full_s is not None and full_s <= TARGET_S and all_ok,
+            baseline=floor_s,
+            baseline_desc=(
+                f"floor: {args.hosts} concurrent ssh logins + torch imports on this "
+                f"{os.cpu_count()}-CPU machine"
+            ),
+            ratio_value=ratio(full_s, floor_s),
+        ),
+        metric(
+            f"full checklist incl. smoke test, {args.small} hosts (each host's own cost)",
+            small_s,
+            "s",
+            f"<= {TARGET_S:g} s",
+            small_s is not None and small_s <= TARGET_S and all_ok,
         ),
         metric(
             f"checklist without smoke test, {args.hosts} hosts",
@@ -195,14 +246,28 @@ def main(argv: list[str] | None = None) -> int:
         {
             "title": f"Pre-flight checklist on {args.hosts} testbed hosts",
             "status": "ok",
-            "config": {"hosts": args.hosts, "runs": args.runs, "cpus": os.cpu_count()},
-            "samples": {"full": full, "without_smoke": lean, "ssh_loop_s": loops},
+            "config": {
+                "hosts": args.hosts,
+                "small": args.small,
+                "runs": args.runs,
+                "cpus": os.cpu_count(),
+            },
+            "samples": {
+                "full": full,
+                "without_smoke": lean,
+                "ssh_loop_s": loops,
+                "floor_s": floors,
+                "small": small,
+            },
             "medians": {
                 "full_s": full_s,
                 "without_smoke_s": lean_s,
                 "ssh_loop_s": loop_s,
                 "gather_s": gather_s,
                 "smoke_s": smoke_s,
+                "floor_s": floor_s,
+                "small_hosts": args.small,
+                "small_full_s": small_s,
                 "bus_bandwidth_gbps": bus,
                 "per_check_s": per_check,
             },
@@ -212,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"checklist on {args.hosts} hosts: full {full_s} s (smoke {smoke_s} s), "
-        f"without smoke {lean_s} s, sequential ssh loop {loop_s} s"
+        f"without smoke {lean_s} s, sequential ssh loop {loop_s} s, floor {floor_s} s, "
+        f"{args.small} hosts {small_s} s"
     )
     return 0
 

@@ -33,6 +33,10 @@ checkpoint interval:
 
 Work lost per failure = the last step printed before the restart minus the step
 resumed from (``resumed from step S``); target <= the checkpoint interval (10).
+With ``--replicate-checkpoints`` rank 0's save returns once the coordinator's
+replica holds the checkpoint; what that wait adds to a step is reported against
+the same save without a replica (the rank-kill and hang runs), from the gaps
+between consecutive ``step k/`` lines.
 
 Baseline for the link cut: plain ``torchrun`` (c10d rendezvous on tb1, default
 timeouts) started by hand on each host through its own ``ssh``, same script and
@@ -381,6 +385,21 @@ def _replica_lag(lines: Lines, replica: Path) -> list[float]:
     return lags
 
 
+def _save_extra(lines: Lines, until: float | None) -> list[float]:
+    """What each rank-0 save added to its step (attempt 0, before ``until``): the gap
+    from ``step k/`` to ``step k+1/`` after a save, minus the median gap elsewhere."""
+    seen: dict[int, float] = {}
+    for when, name, text in list(lines.items):
+        m = STEP_RE.search(text) if name == "out" else None
+        if m and (until is None or when < until):
+            seen.setdefault(int(m.group(1)), when)
+    gaps = {k: seen[k + 1] - seen[k] for k in seen if k + 1 in seen}
+    plain = median(g for k, g in gaps.items() if k % EVERY)
+    if plain is None:
+        return []
+    return [g - plain for k, g in gaps.items() if k % EVERY == 0]
+
+
 def _load_seconds(path: Path) -> float | None:
     """``torch.load`` of a checkpoint file in a fresh interpreter (import excluded)."""
     code = (
@@ -507,6 +526,7 @@ def restart_run(tb: Any, top: Path, kind: str, run_no: int) -> dict[str, Any]:
             result["placement_copy_s"] = float(m.group(3))
             result["checkpoint_mb"] = float(m.group(1))
             result["placement_source"] = m.group(2)
+    result["save_extra_s"] = _save_extra(lines, injected)
     if kind == "host":
         replica_dir = work / "runs" / job / "checkpoints"
         result["replica_lag_s"] = _replica_lag(lines, replica_dir)
@@ -777,6 +797,8 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
     ]
     lost_host = [r["work_lost_steps"] for r in host if isinstance(r.get("work_lost_steps"), int)]
     lost = lost_local + lost_host
+    save_local = median(x for r in kill + hang for x in r.get("save_extra_s") or [])
+    save_replicated = median(x for r in host for x in r.get("save_extra_s") or [])
     corral_exit = _median_of(cuts, "survivors_exit_s")
     capped = any(r.get("capped") for r in trs) or not trs
     tr_values = [r.get("survivors_exit_s") for r in trs]
@@ -858,6 +880,17 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
             host_lost_met,
         ),
         metric(
+            "rank-0 save that waits for the coordinator's replica, time added to its step "
+            "(info; baseline: the same save without a replica)",
+            save_replicated,
+            "s",
+            "-",
+            None,
+            baseline=save_local,
+            baseline_desc="rank kill + hang runs: host-local save only",
+            ratio_value=ratio(save_replicated, save_local),
+        ),
+        metric(
             "link cut -> surviving ranks exited, corral vs plain torchrun"
             + (f" (torchrun capped at {args.cap:g} s: ratio is an upper bound)" if capped else ""),
             corral_exit,
@@ -921,6 +954,8 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
                 "work_lost_steps_max_rank_kill_hang": max(lost_local) if lost_local else None,
                 "work_lost_steps_max_host_lost": max(lost_host) if lost_host else None,
                 "replica_lag_s": median(x for r in host for x in r.get("replica_lag_s") or []),
+                "save_extra_replicated_s": save_replicated,
+                "save_extra_local_s": save_local,
                 "link_cut_survivors_exit_corral_s": corral_exit,
                 "link_cut_corral_exit_s": _median_of(cuts, "corral_exit_s"),
                 "link_cut_cut_host_rank_exit_s": _median_of(cuts, "cut_host_rank_exit_s"),

@@ -249,6 +249,70 @@ def test_replica_keeps_the_newest_two(layout: Layout, tmp_path: Path) -> None:
     ).read_bytes()
 
 
+class CountingTransport(LocalTransport):
+    """Remembers every sender (``ckpt_host.serve``) it started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.senders: list[NodeProcess] = []
+
+    async def start(
+        self,
+        host: Host,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Any:
+        proc = await super().start(host, argv, env=env, cwd=cwd)
+        if "].serve(" in (env or {}).get("CORRAL_PROGRAM", ""):
+            self.senders.append(proc)
+        return proc
+
+
+def test_one_sender_per_host_serves_every_pull_and_a_dead_one_is_replaced(
+    layout: Layout, tmp_path: Path
+) -> None:
+    for step in (10, 20, 30, 40):
+        layout.put(N1, step, checkpoint_bytes(200_000, step))
+    replica = Replica(tmp_path / "replica")
+
+    async def body() -> tuple[list[str], list[str], int, list[int]]:
+        transport = CountingTransport()
+        try:
+            replica.warm(transport, N1)  # started before the first save is announced
+            replica.warm(transport, N1)  # once
+            first = [
+                (await replica.pull(transport, N1, str(layout.ck(N1) / n))).status
+                for n in ("ckpt-00000010.pt", "ckpt-00000020.pt")
+            ]
+            missing = await replica.pull(transport, N1, str(layout.ck(N1) / "ckpt-00000025.pt"))
+            assert missing.status == "failed" and "cannot read" in (missing.error or "")
+            started = len(transport.senders)
+            transport.senders[0].signal(signal.SIGKILL)  # e.g. its connection was reset
+            await transport.senders[0].wait()
+            later = [
+                (await replica.pull(transport, N1, str(layout.ck(N1) / n))).status
+                for n in ("ckpt-00000030.pt", "ckpt-00000040.pt")
+            ]
+            codes = []
+            await replica.close()
+            for proc in transport.senders:
+                codes.append(await asyncio.wait_for(proc.wait(), 10))
+            return first, later, started, codes
+        finally:
+            await transport.close()
+
+    first, later, started, codes = asyncio.run(body())
+    assert first == ["pulled", "pulled"] and later == ["pulled", "pulled"]
+    assert started == 1  # both pulls and the unreadable file: one sender
+    assert codes == [-signal.SIGKILL, 0]  # replaced once; the second ended at close
+    assert [p.name for p in replica.checkpoints()] == ["ckpt-00000030.pt", "ckpt-00000040.pt"]
+    assert (replica.directory / "ckpt-00000040.pt").read_bytes() == (
+        layout.ck(N1) / "ckpt-00000040.pt"
+    ).read_bytes()
+
+
 def test_concurrent_announcements_coalesce_to_the_newest(layout: Layout, tmp_path: Path) -> None:
     for step in (10, 20, 30):
         layout.put(N1, step, checkpoint_bytes(2_000_000, step))
@@ -298,7 +362,8 @@ class CutSendTransport(LocalTransport):
         cwd: str | None = None,
     ) -> Any:
         proc = await super().start(host, argv, env=env, cwd=cwd)
-        if "].send(" in (env or {}).get("CORRAL_PROGRAM", ""):
+        program = (env or {}).get("CORRAL_PROGRAM", "")
+        if "].send(" in program or "].serve(" in program:  # a copy's source, the replica's sender
             original, proc.stdout = proc.stdout, asyncio.StreamReader()
             self._relays.append(asyncio.ensure_future(self._relay(proc, original, proc.stdout)))
         return proc

@@ -118,6 +118,48 @@ def test_send_of_a_missing_file_is_a_json_error(tmp_path: Path) -> None:
     assert "cannot read" in error["error"] and error["errno"] == "ENOENT"
 
 
+def test_serve_answers_request_after_request_and_survives_a_missing_file(
+    tmp_path: Path,
+) -> None:
+    first, second = checkpoint_bytes(2 << 20, seed=1), checkpoint_bytes(1000, seed=2)
+    (tmp_path / "ckpt-00000001.pt").write_bytes(first)
+    (tmp_path / "ckpt-00000002.pt").write_bytes(second)
+
+    def ask(name: str) -> bytes:
+        return json.dumps({"send": str(tmp_path / name)}).encode() + b"\n"
+
+    stdin = (
+        ask("ckpt-00000001.pt")
+        + f"{1 << 20}\n{len(first) - (1 << 20)}\n".encode()  # the credits, exactly the size
+        + ask("ckpt-00000009.pt")  # missing: an error header, and the server goes on
+        + b"not json\n"
+        + ask("ckpt-00000002.pt")
+        + f"{len(second)}\n".encode()
+    )
+    code, out = host_call("serve", stdin=stdin)
+    assert code == 0  # stdin closed between requests
+    header, rest = out.split(b"\n", 1)
+    assert json.loads(header)["size"] == len(first)
+    assert rest[: len(first)] == first
+    rest = rest[len(first) :]
+    trailer, missing, bad, header2, rest = rest.split(b"\n", 4)
+    assert json.loads(trailer) == {"sha256": hashlib.sha256(first).hexdigest()}
+    assert json.loads(missing)["errno"] == "ENOENT"
+    assert "bad request" in json.loads(bad)["error"]
+    assert json.loads(header2)["size"] == len(second)
+    assert rest[: len(second)] == second
+    assert json.loads(rest[len(second) :]) == {"sha256": hashlib.sha256(second).hexdigest()}
+
+
+def test_serve_exits_1_when_the_reader_gives_up_mid_file(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt-00000003.pt"
+    path.write_bytes(checkpoint_bytes(3 << 20))
+    request = json.dumps({"send": str(path)}).encode() + b"\n1000\n"
+    code, out = host_call("serve", stdin=request)
+    assert code == 1
+    assert len(out.split(b"\n", 1)[1]) == 1000
+
+
 def test_receive_writes_atomically_and_acknowledges(tmp_path: Path) -> None:
     data = checkpoint_bytes(3 << 20, seed=5)
     digest = hashlib.sha256(data).hexdigest()

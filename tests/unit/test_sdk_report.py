@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from corral import sdk
+from corral.sdk._report import request
 
 
 class ControlServer:
@@ -254,3 +255,81 @@ def test_no_sigpipe_even_with_the_default_handler() -> None:
     )
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert proc.stdout.strip() == "alive"
+
+
+def _answer_when_asked(server: ControlServer, *replies: bytes, hang_up: bool = False) -> None:
+    """Once the request line has arrived, send ``replies`` back on its connection."""
+
+    def run() -> None:
+        server.wait_lines(2)
+        conn = server.sockets[0]
+        for reply in replies:
+            time.sleep(0.05)
+            conn.sendall(reply)
+        if hang_up:
+            conn.shutdown(socket.SHUT_RDWR)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def test_request_waits_for_the_matching_reply(abstract_server: ControlServer) -> None:
+    _answer_when_asked(
+        abstract_server,
+        b'{"type": "replicated", "name": "ckpt-00000001.pt", "ok": true}\n',  # another one
+        b'{"type": "replicated", "name": "ckpt-00000002.pt",',  # a line in two pieces
+        b' "ok": false, "error": "disk full"}\n',
+    )
+    reply = request(
+        {"type": "checkpoint", "step": 2},
+        {"type": "replicated", "name": "ckpt-00000002.pt"},
+        timeout=30,
+    )
+    assert reply == {
+        "type": "replicated",
+        "name": "ckpt-00000002.pt",
+        "ok": False,
+        "error": "disk full",
+    }
+    sent = json.loads(abstract_server.wait_lines(2)[1])
+    assert (sent["type"], sent["step"], sent["ack"], sent["rank"]) == ("checkpoint", 2, True, 3)
+
+
+def test_request_gives_up_when_the_agent_hangs_up(abstract_server: ControlServer) -> None:
+    _answer_when_asked(abstract_server, hang_up=True)
+    assert request({"type": "checkpoint"}, {"type": "replicated"}, 30) is None
+    sdk.report(5)  # reporting is off for good after the connection ended; never raises
+    assert len(abstract_server.connections) == 1
+
+
+def test_request_times_out_and_is_a_noop_outside_corral(
+    abstract_server: ControlServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = time.monotonic()
+    assert request({"type": "checkpoint"}, {"type": "replicated"}, 0.3) is None
+    assert time.monotonic() - started >= 0.3
+    monkeypatch.delenv("CORRAL_CONTROL")
+    assert request({"type": "checkpoint"}, {"type": "replicated"}, None) is None
+
+
+def test_a_replicated_save_waits_for_the_answer_and_warns_when_not_copied(
+    abstract_server: ControlServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("CORRAL_CHECKPOINT_REPLICA", "wait")
+    _answer_when_asked(
+        abstract_server,
+        b'{"type": "replicated", "name": "ckpt-00000007.pt", "ok": false, '
+        b'"error": "cannot write it here: no space left on device"}\n',
+    )
+    saved = sdk.save_checkpoint({"step": 7}, tmp_path, 7)
+    assert saved == tmp_path / "ckpt-00000007.pt" and saved.is_file()
+    announced = json.loads(abstract_server.wait_lines(2)[1])
+    assert announced["ack"] is True and announced["path"] == str(saved)
+    assert capsys.readouterr().err == (
+        "corral: warning: ckpt-00000007.pt is not in the coordinator's replica (cannot write "
+        "it here: no space left on device); it exists on this host only\n"
+    )

@@ -138,6 +138,8 @@ class NodeAgent:
         self._teardown_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._control_server: asyncio.AbstractServer | None = None
+        # Each rank's SDK connection, for the coordinator's replies ("reply" op).
+        self._control_writers: dict[int, asyncio.StreamWriter] = {}
         self._broken_logs: set[int] = set()
 
     # -- output ---------------------------------------------------------------------
@@ -363,7 +365,13 @@ class NodeAgent:
             if len(hello) >= 2 and hello[0] in (b"out", b"err"):
                 await self._rank_stream(hello, reader)
             elif len(hello) >= 2 and hello[0] == b"ctl":
-                await self._rank_control(int(hello[1]), reader)
+                rank = int(hello[1])
+                self._control_writers[rank] = writer
+                try:
+                    await self._rank_control(rank, reader)
+                finally:
+                    if self._control_writers.get(rank) is writer:
+                        del self._control_writers[rank]
         except (ValueError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -517,6 +525,19 @@ class NodeAgent:
             elif kind == "dump":
                 self.stack_timeout = float(op.get("timeout", self.stack_timeout))
                 self._spawn(self._dump_stacks())
+            elif kind == "reply":
+                self._reply(op)
+
+    def _reply(self, op: dict[str, Any]) -> None:
+        """Pass the coordinator's answer to a rank's SDK request (dropped when that
+        rank is no longer connected: it is not waiting any more)."""
+        try:
+            writer = self._control_writers.get(int(op["rank"]))
+            line = json.dumps(op["message"]).encode() + b"\n"
+        except (KeyError, TypeError, ValueError):
+            return
+        if writer is not None and not writer.is_closing():
+            writer.write(line)
 
     async def _watch_heartbeat(self) -> None:
         if not self.heartbeat_timeout:

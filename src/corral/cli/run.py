@@ -299,8 +299,9 @@ ReplicateOpt = Annotated[
     bool,
     typer.Option(
         "--replicate-checkpoints",
-        help="Copy each new rank-0 checkpoint to this machine (runs/<job>/checkpoints), "
-        "so a restart can resume even when the host that wrote it is lost.",
+        help="Copy each new rank-0 checkpoint to this machine (runs/<job>/checkpoints) "
+        "before the save returns, so a restart resumes from it even when the host that "
+        "wrote it is lost.",
         rich_help_panel=FAULTS_PANEL,
     ),
 ]

@@ -132,6 +132,8 @@ def _base_env(
         env["GLOO_SOCKET_IFNAME"] = gloo
     if spec.checkpoint_dir:
         env["CORRAL_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        if spec.replicate_checkpoints:
+            env["CORRAL_CHECKPOINT_REPLICA"] = "wait"
     env["MASTER_ADDR"] = master_addr
     env["MASTER_PORT"] = str(spec.master_port)
     env["NNODES"] = str(0)  # replaced below; keeps a stable key order

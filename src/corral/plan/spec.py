@@ -35,6 +35,8 @@ class JobSpec:
     timeout: float | None = None
     max_restarts: int = 0
     checkpoint_dir: str | None = None
+    replicate_checkpoints: bool = False
+    """Rank 0's saves wait for the coordinator's replica (``CORRAL_CHECKPOINT_REPLICA=wait``)."""
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
     run_dir: str = "runs"
 

@@ -260,7 +260,13 @@ class _Remote:
         self.proc = proc
         self.command = command
         self._err = bytearray()
+        self.stopped = False
         self._collector = asyncio.ensure_future(self._collect())
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process may still be running (its stderr is open; not stopped)."""
+        return not self.stopped and not self._collector.done()
 
     async def _collect(self) -> None:
         with contextlib.suppress(Exception):
@@ -286,6 +292,7 @@ class _Remote:
 
     async def stop(self) -> None:
         """End the process: EOF first (it cleans up), then SIGTERM, then SIGKILL."""
+        self.stopped = True
         with contextlib.suppress(Exception):
             self.proc.close_stdin()
         for signum in (None, signal.SIGTERM, signal.SIGKILL):
@@ -345,31 +352,44 @@ class _Sink(Protocol):
 
 
 class _HostSource:
-    """``ckpt_host.send`` on a host."""
+    """``ckpt_host.send`` on a host, or one request to a long-lived ``ckpt_host.serve``."""
 
-    def __init__(self, remote: _Remote, path: str, stall: float) -> None:
+    def __init__(self, remote: _Remote, path: str, stall: float, *, served: bool) -> None:
         self.remote = remote
         self.label = remote.host.name
         self.path = path
         self.size = 0
+        self.served = served
         self._stall = stall
         self._received = 0
+        self._done = False
 
     @classmethod
     async def open(
         cls, transport: Transport, host: Host, path: str, python: str | None, stall: float
     ) -> _HostSource:
+        """A ``send`` process of its own for ``path``."""
         remote = await _start_remote(transport, host, python, "corral.runtime.ckpt_host:send", path)
-        source = cls(remote, path, stall)
+        return await cls(remote, path, stall, served=False)._begin()
+
+    @classmethod
+    async def request(cls, server: _Remote, path: str, stall: float) -> _HostSource:
+        """Ask a running ``serve`` process for ``path``. The server survives an
+        unreadable file; any other failure stops it."""
+        server.proc.write(json.dumps({"send": path}).encode() + b"\n")
+        return await cls(server, path, stall, served=True)._begin()
+
+    async def _begin(self) -> _HostSource:
         try:
-            header = await source._line()
+            header = await self._line()
             if "error" in header:
-                raise source._error(str(header["error"]), header.get("errno"))
-            source.size = int(header["size"])
+                self._done = True  # the server answered and waits for the next request
+                raise self._error(str(header["error"]), header.get("errno"))
+            self.size = int(header["size"])
         except BaseException:
-            await asyncio.shield(remote.stop())
+            await asyncio.shield(self.close())
             raise
-        return source
+        return self
 
     def _error(self, what: str, errno_name: Any = None) -> CheckpointTransferError:
         return CheckpointTransferError(
@@ -415,10 +435,13 @@ class _HostSource:
 
     async def trailer(self) -> str | None:
         data = await self._line()
+        self._done = True
         return str(data.get("sha256", ""))
 
     async def close(self) -> None:
-        await self.remote.stop()
+        """End the sender; a server that finished its answer is kept for the next request."""
+        if not (self.served and self._done):
+            await self.remote.stop()
 
 
 class _FileSource:
@@ -1071,9 +1094,15 @@ class Replica:
     python: str | None = None
     stall_timeout: float = STALL_TIMEOUT
     on_result: Callable[[PullResult], None] | None = None
+    last_failure: PullResult | None = field(default=None, init=False)
+    """The most recent pull that failed."""
     _wanted: _Want | None = field(default=None, init=False, repr=False)
     _current: _Want | None = field(default=None, init=False, repr=False)
     _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _servers: dict[str, _Remote] = field(default_factory=dict, init=False, repr=False)
+    _starting: dict[str, asyncio.Task[_Remote]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.keep < 1:
@@ -1102,6 +1131,18 @@ class Replica:
         """Whether a complete checkpoint ``name`` is held."""
         path = self.directory / name
         return path.is_file() and is_complete_checkpoint(path)
+
+    async def confirm(self, name: str) -> tuple[bool, str | None]:
+        """Once no pull is running: whether the replica holds checkpoint ``name``
+        (or a newer one), else why not (the error of its failed pull)."""
+        await self.wait_idle()
+        step = _step_of(name)
+        if any(s >= step for s, p in checkpoint_files(self.directory) if is_complete_checkpoint(p)):
+            return True, None
+        failed = self.last_failure
+        if failed is not None and failed.step >= step and failed.error:
+            return False, failed.error
+        return False, "it was not copied (the replica holds an older checkpoint)"
 
     @property
     def busy(self) -> bool:
@@ -1151,6 +1192,8 @@ class Replica:
                 self._current = want
                 result = await self._pull_one(want)
                 self._current = None
+                if result.status == "failed":
+                    self.last_failure = result
                 if self.on_result is not None:
                     self.on_result(result)
         finally:
@@ -1159,22 +1202,78 @@ class Replica:
             self._idle.set()
         return result
 
+    def warm(self, transport: Transport, host: Host) -> None:
+        """Start ``host``'s sender now (in the background), so the first pull after
+        a save does not wait for a new session (SSH login, interpreter start)."""
+        if not self._usable(host) and host.name not in self._starting:
+            self._spawn_server(transport, host)
+
+    def _usable(self, host: Host) -> bool:
+        server = self._servers.get(host.name)
+        return server is not None and server.alive
+
+    def _spawn_server(self, transport: Transport, host: Host) -> asyncio.Task[_Remote]:
+        task = asyncio.ensure_future(
+            _start_remote(transport, host, self.python, "corral.runtime.ckpt_host:serve")
+        )
+        self._starting[host.name] = task
+
+        def started(done: asyncio.Task[_Remote]) -> None:
+            if self._starting.get(host.name) is done:
+                del self._starting[host.name]
+            if not done.cancelled() and done.exception() is None:
+                self._servers[host.name] = done.result()
+
+        task.add_done_callback(started)
+        return task
+
+    async def _server(self, transport: Transport, host: Host) -> _Remote:
+        """``host``'s running sender, started if needed."""
+        if self._usable(host):
+            return self._servers[host.name]
+        task = self._starting.get(host.name) or self._spawn_server(transport, host)
+        server = await asyncio.shield(task)
+        self._servers[host.name] = server
+        return server
+
+    async def _source(self, want: _Want) -> _HostSource:
+        """Ask ``want.host``'s sender for the file; a sender that died since its last
+        answer (e.g. the connection was reset) is replaced once."""
+        for fresh in (False, True):
+            server = await self._server(want.transport, want.host)
+            try:
+                return await _HostSource.request(server, want.path, self.stall_timeout)
+            except CheckpointTransferError:
+                if fresh or not server.stopped:
+                    raise  # a fresh sender failed too, or the file itself is unreadable
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        """Stop the senders (they exit at end of input)."""
+        for task in list(self._starting.values()):
+            task.cancel()
+        servers = list(self._servers.values())
+        self._servers.clear()
+        await asyncio.gather(*(s.stop() for s in servers), return_exceptions=True)
+
     async def _pull_one(self, want: _Want) -> PullResult:
         started = time.monotonic()
         progress = asyncio.Event()
         source: _HostSource | None = None
         sink: _FileSink | None = None
         try:
-            source = await _HostSource.open(
-                want.transport, want.host, want.path, self.python, self.stall_timeout
-            )
+            source = await self._source(want)
             sink = self._sink(want.name)
             await _pump(source, [sink], progress, self.stall_timeout)
             final = Path(await sink.finish(""))
             size = source.size
         except (CorralError, OSError) as exc:
             await asyncio.shield(_abort_pull(source, sink))
-            return PullResult("failed", want.host.name, want.name, want.step, error=str(exc))
+            error = str(exc)
+            if isinstance(exc, OSError):  # the coordinator's side
+                what = exc.strerror or type(exc).__name__
+                error = f"cannot write {want.name} into {self.directory} here: {what}"
+            return PullResult("failed", want.host.name, want.name, want.step, error=error)
         except BaseException:
             await asyncio.shield(_abort_pull(source, sink))
             raise

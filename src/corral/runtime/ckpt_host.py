@@ -26,6 +26,13 @@ Protocols (one process each):
     the last byte a trailer line ``{"sha256": HEX}``. Exits 1 when stdin closes
     before the end (the coordinator gave up).
 
+``serve()``
+    a long-lived ``send``: each stdin line ``{"send": PATH}`` is answered exactly
+    like ``send(PATH)`` (header, granted bytes, trailer; an unreadable file gets
+    the error header and the server waits for the next request). Exits 0 when
+    stdin closes between requests, 1 when it closes mid-file. The replica keeps
+    one per host, so a checkpoint is copied without starting a new session.
+
 ``receive(directory, cwd, name, size, sha256)``
     reads exactly ``size`` bytes from stdin into a hidden temp file
     ``.NAME.tmp-PID`` in the directory (never a checkpoint candidate, and removed
@@ -56,7 +63,7 @@ from typing import IO, Any
 
 from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint
 
-__all__ = ["ACK_EVERY", "CHUNK", "list_checkpoints", "receive", "send"]
+__all__ = ["ACK_EVERY", "CHUNK", "list_checkpoints", "receive", "send", "serve"]
 
 #: Largest piece read or written at once.
 CHUNK = 1 << 20
@@ -128,13 +135,33 @@ def list_checkpoints(directory: str, cwd: str | None = None) -> int:
 
 def send(path: str) -> int:
     """Stream ``path`` to stdout as granted by the credit lines on stdin (see the module doc)."""
+    return 0 if _send(path, sys.stdout.buffer, sys.stdin.buffer) == "sent" else 1
+
+
+def serve() -> int:
+    """Answer ``{"send": PATH}`` lines on stdin one after another (see the module doc)."""
     out = sys.stdout.buffer
-    credits = sys.stdin.buffer
+    requests = sys.stdin.buffer
+    while line := requests.readline():
+        try:
+            path = json.loads(line)["send"]
+        except (ValueError, KeyError, TypeError):
+            path = None
+        if not isinstance(path, str):
+            _emit(out, {"error": f"bad request {line[:80]!r}", "errno": None})
+        elif _send(path, out, requests) == "broken":
+            return 1
+    return 0
+
+
+def _send(path: str, out: IO[bytes], credits: IO[bytes]) -> str:
+    """``sent``; ``unreadable`` (the error header went out instead); ``broken``
+    (the stream stopped mid-file: the other side gave up, or the file shrank)."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below, after the streaming loop
     except OSError as exc:
         _emit(out, {"error": f"cannot read {path}: {exc.strerror}", "errno": _errno_name(exc)})
-        return 1
+        return "unreadable"
     with fh:
         size = os.fstat(fh.fileno()).st_size
         _emit(out, {"size": size, "path": os.path.abspath(path)})
@@ -144,18 +171,18 @@ def send(path: str) -> int:
             while allowed <= sent:
                 line = credits.readline()
                 if not line:
-                    return 1  # the coordinator gave up
+                    return "broken"  # the coordinator gave up
                 allowed += int(line)
             data = fh.read(min(CHUNK, allowed - sent, size - sent))
             if not data:
                 print(f"{path} shrank while it was sent ({sent} of {size} bytes)", file=sys.stderr)
-                return 1
+                return "broken"
             out.write(data)
             out.flush()
             digest.update(data)
             sent += len(data)
         _emit(out, {"sha256": digest.hexdigest()})
-    return 0
+    return "sent"
 
 
 def _errno_name(exc: OSError) -> str | None:

@@ -5,21 +5,27 @@ writes ``ckpt-N.pt`` on its own disk. Before a restart the keeper makes sure
 the newest *complete* checkpoint is on the host that becomes rank 0 (copied from
 a surviving host, else from the coordinator's replica); with
 ``--replicate-checkpoints`` it pulls every announced checkpoint into
-``runs/<job>/checkpoints/`` while the job runs, so losing rank 0's host loses no
-more than one checkpoint interval plus the time a checkpoint takes to reach the
-replica (an SSH session and the copy: about a second on a small checkpoint).
-See :mod:`corral.runtime.checkpoints`.
+``runs/<job>/checkpoints/`` while the job runs. The ranks then run with
+``CORRAL_CHECKPOINT_REPLICA=wait``: rank 0's ``save_checkpoint`` sends its
+announcement with ``"ack": true`` and returns only when the keeper answers
+(``{"type": "replicated", "name", "ok", "error"}``, through the node agent's
+``reply`` op) that the replica holds it, so losing rank 0's host loses no more
+than the steps since the last save. The copy goes through a sender kept running
+on the writing host (started when each attempt starts), so a save waits for the
+bytes only, not for a new SSH session. See :mod:`corral.runtime.checkpoints`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
 from corral.plan.render import node_cwd
@@ -70,23 +76,41 @@ class CheckpointKeeper:
             )
         return cls(transport, console, opts.checkpoint_dir, opts.python, replica)
 
+    def warm(self, prepared: Prepared) -> None:
+        """An attempt starts: start the sender on the host expected to write rank 0's
+        checkpoints, so the first copy does not wait for a new session."""
+        if self.replica is not None:
+            self.replica.warm(self.transport, rank0_host(prepared))
+
     def on_report(self, node: NodeRun, event: dict[str, Any]) -> None:
-        """A rank announced a saved checkpoint: pull it into the replica (newest wins)."""
-        if self.replica is None or event.get("type") != "checkpoint":
+        """A rank announced a saved checkpoint: pull it into the replica (newest wins),
+        then answer the rank when it waits for that (``"ack": true``)."""
+        if event.get("type") != "checkpoint" or (self.replica is None and not event.get("ack")):
             return
         path = event.get("path")
         if not isinstance(path, str):
             return
-        task = asyncio.ensure_future(self._pull(node.host, path))
+        task = asyncio.ensure_future(self._pull(node, event, path))
         self._pulls.add(task)
         task.add_done_callback(self._pulls.discard)
 
-    async def _pull(self, host: Host, path: str) -> None:
-        assert self.replica is not None
-        try:
-            await self.replica.pull(self.transport, host, path)
-        except (CorralError, ValueError) as exc:
-            say(self.console, f"checkpoint replica: {exc}", style="yellow")
+    async def _pull(self, node: NodeRun, event: dict[str, Any], path: str) -> None:
+        name = posixpath.basename(path)
+        ok: bool = False
+        error: str | None = "corral keeps no replica of this job's checkpoints"
+        if self.replica is not None:
+            try:
+                result = await self.replica.pull(self.transport, node.host, path)
+                if result.status == "failed":
+                    say(self.console, f"checkpoint replica: {result.error}", style="yellow")
+                ok, error = await self.replica.confirm(name)
+            except (CorralError, ValueError) as exc:
+                say(self.console, f"checkpoint replica: {exc}", style="yellow")
+                ok, error = False, str(exc)
+        if event.get("ack") and node.proc is not None:
+            message = {"type": "replicated", "name": name, "ok": ok, "error": error}
+            rank = event.get("rank", 0)
+            node.proc.write(encode_op({"op": "reply", "rank": rank, "message": message}))
 
     async def place(self, prepared: Prepared) -> str | None:
         """Make the latest complete checkpoint available to the next attempt's rank 0;
@@ -111,8 +135,10 @@ class CheckpointKeeper:
         return text if placement.action != "none" else None
 
     async def close(self) -> None:
-        """Stop pulls still running (they leave no partial file)."""
+        """Stop pulls still running (they leave no partial file) and the senders."""
         for task in list(self._pulls):
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*self._pulls, return_exceptions=True)
+        if self.replica is not None:
+            await self.replica.close()

@@ -215,6 +215,10 @@ def prepare(opts: LaunchOptions, *, dry_run: bool = False, attempt: int = 0) -> 
         gloo_interface=opts.gloo_interface,
         timeout=opts.timeout,
         checkpoint_dir=checkpoint_dir,
+        # local:N shares one filesystem: the keeper keeps no replica there
+        replicate_checkpoints=bool(
+            opts.replicate_checkpoints and checkpoint_dir and not cluster.is_local
+        ),
         rdzv_timeout=opts.rdzv_timeout,
         run_dir=run_dir,
     )
@@ -472,6 +476,7 @@ async def _run_attempts(
         world = sum(c.nproc for c in prepared.commands)
         hosts = [c.host.name for c in prepared.commands]
         record = history.start(hosts, world, placed)
+        keeper.warm(prepared)
         result = await _supervise(prepared, opts, transport, started, keeper)
         record.finish(result)
         history.save()

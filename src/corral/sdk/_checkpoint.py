@@ -8,7 +8,11 @@ removed by the next save.
 
 Each completed rank-0 save is announced to the corral supervisor (when running
 under corral) as a ``{"type": "checkpoint", "step", "path", "rank", "time"}``
-line on the control socket, so the coordinator can keep a replica of it. A
+line on the control socket, so the coordinator can keep a replica of it. With
+``CORRAL_CHECKPOINT_REPLICA=wait`` (``corral run --replicate-checkpoints``) the
+save returns only once the coordinator confirms that its replica holds the
+checkpoint (or says why it could not copy it, printed as a warning), so losing
+this host never loses more than the steps since this save. A
 save that cannot be written (disk full, read-only or failing disk) raises
 :class:`CheckpointWriteError` naming the host, the path and the cause; its temp
 file is removed and the previous checkpoint is left as it was.
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.sdk._env import info
-from corral.sdk._report import send_event
+from corral.sdk._report import request, send_event
 
 __all__ = [
     "CheckpointWriteError",
@@ -50,6 +54,8 @@ __all__ = [
     "save_checkpoint",
 ]
 
+#: ``wait``: a rank-0 save waits until the coordinator's replica holds it.
+REPLICA_ENV = "CORRAL_CHECKPOINT_REPLICA"
 _NAME = re.compile(r"ckpt-(\d+)(?:-rank(\d+))?\.pt")
 _LOCAL_HEADER = b"PK\x03\x04"
 
@@ -205,16 +211,31 @@ def save_checkpoint(
     _fsync_dir(folder)
     _prune(folder, rank, step, keep)
     if rank is None:
-        send_event(
-            {
-                "type": "checkpoint",
-                "step": step,
-                "path": os.path.abspath(final),
-                "rank": me.rank,
-                "time": time.time(),
-            }
-        )
+        _announce(final, step, me.rank)
     return final
+
+
+def _announce(final: Path, step: int, rank: int) -> None:
+    """Tell the supervisor about a rank-0 checkpoint; with ``CORRAL_CHECKPOINT_REPLICA=wait``
+    also wait until the coordinator's replica holds it."""
+    event = {
+        "type": "checkpoint",
+        "step": step,
+        "path": os.path.abspath(final),
+        "rank": rank,
+        "time": time.time(),
+    }
+    if os.environ.get(REPLICA_ENV, "") != "wait":
+        send_event(event)
+        return
+    reply = request(event, {"type": "replicated", "name": final.name})
+    if reply is not None and not reply.get("ok"):
+        print(
+            f"corral: warning: {final.name} is not in the coordinator's replica "
+            f"({reply.get('error') or 'no reason given'}); it exists on this host only",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # torch's zip writer turns a failed write into a RuntimeError (the OSError is its context)

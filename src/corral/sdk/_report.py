@@ -11,6 +11,11 @@ Other SDK parts send their own events on the same connection with
 :func:`send_event` (e.g. ``save_checkpoint``'s ``{"type": "checkpoint", ...}``);
 the node agent forwards every line but ``{"type": "exit"}`` to the coordinator.
 
+The connection also carries answers back: :func:`request` sends an event
+with ``"ack": true`` and waits for the coordinator's reply line (the node agent
+writes it to this socket), e.g. ``{"type": "replicated", "name": ..., "ok":
+true}`` once a checkpoint reached the coordinator's replica.
+
 Reporting never raises into training: any socket error (including a send
 that blocks for more than :data:`SEND_TIMEOUT` seconds) disables it for the
 rest of the process.
@@ -18,9 +23,11 @@ rest of the process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import select
 import socket
 import threading
 import time
@@ -28,7 +35,7 @@ from collections.abc import Mapping
 
 from corral.sdk._env import info
 
-__all__ = ["SEND_TIMEOUT", "report", "send_event"]
+__all__ = ["SEND_TIMEOUT", "report", "request", "send_event"]
 
 SEND_TIMEOUT = 1.0
 CONTROL_ENV = "CORRAL_CONTROL"
@@ -53,6 +60,8 @@ class _Reporter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._reply_lock = threading.Lock()
+        self._replies = bytearray()
         self._spec: str | None = None
         self._pid = 0
         self._sock: socket.socket | None = None
@@ -65,6 +74,7 @@ class _Reporter:
         self._spec = spec
         self._pid = os.getpid()
         self._disabled = False
+        self._replies = bytearray()
 
     def _connect(self, spec: str, rank: int) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -96,36 +106,87 @@ class _Reporter:
             return  # a bad value in this one report: drop it, keep reporting
         self._send_line(spec, rank, line)
 
-    def send_event(self, event: Mapping[str, object]) -> None:
+    def send_event(self, event: Mapping[str, object]) -> socket.socket | None:
         spec = os.environ.get(CONTROL_ENV, "")
         if not spec:
-            return
+            return None
         try:
             rank = info().rank
             payload = {"rank": rank, **event}
             if not isinstance(payload.get("type"), str) or payload["type"] == "exit":
-                return  # "exit" is the agent's own message; an untyped line means nothing
+                return None  # "exit" is the agent's own message; an untyped line means nothing
             payload.setdefault("time", time.time())
             line = (json.dumps(payload, allow_nan=False) + "\n").encode()
         except (TypeError, ValueError):
-            return
-        self._send_line(spec, rank, line)
+            return None
+        return self._send_line(spec, rank, line)
 
-    def _send_line(self, spec: str, rank: int, line: bytes) -> None:
+    def _send_line(self, spec: str, rank: int, line: bytes) -> socket.socket | None:
+        """Send ``line``; the socket it went out on, or None when it could not be sent."""
         with self._lock:
             if spec != self._spec or self._pid != os.getpid():
                 self._reset(spec)
             if self._disabled:
-                return
+                return None
             try:
                 if self._sock is None:
                     self._sock = self._connect(spec, rank)
                 self._sock.sendall(line, _SEND_FLAGS)
+                return self._sock
             except OSError:
-                if self._sock is not None:
-                    self._sock.close()
-                self._sock = None
-                self._disabled = True
+                self._fail()
+                return None
+
+    def _fail(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        self._disabled = True
+
+    def request(
+        self, event: Mapping[str, object], match: Mapping[str, object], timeout: float | None
+    ) -> dict[str, object] | None:
+        """Send ``event`` asking for an answer; the first reply line whose fields
+        equal ``match``, or None (no connection, EOF, timeout)."""
+        with self._reply_lock:
+            sock = self.send_event({**event, "ack": True})
+            if sock is None:
+                return None
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                line = self._read_line(sock, deadline)
+                if line is None:
+                    return None
+                with contextlib.suppress(ValueError):
+                    reply = json.loads(line)
+                    if isinstance(reply, dict) and all(reply.get(k) == v for k, v in match.items()):
+                        return reply
+
+    def _read_line(self, sock: socket.socket, deadline: float | None) -> bytes | None:
+        """One line from the agent (waiting in short slices, so sends of other
+        threads keep their own timeout); None on EOF, error or deadline."""
+        while b"\n" not in self._replies:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                return None
+            try:
+                ready, _, _ = select.select([sock], [], [], wait)
+                if not ready:
+                    continue
+                chunk = sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):  # closed meanwhile (ValueError: fd -1)
+                return None
+            if not chunk:
+                with self._lock:
+                    if self._sock is sock:
+                        self._fail()
+                return None
+            self._replies += chunk
+        line, _, rest = bytes(self._replies).partition(b"\n")
+        self._replies = bytearray(rest)
+        return line
 
 
 _reporter = _Reporter()
@@ -139,6 +200,18 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
     values are sent as ``null``.
     """
     _reporter.send(step, total, dict(metrics))
+
+
+def request(
+    event: Mapping[str, object], match: Mapping[str, object], timeout: float | None = None
+) -> dict[str, object] | None:
+    """Send ``event`` (as :func:`send_event`, with ``"ack": true``) and wait for the
+    coordinator's answer: the first reply whose fields equal ``match``.
+
+    Returns None at once outside corral, and when the connection ends (the agent
+    is gone) or ``timeout`` seconds pass first. Never raises.
+    """
+    return _reporter.request(event, match, timeout)
 
 
 def send_event(event: Mapping[str, object]) -> None:

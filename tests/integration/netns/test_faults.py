@@ -248,11 +248,27 @@ def test_lost_host_continues_on_the_others(healthy_testbed: Testbed, tmp_path: P
     assert "restarting on 2 host(s) without tb1" in err
     replica = tmp_path / "runs" / job / "checkpoints"
     assert steps_in(replica), "no replica was kept"
+    # rank 0's saves wait for the replica, so the newest checkpoint rank 0 had
+    # finished before the host died is the one resumed from: one interval lost at most
     step = resumed_step(w.text("out"))
-    assert step >= 20
+    before = last_logged_step(w.text("out"))
+    assert before >= 25
+    assert step >= (before - 1) // EVERY * EVERY, (before, step)
     assert "(world size 2)" in w.text("out")
     assert_trained(w)
     assert_nothing_left(tb, job)
+
+
+def last_logged_step(out: str) -> int:
+    """The last ``step N/`` line rank 0 printed before the job resumed."""
+    last = 0
+    for line in out.splitlines():
+        if "resumed from step" in line:
+            break
+        found = re.search(r"\bstep (\d+)/", line)
+        if found:
+            last = int(found.group(1))
+    return last
 
 
 def host_processes(tb: Testbed, host: str, job: str) -> list[int]:
@@ -273,6 +289,79 @@ def host_processes(tb: Testbed, host: str, job: str) -> list[int]:
 def with_suppress_kill(pid: int) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
+
+
+REPLICA_CHECK = """
+import os, sys, torch
+from pathlib import Path
+from corral import sdk
+replica = Path(sys.argv[1])
+for step in (10, 20, 30):
+    saved = sdk.save_checkpoint({"step": step, "w": torch.zeros(2_000_000)},
+                                os.environ["CORRAL_CHECKPOINT_DIR"], step)
+    if saved is not None:
+        held = replica / saved.name
+        print(f"saved {saved.name}; in the replica: {held.is_file()}", flush=True)
+"""
+
+
+def ckpt_helpers_on(tb: Testbed) -> dict[str, list[int]]:
+    """Checkpoint helper processes (senders, listings) still running, per host."""
+    left: dict[str, list[int]] = {}
+    for host in HOSTS:
+        for pid in tb.pids_on(host):
+            with contextlib.suppress(OSError):
+                if b"ckpt_host" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    left.setdefault(host, []).append(pid)
+    return left
+
+
+@pytest.mark.parametrize("replica_ok", [True, False], ids=["replicated", "replica-unwritable"])
+def test_a_save_returns_once_the_replica_holds_it(
+    healthy_testbed: Testbed, tmp_path: Path, replica_ok: bool
+) -> None:
+    tb, job = healthy_testbed, f"ft-sync-{replica_ok}"
+    replica = tmp_path / "runs" / job / "checkpoints"
+    if not replica_ok:  # the coordinator cannot keep a replica: rank 0 is told, and goes on
+        replica.parent.mkdir(parents=True)
+        replica.write_text("a file where the replica directory should be")
+    script = tmp_path / "saves.py"
+    script.write_text(REPLICA_CHECK)
+    w = Watched(
+        run_args(
+            tb,
+            tmp_path,
+            job,
+            "--launcher",
+            "python",
+            "--replicate-checkpoints",
+            "--checkpoint-dir",
+            host_ckpt(job),
+            "--",
+            str(script),
+            str(replica),
+        ),
+        tmp_path,
+    )
+    code = w.finish()
+    out, err = w.text("out"), w.text("err")
+    assert code == 0, err[-4000:]
+    saves = re.findall(r"saved (ckpt-\d+\.pt); in the replica: (\w+)", out)
+    names = ["ckpt-00000010.pt", "ckpt-00000020.pt", "ckpt-00000030.pt"]
+    if replica_ok:
+        assert saves == [(n, "True") for n in names], out
+        assert sorted(p.name for p in replica.iterdir()) == names[1:]  # keeps 2
+    else:
+        assert saves == [(n, "False") for n in names], out
+        warned = re.findall(
+            r"\[tb1:0\] corral: warning: (ckpt-\d+\.pt) is not in the "
+            r"coordinator's replica \(cannot write \1 into (\S+) here: "
+            r"File exists\); it exists on this host only",
+            out + err,
+        )
+        assert warned == [(n, str(replica)) for n in names], out + err
+    assert not ckpt_helpers_on(tb)
+    assert_nothing_left(tb, job)
 
 
 def test_cut_link_is_lost_within_the_host_timeout(healthy_testbed: Testbed, tmp_path: Path) -> None:
