@@ -223,6 +223,22 @@ def test_auto_mode_never_reported_ranks_count_from_the_first_report() -> None:
     assert verdict is not None and verdict.kind == "stalled" and verdict.seconds == 10
 
 
+def test_a_hold_by_corral_is_progress_then_the_clock_runs_again() -> None:
+    # rank 0 waits in save_checkpoint for the coordinator's copy from 100 to 160;
+    # rank 1 waits for rank 0 in the next all-reduce meanwhile
+    det = HangDetector(30, started=0, wait_for_first_report=True)
+    det.hold(50)  # before any report: nothing to hold, and it does not arm the detector
+    assert not det.armed
+    det.observe(*A0, 10, 100)
+    det.observe(*A1, 10, 100)
+    for t in range(100, 161, 5):
+        det.hold(float(t))
+        assert det.check(float(t), [A0, A1]) is None
+    assert det.check(189, [A0, A1]) is None  # 29 s after the copy ended
+    verdict = det.check(190, [A0, A1])
+    assert verdict is not None and verdict.kind == "stalled" and verdict.seconds == 30
+
+
 # -- stacks --------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ class CheckpointKeeper:
     python: str | None = None
     replica: Replica | None = None
     _pulls: set[asyncio.Task[Any]] = field(default_factory=set)
+    _waiting: int = 0  # ranks whose save waits for a copy now
 
     @classmethod
     def create(
@@ -94,7 +95,22 @@ class CheckpointKeeper:
         self._pulls.add(task)
         task.add_done_callback(self._pulls.discard)
 
+    def holding(self) -> bool:
+        """Whether a rank's save is waiting for its copy (the job is held up by corral,
+        which the hang detector must not take for a hang)."""
+        return self._waiting > 0
+
     async def _pull(self, node: NodeRun, event: dict[str, Any], path: str) -> None:
+        ack = bool(event.get("ack"))
+        self._waiting += ack
+        try:
+            await self._copy_and_answer(node, event, path, ack)
+        finally:
+            self._waiting -= ack
+
+    async def _copy_and_answer(
+        self, node: NodeRun, event: dict[str, Any], path: str, ack: bool
+    ) -> None:
         name = posixpath.basename(path)
         ok: bool = False
         error: str | None = "corral keeps no replica of this job's checkpoints"
@@ -107,7 +123,7 @@ class CheckpointKeeper:
             except (CorralError, ValueError) as exc:
                 say(self.console, f"checkpoint replica: {exc}", style="yellow")
                 ok, error = False, str(exc)
-        if event.get("ack") and node.proc is not None:
+        if ack and node.proc is not None:
             message = {"type": "replicated", "name": name, "ok": ok, "error": error}
             rank = event.get("rank", 0)
             node.proc.write(encode_op({"op": "reply", "rank": rank, "message": message}))

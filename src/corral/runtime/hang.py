@@ -203,6 +203,17 @@ class HangDetector:
         if last is None or last[0] != step:
             self._last[key] = (step, when)
 
+    def hold(self, when: float) -> None:
+        """corral itself holds the job up at ``when`` (rank 0's save waits for the
+        coordinator's checkpoint copy, so every rank soon waits on it): count that as
+        progress of every rank, so the wait is never taken for a hang."""
+        if not self.armed:
+            return
+        self._last = {key: (step, max(seen, when)) for key, (step, seen) in self._last.items()}
+        if self._first_report is not None:
+            self._first_report = max(self._first_report, when)
+        self._started = max(self._started, when)
+
     def forget(self, host: str, rank: int) -> None:
         """Drop what is known about one rank (it exited, or was restarted)."""
         self._last.pop((host, rank), None)

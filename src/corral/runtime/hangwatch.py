@@ -36,6 +36,11 @@ class HangWatch:
             return
         self.detector.observe(host, rank, step, time.monotonic())
 
+    def hold(self, now: float) -> None:
+        """The job waits on corral itself: not a hang (see :meth:`HangDetector.hold`)."""
+        if self.detector is not None:
+            self.detector.hold(now)
+
     def check(self, now: float, ranks: Iterable[RankKey]) -> HangVerdict | None:
         """A verdict, once, when the live ``ranks`` stopped progressing."""
         return None if self.detector is None else self.detector.check(now, ranks)

@@ -617,6 +617,7 @@ async def _supervise(
         hang_timeout=opts.hang_timeout,
         hang_dir=prepared.job_dir / "hang",
         on_report=keeper.on_report,
+        holding=keeper.holding,
     )
     try:
         result = await supervisor.run()

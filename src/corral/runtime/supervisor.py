@@ -186,6 +186,7 @@ class Supervisor:
         hang_timeout: float | None = None,
         hang_dir: Path | None = None,
         on_report: Callable[[NodeRun, dict[str, Any]], None] | None = None,
+        holding: Callable[[], bool] | None = None,
     ) -> None:
         now = time.monotonic()
         self.nodes = [NodeRun(command=c, watch=HostWatch(c.host.name, now)) for c in commands]
@@ -203,6 +204,8 @@ class Supervisor:
         self.host_timeout = host_timeout
         self.hang = HangWatch(hang_timeout, hang_dir)
         self.on_report = on_report
+        # True while the job waits on corral itself (a checkpoint copy a save waits for)
+        self.holding = holding
         self.state = JobState.PENDING
         self.stop_reason: str | None = None
         self.stop_time: float | None = None
@@ -586,7 +589,10 @@ class Supervisor:
                 for record in node.ranks.values()
                 if not record.exited
             ]
-            verdict = self.hang.check(time.monotonic(), live)
+            now = time.monotonic()
+            if self.holding is not None and self.holding():
+                self.hang.hold(now)
+            verdict = self.hang.check(now, live)
             if verdict is not None and self.stop_reason is None:
                 await self._on_hang(verdict)
                 return
