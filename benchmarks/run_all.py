@@ -149,6 +149,26 @@ def run_one(name: str, path: Path, timeout: float) -> dict[str, Any]:
     return record
 
 
+def collect_one(name: str, path: Path) -> dict[str, Any]:
+    """The record of a benchmark run on its own earlier (``python benchmarks/bench_X.py``),
+    from the result file it wrote; nothing is run."""
+    result_path = RESULTS_DIR / f"{name}.json"
+    record: dict[str, Any] = {"name": name, "script": str(path.relative_to(BENCH_DIR.parent))}
+    try:
+        doc = json.loads(result_path.read_text())
+    except (OSError, ValueError) as exc:
+        record.update(status="failed", reason=f"cannot read {result_path.name}: {exc}")
+        return record
+    record.update(
+        status=doc.get("status") or "ok",
+        reason=doc.get("reason", ""),
+        result_file=str(result_path.relative_to(BENCH_DIR.parent)),
+        metrics=extract_metrics(doc),
+        collected=doc.get("date") or "an earlier run",
+    )
+    return record
+
+
 def extract_metrics(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Table rows of a result file: its ``metrics`` list (benchlib schema), else
     rows built from ``targets`` / ``ratios`` / ``median_s`` (ratio-style files)."""
@@ -211,6 +231,10 @@ def markdown(records: list[dict[str, Any]], machine: dict[str, Any], date: str) 
         if record.get("earlier_run"):
             notes.append(f"- **{name}**: not run this time; figures from an earlier run")
             name = f"{name} (earlier run)"
+        elif record.get("collected"):
+            notes.append(
+                f"- **{name}**: run on its own ({record['script']}) at {record['collected']}"
+            )
         rows = record.get("metrics") or []
         if record["status"] != "ok":
             notes.append(f"- **{name}**: {record['status']}: {record.get('reason', '')}")
@@ -277,13 +301,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated names (e.g. logs,launch)")
     parser.add_argument("--skip", default="", help="comma-separated names to leave out")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per benchmark")
+    parser.add_argument(
+        "--collect",
+        default="",
+        help="comma-separated names not to run but to take from the result file a run "
+        "of that benchmark on its own wrote",
+    )
     args = parser.parse_args(argv)
-    only = {n for n in args.only.split(",") if n}
+    collect = {n for n in args.collect.split(",") if n}
+    only = {n for n in args.only.split(",") if n} | collect
     skip = {n for n in args.skip.split(",") if n}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     date = now_iso()
     records = []
     for name, path in discover(only, skip):
+        if name in collect:
+            records.append(collect_one(name, path))
+            continue
         timeout = args.timeout or DEFAULT_TIMEOUTS.get(name, 300.0)
         records.append(run_one(name, path, timeout))
     ran_ok = all(r["status"] in ("ok", "skipped") for r in records)
