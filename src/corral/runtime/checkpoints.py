@@ -1137,7 +1137,7 @@ class Replica:
         (or a newer one), else why not (the error of its failed pull)."""
         await self.wait_idle()
         step = _step_of(name)
-        if any(s >= step for s, p in checkpoint_files(self.directory) if is_complete_checkpoint(p)):
+        if self._claimed() >= step:  # idle: only what is held counts
             return True, None
         failed = self.last_failure
         if failed is not None and failed.step >= step and failed.error:
@@ -1232,9 +1232,7 @@ class Replica:
         if self._usable(host):
             return self._servers[host.name]
         task = self._starting.get(host.name) or self._spawn_server(transport, host)
-        server = await asyncio.shield(task)
-        self._servers[host.name] = server
-        return server
+        return await asyncio.shield(task)  # its done-callback records it in _servers
 
     async def _source(self, want: _Want) -> _HostSource:
         """Ask ``want.host``'s sender for the file; a sender that died since its last
