@@ -385,7 +385,7 @@ def _replica_lag(lines: Lines, replica: Path) -> list[float]:
     return lags
 
 
-def _save_extra(lines: Lines, until: float | None) -> list[float]:
+def _save_extra(lines: Lines, until: float | None, every: int = EVERY) -> list[float]:
     """What each rank-0 save added to its step (attempt 0, before ``until``): the gap
     from ``step k/`` to ``step k+1/`` after a save, minus the median gap elsewhere."""
     seen: dict[int, float] = {}
@@ -394,10 +394,10 @@ def _save_extra(lines: Lines, until: float | None) -> list[float]:
         if m and (until is None or when < until):
             seen.setdefault(int(m.group(1)), when)
     gaps = {k: seen[k + 1] - seen[k] for k in seen if k + 1 in seen}
-    plain = median(g for k, g in gaps.items() if k % EVERY)
+    plain = median(g for k, g in gaps.items() if k % every)
     if plain is None:
         return []
-    return [g - plain for k, g in gaps.items() if k % EVERY == 0]
+    return [g - plain for k, g in gaps.items() if k % every == 0]
 
 
 def _load_seconds(path: Path) -> float | None:

@@ -46,6 +46,7 @@ DEFAULT_TIMEOUTS = {
     "check": 420.0,
     "sync": 420.0,
     "faults": 1200.0,
+    "replica": 400.0,
 }
 
 
