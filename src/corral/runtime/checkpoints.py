@@ -46,7 +46,7 @@ from typing import IO, Any, Literal, Protocol
 from corral.cluster.model import Host
 from corral.errors import CorralError, TransportError
 from corral.runtime.remote_python import program, shell_argv
-from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint
+from corral.sdk._checkpoint import checkpoint_files, fsync_dir, is_complete_checkpoint
 from corral.transport.base import NodeProcess, Transport, kill_and_wait
 
 __all__ = [
@@ -607,7 +607,7 @@ class _FileSink:
         if not is_complete_checkpoint(self.tmp):
             raise ValueError("the copy is not a complete checkpoint")
         os.replace(self.tmp, self.final)
-        _fsync_dir(self.final.parent)
+        fsync_dir(self.final.parent)
 
     async def finish(self, sha256: str) -> str:
         try:
@@ -627,18 +627,6 @@ class _FileSink:
             self._fh = None
         with contextlib.suppress(OSError):
             self.tmp.unlink()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 async def _pump(

@@ -61,7 +61,7 @@ import sys
 from types import FrameType
 from typing import IO, Any
 
-from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint
+from corral.sdk._checkpoint import checkpoint_files, fsync_dir, is_complete_checkpoint
 
 __all__ = ["ACK_EVERY", "CHUNK", "list_checkpoints", "receive", "send", "serve"]
 
@@ -197,19 +197,6 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise _Interrupted(f"interrupted by signal {signal.Signals(signum).name}")
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory
-    finally:
-        os.close(fd)
-
-
 def _expected_digest(stream: IO[bytes], given: str | None) -> str:
     if given:
         return given.lower()
@@ -287,7 +274,7 @@ def _receive(
             os.unlink(tmp)
         _emit(out, {"ok": False, "path": final, **_describe(exc, final, written, size, folder)})
         return 1
-    _fsync_dir(folder)
+    fsync_dir(folder)
     _emit(out, {"ok": True, "path": final, "size": size, "sha256": digest.hexdigest()})
     return 0
 

@@ -148,7 +148,8 @@ def _checkpoints(directory: Path, rank: int | None) -> list[tuple[int, Path]]:
     return found
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename in ``directory`` durable; filesystems that refuse it are ignored."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -208,7 +209,7 @@ def save_checkpoint(
         if failure is None:
             raise
         raise _write_error(final, rank, failure) from exc
-    _fsync_dir(folder)
+    fsync_dir(folder)
     _prune(folder, rank, step, keep)
     if rank is None:
         _announce(final, step, me.rank)
