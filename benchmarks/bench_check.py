@@ -101,7 +101,7 @@ def _corral_check(
 
 def _sequential_loop(tb: Any, names: list[str], workdir: str) -> float:
     """The same facts, gathered one host after another with the OpenSSH client."""
-    from corral.runtime.remote_python import program
+    from corral.remote.python import program
 
     params = {
         "launcher": "torchrun",

@@ -41,8 +41,8 @@ from pathlib import Path
 
 from corral.cli.common import SshOptions
 from corral.cluster import Host
-from corral.runtime.fanout import check_connectivity, run_on_hosts
-from corral.transport.ssh import SshTransport
+from corral.fleet.fanout import check_connectivity, run_on_hosts
+from corral.transport.ssh.transport import SshTransport
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "fanout.json"

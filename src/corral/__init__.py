@@ -24,9 +24,9 @@ if TYPE_CHECKING:
         LaunchError,
         TransportError,
     )
+    from corral.job.states import JobState, NodeState
     from corral.plan.render import plan_job
     from corral.plan.spec import JobSpec, NodeCommand, RankProcess
-    from corral.runtime.states import JobState, NodeState
 
 # Names are imported on first use: the node agent, the rank wrapper and the SDK
 # import ``corral.*`` submodules on every rank and must not pay for the CLI's
@@ -48,8 +48,8 @@ _LAZY = {
     "JobSpec": "corral.plan.spec",
     "NodeCommand": "corral.plan.spec",
     "RankProcess": "corral.plan.spec",
-    "JobState": "corral.runtime.states",
-    "NodeState": "corral.runtime.states",
+    "JobState": "corral.job.states",
+    "NodeState": "corral.job.states",
 }
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from corral.checks import hostside
-from corral.runtime.remote_python import program, shell_argv
+from corral.remote.python import program, shell_argv
 
 from .conftest import run_corral
 

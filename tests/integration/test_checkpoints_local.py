@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from corral.cluster.model import Host
-from corral.runtime.checkpoints import (
+from corral.recovery.checkpoints import (
     REPLICA_SOURCE,
     CheckpointTransferError,
     PullResult,

@@ -16,7 +16,7 @@ import pytest
 
 from corral.agent import stacks
 from corral.agent.stacks import StackDump, dump_event, dump_stack, dump_stacks, hang_file
-from corral.runtime.hang import classify, parse_stack, top_frames
+from corral.recovery.hang import classify, parse_stack, top_frames
 
 SLEEPER = """\
 import sys

@@ -1,4 +1,4 @@
-"""corral.runtime.ckpt_host: listing, sending and receiving checkpoints on a host."""
+"""corral.recovery.ckpt_host: listing, sending and receiving checkpoints on a host."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from corral.recovery import ckpt_host
 
-from corral.runtime import ckpt_host
-from corral.runtime.checkpoints import SHIPPED
-from corral.runtime.remote_python import program
+from corral.recovery.checkpoints import SHIPPED
+from corral.remote.python import program
 
 
 def checkpoint_bytes(payload: int, seed: int = 0) -> bytes:
@@ -33,7 +33,7 @@ def host_call(
     call: str, *args: Any, stdin: bytes = b"", cwd: Path | None = None
 ) -> tuple[int, bytes]:
     """Run ``ckpt_host.<call>`` as the coordinator ships it: ``python -c`` with the sources."""
-    text = program(SHIPPED, f"corral.runtime.ckpt_host:{call}", *args)
+    text = program(SHIPPED, f"corral.recovery.ckpt_host:{call}", *args)
     proc = subprocess.run(
         [sys.executable, "-c", text], input=stdin, capture_output=True, timeout=60, cwd=cwd
     )
@@ -47,7 +47,7 @@ def lines(out: bytes) -> list[dict[str, Any]]:
 def test_shipped_modules_need_only_the_standard_library() -> None:
     code = (
         "import sys\n"
-        + program(SHIPPED, "corral.runtime.ckpt_host:list_checkpoints", ".", None).replace(
+        + program(SHIPPED, "corral.recovery.ckpt_host:list_checkpoints", ".", None).replace(
             "_s.exit(", "_r = ("
         )
         + "\nbad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.runtime.hang import (
+from corral.recovery.hang import (
     AUTO_HANG_TIMEOUT,
     Frame,
     HangDetector,

@@ -8,7 +8,7 @@ import pytest
 
 from corral.cluster import Host
 from corral.errors import LaunchError
-from corral.runtime.hosts import HostProbe, agent_argv, problems, start_agents
+from corral.job.agents import HostProbe, agent_argv, problems, start_agents
 from corral.transport.fake import FakeNode, FakeTransport
 
 HOSTS = [Host("h1", slots=1), Host("h2", slots=1)]

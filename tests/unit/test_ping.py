@@ -1,4 +1,4 @@
-"""runtime.ping and ``corral ping`` without SSH: the scripted fake transport and local:N."""
+"""fleet.ping and ``corral ping`` without SSH: the scripted fake transport and local:N."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from corral.cli.ping import register
 from corral.cluster import Host
 from corral.errors import CommandTimeout, ConnectError, TransportError
-from corral.runtime.ping import KILL_GRACE, PingResult, failed_hosts, ping_hosts
+from corral.fleet.ping import KILL_GRACE, PingResult, failed_hosts, ping_hosts
 from corral.transport.fake import FakeNode, FakeTransport
 from corral.transport.local import LocalTransport
 

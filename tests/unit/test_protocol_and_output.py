@@ -17,7 +17,7 @@ from corral.agent.protocol import (
     encode_event,
     encode_frame,
 )
-from corral.runtime.output import LogSink, format_progress
+from corral.job.output import LogSink, format_progress
 
 
 def test_frame_roundtrip() -> None:

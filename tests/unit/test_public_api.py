@@ -56,7 +56,7 @@ def test_coordinator_does_not_need_torch() -> None:
     import sys
 
     code = (
-        "import sys, corral, corral.cli.main, corral.runtime.launch, corral.sdk; "
+        "import sys, corral, corral.cli.main, corral.job.engine, corral.sdk; "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

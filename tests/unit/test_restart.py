@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from corral.cluster.model import Host
+from corral.job.states import IllegalTransition, JobState, NodeState
+from corral.job.supervisor import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
 from corral.plan.spec import NodeCommand
-from corral.runtime.health import HostHealth, HostWatch, RankHealth, check_rank_transition
-from corral.runtime.restart import MAX_BACKOFF, AttemptLog, RestartPolicy, decide
-from corral.runtime.states import IllegalTransition, JobState, NodeState
-from corral.runtime.supervisor import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
+from corral.recovery.health import HostHealth, HostWatch, RankHealth, check_rank_transition
+from corral.recovery.restart import MAX_BACKOFF, AttemptLog, RestartPolicy, decide
 
 
 def node(name: str, state: NodeState) -> NodeRun:

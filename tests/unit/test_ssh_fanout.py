@@ -1,4 +1,4 @@
-"""runtime.fanout and ``corral exec`` without SSH: a scripted transport and local:N."""
+"""fleet.fanout and ``corral exec`` without SSH: a scripted transport and local:N."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from corral.cli.exec import LinePrinter, register
 from corral.cluster import Host
 from corral.errors import ConnectError, ConnectionLost
-from corral.runtime.fanout import (
+from corral.fleet.fanout import (
     HostResult,
     Stream,
     check_connectivity,

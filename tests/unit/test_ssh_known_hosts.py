@@ -14,7 +14,7 @@ from typing import Any
 import asyncssh
 import pytest
 
-from corral.transport.known_hosts import (
+from corral.transport.ssh.known_hosts import (
     GLOBAL_KNOWN_HOSTS,
     HostKeyDecision,
     HostKeyVerdict,

@@ -13,7 +13,7 @@ import pytest
 from corral.cluster import Host
 from corral.errors import ConnectionLost
 from corral.transport.base import NodeProcess, Transport
-from corral.transport.ssh import EXIT_LOST, SshProcess, SshTransport, _Session
+from corral.transport.ssh.transport import EXIT_LOST, SshProcess, SshTransport, _Session
 
 HOST = Host(name="node1")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.runtime.states import (
+from corral.job.states import (
     JOB_TRANSITIONS,
     NODE_TRANSITIONS,
     IllegalTransition,

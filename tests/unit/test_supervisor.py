@@ -12,18 +12,18 @@ from rich.console import Console
 
 from corral.agent.protocol import NODE, encode_event
 from corral.cluster import Cluster, Host
-from corral.plan.render import plan_job
-from corral.plan.spec import JobSpec
-from corral.runtime.output import LogSink
-from corral.runtime.states import JobState, NodeState
-from corral.runtime.summary import print_report
-from corral.runtime.supervisor import (
+from corral.job.output import LogSink
+from corral.job.states import JobState, NodeState
+from corral.job.summary import print_report
+from corral.job.supervisor import (
     EXIT_INTERRUPTED,
     EXIT_LAUNCH,
     EXIT_LOST,
     EXIT_TIMEOUT,
     Supervisor,
 )
+from corral.plan.render import plan_job
+from corral.plan.spec import JobSpec
 from corral.transport.fake import FakeNode, FakeTransport
 
 HOSTS = ("a", "b", "c")

@@ -19,7 +19,7 @@ from typing import Any
 
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.runtime.remote_python import program, shell_argv
+from corral.remote.python import program, shell_argv
 from corral.transport.base import NodeProcess, Transport
 
 SHIPPED = ("corral.sync.fingerprint", "corral.checks.hostside")

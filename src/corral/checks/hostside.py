@@ -1,6 +1,6 @@
 """What the pre-flight checklist runs on each host (standard library only).
 
-Shipped with ``corral.runtime.remote_python`` together with
+Shipped with ``corral.remote.python`` together with
 ``corral.sync.fingerprint``, so it needs no corral (and no torch) on the host
 and never imports anything heavy. :func:`main` is one session per host:
 

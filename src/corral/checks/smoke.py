@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.checks.result import CheckResult, HostCheck, Status
 from corral.errors import CorralError, TransportError
-from corral.runtime.remote_python import candidates
+from corral.remote.python import candidates
 
 if TYPE_CHECKING:
     from corral.cluster.model import Host

@@ -49,8 +49,8 @@ from corral.cli.run import (
 )
 from corral.cluster import load_cluster
 from corral.errors import ConfigError
+from corral.job.engine import parse_nproc
 from corral.plan.spec import DEFAULT_MASTER_PORT, LAUNCHERS
-from corral.runtime.launch import parse_nproc
 from corral.transport.options import SshOptions
 
 SmokeTimeoutOpt = Annotated[

@@ -32,7 +32,7 @@ from corral.cli.common import (
 )
 from corral.cluster import Cluster, Host, load_cluster
 from corral.errors import ConfigError, TransportError
-from corral.runtime.fanout import (
+from corral.fleet.fanout import (
     HostResult,
     Stream,
     check_connectivity,

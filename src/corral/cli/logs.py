@@ -12,8 +12,8 @@ import typer
 from corral.cli.common import SshConfigOpt, SshKeyOpt, SshPasswordEnvOpt
 from corral.cluster.model import Host
 from corral.errors import ConfigError
-from corral.runtime.joblogs import LogFile, coordinator_logs, fetch_host_logs, load_job
-from corral.runtime.output import prefix_for
+from corral.fleet.logs import LogFile, coordinator_logs, fetch_host_logs, load_job
+from corral.job.output import prefix_for
 from corral.transport.base import Transport
 from corral.transport.local import LocalTransport
 from corral.transport.options import SshOptions
@@ -26,7 +26,7 @@ def _transport(
     assert isinstance(hosts, list)
     if all(h.get("local") for h in hosts):
         return LocalTransport()
-    from corral.transport.ssh import SshTransport
+    from corral.transport.ssh.transport import SshTransport
 
     saved = job.get("ssh") or {}
     assert isinstance(saved, dict)

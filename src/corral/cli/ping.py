@@ -32,7 +32,7 @@ from corral.cli.common import (
 from corral.cli.exec import make_transport
 from corral.cluster import Cluster, load_cluster
 from corral.errors import ConfigError
-from corral.runtime.ping import DEFAULT_TIMEOUT, PingResult, failed_hosts, ping_hosts
+from corral.fleet.ping import DEFAULT_TIMEOUT, PingResult, failed_hosts, ping_hosts
 from corral.transport.options import SshOptions
 
 EXIT_OK = 0

@@ -25,11 +25,11 @@ from corral.cli.common import (
 )
 from corral.cluster import load_cluster
 from corral.errors import ConfigError
+from corral.job.engine import LaunchOptions, prepare, run_job
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
-from corral.runtime.hang import AUTO_HANG_TIMEOUT
-from corral.runtime.health import DEFAULT_HOST_TIMEOUT
-from corral.runtime.launch import LaunchOptions, prepare, run_job
-from corral.runtime.remote_python import candidates
+from corral.recovery.hang import AUTO_HANG_TIMEOUT
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.remote.python import candidates
 from corral.transport.options import SshOptions
 
 _L = "Launch"

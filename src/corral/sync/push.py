@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
-from corral.runtime import remote_python
+from corral.remote import python as remote_python
 from corral.sync import fingerprint
 from corral.sync.hashcache import cached_manifest, changed_since, snapshot
 from corral.sync.procs import KILL_GRACE, communicate, drain, gather_all, kill_group, spawn

@@ -15,7 +15,7 @@ from typing import TypeVar
 import pytest
 
 from corral.cluster import Host, load_cluster
-from corral.runtime.checkpoints import (
+from corral.recovery.checkpoints import (
     REPLICA_SOURCE,
     CheckpointTransferError,
     Replica,
@@ -24,7 +24,7 @@ from corral.runtime.checkpoints import (
 from corral.sdk import is_complete_checkpoint
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
-from corral.transport.ssh import SshTransport
+from corral.transport.ssh.transport import SshTransport
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.netns

@@ -1,4 +1,4 @@
-"""``corral ping`` and ``runtime.ping`` across the netns testbed's real sshd hosts."""
+"""``corral ping`` and ``fleet.ping`` across the netns testbed's real sshd hosts."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import asyncssh
 import pytest
 
 from corral.cluster import load_cluster
-from corral.runtime.ping import KILL_GRACE, PingResult, failed_hosts, ping_hosts
+from corral.fleet.ping import KILL_GRACE, PingResult, failed_hosts, ping_hosts
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
-from corral.transport.ssh import SshTransport
+from corral.transport.ssh.transport import SshTransport
 
 from ..conftest import REPO, run_corral
 

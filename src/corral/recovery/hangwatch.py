@@ -1,6 +1,6 @@
 """The supervisor's side of hang detection: feed the detector, keep the dumps.
 
-:mod:`corral.runtime.hang` decides (pure); this keeps its clock (the
+:mod:`corral.recovery.hang` decides (pure); this keeps its clock (the
 coordinator's ``time.monotonic()`` when a report arrives), writes every rank's
 stack to ``runs/<job>/hang/<host>.<rank>.txt`` and picks the rank to blame.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.runtime.hang import (
+from corral.recovery.hang import (
     HangDetector,
     HangVerdict,
     RankKey,

@@ -12,7 +12,7 @@ announcement with ``"ack": true`` and returns only when the keeper answers
 ``reply`` op) that the replica holds it, so losing rank 0's host loses no more
 than the steps since the last save. The copy goes through a sender kept running
 on the writing host (started when each attempt starts), so a save waits for the
-bytes only, not for a new SSH session. See :mod:`corral.runtime.checkpoints`.
+bytes only, not for a new SSH session. See :mod:`corral.recovery.checkpoints`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from rich.console import Console
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
+from corral.job.output import say
 from corral.plan.render import node_cwd
-from corral.runtime.checkpoints import Replica, ensure_latest_on
-from corral.runtime.output import say
+from corral.recovery.checkpoints import Replica, ensure_latest_on
 from corral.transport.base import Transport
 
 if TYPE_CHECKING:
-    from corral.runtime.launch import LaunchOptions, Prepared
-    from corral.runtime.supervisor import NodeRun
+    from corral.job.engine import LaunchOptions, Prepared
+    from corral.job.supervisor import NodeRun
 
 
 def rank0_host(prepared: Prepared) -> Host:

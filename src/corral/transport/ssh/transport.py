@@ -18,7 +18,7 @@ Settings come from the CLUSTER options plus the user's OpenSSH config
 (``~/.ssh/config``, or only ``--ssh-config FILE`` when given, like ``ssh -F``):
 Host aliases, HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile,
 ConnectTimeout. ssh-agent is used when ``SSH_AUTH_SOCK`` is set. Host keys are
-checked against known_hosts (see :mod:`corral.transport.known_hosts`).
+checked against known_hosts (see :mod:`corral.transport.ssh.known_hosts`).
 
 Every asyncssh/OS error is translated here, with ``raise ... from exc``, into
 :class:`~corral.errors.ConnectError`, :class:`~corral.errors.CommandTimeout` or
@@ -46,7 +46,7 @@ import asyncssh
 
 from corral.cluster.model import Host
 from corral.errors import CommandTimeout, ConfigError, ConnectError, ConnectionLost, TransportError
-from corral.transport.known_hosts import (
+from corral.transport.ssh.known_hosts import (
     HostKeyDecision,
     HostKeyVerdict,
     KnownHostsPolicy,

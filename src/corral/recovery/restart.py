@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.runtime.states import JobState
-from corral.runtime.supervisor import EXIT_LAUNCH, JobResult
+from corral.job.states import JobState
+from corral.job.supervisor import EXIT_LAUNCH, JobResult
 
 MAX_BACKOFF = 60.0
 ATTEMPTS_FILE = "attempts.json"

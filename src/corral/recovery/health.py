@@ -13,7 +13,7 @@ Host (one node agent reached over one transport link)::
 * LOST (terminal): nothing for ``--host-timeout`` seconds, or the transport
   reported the link broken (SSH keepalives unanswered, connection reset), or
   the agent died without reporting. The job is stopped (or restarted without
-  that host, see :mod:`corral.runtime.restart`); the agent on a lost host tears
+  that host, see :mod:`corral.recovery.restart`); the agent on a lost host tears
   its own processes down when the coordinator's heartbeats stop reaching it.
 
 Rank::
@@ -24,7 +24,7 @@ Rank::
 
 * STARTED: the process runs; it has not reported progress (``sdk.report``) yet.
 * PROGRESSING: it reported at least once; hang detection (see
-  :mod:`corral.runtime.hang`) watches the time since its step last advanced.
+  :mod:`corral.recovery.hang`) watches the time since its step last advanced.
 * HUNG: hang detection named it; its stack was dumped; teardown follows.
 * EXITED (terminal): its exit status is known (or it was torn down).
 """
@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from corral.runtime.states import IllegalTransition
+from corral.job.states import IllegalTransition
 
 #: the host-timeout default (seconds without any frame from a host's agent)
 DEFAULT_HOST_TIMEOUT = 20.0

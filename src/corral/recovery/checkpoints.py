@@ -12,8 +12,8 @@ With ``--replicate-checkpoints`` the supervisor hands every checkpoint a rank
 announces (the SDK's ``{"type": "checkpoint", "path", ...}`` report) to
 :meth:`Replica.pull`, so a copy survives the loss of the host that wrote it.
 
-Everything on the hosts runs :mod:`corral.runtime.ckpt_host` (standard library
-only) through :mod:`corral.runtime.remote_python`, over any
+Everything on the hosts runs :mod:`corral.recovery.ckpt_host` (standard library
+only) through :mod:`corral.remote.python`, over any
 :class:`~corral.transport.base.Transport`; on ``local:N`` the same code runs as
 local processes (hosts that resolve to the same directory simply find the
 checkpoint already there).
@@ -45,7 +45,7 @@ from typing import IO, Any, Literal, Protocol
 
 from corral.cluster.model import Host
 from corral.errors import CorralError, TransportError
-from corral.runtime.remote_python import program, shell_argv
+from corral.remote.python import program, shell_argv
 from corral.sdk._checkpoint import checkpoint_files, fsync_dir, is_complete_checkpoint
 from corral.transport.base import NodeProcess, Transport, kill_and_wait
 
@@ -69,7 +69,7 @@ SHIPPED = (
     "corral.sdk._env",
     "corral.sdk._report",
     "corral.sdk._checkpoint",
-    "corral.runtime.ckpt_host",
+    "corral.recovery.ckpt_host",
 )
 #: Most bytes of one copy in flight between the source, the coordinator and the target.
 WINDOW = 8 << 20
@@ -177,7 +177,7 @@ async def _survey_one(
     timeout: float,
 ) -> HostCheckpoints:
     argv, env = _python_argv(
-        host, python, "corral.runtime.ckpt_host:list_checkpoints", directory, cwd
+        host, python, "corral.recovery.ckpt_host:list_checkpoints", directory, cwd
     )
     started: list[NodeProcess] = []
 
@@ -369,7 +369,9 @@ class _HostSource:
         cls, transport: Transport, host: Host, path: str, python: str | None, stall: float
     ) -> _HostSource:
         """A ``send`` process of its own for ``path``."""
-        remote = await _start_remote(transport, host, python, "corral.runtime.ckpt_host:send", path)
+        remote = await _start_remote(
+            transport, host, python, "corral.recovery.ckpt_host:send", path
+        )
         return await cls(remote, path, stall, served=False)._begin()
 
     @classmethod
@@ -504,7 +506,7 @@ class _HostSink:
             transport,
             host,
             python,
-            "corral.runtime.ckpt_host:receive",
+            "corral.recovery.ckpt_host:receive",
             directory,
             cwd,
             name,
@@ -1202,7 +1204,7 @@ class Replica:
 
     def _spawn_server(self, transport: Transport, host: Host) -> asyncio.Task[_Remote]:
         task = asyncio.ensure_future(
-            _start_remote(transport, host, self.python, "corral.runtime.ckpt_host:serve")
+            _start_remote(transport, host, self.python, "corral.recovery.ckpt_host:serve")
         )
         self._starting[host.name] = task
 

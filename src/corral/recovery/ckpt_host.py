@@ -1,9 +1,9 @@
 """What runs on a host to list, send and receive checkpoints (standard library only).
 
-Shipped with :mod:`corral.runtime.remote_python` together with
+Shipped with :mod:`corral.remote.python` together with
 ``corral.sdk._env``, ``corral.sdk._report`` and ``corral.sdk._checkpoint`` (see
-:data:`corral.runtime.checkpoints.SHIPPED`), so the host needs neither corral
-nor torch. The coordinator side is :mod:`corral.runtime.checkpoints`.
+:data:`corral.recovery.checkpoints.SHIPPED`), so the host needs neither corral
+nor torch. The coordinator side is :mod:`corral.recovery.checkpoints`.
 
 Only rank-0 checkpoints (``ckpt-{step:08d}.pt``, as written by
 ``sdk.save_checkpoint``) are handled. A checkpoint directory is resolved on the

@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from corral.runtime.output import format_progress
-from corral.runtime.states import JobState, NodeState
-from corral.runtime.supervisor import Failure, JobResult, NodeRun, signal_name
+from corral.job.output import format_progress
+from corral.job.states import JobState, NodeState
+from corral.job.supervisor import Failure, JobResult, NodeRun, signal_name
 
 if TYPE_CHECKING:
-    from corral.runtime.restart import AttemptRecord
+    from corral.recovery.restart import AttemptRecord
 
 OOM_HINT = (
     "hint: exit -9/137 (SIGKILL) with no traceback is most often the kernel's OOM killer; "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError, LaunchError
-from corral.runtime.remote_python import candidates
+from corral.remote.python import candidates
 from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0

@@ -24,22 +24,22 @@ from typing import Any
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
+from corral.job.output import LogSink
+from corral.job.states import (
+    JobState,
+    NodeState,
+    check_job_transition,
+    check_node_transition,
+)
 from corral.plan.spec import NodeCommand
-from corral.runtime.hang import HangVerdict
-from corral.runtime.hangwatch import HangWatch
-from corral.runtime.health import (
+from corral.recovery.hang import HangVerdict
+from corral.recovery.hangwatch import HangWatch
+from corral.recovery.health import (
     DEFAULT_HOST_TIMEOUT,
     HostHealth,
     HostWatch,
     RankHealth,
     check_rank_transition,
-)
-from corral.runtime.output import LogSink
-from corral.runtime.states import (
-    JobState,
-    NodeState,
-    check_job_transition,
-    check_node_transition,
 )
 from corral.transport.base import NodeProcess, Transport
 

@@ -18,8 +18,8 @@ from rich.console import Console
 from corral.errors import LaunchError
 
 if TYPE_CHECKING:
+    from corral.job.engine import LaunchOptions
     from corral.plan.spec import JobSpec
-    from corral.runtime.launch import LaunchOptions
 
 
 async def sync_before_launch(

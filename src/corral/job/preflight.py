@@ -25,8 +25,8 @@ from corral.errors import CheckFailed
 from corral.transport.base import Transport
 
 if TYPE_CHECKING:
+    from corral.job.engine import LaunchOptions
     from corral.plan.spec import JobSpec
-    from corral.runtime.launch import LaunchOptions
 
 
 def checklist_options(

@@ -29,16 +29,16 @@ from corral.agent.probe import try_bind
 from corral.checks.context import DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError, LaunchError
+from corral.job.agents import start_agents
+from corral.job.output import LogSink, say
+from corral.job.states import JobState, NodeState
+from corral.job.summary import attempts_table, print_report
+from corral.job.supervisor import EXIT_INTERRUPTED, JobResult, Supervisor
 from corral.plan.render import master_index, plan_job
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec, Launcher, NodeCommand
-from corral.runtime.ckpt_keeper import CheckpointKeeper
-from corral.runtime.health import DEFAULT_HOST_TIMEOUT
-from corral.runtime.hosts import start_agents
-from corral.runtime.output import LogSink, say
-from corral.runtime.restart import AttemptLog, RestartPolicy, decide
-from corral.runtime.states import JobState, NodeState
-from corral.runtime.summary import attempts_table, print_report
-from corral.runtime.supervisor import EXIT_INTERRUPTED, JobResult, Supervisor
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.recovery.keeper import CheckpointKeeper
+from corral.recovery.restart import AttemptLog, RestartPolicy, decide
 from corral.transport.base import NodeProcess, Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
@@ -366,7 +366,7 @@ async def _sync(prepared: Prepared, opts: LaunchOptions, console: Console) -> di
     """``--sync`` / ``--sync-script`` (SSH clusters): what the ``sync`` check reports."""
     if not (opts.sync or opts.sync_script) or opts.cluster.is_local:
         return None
-    from corral.runtime.presync import sync_before_launch
+    from corral.job.presync import sync_before_launch
 
     return await sync_before_launch(opts, prepared.spec, console)
 
@@ -379,7 +379,7 @@ async def _checked(
     sync: dict[str, Any] | None,
 ) -> tuple[LaunchOptions, Prepared]:
     """The pre-flight checklist (local nodes); the plan it leaves to launch."""
-    from corral.runtime.preflight import apply, preflight
+    from corral.job.preflight import apply, preflight
 
     outcome = await preflight(opts, prepared.spec, transport, console, sync=sync)
     cluster = apply(outcome, opts.cluster)
@@ -399,7 +399,7 @@ async def _checked_remote(
     """The checklist and the agents' start-up at the same time (both are a Python
     start on every host): nothing is launched until the checklist passed. The
     checklist tests the master port, so the agents do not (port 0 excepted)."""
-    from corral.runtime.preflight import apply, preflight
+    from corral.job.preflight import apply, preflight
 
     checks = asyncio.ensure_future(preflight(opts, prepared.spec, transport, console, sync=sync))
     agents = asyncio.ensure_future(start_remote(prepared, opts, transport, check_port=False))
@@ -435,7 +435,7 @@ async def _checked_remote(
 
 async def _abort_all(procs: Any) -> None:
     """Tell agents that were started (and probed) to exit without launching."""
-    from corral.runtime.hosts import abort
+    from corral.job.agents import abort
 
     waiting = []
     for proc in procs:
@@ -454,7 +454,7 @@ async def _run_attempts(
     console: Console,
 ) -> JobResult:
     """Supervise attempt after attempt until one succeeds or no restart is allowed
-    (see :mod:`corral.runtime.restart`); returns the last attempt's result."""
+    (see :mod:`corral.recovery.restart`); returns the last attempt's result."""
     policy = RestartPolicy(opts.max_restarts, opts.restart_backoff, opts.min_nodes)
     initial_hosts = len(opts.cluster.hosts)
     if history.records:
@@ -543,7 +543,7 @@ async def _unreachable(transport: Transport, cluster: Cluster, result: JobResult
     answer an echo within the ping deadline."""
     if cluster.is_local:
         return []
-    from corral.runtime.ping import failed_hosts, ping_hosts
+    from corral.fleet.ping import failed_hosts, ping_hosts
 
     alive = [n.host for n in result.nodes if n.state != NodeState.LOST]
     if not alive:

@@ -1,0 +1,1 @@
+"""The job engine: one job from spec to result (states, supervisor, events, output, summary)."""

@@ -1,0 +1,1 @@
+"""Recovering from failures: restart policy, host health, hang detection, checkpoints."""

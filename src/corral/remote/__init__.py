@@ -1,0 +1,1 @@
+"""Shipping standard-library helper programs to hosts (``python -c``)."""

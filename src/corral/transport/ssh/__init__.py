@@ -1,0 +1,1 @@
+"""The SSH transport (asyncssh): connections, host keys, remote processes."""
