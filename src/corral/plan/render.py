@@ -213,6 +213,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 master_addr=master_addr,
                 master_port=spec.master_port,
                 hosts_master=node_rank == master_node,
+                secret_env=spec.secret_env,
             )
         )
         rank_base += nproc

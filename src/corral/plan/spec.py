@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from corral.cluster.model import Host
+from corral.redact import redact_env
 
 Launcher = Literal["torchrun", "python"]
 LAUNCHERS: tuple[str, ...] = ("torchrun", "python")
@@ -39,10 +40,14 @@ class JobSpec:
     """Rank 0's saves wait for the coordinator's replica (``CORRAL_CHECKPOINT_REPLICA=wait``)."""
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
     run_dir: str = "runs"
+    secret_env: tuple[str, ...] = ()
+    """Keys of ``env`` whose values are secret besides the ones named like secrets
+    (``--secret-env``); see :mod:`corral.redact`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "secret_env", tuple(self.secret_env))
 
 
 @dataclass(frozen=True)
@@ -77,26 +82,35 @@ class NodeCommand:
     master_addr: str = ""
     master_port: int = 0
     hosts_master: bool = False
+    secret_env: tuple[str, ...] = ()  # extra secret keys (JobSpec.secret_env)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "secret_env", tuple(self.secret_env))
         object.__setattr__(self, "argv", tuple(self.argv))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "ranks", tuple(self.ranks))
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able description (``corral plan --json`` and the agent's spec)."""
+    def to_json(self, *, redact: bool = False) -> dict[str, Any]:
+        """A JSON-able description: the agent's spec (``redact=False``: the real env
+        the ranks need), or what is printed and stored (``redact=True``: secret
+        values replaced, see :mod:`corral.redact`)."""
+
+        def env(values: Mapping[str, str]) -> dict[str, str]:
+            return redact_env(values, self.secret_env) if redact else dict(values)
+
         return {
             "host": self.host.name,
             "address": self.host.address,
             "node_rank": self.node_rank,
             "argv": list(self.argv),
-            "env": dict(self.env),
+            "env": env(self.env),
             "cwd": self.cwd,
             "nproc": self.nproc,
             "ranks": [
-                {"rank": r.rank, "local_rank": r.local_rank, "env": dict(r.env)} for r in self.ranks
+                {"rank": r.rank, "local_rank": r.local_rank, "env": env(r.env)} for r in self.ranks
             ],
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "hosts_master": self.hosts_master,
+            "secret_env": list(self.secret_env),
         }
