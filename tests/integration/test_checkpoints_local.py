@@ -37,6 +37,7 @@ from corral.recovery.checkpoints import (
 from corral.sdk import is_complete_checkpoint
 from corral.transport.base import NodeProcess
 from corral.transport.local import LocalTransport
+from tests.conftest import missing_dependency, require_torch
 
 T = TypeVar("T")
 
@@ -449,7 +450,7 @@ def test_a_failed_host_copy_falls_back_to_the_replica(layout: Layout, tmp_path: 
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs (needs root)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        missing_dependency("mounting a tmpfs needs root")
     mount = tmp_path / "tiny"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
@@ -463,7 +464,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_save_on_a_full_disk_names_host_and_path_and_keeps_the_previous(
     tiny_disk: Path,
 ) -> None:
-    pytest.importorskip("torch")
+    require_torch()
     script = textwrap.dedent(
         """
         import sys, torch
@@ -531,7 +532,7 @@ def test_copying_to_a_full_disk_names_host_and_path(layout: Layout, tiny_disk: P
 
 @pytest.mark.torch
 def test_resume_broadcasts_rank0s_checkpoint_to_ranks_without_a_copy(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require_torch()
     (tmp_path / "r0").mkdir()
     (tmp_path / "r1").mkdir()
     torch.save({"step": 40, "w": torch.arange(5.0)}, tmp_path / "r0" / "ckpt-00000040.pt")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_torch
+
 from .conftest import REPO, SCRIPTS, run_corral, wait_no_job_processes
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
@@ -23,7 +25,7 @@ def _losses(text: str) -> tuple[float, float]:
 @pytest.mark.torch
 @pytest.mark.parametrize("launcher", ["torchrun", "python"])
 def test_ddp_example_trains_then_resumes(launcher: str, run_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    require_torch()
     ckpt = tmp_path / "ckpt"
     common = [
         "run",

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_torch
+
 from .conftest import REPO, run_corral, wait_no_job_processes
 
-pytest.importorskip("torch")
+require_torch()
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
 

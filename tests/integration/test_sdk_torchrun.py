@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.conftest import require_torch
+
+require_torch()
 pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[2]

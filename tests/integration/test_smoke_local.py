@@ -22,8 +22,9 @@ from corral.checks.result import CheckResult, Status
 from corral.checks.smoke import KILL_GRACE, MARGIN, smoke_test
 from corral.cluster import Host, load_cluster
 from corral.transport.local import LocalTransport
+from tests.conftest import require_torch
 
-pytest.importorskip("torch")  # the [torch] extra is part of `make setup`
+require_torch()  # the [torch] extra is part of `make setup`
 
 T = TypeVar("T")
 MARK = "CORRAL_SMOKE_TEST_MARK"

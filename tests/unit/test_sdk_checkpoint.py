@@ -15,10 +15,11 @@ import pytest
 
 from corral import sdk
 from corral.sdk import _checkpoint
+from tests.conftest import require_torch
 
 from .test_sdk_report import ControlServer
 
-torch = pytest.importorskip("torch")
+torch = require_torch()
 pytestmark = pytest.mark.torch
 
 

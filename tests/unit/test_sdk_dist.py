@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from corral import sdk
+from tests.conftest import require_torch
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +114,7 @@ def dist_env(monkeypatch: pytest.MonkeyPatch, rank: int, port: int) -> None:
 @pytest.fixture
 def fake_init(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Record init_process_group calls instead of making them."""
-    pytest.importorskip("torch")
+    require_torch()
     import torch.distributed as dist
 
     calls: list[dict[str, Any]] = []

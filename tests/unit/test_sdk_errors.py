@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from corral import sdk
+from tests.conftest import require_torch
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +173,7 @@ def test_record_ignores_keyboard_interrupt(monkeypatch: pytest.MonkeyPatch, tmp_
 @pytest.mark.torch
 def test_torchrun_reads_our_error_file(tmp_path: Path) -> None:
     """torchrun's failure summary shows our message (it reads "message" and "timestamp")."""
-    pytest.importorskip("torch")
+    require_torch()
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     target = tmp_path / "e.json"

@@ -19,6 +19,7 @@ import pytest
 
 from corral import sdk
 from corral.sdk._report import request
+from tests.conftest import require_torch
 
 
 class ControlServer:
@@ -105,7 +106,7 @@ def test_handshake_then_json_lines(abstract_server: ControlServer) -> None:
 
 
 def test_unusual_metric_values(abstract_server: ControlServer) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require_torch()
     sdk.report(1, loss=torch.tensor(0.5), bad=float("nan"), big=float("inf"), n=3)
     payload = json.loads(abstract_server.wait_lines(2)[1])
     assert payload["metrics"] == {"loss": 0.5, "bad": None, "big": None, "n": 3.0}
@@ -317,7 +318,7 @@ def test_a_replicated_save_waits_for_the_answer_and_warns_when_not_copied(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pytest.importorskip("torch")
+    require_torch()
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("CORRAL_CHECKPOINT_REPLICA", "wait")
     _answer_when_asked(

@@ -25,8 +25,9 @@ from corral.sdk import is_complete_checkpoint
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
 from corral.transport.ssh.transport import SshTransport
+from tests.conftest import require_torch
 
-torch = pytest.importorskip("torch")
+torch = require_torch()
 pytestmark = pytest.mark.netns
 
 T = TypeVar("T")

@@ -18,10 +18,11 @@ from corral.cluster import load_cluster
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
 from corral.transport.ssh.transport import SshTransport
+from tests.conftest import require_torch
 
 pytestmark = pytest.mark.netns
 
-pytest.importorskip("torch")  # the [torch] extra is part of `make setup`
+require_torch()  # the [torch] extra is part of `make setup`
 
 T = TypeVar("T")
 HOSTS = ("tb1", "tb2", "tb3")
