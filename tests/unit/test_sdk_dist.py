@@ -58,44 +58,107 @@ def test_wait_for_ready_master_logs(listener: int, capsys: pytest.CaptureFixture
     ]
 
 
-def test_wait_until_master_comes_up(capsys: pytest.CaptureFixture[str]) -> None:
+class FakeTime:
+    """Stands in for the ``time`` module in ``corral.sdk._dist``: ``sleep`` advances
+    ``monotonic`` instead of waiting, so deadlines are exact and nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_time(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
+    from corral.sdk import _dist
+
+    clock = FakeTime()
+    monkeypatch.setattr(_dist, "time", clock)
+    return clock
+
+
+def test_wait_until_master_comes_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The master starts listening only after a first attempt was refused: the wait retries."""
+    from corral.sdk import _dist
+
     port = closed_port()
     server = socket.socket()
+    real_connect = socket.create_connection
+    refused: list[OSError] = []
+    first_refusal = threading.Event()
 
-    def start_later() -> None:
-        time.sleep(0.5)
-        server.bind(("127.0.0.1", port))
-        server.listen(1)
+    def connect(address: tuple[str, int], timeout: float | None = None) -> socket.socket:
+        try:
+            return real_connect(address, timeout=timeout)
+        except OSError as exc:
+            refused.append(exc)
+            first_refusal.set()
+            raise
 
-    t = threading.Thread(target=start_later)
+    monkeypatch.setattr(_dist.socket, "create_connection", connect)
+
+    def start_after_a_refusal() -> None:
+        if first_refusal.wait(timeout=30):
+            server.bind(("127.0.0.1", port))
+            server.listen(1)
+
+    t = threading.Thread(target=start_after_a_refusal)
     t.start()
     try:
-        start = time.monotonic()
-        sdk.wait_for_master("127.0.0.1", port, timeout=timedelta(seconds=10))
-        assert time.monotonic() - start >= 0.4
+        sdk.wait_for_master("127.0.0.1", port, timeout=timedelta(seconds=60))
     finally:
+        first_refusal.set()
         t.join()
         server.close()
-    assert f"Master node 127.0.0.1:{port} is ready" in capsys.readouterr().err
+    assert refused, "the master was up before the first attempt"
+    assert all(isinstance(exc, ConnectionRefusedError) for exc in refused)
+    assert capsys.readouterr().err.splitlines() == [
+        f"Waiting for master 127.0.0.1:{port}...",
+        f"Master node 127.0.0.1:{port} is ready for connections",
+    ]
 
 
-def test_wait_times_out_with_host_and_port() -> None:
+def test_wait_times_out_with_host_and_port(
+    fake_time: FakeTime, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = closed_port()
-    start = time.monotonic()
+    start = fake_time.now
     with pytest.raises(sdk.MasterNotReadyError) as info:
-        sdk.wait_for_master("127.0.0.1", port, timeout=0.6)
-    elapsed = time.monotonic() - start
-    assert 0.5 <= elapsed < 3.0
+        sdk.wait_for_master("127.0.0.1", port, timeout=75)
+    # It retried with a growing backoff (capped at 1 s) and gave up exactly at the deadline.
+    assert fake_time.now - start == pytest.approx(75)
+    assert fake_time.sleeps[:5] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8])
+    assert max(fake_time.sleeps) == 1.0
     assert isinstance(info.value, TimeoutError)
     assert f"127.0.0.1:{port}" in str(info.value)
-    assert "0.6s" in str(info.value)
+    assert "within 75s" in str(info.value)
     assert "ConnectionRefused" in str(info.value)
-    assert (info.value.host, info.value.port) == ("127.0.0.1", port)
+    assert (info.value.host, info.value.port, info.value.timeout) == ("127.0.0.1", port, 75)
+    # A reminder every 30 s of waiting, with the last error.
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"Waiting for master 127.0.0.1:{port}..."
+    reminders = err[1:]
+    assert len(reminders) == 2
+    assert all(
+        line.startswith(f"Still waiting for master 127.0.0.1:{port} (ConnectionRefusedError")
+        for line in reminders
+    )
 
 
-def test_unresolvable_host_is_retried_until_the_deadline() -> None:
-    with pytest.raises(sdk.MasterNotReadyError, match=r"no-such-host\.invalid:29500"):
-        sdk.wait_for_master("no-such-host.invalid", 29500, timeout=0.3)
+def test_unresolvable_host_is_retried_until_the_deadline(fake_time: FakeTime) -> None:
+    with pytest.raises(sdk.MasterNotReadyError, match=r"no-such-host\.invalid:29500") as info:
+        sdk.wait_for_master("no-such-host.invalid", 29500, timeout=3)
+    assert len(fake_time.sleeps) > 1  # retried, not given up at the first failure
+    assert info.value.last_error is not None and "gaierror" in info.value.last_error
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, timedelta(0)])
