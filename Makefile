@@ -1,21 +1,51 @@
 # corral — two commands for a newcomer: `make demo` and `make test`.
+# (`make test-fast` is the edit loop: unit tests and the quick local integration tests.)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup system-deps demo test unit lint bench clean
+# The project's own torch: the CPU build of one exact version. The [torch] extra in
+# pyproject.toml is a range, so `pip install 'corral[torch]'` keeps a user's own torch.
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-$(STAMP): pyproject.toml
+# Where setup takes torch from, printed as one word:
+#   local      a CPU wheel pip finds without any index (find-links, e.g. /opt/wheels);
+#   gpu        no local CPU wheel, an NVIDIA GPU here (nvidia-smi): PyPI's default build;
+#   cpu-index  neither: PyTorch's CPU wheel index, so no CUDA package is ever pulled.
+define torch_source
+if $(PY) -m pip install --dry-run --ignore-installed --no-index --no-deps -q 'torch==$(TORCH_VERSION)+cpu' \
+	>/dev/null 2>&1; then echo local; \
+elif command -v nvidia-smi >/dev/null 2>&1; then echo gpu; \
+else echo cpu-index; fi
+endef
+
+.PHONY: setup system-deps demo test test-fast unit lint bench clean torch-source
+
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned (==2.13.0, the CPU wheel pip finds here) by the [torch] extra,
-	# so this never pulls CUDA packages.
+
+# torch first (see torch_source); the [torch] extra's range is then met, so the editable
+# install below leaves that torch as it is.
+$(STAMP): pyproject.toml | $(PY)
+	@src="$$($(torch_source))"; echo "corral: installing torch $(TORCH_VERSION) ($$src)"; \
+	case "$$src" in \
+	  local) $(PY) -m pip install -q 'torch==$(TORCH_VERSION)+cpu' ;; \
+	  gpu) $(PY) -m pip install -q 'torch==$(TORCH_VERSION)' ;; \
+	  *) $(PY) -m pip install -q --extra-index-url '$(TORCH_CPU_INDEX)' \
+	       'torch==$(TORCH_VERSION)+cpu' ;; \
+	esac
 	$(PY) -m pip install -q -e '.[dev,torch]'
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Print where setup would take torch from (local, gpu or cpu-index); installs nothing.
+torch-source: | $(PY)
+	@$(torch_source)
 
 # Debian packages the multi-host tests and benchmarks need (sshd, rsync, ip, pdsh).
 system-deps:
@@ -31,6 +61,11 @@ lint: setup
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
+
+# The edit loop: unit tests and the local integration tests; no netns testbed, no
+# test marked slow (both run in `make test`).
+test-fast: setup
+	$(PY) -m pytest -q -ra -m 'not netns and not slow' tests/unit tests/integration
 
 test: setup system-deps lint
 	$(PY) -m pytest -q -ra
