@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 import typer
@@ -45,6 +45,14 @@ async def wrong_output(node: FakeNode) -> int:
 async def fails(node: FakeNode) -> int:
     node.stderr.feed_data(b"sh: echo: not found\n")
     return 127
+
+
+async def until(condition: Callable[[], bool], within: float = 30.0) -> None:
+    """Poll ``condition`` on the event loop until it holds; fail after ``within`` s."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 def ping(
@@ -97,7 +105,8 @@ def test_host_that_never_answers_hits_the_deadline_and_is_killed() -> None:
     transport = FakeTransport({"a": echoes, "b": hangs})
     started = time.monotonic()
     results = ping(transport, [A, B], timeout=0.3)
-    assert time.monotonic() - started < 0.3 + 5  # the bound is the behaviour
+    # The bound is the behaviour (a dead host costs the deadline, not forever); generous.
+    assert time.monotonic() - started < 0.3 + KILL_GRACE + 30
     b = results["b"]
     assert not b.ok and b.rtt_ms is None
     assert isinstance(b.error, CommandTimeout)
@@ -152,7 +161,7 @@ def test_deadline_while_connecting_cancels_the_attempt() -> None:
 
     async def main() -> tuple[dict[str, PingResult], set[asyncio.Task[object]]]:
         results = await ping_hosts(transport, [A, B], timeout=0.2)
-        await asyncio.sleep(0)
+        # No yield to the loop first: the cancelled attempts are over when ping_hosts returns.
         return results, {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
     results, left = asyncio.run(main())
@@ -191,8 +200,7 @@ def test_cancelling_the_ping_kills_started_commands() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(ping_hosts(transport, [A, B], timeout=60))
-        while len(transport.nodes) < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(transport.nodes) == 2)  # both commands started
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -217,7 +225,8 @@ def test_a_process_that_ignores_sigkill_costs_at_most_the_grace() -> None:
     transport = Transport({})
     started = time.monotonic()
     r = ping(transport, [A], timeout=0.2)["a"]
-    assert time.monotonic() - started < 0.2 + KILL_GRACE + 5
+    # The bound is the behaviour (it does not wait for the undying process); generous.
+    assert time.monotonic() - started < 0.2 + KILL_GRACE + 30
     assert r.cause == "timed out after 0.2s"
     assert transport.nodes["a"].signals == [signal.SIGKILL]
 
@@ -232,7 +241,7 @@ def test_results_keep_host_order_and_failed_hosts() -> None:
 
 def test_empty_and_bad_timeout() -> None:
     assert asyncio.run(ping_hosts(FakeTransport({}), [])) == {}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="timeout must be positive, not 0"):
         asyncio.run(ping_hosts(FakeTransport({}), [A], timeout=0))
 
 
