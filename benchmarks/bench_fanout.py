@@ -42,7 +42,7 @@ from pathlib import Path
 from corral.cli.common import SshOptions
 from corral.cluster import Host
 from corral.fleet.fanout import check_connectivity, run_on_hosts
-from corral.transport.ssh.transport import SshTransport
+from corral.transport.ssh import SshTransport
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "fanout.json"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import ConfigError
-from corral.transport.ssh.transport import PID_PREAMBLE, build_command, build_shell_command
+from corral.transport.ssh import PID_PREAMBLE, build_command, build_shell_command
 
 NASTY = [
     "plain",

@@ -13,7 +13,8 @@ import pytest
 from corral.cluster import Host
 from corral.errors import ConnectionLost
 from corral.transport.base import NodeProcess, Transport
-from corral.transport.ssh.transport import EXIT_LOST, SshProcess, SshTransport, _Session
+from corral.transport.ssh import EXIT_LOST, SshProcess, SshTransport
+from corral.transport.ssh.process import ProcessSession
 
 HOST = Host(name="node1")
 
@@ -26,7 +27,7 @@ class FakeChannel:
         self.eof = False
         self.signals: list[int | str] = []
         self.closed = False
-        self.session: _Session | None = None
+        self.session: ProcessSession | None = None
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -43,10 +44,10 @@ class FakeChannel:
             self.session.connection_lost(None)
 
 
-def run(test: Callable[[SshProcess, _Session, FakeChannel], Awaitable[None]]) -> None:
+def run(test: Callable[[SshProcess, ProcessSession, FakeChannel], Awaitable[None]]) -> None:
     async def main() -> None:
         proc = SshProcess(SshTransport(), HOST, "cmd")
-        session = _Session(proc)
+        session = ProcessSession(proc)
         chan = FakeChannel()
         chan.session = session
         session.connection_made(chan)
@@ -65,14 +66,14 @@ def test_ssh_transport_is_a_transport() -> None:
 
 
 def test_is_a_node_process() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         assert isinstance(proc, NodeProcess)
 
     run(body)
 
 
 def test_stdout_and_stderr_are_separate_and_pid_line_is_stripped() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"out1\n", None)
         session.data_received(b"__corral_pid", asyncssh.EXTENDED_DATA_STDERR)
         session.data_received(b"__=4242\nerr1\n", asyncssh.EXTENDED_DATA_STDERR)
@@ -90,7 +91,7 @@ def test_stdout_and_stderr_are_separate_and_pid_line_is_stripped() -> None:
 
 
 def test_login_noise_before_the_pid_line_is_kept() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"bashrc says hi\n__corral_pid__=7\nx", asyncssh.EXTENDED_DATA_STDERR)
         session.eof_received()
         session.connection_lost(None)
@@ -101,7 +102,7 @@ def test_login_noise_before_the_pid_line_is_kept() -> None:
 
 
 def test_stderr_without_pid_line_is_passed_on_at_eof() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"partial", asyncssh.EXTENDED_DATA_STDERR)
         session.eof_received()
         assert await proc.stderr.read() == b"partial"
@@ -112,7 +113,7 @@ def test_stderr_without_pid_line_is_passed_on_at_eof() -> None:
 
 @pytest.mark.parametrize(("name", "code"), [("TERM", -15), ("KILL", -9), ("SEGV", -11)])
 def test_exit_signal_is_minus_signum(name: str, code: int) -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.exit_signal_received(name, False, "", "")
         session.connection_lost(None)
         assert await proc.wait() == code
@@ -121,7 +122,7 @@ def test_exit_signal_is_minus_signum(name: str, code: int) -> None:
 
 
 def test_exit_status_wins_over_a_later_connection_loss() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.exit_status_received(3)
         session.connection_lost(asyncssh.ConnectionLost("gone"))
         assert await proc.wait() == 3
@@ -131,7 +132,7 @@ def test_exit_status_wins_over_a_later_connection_loss() -> None:
 
 
 def test_lost_connection_ends_streams_and_wait() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"half a line", None)
         waiter = asyncio.ensure_future(proc.wait())
         reader = asyncio.ensure_future(proc.stdout.read())
@@ -152,7 +153,7 @@ def test_lost_connection_ends_streams_and_wait() -> None:
 
 
 def test_stdin_write_and_eof() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         proc.write(b"hello\n")
         proc.close_stdin()
         assert chan.written == [b"hello\n"]
@@ -165,7 +166,7 @@ def test_stdin_write_and_eof() -> None:
 
 
 def test_signal_without_pid_goes_in_band_and_sigkill_closes() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         proc.signal(signal.SIGTERM)
         assert chan.signals == [signal.SIGTERM]
         assert not chan.closed
@@ -177,7 +178,7 @@ def test_signal_without_pid_goes_in_band_and_sigkill_closes() -> None:
 
 
 def test_signal_after_exit_is_a_no_op() -> None:
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.exit_status_received(0)
         session.connection_lost(None)
         proc.signal(signal.SIGTERM)
@@ -194,7 +195,7 @@ def test_signal_with_pid_also_signals_the_group(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(SshTransport, "run", fake_run)
 
-    async def body(proc: SshProcess, session: _Session, chan: FakeChannel) -> None:
+    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"__corral_pid__=321\n", asyncssh.EXTENDED_DATA_STDERR)
         proc.signal(signal.SIGTERM)
         await asyncio.sleep(0.01)

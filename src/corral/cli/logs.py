@@ -26,7 +26,7 @@ def _transport(
     assert isinstance(hosts, list)
     if all(h.get("local") for h in hosts):
         return LocalTransport()
-    from corral.transport.ssh.transport import SshTransport
+    from corral.transport.ssh import SshTransport
 
     saved = job.get("ssh") or {}
     assert isinstance(saved, dict)

@@ -23,6 +23,6 @@ def transport_for(
         return LocalTransport()
     if any(h.local for h in cluster.hosts):
         raise ConfigError("a cluster cannot mix local:N nodes and SSH hosts", option="--hosts")
-    from corral.transport.ssh.transport import SshTransport
+    from corral.transport.ssh import SshTransport
 
     return SshTransport(ssh, connect_timeout=connect_timeout, max_concurrency=max_concurrency)

@@ -18,6 +18,8 @@ class SshOptions:
     password_env: str | None = None
     config: str | None = None
     accept_new_host_keys: bool = False
+    #: Skip host key verification entirely (``--insecure-no-host-key-check``).
+    insecure_no_host_key_check: bool = False
 
     def password(self) -> str | None:
         """The password from the named environment variable (ConfigError if unset)."""

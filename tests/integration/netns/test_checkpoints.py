@@ -24,7 +24,7 @@ from corral.recovery.checkpoints import (
 from corral.sdk import is_complete_checkpoint
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
-from corral.transport.ssh.transport import SshTransport
+from corral.transport.ssh import SshTransport
 from tests.conftest import require_torch
 
 torch = require_torch()

@@ -16,7 +16,7 @@ from corral.cluster import load_cluster
 from corral.fleet.ping import KILL_GRACE, PingResult, failed_hosts, ping_hosts
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
-from corral.transport.ssh.transport import SshTransport
+from corral.transport.ssh import SshTransport
 
 from ..conftest import REPO, run_corral
 

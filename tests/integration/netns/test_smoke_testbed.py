@@ -17,7 +17,7 @@ from corral.checks.smoke import KILL_GRACE, MARGIN, smoke_test
 from corral.cluster import load_cluster
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
-from corral.transport.ssh.transport import SshTransport
+from corral.transport.ssh import SshTransport
 from tests.conftest import require_torch
 
 pytestmark = pytest.mark.netns

@@ -21,7 +21,7 @@ from corral.cluster import Cluster, Host, load_cluster
 from corral.errors import ConnectError, ConnectionLost
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
-from corral.transport.ssh.transport import EXIT_LOST, SshTransport
+from corral.transport.ssh import EXIT_LOST, SshTransport
 
 from .conftest import require_testbed_support
 
