@@ -71,6 +71,34 @@ def sync_command(ctx: CheckContext, hosts: list[str]) -> str:
     return shlex.join(words)
 
 
+def _cannot_compare(ctx: CheckContext, no_workdir: dict[str, HostCheck]) -> CheckResult:
+    """Nothing here to compare with: a warning saying why and what fixes it."""
+    ref = ctx.reference
+    why = (
+        ref.why_not
+        if ref is not None and ref.why_not
+        else "cannot compare: no code tree here; pass --code-dir"
+    )
+    short = why.split(";", 1)[0]
+    hosts = {
+        h.name: no_workdir.get(h.name)
+        or HostCheck(Status.WARN if ctx.facts[h.name].ok else Status.SKIP, short)
+        for h in ctx.cluster
+    }
+    fix = why.split("; ", 1)[1] if "; " in why else "pass --code-dir"
+    return CheckResult.from_hosts(
+        NAME,
+        hosts,
+        summary="not compared",
+        error=f"{ctx.workdir} missing on {', '.join(sorted(no_workdir))}; {why}"
+        if no_workdir
+        else None,
+        warning=why,
+        fix_command=fix,
+        data={"compared": False, "why_not": why},
+    )
+
+
 def check(ctx: CheckContext) -> CheckResult:
     """Compare every host with this machine; see the module docstring."""
     if ctx.is_local:
@@ -88,11 +116,7 @@ def check(ctx: CheckContext) -> CheckResult:
         if not (f.facts.get("workdir") or {}).get("exists", True)
     }
     if ctx.local_manifest is None and ctx.local_script_sha256 is None:
-        why = "pass --code-dir to compare the code here with --workdir there"
-        early = {h.name: no_workdir.get(h.name, HostCheck(Status.SKIP, why)) for h in ctx.cluster}
-        return CheckResult.from_hosts(
-            NAME, early, summary="nothing to compare", fix_command="create it, or corral sync"
-        )
+        return _cannot_compare(ctx, no_workdir)
     divergent = divergence(ctx)
     answered = [f.host.name for f in ctx.answered()]
     total = len(ctx.cluster.hosts)
@@ -128,6 +152,8 @@ def check(ctx: CheckContext) -> CheckResult:
         )
         error, warning = (text, None) if below else (None, text)
     data: dict[str, Any] = {
+        "compared": True,
+        "reference": ctx.reference.how if ctx.reference is not None else None,
         "ratio": ratio,
         "threshold": threshold,
         "digest": ref.digest if ref is not None else None,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.checks.gather import HostFacts
+from corral.checks.reference import CodeReference
 from corral.cluster.model import Cluster, Host
 from corral.sync.fingerprint import Manifest
 from corral.transport.options import SshOptions
@@ -24,7 +25,8 @@ class ChecklistOptions:
     launcher: str = "torchrun"
     python: str | None = None
     workdir: str | None = None  # on the hosts; default: this machine's current directory
-    code_dir: str | None = None  # the code tree on this machine; default: workdir
+    # the code tree on this machine; default: see corral.checks.reference.resolve
+    code_dir: str | None = None
     script: str | None = None
     master_addr: str | None = None
     master_port: int = 29500
@@ -54,6 +56,8 @@ class CheckContext:
     facts: dict[str, HostFacts]
     local_manifest: Manifest | None = None
     local_script_sha256: str | None = None
+    reference: CodeReference | None = None  # which tree here the hosts must match
+    ignores: tuple[str, ...] = ()  # extra ignores both sides' manifests were walked with
 
     @property
     def is_local(self) -> bool:

@@ -26,6 +26,7 @@ from corral.checks import (
 )
 from corral.checks.context import CheckContext, ChecklistOptions
 from corral.checks.gather import GatherRequest, gather
+from corral.checks.reference import resolve
 from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
 from corral.cluster.model import Cluster
 from corral.plan.render import master_index
@@ -93,22 +94,6 @@ def _local_reference(
     if script and os.path.isfile(script):
         script_hash = file_digest(script)
     return manifest, script_hash
-
-
-def code_reference(opts: ChecklistOptions) -> tuple[str | None, str | None]:
-    """(the code tree here, the entry script here) that the hosts' --workdir must
-    match: ``--code-dir``, else the current directory when the hosts run in the
-    same path (no ``--workdir``, or the same one); the script when its path means
-    the same file here and there."""
-    if opts.cluster.is_local:
-        return None, None
-    cwd = os.getcwd()
-    same_place = opts.workdir is None or os.path.abspath(opts.workdir) == cwd
-    code_dir = opts.code_dir or (cwd if same_place else None)
-    script = opts.script
-    if script and not os.path.isabs(script):
-        script = os.path.join(code_dir, script) if code_dir else None
-    return code_dir, script
 
 
 def _exclude(ctx: CheckContext, code: CheckResult) -> list[str]:
@@ -196,7 +181,8 @@ async def run_checklist(
     workdir = opts.workdir or os.getcwd()
     if cluster.is_local:
         workdir = os.path.abspath(workdir)
-    code_dir, local_script = code_reference(opts)
+    reference = resolve(opts)
+    code_dir, local_script = reference.code_dir, reference.script
     ignores = (*opts.extra_ignores, *(_ignores_for(code_dir, run_dir) if code_dir else ()))
     checkpoint_dir = opts.checkpoint_dir
     if checkpoint_dir and not os.path.isabs(os.path.expanduser(checkpoint_dir)):
@@ -218,9 +204,9 @@ async def run_checklist(
     try:
         t0 = time.perf_counter()
         asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
-        reference = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
+        local = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
         facts_map, (manifest, script_hash) = await asyncio.gather(
-            gather(tp, asked, request, master=master, python=opts.python), reference
+            gather(tp, asked, request, master=master, python=opts.python), local
         )
         if cluster.is_local:
             only = facts_map[cluster.hosts[0].name]
@@ -235,6 +221,8 @@ async def run_checklist(
             facts=facts_map,
             local_manifest=manifest,
             local_script_sha256=script_hash,
+            reference=reference,
+            ignores=ignores,
         )
         results = [_timed(m.check, ctx) for m in (connectivity, hardware, software)]
         code = _timed(consistency.check, ctx)

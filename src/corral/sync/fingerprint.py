@@ -260,3 +260,27 @@ def diff_manifests(
     missing = sorted(p for p in reference if p not in other)
     extra = sorted(p for p in other if p not in reference)
     return changed, missing, extra
+
+
+def filter_files(files: dict[str, str], extra_ignores: Iterable[str]) -> dict[str, str]:
+    """``files`` without the paths that ``extra_ignores`` (gitignore patterns,
+    relative to the root) exclude: what a walk with those ignores would have kept."""
+    patterns = [p for p in extra_ignores if p.strip()]
+    if not patterns:
+        return dict(files)
+    rules = parse_ignore("\n".join(patterns), "", "extra")
+    kept: dict[str, str] = {}
+    excluded_dirs: dict[str, bool] = {}
+    for path, sha in files.items():
+        parts = path.split("/")
+        hidden = False
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent not in excluded_dirs:
+                excluded_dirs[parent] = is_ignored(rules, parent, True)
+            if excluded_dirs[parent]:
+                hidden = True
+                break
+        if not hidden and not is_ignored(rules, path, False):
+            kept[path] = sha
+    return kept

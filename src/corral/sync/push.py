@@ -303,11 +303,12 @@ def classify_failure(code: int | None, stderr: str) -> tuple[bool, str | None, s
     return False, None, f"rsync exited with {code} ({exit_meaning(code)}): {detail}"
 
 
-def prune_command(dest: str, python: str | None) -> str:
-    """The remote shell command that runs :func:`corral.sync.prune.main` on a host."""
+def prune_command(dest: str, python: str | None) -> tuple[str, bytes]:
+    """The remote shell command that runs :func:`corral.sync.prune.main` on a host,
+    and what must go first on its stdin (the helper program; the keep list follows)."""
     text = remote_python.program(PRUNE_MODULES, "corral.sync.prune:main", dest)
-    argv, var = remote_python.shell_argv(python)
-    return f"exec env {shlex.quote(f'{var}={text}')} {shlex.join(argv)}"
+    command = remote_python.shell_command(python, "corral.sync.prune:main")
+    return command, remote_python.stdin_payload(text)
 
 
 # --------------------------------------------------------------------------- running
@@ -382,8 +383,8 @@ async def _run_rsync(job: _Job, host: Host, argv: list[str]) -> tuple[int, Rsync
 async def _run_prune(
     job: _Job, host: Host, ssh: list[str], target: str
 ) -> tuple[int, dict[str, Any], str]:
-    argv = [*ssh, target, prune_command(job.dest, job.python)]
-    code, out, err = await communicate(*argv, input=job.keep, env=job.env)
+    command, program = prune_command(job.dest, job.python)
+    code, out, err = await communicate(*ssh, target, command, input=program + job.keep, env=job.env)
     report: dict[str, Any] = {}
     for line in reversed(out.decode(errors="replace").splitlines()):
         with contextlib.suppress(ValueError):
@@ -596,7 +597,7 @@ async def sync_tree(
         ]
         if records:
             try:
-                record_syncs(records, path=state_file)
+                record_syncs(records, path=state_file, manifest=manifest.files)
                 report.recorded = True
             except OSError as exc:
                 report.warnings.append(f"cannot write the sync state file: {exc}")
