@@ -196,7 +196,7 @@ def test_for_option() -> None:
     assert HangDetector.for_option(-1) is None
     auto = HangDetector.for_option(None, started=0)
     assert auto is not None and auto.timeout == AUTO_HANG_TIMEOUT and not auto.armed
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="hang timeout must be > 0, got 0"):
         HangDetector(0)
 
 

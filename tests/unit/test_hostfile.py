@@ -686,8 +686,9 @@ def run_fresh(code: str, cwd: Path) -> None:
         "import corral.cluster; corral.cluster.detect_format('hosts: [a]')",
         # error paths too: a text hostfile error must not drag the YAML parser in
         "from corral.cluster import parse_hostfile_text\n"
+        "from corral.errors import ConfigError\n"
         "try:\n    parse_hostfile_text('n1 slot=2', 'hf')\n"
-        "except Exception as exc:\n    assert 'did you mean' in str(exc)\n"
+        "except ConfigError as exc:\n    assert \"did you mean 'slots'\" in str(exc), exc\n"
         "else:\n    raise AssertionError('no error')",
     ],
     ids=["import", "local", "comma-list", "text-file", "detect", "text-error"],

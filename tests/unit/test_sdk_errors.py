@@ -147,8 +147,9 @@ def test_record_system_exit(
     def main() -> None:
         raise SystemExit(code)
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         main()
+    assert info.value.code == code  # re-raised as it was
     assert target.exists() is written
     if written:
         data = sdk.read_error_file(target)
@@ -178,6 +179,11 @@ def test_torchrun_reads_our_error_file(tmp_path: Path) -> None:
 
     target = tmp_path / "e.json"
     sdk.write_error_file(caught(), target)
+    # A timestamp far from now: torchrun must take ours, not its fallback (the time it
+    # reads the file).
+    data = json.loads(target.read_text())
+    data["timestamp"] = 1_000_000_000.75
+    target.write_text(json.dumps(data))
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(target))
     assert failure.message == "learning rate exploded"
-    assert abs(failure.timestamp - time.time()) < 60
+    assert failure.timestamp == 1_000_000_000
