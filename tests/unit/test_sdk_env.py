@@ -1,9 +1,8 @@
-"""corral.sdk rank info, scale_config and output_dir."""
+"""corral.sdk rank info and output_dir (scale_config: test_sdk_config.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import pytest
@@ -144,57 +143,6 @@ def test_print_distributed_info_prints_one_line(
     assert out.count("\n") == 1
     assert "rank 1/2" in out
     assert "m:7" in out
-
-
-@pytest.mark.parametrize(("rule", "factor"), [("linear", 4.0), ("sqrt", 2.0), ("none", 1.0)])
-def test_scale_config_rules(rule: str, factor: float) -> None:
-    base = {"epochs": 3, "batch_size": 999}
-    out = sdk.scale_config(base, batch_size=64, lr=0.01, rule=rule, world_size=4)  # type: ignore[arg-type]
-    assert base == {"epochs": 3, "batch_size": 999}  # not mutated
-    assert out["epochs"] == 3
-    assert out["batch_size"] == 16
-    assert out["global_batch_size"] == 64
-    assert math.isclose(out["lr"], 0.01 * factor)
-    assert out["base_lr"] == 0.01
-    assert out["lr_scale_rule"] == rule
-    assert out["world_size"] == 4
-    assert out["rank"] == 0
-
-
-def test_scale_config_uses_the_job_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    set_env(monkeypatch, RANK=2, WORLD_SIZE=8)
-    out = sdk.scale_config(batch_size=256, lr=0.1)
-    assert (out["batch_size"], out["world_size"], out["rank"]) == (32, 8, 2)
-    assert math.isclose(out["lr"], 0.8)
-    assert out["is_main_process"] is False
-
-
-def test_scale_config_single_process_is_identity() -> None:
-    out = sdk.scale_config(None, batch_size=32, lr=0.5)
-    assert (out["batch_size"], out["lr"], out["world_size"]) == (32, 0.5, 1)
-
-
-def test_scale_config_warns_when_not_divisible() -> None:
-    with pytest.warns(RuntimeWarning, match="not divisible"):
-        out = sdk.scale_config(batch_size=10, lr=1.0, world_size=4)
-    assert (out["batch_size"], out["global_batch_size"]) == (2, 8)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "needle"),
-    [
-        ({"batch_size": 3, "lr": 0.1, "world_size": 4}, "smaller than world_size"),
-        ({"batch_size": 0, "lr": 0.1}, "batch_size"),
-        ({"batch_size": 8.0, "lr": 0.1}, "batch_size"),
-        ({"batch_size": 8, "lr": 0.0}, "lr"),
-        ({"batch_size": 8, "lr": float("nan")}, "lr"),
-        ({"batch_size": 8, "lr": 0.1, "world_size": 0}, "world_size"),
-        ({"batch_size": 8, "lr": 0.1, "rule": "cubic"}, "rule"),
-    ],
-)
-def test_scale_config_errors(kwargs: dict[str, object], needle: str) -> None:
-    with pytest.raises(ValueError, match=needle):
-        sdk.scale_config(**kwargs)  # type: ignore[arg-type]
 
 
 def test_output_dir_only_on_rank_zero(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

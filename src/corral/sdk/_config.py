@@ -14,6 +14,16 @@ from corral.sdk._env import info
 __all__ = ["output_dir", "scale_config"]
 
 ScaleRule = Literal["linear", "sqrt", "none"]
+ScaleBy = Literal["global_batch", "world_size"]
+
+_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
+_SCALE_BY: tuple[str, ...] = ("global_batch", "world_size")
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def scale_config(
@@ -22,40 +32,65 @@ def scale_config(
     batch_size: int,
     lr: float,
     rule: ScaleRule = "linear",
+    base_batch_size: int | None = None,
+    scale_by: ScaleBy = "global_batch",
     world_size: int | None = None,
 ) -> dict[str, Any]:
     """Return a copy of ``config`` adjusted for data-parallel training.
 
     ``batch_size`` is the global batch: each rank gets ``batch_size // world_size``
-    (a ``ValueError`` if that is 0; a ``RuntimeWarning`` if it does not divide).
-    ``lr`` is multiplied by ``world_size`` (``"linear"``), ``sqrt(world_size)``
-    (``"sqrt"``) or left as is (``"none"``). ``world_size`` defaults to the job's.
+    (a ``ValueError`` if that is 0; a ``RuntimeWarning`` if it does not divide, and
+    the global batch actually used is then ``per_device * world_size``).
+    ``world_size`` defaults to the job's.
+
+    The learning rate follows the linear scaling rule of Goyal et al. 2017,
+    "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour"
+    (arXiv:1706.02677): when the global batch is k times the batch the
+    learning rate was tuned for, multiply the learning rate by k. So with
+    ``scale_by="global_batch"`` (the default), ``lr`` is the rate tuned for a
+    global batch of ``base_batch_size`` (default: ``batch_size``, i.e. ``lr`` is
+    already right for this global batch) and the factor is
+    ``k = global batch / base_batch_size``: ``k`` (``rule="linear"``),
+    ``sqrt(k)`` (``"sqrt"``, the square-root rule often used with adaptive
+    optimizers) or 1 (``"none"``). The world size only splits the global batch
+    across ranks: after an elastic restart on fewer nodes the same global batch
+    keeps the same learning rate, each rank taking a larger share.
+
+    ``scale_by="world_size"`` is the adjustment of the system corral grew from
+    (TransformerLab's distributed trainer: divide the batch by the world size,
+    multiply the learning rate by it): the factor is ``world_size``,
+    ``sqrt(world_size)`` or 1. That is the rule above when ``lr`` was tuned for
+    one process at the per-device batch, so ``base_batch_size`` is implied
+    (``batch_size // world_size``) and giving it is a ``ValueError``; the
+    learning rate then changes whenever the world size does.
 
     Keys set: ``batch_size`` (per device), ``lr`` (scaled), ``global_batch_size``,
-    ``base_lr``, ``lr_scale``, ``lr_scale_rule``, ``world_size``, ``rank``,
-    ``local_rank``, ``is_main_process``. ``config`` itself is never mutated.
+    ``base_batch_size``, ``base_lr``, ``lr_scale``, ``lr_scale_rule``,
+    ``lr_scale_by``, ``world_size``, ``rank``, ``local_rank``,
+    ``is_main_process``. ``config`` itself is never mutated.
     """
     me = info()
     world = me.world_size if world_size is None else world_size
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(world, int) or world < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world!r}")
-    if not math.isfinite(lr) or lr <= 0:
+    batch_size = _positive_int("batch_size", batch_size)
+    world = _positive_int("world_size", world)
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if rule not in _RULES:
+        raise ValueError(f"unknown lr scaling rule {rule!r} (use 'linear', 'sqrt' or 'none')")
+    if scale_by not in _SCALE_BY:
+        raise ValueError(f"unknown scale_by {scale_by!r} (use 'global_batch' or 'world_size')")
+    if base_batch_size is not None:
+        base_batch_size = _positive_int("base_batch_size", base_batch_size)
+        if scale_by == "world_size":
+            raise ValueError(
+                "base_batch_size applies to scale_by='global_batch'; with "
+                "scale_by='world_size' the lr is taken as tuned at the per-device batch"
+            )
     if batch_size < world:
         raise ValueError(
             f"global batch_size {batch_size} is smaller than world_size {world}: "
             "every rank needs at least one example per step"
         )
-    if rule == "linear":
-        factor = float(world)
-    elif rule == "sqrt":
-        factor = math.sqrt(world)
-    elif rule == "none":
-        factor = 1.0
-    else:
-        raise ValueError(f"unknown lr scaling rule {rule!r} (use 'linear', 'sqrt' or 'none')")
     per_device = batch_size // world
     if per_device * world != batch_size:
         warnings.warn(
@@ -64,14 +99,28 @@ def scale_config(
             RuntimeWarning,
             stacklevel=2,
         )
+    global_batch = per_device * world
+    if scale_by == "world_size":
+        reference = per_device
+    else:
+        reference = batch_size if base_batch_size is None else base_batch_size
+    ratio = global_batch / reference
+    if rule == "linear":
+        factor = ratio
+    elif rule == "sqrt":
+        factor = math.sqrt(ratio)
+    else:
+        factor = 1.0
     out = dict(config or {})
     out.update(
         batch_size=per_device,
         lr=lr * factor,
-        global_batch_size=per_device * world,
+        global_batch_size=global_batch,
+        base_batch_size=reference,
         base_lr=lr,
         lr_scale=factor,
         lr_scale_rule=rule,
+        lr_scale_by=scale_by,
         world_size=world,
         rank=me.rank,
         local_rank=me.local_rank,
