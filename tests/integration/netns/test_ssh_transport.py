@@ -314,6 +314,26 @@ def test_changed_host_key_is_always_refused(testbed: Testbed, tmp_path: Path) ->
     assert forged.read_text().count("\n") == 1
 
 
+def test_config_without_known_hosts_is_refused_unless_insecure_is_explicit(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        re.sub(r"(?m)^(\s*UserKnownHostsFile)\s+\S+", r"\1 none", testbed.ssh_config.read_text())
+    )
+    h = host(testbed, "tb2")
+    error = connect_error(SshOptions(config=str(config)), h)
+    assert error.cause == "host key checking disabled"
+    assert f"ssh config {config} sets 'UserKnownHostsFile none' for tb2" in str(error)
+    assert "corral always verifies host keys" in str(error)
+
+    async def body(t: SshTransport) -> tuple[int, bytes, bytes]:
+        return await run_to_end(t, h, ["hostname"])
+
+    insecure = SshOptions(config=str(config), insecure_no_host_key_check=True)
+    assert with_transport(insecure, body) == (0, b"tb2\n", b"")
+
+
 def test_stopped_sshd_is_connection_refused(healthy_testbed: Testbed) -> None:
     tb = healthy_testbed
     tb.kill_sshd("tb2")
