@@ -4,20 +4,34 @@ Agent -> coordinator (the agent's stdout) is a stream of frames::
 
     <kind> <rank> <length>\\n<length bytes>
 
-``kind`` is ``o`` (stdout) or ``e`` (stderr) with a payload of whole lines of
-that rank (``rank`` is ``-`` for node-level output such as torchrun's own), or
-``j`` with one JSON event as payload. Whole lines per frame keep the
-coordinator's per-line work to a split and a prefix.
+``kind`` is ``o`` (stdout) or ``e`` (stderr) with a payload of that rank's
+output (``rank`` is ``-`` for node-level output such as torchrun's own), or
+``j`` with one JSON event as payload (:mod:`corral.agent.events`).
+
+Output payloads always end in ``\\n`` or ``\\r`` (:class:`Framer`): whole lines
+are sent as soon as their newline arrives; bytes after the last newline that
+contain a ``\\r`` (a progress bar such as tqdm's redrawing its line) are sent up
+to and including their last ``\\r``, at most every :data:`CR_INTERVAL` seconds
+per stream; a line longer than :data:`MAX_LINE` is cut into pieces, and what
+is left at EOF is sent as is; both get a ``\\n`` added in the frame only. The
+coordinator shows, per rank, the latest ``\\r`` segment of an unfinished line.
+The host-side log files get every byte exactly once, in order, nothing added.
 
 Coordinator -> agent (the agent's stdin) is JSON lines: the first is
-``{"op": "start", ...}``; then ``{"op": "hb"}`` heartbeats, ``{"op": "stop",
-"grace": S}`` and ``{"op": "kill"}``. EOF on stdin means the coordinator is
-gone: the agent tears the node down.
+``{"op": "probe", ...}`` (answered with a ``probe`` event) or ``{"op":
+"start", ...}``; then ``{"op": "hb"}`` heartbeats, ``{"op": "stop", "grace":
+S}``, ``{"op": "kill"}``, ``{"op": "dump", "timeout": S}`` (stack dumps) and
+``{"op": "reply", "rank": R, "message": {...}}`` (an answer to a rank's SDK
+request). EOF on stdin means the coordinator is gone: the agent tears the
+node down. A line that is not a JSON object with an ``op`` is reported on the
+agent's stderr and ignored.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 STDOUT = b"o"
@@ -26,6 +40,8 @@ EVENT = b"j"
 NODE = -1  # rank value of node-level output
 
 MAX_FRAME = 1 << 24
+MAX_LINE = 8 << 20  # longer lines are cut into pieces (frames are at most 16 MiB)
+CR_INTERVAL = 0.2  # at most this often per stream for ``\\r``-terminated output
 
 
 def encode_frame(kind: bytes, rank: int, payload: bytes) -> bytes:
@@ -54,3 +70,88 @@ def decode_header(line: bytes) -> tuple[bytes, int, int]:
 def encode_op(op: dict[str, Any]) -> bytes:
     """One coordinator -> agent message."""
     return json.dumps(op, separators=(",", ":")).encode() + b"\n"
+
+
+def decode_op(line: bytes) -> dict[str, Any]:
+    """Parse one coordinator -> agent line; ValueError when it is not a JSON object
+    with a string ``op``."""
+    try:
+        op = json.loads(line)
+    except ValueError:
+        raise ValueError(f"not JSON: {line[:80]!r}") from None
+    if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+        raise ValueError(f"not an op: {line[:80]!r}")
+    return op
+
+
+def frame_payload(data: bytes) -> bytes:
+    """What goes in an output frame for ``data`` (a :class:`Framer` chunk): the
+    bytes themselves, with a ``\\n`` added when they end in neither ``\\n`` nor ``\\r``."""
+    return data if data.endswith((b"\n", b"\r")) else data + b"\n"
+
+
+class Framer:
+    """Cuts one output stream into the chunks sent as frames (see the module docstring).
+
+    Sans-IO: :meth:`feed` takes what was read and returns what to send now (maybe
+    ``b""``); :meth:`due` says when :meth:`poll` has ``\\r`` output to send without
+    more input; :meth:`close` returns the rest at EOF. The chunks concatenated are
+    exactly the bytes fed.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval: float = CR_INTERVAL,
+        max_line: int = MAX_LINE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval = interval
+        self.max_line = max_line
+        self.clock = clock
+        self._pending = bytearray()
+        self._cr_end = 0  # pending[:_cr_end] ends in \r and waits for its turn
+        self._last_sent: float | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """Take ``data``; return the chunk to send now (``b""``: nothing yet)."""
+        start = len(self._pending)
+        self._pending += data
+        newline = data.rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            carriage = self._pending.rfind(b"\r", end)
+            return self._take(carriage + 1 if carriage >= 0 else end)
+        carriage = data.rfind(b"\r")
+        if carriage >= 0:
+            self._cr_end = start + carriage + 1
+        if len(self._pending) >= self.max_line:  # a pathological line: pass it on in pieces
+            return self._take(len(self._pending))
+        return self.poll()
+
+    def due(self) -> float | None:
+        """When the waiting ``\\r`` output may be sent (None: nothing waits)."""
+        if not self._cr_end:
+            return None
+        if self._last_sent is None:
+            return self.clock()
+        return self._last_sent + self.interval
+
+    def poll(self) -> bytes:
+        """The waiting ``\\r`` output once it is due, else ``b""``."""
+        when = self.due()
+        if when is None or self.clock() < when:
+            return b""
+        return self._take(self._cr_end)
+
+    def close(self) -> bytes:
+        """Everything not sent yet (at EOF)."""
+        return self._take(len(self._pending))
+
+    def _take(self, end: int) -> bytes:
+        chunk = bytes(self._pending[:end])
+        del self._pending[:end]
+        self._cr_end = 0
+        if chunk:
+            self._last_sent = self.clock()
+        return chunk

@@ -1,0 +1,221 @@
+"""Events from a node agent to the coordinator (``j`` frames), validated.
+
+One pydantic model per event the agent emits, discriminated on ``event``
+(``report`` events further on ``type``). :func:`parse_event` is what the
+coordinator calls on each ``j`` frame: it returns the event as a plain dict
+with the keys the agent sent (absent optional fields as None), or raises
+``ValueError`` with one short line when the payload is not JSON, names an
+unknown event, or has a field of the wrong type or size. Unknown extra keys
+are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+from corral.agent.messages import CheckpointMessage, ProgressMessage, first_error
+from corral.agent.stacks import EVENT_TEXT_LIMIT
+
+__all__ = [
+    "AgentEvent",
+    "CheckpointReport",
+    "HeartbeatEvent",
+    "MasterReadyEvent",
+    "MasterTimeoutEvent",
+    "NodeExitEvent",
+    "ProbeEvent",
+    "ProgressReport",
+    "RankExitEvent",
+    "RankStartEvent",
+    "StacksEvent",
+    "StartFailedEvent",
+    "StartedEvent",
+    "StoppingEvent",
+    "parse_event",
+]
+
+MAX_TEXT = 64 * 1024
+MAX_ITEMS = 1 << 16
+
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
+Rank = Annotated[int, Field(ge=0, lt=1 << 24)]
+Pid = Annotated[int, Field(ge=0, lt=1 << 32)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+Code = Annotated[int, Field(ge=-255, le=255)]  # exit status, or minus the signal
+Time = Annotated[float, Field(ge=0)]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+
+    time: Time
+
+
+class ProbeEvent(_Event):
+    """The agent's answer to a probe, before anything is launched."""
+
+    event: Literal["probe"]
+    executable: Text
+    hostname: Text
+    torch: bool
+    workdir_ok: bool
+    port: Port | None = None
+    port_error: Text | None = None
+    version: Annotated[str, StringConstraints(max_length=200)] | None = None
+
+
+class StartedEvent(_Event):
+    """Every workload process of the node is started."""
+
+    event: Literal["started"]
+    pid: Pid
+    pgids: Annotated[list[Pid], Field(max_length=MAX_ITEMS)]
+    node_dir: Text
+    hostname: Text
+
+
+class RankStartEvent(_Event):
+    """A rank process is known to the agent."""
+
+    event: Literal["rank_start"]
+    rank: Rank
+    local_rank: Rank
+    pid: Pid
+
+
+class RankExitEvent(_Event):
+    """A rank ended (``code`` None: its status could not be learnt)."""
+
+    event: Literal["rank_exit"]
+    rank: Rank
+    local_rank: Rank = 0
+    pid: Pid | None = None
+    code: Code | None = None
+    eof_time: Time | None = None
+    error: dict[str, Any] | None = None  # the rank's error file, as written by the SDK
+
+
+class ProgressReport(ProgressMessage):
+    """A rank's progress report, forwarded by the agent."""
+
+    event: Literal["report"]
+    rank: Rank
+    time: Time
+
+
+class CheckpointReport(CheckpointMessage):
+    """A rank's checkpoint announcement, forwarded by the agent."""
+
+    event: Literal["report"]
+    rank: Rank
+    time: Time
+
+
+class StackEntry(BaseModel):
+    """One rank's stack dump in a ``stacks`` event."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    rank: Rank
+    pid: Pid
+    method: Literal["py-spy", "faulthandler", "none"]
+    text: Annotated[str, StringConstraints(max_length=EVENT_TEXT_LIMIT + 1024)]
+    error: Text | None = None
+
+
+class StacksEvent(_Event):
+    """The answer to a ``dump`` op."""
+
+    event: Literal["stacks"]
+    stacks: Annotated[list[StackEntry], Field(max_length=MAX_ITEMS)]
+
+
+class MasterReadyEvent(_Event):
+    """The master's rendezvous port accepts connections."""
+
+    event: Literal["master_ready"]
+    addr: Text
+    port: Port
+
+
+class MasterTimeoutEvent(_Event):
+    """The master's port did not accept connections in time."""
+
+    event: Literal["master_timeout"]
+    addr: Text
+    port: Port
+    timeout: Annotated[float, Field(ge=0)]
+
+
+class StartFailedEvent(_Event):
+    """The node could not be started."""
+
+    event: Literal["start_failed"]
+    error: Text
+    host: Text
+
+
+class StoppingEvent(_Event):
+    """The agent began tearing the node down."""
+
+    event: Literal["stopping"]
+    reason: Text
+
+
+class HeartbeatEvent(_Event):
+    """The agent is alive."""
+
+    event: Literal["hb"]
+
+
+class NodeExitEvent(_Event):
+    """The agent's last event: every rank's code and the launcher's."""
+
+    event: Literal["node_exit"]
+    ranks: Annotated[dict[str, Code | None], Field(max_length=MAX_ITEMS)]
+    code: Code
+
+
+ReportEvent = Annotated[ProgressReport | CheckpointReport, Field(discriminator="type")]
+AgentEvent = Annotated[
+    ProbeEvent
+    | StartedEvent
+    | RankStartEvent
+    | RankExitEvent
+    | ReportEvent
+    | StacksEvent
+    | MasterReadyEvent
+    | MasterTimeoutEvent
+    | StartFailedEvent
+    | StoppingEvent
+    | HeartbeatEvent
+    | NodeExitEvent,
+    Field(discriminator="event"),
+]
+_ADAPTER: TypeAdapter[BaseModel] = TypeAdapter(AgentEvent)
+
+
+def _reason(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False, include_input=False)[0]
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found") and len(error["loc"]) <= 1:
+        key = "type" if error["loc"] else "event"
+        tag = str((error.get("ctx") or {}).get("tag", ""))[:60]
+        if error["type"] == "union_tag_not_found":
+            return f"no {key!r}" if not error["loc"] else f"{error['loc'][0]}: no {key!r}"
+        prefix = f"{error['loc'][0]}: " if error["loc"] else ""
+        return f"{prefix}unknown {key} {tag!r}"
+    return first_error(exc)
+
+
+def parse_event(payload: bytes | str) -> dict[str, Any]:
+    """Validate one agent event (a ``j`` frame's payload) and return it as a dict.
+
+    Raises ValueError("invalid agent event: <why>") for anything else.
+    """
+    try:
+        model = _ADAPTER.validate_json(payload)
+    except ValidationError as exc:
+        raise ValueError(f"invalid agent event: {_reason(exc)}") from None
+    return model.model_dump()
