@@ -10,7 +10,7 @@ import pytest
 
 from corral.cluster import Cluster, Host, load_cluster, parse_hostfile_text
 from corral.errors import ConfigError
-from corral.plan.render import CONTRACT_VARS, control_address, plan_job
+from corral.plan.render import AGENT_VARS, CONTRACT_VARS, plan_job
 from corral.plan.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -93,12 +93,14 @@ def test_python_launcher_assigns_contiguous_ranks_with_full_contract() -> None:
         for proc in cmd.ranks:
             env = {**cmd.env, **proc.env}
             for key in CONTRACT_VARS:
-                assert key in env, key
+                if key in AGENT_VARS:  # the node agent's, made when it starts
+                    assert key not in env, key
+                else:
+                    assert key in env, key
             assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "2"
             assert env["NODE_RANK"] == str(cmd.node_rank) and env["NNODES"] == "2"
             assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500"
             assert env["CORRAL_JOB_ID"] == "job-1" and env["CORRAL_ATTEMPT"] == "0"
-            assert env["CORRAL_CONTROL"] == control_address("job-1", cmd.node_rank, 0)
 
 
 def test_only_requested_env_is_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,10 +136,20 @@ def test_interface_options_override_hostfile() -> None:
     assert all(c.env["GLOO_SOCKET_IFNAME"] == "eth9" for c in commands)
 
 
-def test_attempt_is_part_of_the_env_and_control_address() -> None:
+def test_attempt_is_part_of_the_env_and_the_control_socket_is_not_planned() -> None:
     cmd = plan_job(_spec(launcher="python", master_addr="10.0.0.1"), _remote(), attempt=3)[1]
     assert cmd.env["CORRAL_ATTEMPT"] == "3"
-    assert cmd.env["CORRAL_CONTROL"].endswith("-n1-a3")
+    # the agent makes a private socket and token per attempt: nothing guessable is planned
+    planned = {**cmd.env, **{k: v for r in cmd.ranks for k, v in r.env.items()}}
+    assert not set(AGENT_VARS) & set(planned)
+    assert not any("unix:" in value for value in planned.values())
+
+
+@pytest.mark.parametrize("key", ["CORRAL_CONTROL", "CORRAL_CONTROL_TOKEN"])
+def test_the_agent_vars_cannot_be_overridden(key: str) -> None:
+    with pytest.raises(ConfigError, match=key) as err:
+        plan_job(_spec(env={key: "unix:/tmp/mine"}), _remote())
+    assert err.value.option == "--env"
 
 
 def test_loopback_master_refused_for_real_hosts() -> None:

@@ -26,10 +26,11 @@ import json
 import os
 import runpy
 import signal
-import socket
 import sys
 import threading
 import traceback
+
+from corral.sdk._report import CONTROL_ENV, connect_control
 
 PR_SET_PDEATHSIG = 1
 
@@ -45,19 +46,10 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _connect(address: str) -> socket.socket:
-    path = address[len("unix:") :]
-    if path.startswith("@"):
-        path = "\0" + path[1:]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    return sock
-
-
 def _redirect_streams(address: str, rank: int, local_rank: int) -> None:
     """Point fds 1 and 2 at the agent, announcing which rank they belong to."""
     for name, fd in (("out", 1), ("err", 2)):
-        sock = _connect(address)
+        sock = connect_control(address, timeout=None)  # blocking: it becomes fd 1 or 2
         sock.sendall(f"{name} {rank} {local_rank} {os.getpid()}\n".encode())
         os.dup2(sock.fileno(), fd)
         sock.close()
@@ -67,8 +59,7 @@ def _report_exit(address: str | None, rank: int, code: int) -> None:
     if not address:
         return
     with contextlib.suppress(OSError):
-        sock = _connect(address)
-        sock.settimeout(2.0)
+        sock = connect_control(address, timeout=2.0)
         sock.sendall(
             f"ctl {rank}\n".encode() + json.dumps({"type": "exit", "code": code}).encode() + b"\n"
         )
@@ -126,7 +117,7 @@ def main(argv: list[str]) -> int:
     node_dir = env.get("CORRAL_NODE_DIR")
     if node_dir:
         env["CORRAL_ERROR_FILE"] = error_file(node_dir, env.get("CORRAL_ATTEMPT", "0"), rank)
-    control = env.get("CORRAL_CONTROL")
+    control = env.get(CONTROL_ENV)
     if control and env.get("CORRAL_STREAMS") == "socket":
         try:
             _redirect_streams(control, rank, local_rank)

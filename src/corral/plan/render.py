@@ -17,8 +17,13 @@ from corral.plan.spec import LAUNCHERS, JobSpec, NodeCommand, RankProcess
 
 WORKER_MODULE = "corral.agent.worker"
 
+# Set on every rank by the node agent when it starts (not planned): the address of
+# its private control socket and the token that authenticates a connection to it,
+# both made fresh by each attempt's agent (see corral.agent.control).
+AGENT_VARS = ("CORRAL_CONTROL", "CORRAL_CONTROL_TOKEN")
+
 # Every env var corral itself sets on a rank (DESIGN.md §5); the user's --env may
-# not override these.
+# not override these. All but AGENT_VARS are in the plan.
 CONTRACT_VARS = (
     "RANK",
     "LOCAL_RANK",
@@ -30,7 +35,7 @@ CONTRACT_VARS = (
     "MASTER_PORT",
     "CORRAL_JOB_ID",
     "CORRAL_ATTEMPT",
-    "CORRAL_CONTROL",
+    *AGENT_VARS,
 )
 
 
@@ -42,11 +47,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
-
-
-def control_address(job_id: str, node_rank: int, attempt: int) -> str:
-    """Where the SDK reports progress on a node: an abstract unix socket name."""
-    return f"unix:@corral-{job_id}-n{node_rank}-a{attempt}"
 
 
 def rdzv_id(job_id: str, attempt: int) -> str:
@@ -118,9 +118,7 @@ def _validate(spec: JobSpec, cluster: Cluster) -> str:
     return master_addr
 
 
-def _base_env(
-    spec: JobSpec, host: Host, node_rank: int, attempt: int, master_addr: str
-) -> dict[str, str]:
+def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict[str, str]:
     env: dict[str, str] = {}
     env.update(spec.env)
     env.update(host.env)
@@ -139,7 +137,6 @@ def _base_env(
     env["NNODES"] = str(0)  # replaced below; keeps a stable key order
     env["CORRAL_JOB_ID"] = spec.job_id
     env["CORRAL_ATTEMPT"] = str(attempt)
-    env["CORRAL_CONTROL"] = control_address(spec.job_id, node_rank, attempt)
     env["CORRAL_NODE_DIR"] = node_dir(spec, host)
     env["CORRAL_HOST"] = host.name
     return env
@@ -161,7 +158,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
     for node_rank, host in enumerate(cluster.hosts):
         nproc = per_node[node_rank]
         python = host.python or spec.python or "python3"
-        env = _base_env(spec, host, node_rank, attempt, master_addr)
+        env = _base_env(spec, host, attempt, master_addr)
         env["NNODES"] = str(nnodes)
         ranks: tuple[RankProcess, ...] = ()
         if spec.launcher == "torchrun":

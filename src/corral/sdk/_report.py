@@ -1,8 +1,10 @@
-"""Progress heartbeats to the corral supervisor over a unix socket.
+"""Progress heartbeats to the corral supervisor over the node agent's control socket.
 
-``CORRAL_CONTROL`` is ``unix:@NAME`` (Linux abstract socket) or
-``unix:/path/to/socket``. The first report connects and sends ``ctl <rank>\\n``;
-each report is then one JSON line::
+``CORRAL_CONTROL`` is ``unix:/path/to/socket``: a filesystem socket the node
+agent makes in a private directory for each attempt. Every connection first
+sends ``auth <token>\n`` with the token from ``CORRAL_CONTROL_TOKEN`` (the agent
+drops connections without it, see :mod:`corral.agent.control`), then
+``ctl <rank>\n``; each report is then one JSON line::
 
     {"type": "progress", "rank": 0, "step": 10, "total": 100,
      "metrics": {"loss": 0.5}, "time": 1700000000.0}
@@ -12,9 +14,10 @@ Other SDK parts send their own events on the same connection with
 the node agent forwards every line but ``{"type": "exit"}`` to the coordinator.
 
 The connection also carries answers back: :func:`request` sends an event
-with ``"ack": true`` and waits for the coordinator's reply line (the node agent
-writes it to this socket), e.g. ``{"type": "replicated", "name": ..., "ok":
-true}`` once a checkpoint reached the coordinator's replica.
+with ``"ack": true`` and waits (at most its ``timeout``) for the coordinator's
+reply line (the node agent writes it to this socket), e.g. ``{"type":
+"replicated", "name": ..., "ok": true}`` once a checkpoint reached the
+coordinator's replica.
 
 Reporting never raises into training: any socket error (including a send
 that blocks for more than :data:`SEND_TIMEOUT` seconds) disables it for the
@@ -27,27 +30,54 @@ import contextlib
 import json
 import math
 import os
-import select
+import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
 
 from corral.sdk._env import info
 
-__all__ = ["SEND_TIMEOUT", "report", "request", "send_event"]
+__all__ = [
+    "CONTROL_ENV",
+    "REQUEST_TIMEOUT",
+    "SEND_TIMEOUT",
+    "TOKEN_ENV",
+    "auth_line",
+    "connect_control",
+    "report",
+    "request",
+    "send_event",
+]
 
 SEND_TIMEOUT = 1.0
+REQUEST_TIMEOUT = 600.0
 CONTROL_ENV = "CORRAL_CONTROL"
+TOKEN_ENV = "CORRAL_CONTROL_TOKEN"
 # No SIGPIPE even in a process that restored its default action (which kills).
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
-def _socket_address(spec: str) -> str:
-    if not spec.startswith("unix:") or len(spec) <= len("unix:"):
+def auth_line(token: str) -> bytes:
+    """The first line of every connection to the control socket."""
+    return b"auth " + token.encode("ascii", "replace") + b"\n"
+
+
+def connect_control(spec: str, timeout: float | None = SEND_TIMEOUT) -> socket.socket:
+    """Connect to the control socket at ``spec`` (``unix:/path``) and authenticate
+    with ``$CORRAL_CONTROL_TOKEN``. Raises OSError (a bad address included)."""
+    if not spec.startswith("unix:/"):
         raise OSError(f"unsupported {CONTROL_ENV} address {spec!r}")
-    target = spec[len("unix:") :]
-    return "\0" + target[1:] if target.startswith("@") else target
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(spec[len("unix:") :])
+        sock.sendall(auth_line(os.environ.get(TOKEN_ENV, "")), _SEND_FLAGS)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _metric(value: object) -> float | None:
@@ -77,10 +107,8 @@ class _Reporter:
         self._replies = bytearray()
 
     def _connect(self, spec: str, rank: int) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = connect_control(spec)
         try:
-            sock.settimeout(SEND_TIMEOUT)
-            sock.connect(_socket_address(spec))
             sock.sendall(f"ctl {rank}\n".encode("ascii"), _SEND_FLAGS)
         except BaseException:
             sock.close()
@@ -144,34 +172,47 @@ class _Reporter:
         self._disabled = True
 
     def request(
-        self, event: Mapping[str, object], match: Mapping[str, object], timeout: float | None
+        self, event: Mapping[str, object], match: Mapping[str, object], timeout: float
     ) -> dict[str, object] | None:
         """Send ``event`` asking for an answer; the first reply line whose fields
-        equal ``match``, or None (no connection, EOF, timeout)."""
+        equal ``match``, or None (no connection, EOF, timeout: with a warning)."""
         with self._reply_lock:
             sock = self.send_event({**event, "ack": True})
             if sock is None:
                 return None
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                line = self._read_line(sock, deadline)
-                if line is None:
+            deadline = time.monotonic() + timeout
+            with selectors.DefaultSelector() as selector:
+                try:
+                    selector.register(sock, selectors.EVENT_READ)
+                except (OSError, ValueError):  # closed meanwhile by another thread
                     return None
-                with contextlib.suppress(ValueError):
-                    reply = json.loads(line)
-                    if isinstance(reply, dict) and all(reply.get(k) == v for k, v in match.items()):
-                        return reply
+                while True:
+                    line = self._read_line(sock, selector, deadline)
+                    if line is None:
+                        if time.monotonic() >= deadline:
+                            _warn(
+                                f"no answer to {event.get('type', 'the request')!s} from the "
+                                f"coordinator within {timeout:g} s; going on without it"
+                            )
+                        return None
+                    with contextlib.suppress(ValueError):
+                        reply = json.loads(line)
+                        if isinstance(reply, dict) and all(
+                            reply.get(k) == v for k, v in match.items()
+                        ):
+                            return reply
 
-    def _read_line(self, sock: socket.socket, deadline: float | None) -> bytes | None:
+    def _read_line(
+        self, sock: socket.socket, selector: selectors.BaseSelector, deadline: float
+    ) -> bytes | None:
         """One line from the agent (waiting in short slices, so sends of other
         threads keep their own timeout); None on EOF, error or deadline."""
         while b"\n" not in self._replies:
-            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            wait = min(1.0, deadline - time.monotonic())
             if wait <= 0:
                 return None
             try:
-                ready, _, _ = select.select([sock], [], [], wait)
-                if not ready:
+                if not selector.select(wait):
                     continue
                 chunk = sock.recv(65536, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -189,6 +230,11 @@ class _Reporter:
         return line
 
 
+def _warn(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # stderr closed: nothing to tell
+        print(f"corral: warning: {message}", file=sys.stderr, flush=True)
+
+
 _reporter = _Reporter()
 
 
@@ -203,13 +249,16 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
 
 
 def request(
-    event: Mapping[str, object], match: Mapping[str, object], timeout: float | None = None
+    event: Mapping[str, object],
+    match: Mapping[str, object],
+    timeout: float = REQUEST_TIMEOUT,
 ) -> dict[str, object] | None:
     """Send ``event`` (as :func:`send_event`, with ``"ack": true``) and wait for the
     coordinator's answer: the first reply whose fields equal ``match``.
 
     Returns None at once outside corral, and when the connection ends (the agent
-    is gone) or ``timeout`` seconds pass first. Never raises.
+    is gone) or ``timeout`` seconds (default :data:`REQUEST_TIMEOUT`) pass first;
+    a timeout also prints a warning on stderr. Never raises.
     """
     return _reporter.request(event, match, timeout)
 
