@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from corral.agent import stacks
@@ -72,7 +74,12 @@ def start(tmp_path: Path) -> Iterator[Start]:
             assert proc.poll() is None, f"the script exited with {proc.returncode}"
             assert time.monotonic() < deadline, "the script never got to step()"
             time.sleep(0.05)
-        time.sleep(0.2)  # from the ready file into time.sleep
+        # From the ready file into time.sleep: its main thread blocks (state S) only there.
+        main_thread = psutil.Process(proc.pid)
+        while main_thread.status() != psutil.STATUS_SLEEPING:
+            assert proc.poll() is None, f"the script exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "the script never blocked in step()"
+            time.sleep(0.01)
         return proc
 
     yield _start
@@ -153,13 +160,21 @@ def test_sdk_registration_without_the_worker(tmp_path: Path, start: Start, no_py
 
 
 def test_a_process_without_a_handler_is_not_signalled(
-    tmp_path: Path, start: Start, no_py_spy: None
+    tmp_path: Path, start: Start, no_py_spy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc = start(1, worker=False)  # plain python: SIGUSR1 would kill it
+    sent: list[tuple[int, int]] = []
+    real_kill = os.kill
+
+    def kill(pid: int, signum: int) -> None:
+        sent.append((pid, signum))
+        real_kill(pid, signum)
+
+    monkeypatch.setattr(os, "kill", kill)
     dump = dump_stack(proc.pid, 1, node_dir(tmp_path))
     assert dump.method == "none" and dump.text == ""
     assert dump.error is not None and "SIGUSR1 not caught" in dump.error
-    time.sleep(0.2)
+    assert (proc.pid, signal.SIGUSR1) not in sent
     assert proc.poll() is None
 
 
@@ -212,13 +227,12 @@ def test_dump_event_cuts_long_texts(
 def test_enable_stack_dumps_is_idempotent(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
-        import os, signal, sys, time
+        import os, signal, sys
         from corral import sdk
         first = sdk.enable_stack_dumps()
         assert sdk.enable_stack_dumps() == first, "same path twice"
         other = sdk.enable_stack_dumps(os.path.join(os.environ["CORRAL_NODE_DIR"], "x.txt"))
-        os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.2)
+        signal.raise_signal(signal.SIGUSR1)  # handled (the dump written) before it returns
         print(first, other, os.path.getsize(first), os.path.getsize(other))
         """
     )
