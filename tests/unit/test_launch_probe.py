@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
+import corral
 from corral.cluster import Host
 from corral.errors import LaunchError
-from corral.job.agents import HostProbe, agent_argv, problems, start_agents
+from corral.job.agents import HostProbe, VersionMismatch, agent_argv, problems, start_agents
 from corral.transport.fake import FakeNode, FakeTransport
+from corral.transport.local import LocalTransport
 
 HOSTS = [Host("h1", slots=1), Host("h2", slots=1)]
 
@@ -49,9 +52,10 @@ def test_agent_argv_tries_interpreters_in_order() -> None:
     assert agent_argv(None)[-1] == "python3"
 
 
-def _agent(workdir_ok: bool) -> object:
+def _agent(workdir_ok: bool, version: str | None = corral.__version__) -> object:
     async def behaviour(node: FakeNode) -> int:
         op = await node.next_op("probe")
+        fields = {"version": version} if version is not None else {}
         node.event(
             "probe",
             executable="/usr/bin/python3",
@@ -59,6 +63,7 @@ def _agent(workdir_ok: bool) -> object:
             torch=True,
             workdir_ok=workdir_ok,
             port=op["port"] if op["port"] is not None else None,
+            **fields,
         )
         nxt = await node.next_op()
         return 0 if nxt["op"] == "abort" else 1
@@ -148,3 +153,104 @@ def test_login_shell_noise_is_named_not_a_traceback() -> None:
             )
 
     asyncio.run(main())
+
+
+def _start(transport: object, hosts: list[Host], *, python: str | None = None) -> object:
+    return start_agents(
+        transport,  # type: ignore[arg-type]
+        hosts,
+        python=python,
+        workdir=None,
+        master=hosts[0],
+        master_port=None,
+        need_torch=False,
+    )
+
+
+def test_version_mismatch_names_host_and_versions_and_aborts_all() -> None:
+    async def main() -> FakeTransport:
+        transport = FakeTransport(
+            {"h1": _agent(True), "h2": _agent(True, version="0.0.9")}  # type: ignore[dict-item]
+        )
+        with pytest.raises(LaunchError) as err:
+            await _start(transport, HOSTS)  # type: ignore[misc]
+        assert str(err.value) == (
+            f"h2 runs corral 0.0.9, this coordinator {corral.__version__}: install the same "
+            "version on every host (or corral sync)"
+        )
+        return transport
+
+    transport = asyncio.run(main())
+    for name in ("h1", "h2"):  # nothing started anywhere
+        assert [op["op"] for op in transport.nodes[name].received] == ["probe", "abort"]
+
+
+def test_agent_without_version_counts_as_older() -> None:
+    async def main() -> None:
+        transport = FakeTransport(
+            {"h1": _agent(True, version=None), "h2": _agent(True)}  # type: ignore[dict-item]
+        )
+        with pytest.raises(LaunchError, match=r"^h1 runs an older corral \(no version"):
+            await _start(transport, HOSTS)  # type: ignore[misc]
+
+    asyncio.run(main())
+
+
+def test_malformed_probe_is_named() -> None:
+    async def bad(node: FakeNode) -> int:
+        await node.next_op("probe")
+        node.event("probe", version=corral.__version__, executable=3, hostname="h1")
+        await node.next_op()
+        return 0
+
+    async def main() -> None:
+        transport = FakeTransport({"h1": bad, "h2": _agent(True)})  # type: ignore[dict-item]
+        with pytest.raises(LaunchError, match=r"^h1: invalid agent event: probe.executable"):
+            await _start(transport, HOSTS)  # type: ignore[misc]
+
+    asyncio.run(main())
+
+
+def test_real_agent_reports_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real ``python -m corral.agent`` answers with the installed version; a
+    coordinator of another version refuses it before anything is launched."""
+    host = Host("h1", slots=1)
+
+    async def probe() -> HostProbe:
+        transport = LocalTransport()
+        try:
+            started = await _start(transport, [host], python=sys.executable)  # type: ignore[misc]
+            proc, found = started["h1"]
+            proc.write(b'{"op":"abort"}\n')
+            proc.close_stdin()
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            return found  # type: ignore[no-any-return]
+        finally:
+            await transport.close()
+
+    installed = corral.__version__
+    assert asyncio.run(probe()).version == installed
+
+    monkeypatch.setattr(corral, "__version__", "99.0.0")
+
+    async def refused() -> None:
+        transport = LocalTransport()
+        try:
+            with pytest.raises(LaunchError) as err:
+                await _start(transport, [host], python=sys.executable)  # type: ignore[misc]
+            assert str(err.value).startswith(
+                f"h1 runs corral {installed}, this coordinator 99.0.0:"
+            )
+        finally:
+            await transport.close()
+
+    asyncio.run(refused())
+
+
+def test_version_mismatch_message() -> None:
+    err = VersionMismatch("tb2", "0.1.0", "0.2.0")
+    assert str(err) == (
+        "tb2 runs corral 0.1.0, this coordinator 0.2.0: install the same version on every "
+        "host (or corral sync)"
+    )
+    assert (err.host, err.agent_version, err.coordinator_version) == ("tb2", "0.1.0", "0.2.0")

@@ -8,13 +8,12 @@ answer, so the probe round trip costs as little as possible.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 from corral.agent.probe import probe_info
-from corral.agent.protocol import encode_event
+from corral.agent.protocol import decode_op, encode_event
 
 
 def _read_line(fd: int) -> bytes:
@@ -36,19 +35,29 @@ def main() -> int:
     first = _read_line(stdin_fd)
     if not first:
         return 2
-    message = json.loads(first)
-    if message.get("op") == "probe":
+    try:
+        message = decode_op(first)
+    except ValueError as exc:
+        print(f"corral agent: expected a probe or start op: {exc}", file=sys.stderr)
+        return 2
+    if message["op"] == "probe":
         info = probe_info(message.get("workdir") or "", message.get("port"))
-        out.write(encode_event({"event": "probe", "time": time.time(), **info}))
+        out.write(encode_event({**info, "event": "probe", "time": time.time()}))
         out.flush()
         import corral.agent.node  # noqa: F401  (loaded while the coordinator decides)
 
         first = _read_line(stdin_fd)
         if not first:
             return 2
-        message = json.loads(first)
-        if message.get("op") != "start":
+        try:
+            message = decode_op(first)
+        except ValueError:
+            message = {"op": "abort"}
+        if message["op"] != "start":
             return 0  # the launch was called off before anything started
+    elif message["op"] != "start":
+        print(f"corral agent: expected a probe or start op, got {message['op']!r}", file=sys.stderr)
+        return 2
     from corral.agent.node import run_agent
 
     return run_agent(message, out, stdin_fd)

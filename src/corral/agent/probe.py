@@ -8,6 +8,8 @@ import socket
 import sys
 from typing import Any
 
+import corral
+
 
 def try_bind(port: int, host: str = "") -> tuple[int | None, OSError | None]:
     """Bind ``port`` (0: any free one) the way TCPStore will: a port in TIME_WAIT
@@ -22,9 +24,10 @@ def try_bind(port: int, host: str = "") -> tuple[int | None, OSError | None]:
 
 
 def probe_info(workdir: str, port: int | None) -> dict[str, Any]:
-    """Interpreter, hostname, torch, whether ``workdir`` exists, and for the master
-    host whether ``port`` can be bound (0: a free port is picked and returned)."""
+    """corral's version, interpreter, hostname, torch, whether ``workdir`` exists, and
+    for the master host whether ``port`` can be bound (0: a free port is picked)."""
     info: dict[str, Any] = {
+        "version": corral.__version__,
         "executable": sys.executable,
         "hostname": socket.gethostname(),
         "torch": importlib.util.find_spec("torch") is not None,

@@ -6,9 +6,10 @@ else the coordinator's own interpreter path when it exists there, else
 importable by it, or the host is named with the import error). The agent first
 answers a probe: its interpreter, whether torch is there (torchrun launcher),
 whether ``--workdir`` exists and, on the master host, whether the master port
-is free (port 0: it picks one). Only when every host is ready does the
-coordinator send each agent its start message; otherwise every agent is told
-to exit and the problems are one LaunchError naming each host.
+is free (port 0: it picks one), and the version of corral it runs, which must
+be the coordinator's (the two speak one protocol). Only when every host is
+ready does the coordinator send each agent its start message; otherwise every
+agent is told to exit and the problems are one LaunchError naming each host.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import corral
+from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError, LaunchError
@@ -44,6 +47,21 @@ class HostProbe:
     workdir_ok: bool
     port: int | None
     port_error: str | None = None
+    version: str | None = None
+
+
+class VersionMismatch(LaunchError):
+    """A host's agent runs another corral version than the coordinator."""
+
+    def __init__(self, host: str, agent: str | None, coordinator: str) -> None:
+        self.agent_version = agent
+        self.coordinator_version = coordinator
+        runs = f"corral {agent}" if agent else "an older corral (no version in its answer)"
+        super().__init__(
+            f"{host} runs {runs}, this coordinator {coordinator}: install the same "
+            "version on every host (or corral sync)"
+        )
+        self.host = host
 
 
 def agent_argv(python: str | None) -> list[str]:
@@ -66,23 +84,33 @@ async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> Hos
         raise LaunchError(f"could not start the corral agent: {last}", host=host.name)
     try:
         kind, _, length = decode_header(header)
-        event = json.loads(await proc.stdout.readexactly(length))
+        payload = await proc.stdout.readexactly(length)
+        raw = json.loads(payload)
     except (ValueError, asyncio.IncompleteReadError) as exc:
         raise LaunchError(
             f"unexpected output before the corral agent answered ({header[:60]!r}); does the "
             "login shell print something to stdout for non-interactive sessions?",
             host=host.name,
         ) from exc
-    if kind != EVENT or event.get("event") != "probe":
-        raise LaunchError(f"unexpected first message from the agent: {event}", host=host.name)
+    if kind != EVENT or not isinstance(raw, dict) or raw.get("event") != "probe":
+        raise LaunchError(f"unexpected first message from the agent: {raw!r:.200}", host=host.name)
+    # the version first: another version's answer may not have the fields this one reads
+    version = raw.get("version")
+    if version != corral.__version__:
+        raise VersionMismatch(host.name, str(version)[:40] if version else None, corral.__version__)
+    try:
+        event = parse_event(payload)
+    except ValueError as exc:
+        raise LaunchError(str(exc), host=host.name) from None
     return HostProbe(
         host=host.name,
         python=event["executable"],
         hostname=event["hostname"],
-        has_torch=bool(event["torch"]),
-        workdir_ok=bool(event["workdir_ok"]),
-        port=event.get("port"),
-        port_error=event.get("port_error"),
+        has_torch=event["torch"],
+        workdir_ok=event["workdir_ok"],
+        port=event["port"],
+        port_error=event["port_error"],
+        version=event["version"],
     )
 
 
@@ -170,7 +198,9 @@ async def start_agents(
     errors: list[str] = []
     started: dict[str, tuple[NodeProcess, HostProbe]] = {}
     for host, result in zip(hosts, results, strict=True):
-        if isinstance(result, CorralError):
+        if isinstance(result, VersionMismatch):
+            errors.append(str(result))
+        elif isinstance(result, CorralError):
             text = str(result)
             errors.append(text if text.startswith(f"{host.name}:") else f"{host.name}: {text}")
         elif isinstance(result, BaseException):
