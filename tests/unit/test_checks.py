@@ -17,15 +17,18 @@ from corral.checks import (
     network,
     software,
     stale,
+    sync_status,
 )
 from corral.checks.context import CheckContext, ChecklistOptions
 from corral.checks.gather import HostFacts
+from corral.checks.reference import CodeReference, corresponds, resolve
 from corral.checks.render import print_report
 from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
 from corral.checks.runner import _exclude
 from corral.cluster import load_cluster
 from corral.cluster.model import Cluster
 from corral.sync.fingerprint import build_manifest
+from corral.sync.state import record_sync
 
 NAMES = ["n1", "n2", "n3"]
 BASE: dict[str, Any] = {
@@ -323,3 +326,148 @@ def test_console_report_shows_table_problems_and_fixes() -> None:
     assert "pre-flight checklist" in text and "versions that differ" in text
     assert "✗ software:" in text and "fix:" in text
     assert "1 passed, 0 warned, 1 failed" in text
+
+
+# --------------------------------------------------------------------------- default reference
+
+
+def _ssh_opts(**kw: Any) -> ChecklistOptions:
+    return ChecklistOptions(cluster=_cluster(), **kw)
+
+
+def test_reference_is_here_when_workdir_corresponds(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proj = home / "proj"
+    proj.mkdir(parents=True)
+    state = tmp_path / "state.json"
+    for workdir in (None, str(proj), str(proj) + "/", "~/proj", "proj"):
+        ref = resolve(
+            _ssh_opts(workdir=workdir, script="train.py"),
+            cwd=str(proj),
+            home=str(home),
+            state=state,
+        )
+        assert ref.code_dir == str(proj), workdir
+        assert ref.script == str(proj / "train.py")
+    assert corresponds("/srv/code", "/srv/code") and not corresponds("/srv/code", str(proj))
+    assert not corresponds("~other/proj", str(proj), str(home))
+    assert (
+        resolve(ChecklistOptions(cluster=load_cluster("local:2")), cwd=str(proj)).code_dir is None
+    )
+
+
+def test_reference_from_the_sync_record_or_a_clear_reason(tmp_path: Path) -> None:
+    here, other = tmp_path / "here", tmp_path / "other"
+    here.mkdir()
+    other.mkdir()
+    state = tmp_path / "state.json"
+    opts = _ssh_opts(workdir="/srv/code")
+    none = resolve(opts, cwd=str(here), state=state)
+    assert none.code_dir is None and none.why_not is not None
+    assert "--code-dir" in none.why_not and "corral sync . --dest /srv/code" in none.why_not
+    assert str(here) in none.why_not
+
+    record_sync("n2", "/srv/code/", digest="d", src=str(other), files=1, when=1.0, path=state)
+    elsewhere = resolve(opts, cwd=str(here), state=state)
+    assert elsewhere.code_dir is None and elsewhere.why_not is not None
+    assert f"--code-dir {other}" in elsewhere.why_not
+
+    record_sync("n3", "/srv/code", digest="d", src=str(here), files=1, when=2.0, path=state)
+    synced = resolve(_ssh_opts(workdir="/srv/code", script="t.py"), cwd=str(here), state=state)
+    assert synced.code_dir == str(here) and synced.script == str(here / "t.py")
+    assert synced.synced is not None and "corral sync pushed it" in synced.how
+
+    missing = resolve(_ssh_opts(code_dir=str(tmp_path / "nope")), cwd=str(here), state=state)
+    assert missing.code_dir is None and missing.why_not is not None
+    assert "--code-dir" in missing.why_not and "not a directory" in missing.why_not
+
+
+def test_consistency_says_why_it_cannot_compare() -> None:
+    ctx = _ctx()
+    why = "cannot compare: this directory (/x) is not --workdir /srv/code; pass --code-dir DIR"
+    ctx.reference = CodeReference(None, why_not=why)
+    result = consistency.check(ctx)
+    assert result.status is Status.WARN
+    assert result.warning == why and result.fix_command == "pass --code-dir DIR"
+    assert {c.status for c in result.hosts.values()} == {Status.WARN}
+    assert result.data["compared"] is False
+
+
+def test_sync_status_names_a_host_changed_since_the_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "a.py").write_text("1")
+    (tmp_path / "code" / "b.py").write_text("2")
+    ref = build_manifest(str(tmp_path / "code"))
+    for name in NAMES:
+        record_sync(name, "/srv/code", digest=ref.digest, src=ref.root, files=2, manifest=ref.files)
+    tampered = dict(ref.to_json(), files={**ref.files, "b.py": "0" * 64})
+    ctx = _ctx({"n1": {"code": {"tree": ref.to_json()}}, "n3": {"code": {"tree": tampered}}})
+    ctx.local_manifest = ref
+    result = sync_status.check(ctx)
+    assert result.status is Status.WARN
+    assert result.hosts["n1"].status is Status.PASS and "verified" in result.hosts["n1"].detail
+    assert result.hosts["n2"].status is Status.PASS and "verified" not in result.hosts["n2"].detail
+    assert result.hosts["n3"].status is Status.WARN and "b.py" in result.hosts["n3"].detail
+    assert "changed on the host" in result.hosts["n3"].detail
+    assert result.data["changed"] == {"n3": ["b.py"]}
+    assert result.warning is not None and "n3 (b.py)" in result.warning
+    assert result.fix_command is not None and result.fix_command.startswith(
+        "corral sync --hosts n3"
+    )
+
+
+# --------------------------------------------------------------------------- console report
+
+
+def _sixteen() -> ChecklistReport:
+    hosts = [f"gpu{i:02d}" for i in range(1, 17)]
+    code = CheckResult.from_hosts(
+        "code",
+        {
+            h: HostCheck(Status.FAIL, "changed pkg/model.py")
+            if h in ("gpu03", "gpu11")
+            else HostCheck(Status.PASS, "12 files match")
+            for h in hosts
+        },
+        error="code differs on gpu03, gpu11 (consistency 0.88, threshold 1.00)",
+        fix_command="corral sync --hosts gpu03,gpu11 /home/me/a-rather-long-project-path "
+        "--dest /srv/a-rather-long-destination-path --ssh-config /etc/corral/ssh_config",
+    )
+    stale_check = CheckResult.from_hosts(
+        "stale",
+        {h: HostCheck(Status.WARN if h >= "gpu10" else Status.PASS, "PID 7") for h in hosts},
+        fix_command="ssh gpu10 kill 7",
+    )
+    ok = CheckResult.from_hosts("clock", {h: HostCheck(Status.PASS, "0.1 ms") for h in hosts})
+    return ChecklistReport(checks=[ok, code, stale_check], hosts=hosts)
+
+
+def test_report_is_one_row_per_check_naming_the_bad_hosts() -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=80)
+    print_report(console, _sixteen())
+    lines = console.export_text().splitlines()
+    rows = [ln for ln in lines if ln[:1] in ("✓", "✗", "!", "-") and ": " in ln]
+    assert [r.split()[1] for r in rows[:3]] == ["clock:", "code:", "stale:"]
+    assert "16/16" in rows[0]
+    assert "gpu03, gpu11" in rows[1] and "code differs" in rows[1]
+    assert "gpu10, gpu11, gpu12, gpu13 +3 more" in rows[2]
+    assert not any("┃" in ln or "│" in ln for ln in lines)  # no matrix by default
+    assert "  changed pkg/model.py" in lines
+    fix = next(ln for ln in lines if ln.startswith("  fix: corral sync"))
+    assert fix.endswith("--ssh-config /etc/corral/ssh_config")  # soft-wrapped, never cut
+
+
+def test_wide_report_is_the_check_by_host_matrix() -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=400)
+    print_report(console, _sixteen(), wide=True)
+    text = console.export_text()
+    header = next(ln for ln in text.splitlines() if "gpu01" in ln)
+    assert all(f"gpu{i:02d}" in header for i in range(1, 17))
+    assert "✗ code: code differs on gpu03, gpu11" in text and "fix: corral sync" in text

@@ -10,6 +10,7 @@ import pytest
 from corral.sync.fingerprint import (
     build_manifest,
     diff_manifests,
+    filter_files,
     is_ignored,
     parse_ignore,
     tree_digest,
@@ -105,3 +106,18 @@ def test_manifest_stops_at_max_files(tmp_path: Path) -> None:
     _tree(tmp_path, {f"f{i}.py": str(i) for i in range(5)})
     manifest = build_manifest(str(tmp_path), max_files=3)
     assert manifest.truncated and len(manifest.files) == 3
+
+
+def test_filter_files_equals_a_walk_with_the_extra_ignores(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "log.txt").write_text("x")
+    (tmp_path / "pkg" / "runs").mkdir(parents=True)
+    (tmp_path / "pkg" / "runs" / "keep.py").write_text("y")
+    (tmp_path / "train.py").write_text("z")
+    (tmp_path / "notes.tmp").write_text("t")
+    ignores = ("/runs/", "*.tmp")
+    full = build_manifest(str(tmp_path)).files
+    filtered = filter_files(full, ignores)
+    assert filtered == build_manifest(str(tmp_path), extra_ignores=ignores).files
+    assert sorted(filtered) == ["pkg/runs/keep.py", "train.py"]
+    assert filter_files(full, ()) == full

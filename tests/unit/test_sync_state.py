@@ -14,9 +14,12 @@ from corral.sync.state import (
     load_records,
     record_sync,
     record_syncs,
+    recorded_manifest,
+    records_for_dest,
     state_path,
     sync_state,
     sync_status,
+    verify_sync,
 )
 
 
@@ -122,3 +125,48 @@ def test_trailing_slashes_do_not_matter() -> None:
     record_sync("tb1", "/srv/code/", digest="d", src="/s", files=1)
     assert sync_state("tb1", "/srv/code") is not None
     assert sync_status(["tb1"], "/srv/code//", "d")["tb1"][0] == "pass"
+
+
+def test_verify_sync_checks_the_hosts_tree_against_what_was_pushed() -> None:
+    pushed = {"a.py": "1", "runs/log.txt": "2", "b.py": "3"}
+    record_sync("tb1", "/srv/code", digest="D", src="/s", files=3, when=0.0, manifest=pushed)
+    record_sync("tb2", "/srv/code", digest="E", src="/s", files=3, when=0.0)
+    here = {"a.py": "1", "b.py": "3"}  # walked with the run directory ignored
+    verdicts = verify_sync(
+        ["tb1", "tb2"],
+        "/srv/code",
+        local_digest="not-D",  # the digest here differs only by the ignored run dir
+        local_files=here,
+        host_trees={"tb1": {"a.py": "1", "b.py": "X", "c.py": "4"}, "tb2": here},
+        ignores=("/runs/",),
+        now=60.0,
+    )
+    tb1 = verdicts["tb1"]
+    assert tb1.status == "warn" and tb1.verified and tb1.changed == ("b.py", "c.py")
+    assert "changed on the host since the last sync" in tb1.detail and "b.py, c.py" in tb1.detail
+    # no stored manifest and a digest that differs: only "changed here" can be said
+    assert verdicts["tb2"].status == "warn" and not verdicts["tb2"].verified
+
+    verdicts = verify_sync(
+        ["tb1"],
+        "/srv/code",
+        local_digest="x",
+        local_files=here,
+        host_trees={"tb1": here},
+        ignores=("/runs/",),
+    )
+    assert verdicts["tb1"].status == "pass" and "verified on the host" in verdicts["tb1"].detail
+
+
+def test_manifests_are_kept_only_while_referenced(state_dir: Path) -> None:
+    record_sync("tb1", "/d", digest="A", src="/s", files=1, manifest={"a": "1"})
+    assert recorded_manifest("A") == {"a": "1"}
+    record_sync("tb1", "/d", digest="B", src="/s", files=1, manifest={"a": "2"})
+    assert recorded_manifest("A") is None and recorded_manifest("B") == {"a": "2"}
+
+
+def test_records_for_dest_match_home_relative_spellings() -> None:
+    record_sync("tb1", "~/code", digest="A", src="/s", files=1, when=1.0)
+    record_sync("tb2", "code/", digest="A", src="/t", files=1, when=2.0)
+    assert [r.src for r in records_for_dest(["tb1", "tb2", "tb3"], "code")] == ["/t", "/s"]
+    assert sync_state("tb1", "./code") is not None

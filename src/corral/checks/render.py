@@ -1,4 +1,10 @@
-"""The checklist on a console: a check x host table, then each problem with its fix."""
+"""The checklist on a console.
+
+By default one line per check (status, the failing / warning hosts named, the
+short reason), each problem followed by its fix; ``wide`` shows the check x host
+matrix, then each problem with its fix. Lines are soft-wrapped, never cut, so a
+fix command can be copied whole.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from corral.checks.result import ChecklistReport, CheckResult, Status
 STYLE = {Status.PASS: "green", Status.SKIP: "dim", Status.WARN: "yellow", Status.FAIL: "bold red"}
 MARK = {Status.PASS: "✓", Status.SKIP: "-", Status.WARN: "!", Status.FAIL: "✗"}
 CELL_CHARS = 60
+SHOWN_HOSTS = 4
+SHOWN_REASONS = 3
 
 
 def _cell(status: Status, detail: str) -> Text:
@@ -19,6 +27,81 @@ def _cell(status: Status, detail: str) -> Text:
     if short:
         text.append(f" {short}", style="dim" if status is Status.PASS else "")
     return text
+
+
+def _names(hosts: list[str], total: int) -> str:
+    """``a, b, c`` (``+N more`` past :data:`SHOWN_HOSTS`), or ``all N``."""
+    if total > 1 and len(hosts) == total:
+        return f"all {total}"
+    shown = ", ".join(hosts[:SHOWN_HOSTS])
+    return shown + (f" +{len(hosts) - SHOWN_HOSTS} more" if len(hosts) > SHOWN_HOSTS else "")
+
+
+def hosts_field(check: CheckResult, total: int) -> str:
+    """Which hosts the row is about: the failing / warning ones, else a count."""
+    if check.status in (Status.FAIL, Status.WARN):
+        return _names(check.hosts_with(check.status), total)
+    if check.status is Status.PASS:
+        return f"{len(check.hosts_with(Status.PASS))}/{total}"
+    return "-"
+
+
+def _grouped(bad: list[tuple[str, str]], summary: str) -> str:
+    groups: dict[str, list[str]] = {}
+    for host, detail in bad:
+        groups.setdefault(detail, []).append(host)
+    if len(groups) == 1:
+        return next(iter(groups)) or summary
+    parts = [f"{_names(hs, 0)}: {d}" if d else _names(hs, 0) for d, hs in groups.items()]
+    more = len(parts) - SHOWN_REASONS
+    return "; ".join(parts[:SHOWN_REASONS]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def reason(check: CheckResult) -> tuple[str, str | None]:
+    """The row's reason, and the hosts' details when that sentence leaves them out.
+
+    The reason is the check's own sentence, or (when it only lists every host's
+    detail) those details grouped: hosts sharing a detail together, at most
+    :data:`SHOWN_REASONS` groups."""
+    if check.status not in (Status.FAIL, Status.WARN):
+        skipped = [c.detail for c in check.hosts.values() if c.detail]
+        return check.summary or (skipped[0] if skipped else ""), None
+    own = check.error if check.status is Status.FAIL else check.warning
+    bad = [(h, c.detail) for h, c in check.hosts.items() if c.status is check.status]
+    named = "; ".join(f"{h}: {d}" if d else h for h, d in bad)
+    if not own or own == named:
+        return _grouped(bad, check.summary), None
+    if all(d in own for _, d in bad):
+        return own, None
+    return own, _grouped([(h, d) for h, d in bad if d], "") or None
+
+
+def rows(console: Console, report: ChecklistReport) -> None:
+    """One line per check, each problem's fix (and the software versions) under it."""
+    total = len(report.hosts)
+    console.print(Text(f"pre-flight checklist: {total} host(s)", style="bold"), soft_wrap=True)
+    width = max((len(c.name) for c in report.checks), default=0) + 1
+    counts = [hosts_field(c, total) for c in report.checks]
+    hosts_width = min(max((len(h) for h in counts), default=0), 24)
+    for check, hosts in zip(report.checks, counts, strict=True):
+        line = Text(f"{MARK[check.status]} ", style=STYLE[check.status])
+        line.append(f"{check.name + ':':<{width}} ", style=STYLE[check.status])
+        line.append(f"{check.status.value:<4}  ", style=STYLE[check.status])
+        line.append(f"{hosts:<{hosts_width}}  ")
+        why, details = reason(check)
+        line.append(why, style="dim" if check.status is Status.PASS else "")
+        console.print(line, soft_wrap=True)
+        if check.status not in (Status.FAIL, Status.WARN):
+            continue
+        if details:
+            console.print(Text(f"  {details}"), soft_wrap=True)
+        if check.name == "software":
+            versions = versions_table(check)
+            if versions is not None:
+                console.print("  versions that differ:")
+                console.print(versions)
+        if check.fix_command:
+            console.print(Text("  fix: ", style="bold") + Text(check.fix_command), soft_wrap=True)
 
 
 def table(report: ChecklistReport) -> Table:
@@ -85,9 +168,16 @@ def verdict(report: ChecklistReport, prefix: str = "") -> Text:
     return text
 
 
-def print_report(console: Console, report: ChecklistReport, *, full: bool = True) -> None:
-    """The table (``full``), the problems and the verdict."""
-    if full:
+def print_report(
+    console: Console, report: ChecklistReport, *, full: bool = True, wide: bool = False
+) -> None:
+    """The checklist and the verdict: one line per check with the fixes (``full``),
+    the check x host matrix and the problems (``wide``), or the problems only."""
+    if wide:
         console.print(table(report))
-    problems(console, report)
+        problems(console, report)
+    elif full:
+        rows(console, report)
+    else:
+        problems(console, report)
     console.print(verdict(report))

@@ -1,7 +1,8 @@
 """``corral check [CLUSTER] [LAUNCH] [--json] [-- SCRIPT]``: the pre-flight checklist.
 
-Every check runs on every host in parallel; the table (check x host) and each
-problem's fix go to stderr, or the JSON report to stdout with ``--json``.
+Every check runs on every host in parallel; one line per check (the failing or
+warning hosts named, the reason, the fix) goes to stderr, the check x host
+matrix with ``--wide``, or the JSON report to stdout with ``--json``.
 Exit 0 when nothing failed (warnings included), 1 when a check failed,
 2 for bad options.
 """
@@ -166,6 +167,9 @@ def check(
     smoke_timeout: SmokeTimeoutOpt = DEFAULT_SMOKE_TIMEOUT,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Show every check on every host (a check x host table).")
+    ] = False,
 ) -> None:
     """Run the pre-flight checklist on every host: connectivity, hardware, software
     versions, code consistency, network (master port, reachability, interfaces),
@@ -211,7 +215,7 @@ def check(
         doc["phases_s"] = {k: round(v, 4) for k, v in outcome.phases.items()}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        print_report(Console(stderr=True, highlight=False), report)
+        print_report(Console(stderr=True, highlight=False), report, wide=wide)
     raise typer.Exit(1 if report.failed else 0)
 
 
