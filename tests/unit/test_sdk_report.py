@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,17 +18,22 @@ from typing import Any
 import pytest
 
 from corral import sdk
-from corral.sdk._report import request
+from corral.sdk import _report
+from corral.sdk._report import REQUEST_TIMEOUT, request
 from tests.conftest import require_torch
+
+TOKEN = "0123456789abcdef0123456789abcdef"
 
 
 class ControlServer:
-    """A unix stream server that collects every line each connection sends."""
+    """A unix stream server that collects every line each connection sends after
+    its first (the ``auth`` line, kept in ``auth``)."""
 
     def __init__(self, address: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(address)
         self.sock.listen(16)
+        self.auth: list[str] = []
         self.connections: list[list[str]] = []
         self.sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -47,10 +52,10 @@ class ControlServer:
                 self.sockets.append(conn)
             threading.Thread(target=self._read, args=(conn, lines), daemon=True).start()
 
-    @staticmethod
-    def _read(conn: socket.socket, lines: list[str]) -> None:
+    def _read(self, conn: socket.socket, lines: list[str]) -> None:
         try:
             with conn, conn.makefile("r", encoding="ascii") as fh:
+                self.auth.append(fh.readline())
                 for line in fh:
                     lines.append(line)
         except OSError:
@@ -75,22 +80,23 @@ class ControlServer:
 
 
 @pytest.fixture
-def abstract_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlServer]:
-    name = f"corral-test-{uuid.uuid4().hex}"
-    server = ControlServer("\0" + name)
-    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+def control_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ControlServer]:
+    server = ControlServer(str(tmp_path / "ctl"))
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
+    monkeypatch.setenv("CORRAL_CONTROL_TOKEN", TOKEN)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     yield server
     server.close()
 
 
-def test_handshake_then_json_lines(abstract_server: ControlServer) -> None:
+def test_handshake_then_json_lines(control_server: ControlServer) -> None:
     before = time.time()
     sdk.report(1, 10, loss=2.5, acc=0.25)
     sdk.report(2)
-    lines = abstract_server.wait_lines(3)
-    assert len(abstract_server.connections) == 1  # one connection, reused
+    lines = control_server.wait_lines(3)
+    assert len(control_server.connections) == 1  # one connection, reused
+    assert control_server.auth == [f"auth {TOKEN}\n"]  # the token comes first
     assert lines[0] == "ctl 3\n"
     first, second = (json.loads(line) for line in lines[1:])
     assert first == {
@@ -105,24 +111,27 @@ def test_handshake_then_json_lines(abstract_server: ControlServer) -> None:
     assert (second["step"], second["total"], second["metrics"]) == (2, None, {})
 
 
-def test_unusual_metric_values(abstract_server: ControlServer) -> None:
+def test_unusual_metric_values(control_server: ControlServer) -> None:
     torch = require_torch()
     sdk.report(1, loss=torch.tensor(0.5), bad=float("nan"), big=float("inf"), n=3)
-    payload = json.loads(abstract_server.wait_lines(2)[1])
+    payload = json.loads(control_server.wait_lines(2)[1])
     assert payload["metrics"] == {"loss": 0.5, "bad": None, "big": None, "n": 3.0}
 
 
-def test_a_bad_value_drops_only_that_report(abstract_server: ControlServer) -> None:
+def test_a_bad_value_drops_only_that_report(control_server: ControlServer) -> None:
     sdk.report(1, loss="not a number")  # type: ignore[arg-type]
     sdk.report(2, loss=1.0)
-    lines = abstract_server.wait_lines(2)
+    lines = control_server.wait_lines(2)
     assert [json.loads(line)["step"] for line in lines[1:]] == [2]
 
 
-def test_filesystem_socket_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_filesystem_socket_path_without_a_token(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     path = tmp_path / "ctl.sock"
     server = ControlServer(str(path))
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:{path}")
+    monkeypatch.delenv("CORRAL_CONTROL_TOKEN", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     try:
@@ -130,6 +139,7 @@ def test_filesystem_socket_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         lines = server.wait_lines(2)
     finally:
         server.close()
+    assert server.auth == ["auth \n"]  # an empty token: the agent refuses it
     assert lines[0] == "ctl 0\n"
     assert json.loads(lines[1])["step"] == 7
 
@@ -144,7 +154,15 @@ def test_noop_without_control_env(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk.report(1, 2, loss=1.0)
 
 
-@pytest.mark.parametrize("spec", ["unix:@corral-nobody-listens-here", "tcp:127.0.0.1:1", "unix:"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "unix:/nonexistent/corral-nobody-listens-here",
+        "unix:@corral-abstract-names-are-refused",
+        "tcp:127.0.0.1:1",
+        "unix:",
+    ],
+)
 def test_unreachable_or_bad_address_never_raises(
     monkeypatch: pytest.MonkeyPatch, spec: str
 ) -> None:
@@ -153,11 +171,10 @@ def test_unreachable_or_bad_address_never_raises(
         sdk.report(step, loss=1.0)
 
 
-def test_disabled_after_first_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    name = f"corral-test-{uuid.uuid4().hex}"
-    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+def test_disabled_after_first_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
     sdk.report(1)  # nobody listening: reporting turns itself off
-    server = ControlServer("\0" + name)
+    server = ControlServer(str(tmp_path / "ctl"))
     try:
         sdk.report(2)
         time.sleep(0.2)
@@ -166,22 +183,23 @@ def test_disabled_after_first_failure(monkeypatch: pytest.MonkeyPatch) -> None:
         server.close()
 
 
-def test_supervisor_going_away_never_raises(abstract_server: ControlServer) -> None:
+def test_supervisor_going_away_never_raises(control_server: ControlServer) -> None:
     sdk.report(1)
-    abstract_server.wait_lines(2)
-    abstract_server.close()
+    control_server.wait_lines(2)
+    control_server.close()
     start = time.monotonic()
     for step in range(2, 200):
         sdk.report(step, loss=float(step))  # EPIPE / ECONNRESET must not escape
     assert time.monotonic() - start < 2.0
 
 
-def test_a_stalled_supervisor_does_not_block_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    name = f"corral-test-{uuid.uuid4().hex}"
+def test_a_stalled_supervisor_does_not_block_training(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind("\0" + name)
+    listener.bind(str(tmp_path / "ctl"))
     listener.listen(1)  # accepts (via the backlog) but never reads
-    monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
     metrics = {f"metric_{i}": float(i) for i in range(200)}
     try:
         start = time.monotonic()
@@ -198,7 +216,7 @@ def test_a_stalled_supervisor_does_not_block_training(monkeypatch: pytest.Monkey
     assert elapsed < 5.0  # and reporting stayed off afterwards
 
 
-def test_concurrent_reports_are_whole_lines(abstract_server: ControlServer) -> None:
+def test_concurrent_reports_are_whole_lines(control_server: ControlServer) -> None:
     def worker(offset: int) -> None:
         for i in range(50):
             sdk.report(offset + i, loss=float(i))
@@ -208,14 +226,14 @@ def test_concurrent_reports_are_whole_lines(abstract_server: ControlServer) -> N
         t.start()
     for t in threads:
         t.join()
-    lines = abstract_server.wait_lines(201)
+    lines = control_server.wait_lines(201)
     steps = sorted(json.loads(line)["step"] for line in lines[1:])
     assert steps == sorted(k * 1000 + i for k in range(4) for i in range(50))
 
 
-def test_forked_child_opens_its_own_connection(abstract_server: ControlServer) -> None:
+def test_forked_child_opens_its_own_connection(control_server: ControlServer) -> None:
     sdk.report(1)
-    abstract_server.wait_lines(2)
+    control_server.wait_lines(2)
     pid = os.fork()
     if pid == 0:  # child
         try:
@@ -224,8 +242,8 @@ def test_forked_child_opens_its_own_connection(abstract_server: ControlServer) -
             os._exit(0)
     os.waitpid(pid, 0)
     sdk.report(2)
-    lines = abstract_server.wait_lines(5)
-    assert len(abstract_server.connections) == 2
+    lines = control_server.wait_lines(5)
+    assert len(control_server.connections) == 2
     assert sorted(lines).count("ctl 3\n") == 2
 
 
@@ -234,9 +252,9 @@ import os, signal, socket, sys
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as some launchers leave it: SIGPIPE kills
 from corral import sdk
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind("\\0" + sys.argv[1])
+srv.bind(sys.argv[1])
 srv.listen(1)
-os.environ["CORRAL_CONTROL"] = "unix:@" + sys.argv[1]
+os.environ["CORRAL_CONTROL"] = "unix:" + sys.argv[1]
 sdk.report(1)
 conn, _ = srv.accept()
 conn.close()  # the supervisor hangs up
@@ -247,9 +265,9 @@ print("alive")
 """
 
 
-def test_no_sigpipe_even_with_the_default_handler() -> None:
+def test_no_sigpipe_even_with_the_default_handler(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", SIGPIPE_SCRIPT, f"corral-test-{uuid.uuid4().hex}"],
+        [sys.executable, "-c", SIGPIPE_SCRIPT, str(tmp_path / "ctl")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -273,9 +291,9 @@ def _answer_when_asked(server: ControlServer, *replies: bytes, hang_up: bool = F
     threading.Thread(target=run, daemon=True).start()
 
 
-def test_request_waits_for_the_matching_reply(abstract_server: ControlServer) -> None:
+def test_request_waits_for_the_matching_reply(control_server: ControlServer) -> None:
     _answer_when_asked(
-        abstract_server,
+        control_server,
         b'{"type": "replicated", "name": "ckpt-00000001.pt", "ok": true}\n',  # another one
         b'{"type": "replicated", "name": "ckpt-00000002.pt",',  # a line in two pieces
         b' "ok": false, "error": "disk full"}\n',
@@ -291,29 +309,75 @@ def test_request_waits_for_the_matching_reply(abstract_server: ControlServer) ->
         "ok": False,
         "error": "disk full",
     }
-    sent = json.loads(abstract_server.wait_lines(2)[1])
+    sent = json.loads(control_server.wait_lines(2)[1])
     assert (sent["type"], sent["step"], sent["ack"], sent["rank"]) == ("checkpoint", 2, True, 3)
 
 
-def test_request_gives_up_when_the_agent_hangs_up(abstract_server: ControlServer) -> None:
-    _answer_when_asked(abstract_server, hang_up=True)
+def test_request_gives_up_when_the_agent_hangs_up(control_server: ControlServer) -> None:
+    _answer_when_asked(control_server, hang_up=True)
     assert request({"type": "checkpoint"}, {"type": "replicated"}, 30) is None
     sdk.report(5)  # reporting is off for good after the connection ended; never raises
-    assert len(abstract_server.connections) == 1
+    assert len(control_server.connections) == 1
 
 
 def test_request_times_out_and_is_a_noop_outside_corral(
-    abstract_server: ControlServer, monkeypatch: pytest.MonkeyPatch
+    control_server: ControlServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     started = time.monotonic()
     assert request({"type": "checkpoint"}, {"type": "replicated"}, 0.3) is None
     assert time.monotonic() - started >= 0.3
+    assert capsys.readouterr().err == (
+        "corral: warning: no answer to checkpoint from the coordinator within 0.3 s; "
+        "going on without it\n"
+    )
     monkeypatch.delenv("CORRAL_CONTROL")
-    assert request({"type": "checkpoint"}, {"type": "replicated"}, None) is None
+    assert request({"type": "checkpoint"}, {"type": "replicated"}) is None
+    assert capsys.readouterr().err == ""  # outside corral: at once, nothing to warn about
+
+
+def test_request_never_waits_past_its_default_timeout(
+    control_server: ControlServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ticks = iter([0.0, REQUEST_TIMEOUT - 0.5])  # then: the deadline has passed
+    monkeypatch.setattr(_report, "_monotonic", lambda: next(ticks, REQUEST_TIMEOUT + 1.0))
+    assert request({"type": "checkpoint"}, {"type": "replicated"}) is None  # nobody answers
+    assert f"within {REQUEST_TIMEOUT:g} s" in capsys.readouterr().err
+    assert control_server.wait_lines(2)[0] == "ctl 3\n"  # it did ask, then gave up
+
+
+@pytest.fixture
+def low_fds_taken() -> Iterator[None]:
+    """Every fd below 1100 in use, so the SDK's next socket gets a number >= 1024."""
+    _report._reporter._reset("")  # frees an earlier test's connection (a low fd) now
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, max(hard, 2048)))
+    taken: list[int] = []
+    try:
+        while not taken or taken[-1] < 1100:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_request_on_a_socket_fd_above_1024(
+    control_server: ControlServer, low_fds_taken: None
+) -> None:
+    _answer_when_asked(control_server, b'{"type": "replicated", "name": "c.pt", "ok": true}\n')
+    reply = request({"type": "checkpoint"}, {"type": "replicated", "name": "c.pt"}, timeout=30)
+    assert _report._reporter._sock is not None and _report._reporter._sock.fileno() >= 1024
+    assert reply == {"type": "replicated", "name": "c.pt", "ok": True}
 
 
 def test_a_replicated_save_waits_for_the_answer_and_warns_when_not_copied(
-    abstract_server: ControlServer,
+    control_server: ControlServer,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -322,13 +386,13 @@ def test_a_replicated_save_waits_for_the_answer_and_warns_when_not_copied(
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("CORRAL_CHECKPOINT_REPLICA", "wait")
     _answer_when_asked(
-        abstract_server,
+        control_server,
         b'{"type": "replicated", "name": "ckpt-00000007.pt", "ok": false, '
         b'"error": "cannot write it here: no space left on device"}\n',
     )
     saved = sdk.save_checkpoint({"step": 7}, tmp_path, 7)
     assert saved == tmp_path / "ckpt-00000007.pt" and saved.is_file()
-    announced = json.loads(abstract_server.wait_lines(2)[1])
+    announced = json.loads(control_server.wait_lines(2)[1])
     assert announced["ack"] is True and announced["path"] == str(saved)
     assert capsys.readouterr().err == (
         "corral: warning: ckpt-00000007.pt is not in the coordinator's replica (cannot write "

@@ -55,6 +55,7 @@ SEND_TIMEOUT = 1.0
 REQUEST_TIMEOUT = 600.0
 CONTROL_ENV = "CORRAL_CONTROL"
 TOKEN_ENV = "CORRAL_CONTROL_TOKEN"
+_monotonic = time.monotonic  # the clock of request()'s deadline (tests replace it)
 # No SIGPIPE even in a process that restored its default action (which kills).
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
@@ -180,7 +181,7 @@ class _Reporter:
             sock = self.send_event({**event, "ack": True})
             if sock is None:
                 return None
-            deadline = time.monotonic() + timeout
+            deadline = _monotonic() + timeout
             with selectors.DefaultSelector() as selector:
                 try:
                     selector.register(sock, selectors.EVENT_READ)
@@ -189,7 +190,7 @@ class _Reporter:
                 while True:
                     line = self._read_line(sock, selector, deadline)
                     if line is None:
-                        if time.monotonic() >= deadline:
+                        if _monotonic() >= deadline:
                             _warn(
                                 f"no answer to {event.get('type', 'the request')!s} from the "
                                 f"coordinator within {timeout:g} s; going on without it"
@@ -208,7 +209,7 @@ class _Reporter:
         """One line from the agent (waiting in short slices, so sends of other
         threads keep their own timeout); None on EOF, error or deadline."""
         while b"\n" not in self._replies:
-            wait = min(1.0, deadline - time.monotonic())
+            wait = min(1.0, deadline - _monotonic())
             if wait <= 0:
                 return None
             try:
