@@ -12,8 +12,8 @@ import pytest
 
 from corral.errors import ConfigError, ConnectError, TransportError
 from corral.transport.options import SshOptions
-from corral.transport.ssh.known_hosts import HostKeyDecision, HostKeyVerdict, KnownHostsPolicy
 from corral.transport.ssh import SshTransport, is_transient, translate_error
+from corral.transport.ssh.known_hosts import HostKeyDecision, HostKeyVerdict, KnownHostsPolicy
 
 
 def cause_of(exc: BaseException, **kwargs: object) -> str | None:

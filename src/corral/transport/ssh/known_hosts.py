@@ -77,8 +77,8 @@ class KnownHostsPolicy:
     """Known-hosts files plus the accept-new switch, shared by all connections.
 
     ``files`` are read in order (all of them are trusted); new keys go into the
-    first one. ``files=None`` disables verification (``UserKnownHostsFile none``
-    in the user's ssh config) and is only ever used when the user asked for it.
+    first one. ``files=None`` disables verification; the transport uses it only
+    with ``--insecure-no-host-key-check`` (see :mod:`corral.transport.ssh.config`).
     """
 
     def __init__(self, files: Sequence[Path] | None, *, accept_new: bool = False) -> None:
@@ -159,7 +159,8 @@ def known_hosts_files(config_value: object) -> list[Path] | None:
 
     asyncssh turns the ssh config's ``UserKnownHostsFile`` (+ global files) into
     a list of paths; an empty list means "not configured" (use the default file)
-    and ``None`` means ``UserKnownHostsFile none`` (checking disabled).
+    and ``None`` means ``UserKnownHostsFile none`` (which the transport refuses
+    unless told otherwise: :func:`corral.transport.ssh.config.host_key_files`).
     """
     if config_value is None:
         return None
