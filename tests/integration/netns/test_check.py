@@ -523,3 +523,67 @@ def test_run_sync_and_sync_script_semantics(
     assert "3/3 hosts synced" in synced.stderr
     for host in HOSTS:
         assert f"host {host} world 3" in synced.stdout
+
+
+def test_natural_flow_sync_then_check_and_run_compare_code_by_default(
+    testbed: Testbed, tmp_path: Path, run_dir: Path
+) -> None:
+    """`corral sync . --dest D` then, from the same directory, `corral check
+    --workdir D` / `corral run --workdir D`: no --code-dir, the code is compared."""
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("print('TRAINING STARTED', flush=True)\n")
+    (src / "pkg" / "model.py").write_text("LAYERS = 4\n")
+    dest = f"/srv/corral/natural-{tmp_path.name}"
+    env = {"CORRAL_STATE_DIR": str(tmp_path / "state")}
+    cluster = ["--hosts", _hostfile(tmp_path, HOSTS), "--ssh-config", str(testbed.ssh_config)]
+    try:
+        synced = run_corral("sync", *cluster, ".", "--dest", dest, cwd=src, env=env)
+        assert synced.returncode == 0, synced.stderr
+        _on_host(testbed, "tb2", f"echo 'LAYERS = 5' > {dest}/pkg/model.py")
+
+        checked = run_corral(
+            "check", *cluster, "--workdir", dest, "--no-smoke-test", "--json", cwd=src, env=env
+        )
+        assert checked.returncode == 1, checked.stderr
+        report = json.loads(checked.stdout)
+        code, sync = _by_name(report)["code"], _by_name(report)["sync"]
+        assert code["status"] == "fail" and code["data"]["compared"] is True
+        assert code["hosts"]["tb2"]["status"] == "fail"
+        assert "pkg/model.py" in code["hosts"]["tb2"]["detail"]
+        assert {code["hosts"][h]["status"] for h in ("tb1", "tb3")} == {"pass"}
+        assert "tb2" in code["error"]
+        # the sync status does not call tb2 "synced": it changed since
+        assert sync["hosts"]["tb2"]["status"] == "warn"
+        assert "changed on the host" in sync["hosts"]["tb2"]["detail"]
+        assert sync["data"]["changed"] == {"tb2": ["pkg/model.py"]}
+        assert {sync["hosts"][h]["status"] for h in ("tb1", "tb3")} == {"pass"}
+        assert sync["fix_command"].startswith("corral sync --hosts tb2")
+
+        human = run_corral(
+            "check", *cluster, "--workdir", dest, "--no-smoke-test", cwd=src, env=env
+        )
+        rows = [ln for ln in human.stderr.splitlines() if ln.startswith(("✗ code:", "! sync:"))]
+        assert len(rows) == 2 and all("tb2" in r for r in rows), human.stderr
+
+        refused = run_corral(
+            "run",
+            *cluster,
+            "--workdir",
+            dest,
+            "--run-dir",
+            str(run_dir),
+            "--launcher",
+            "python",
+            "--",
+            "train.py",
+            cwd=src,
+            env=env,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "pre-flight checks failed: code" in refused.stderr
+        assert "tb2" in refused.stderr and "pkg/model.py" in refused.stderr
+        assert "TRAINING STARTED" not in refused.stdout
+    finally:
+        for host in HOSTS:
+            testbed.run_on(host, ["rm", "-rf", dest])
