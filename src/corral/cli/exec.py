@@ -243,7 +243,7 @@ def exec_(
     connect_timeout: ConnectTimeoutOpt = None,
     fanout: FanoutOpt = 64,
 ) -> None:
-    """Run a shell command on every node in parallel, output prefixed \\[host].
+    """Run a shell command on every node in parallel, output prefixed [host].
 
     Every host is connected first; unreachable hosts are listed with the cause and
     nothing runs. Exit codes: 0 every host succeeded; 1 the command failed, timed out
