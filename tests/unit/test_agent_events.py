@@ -256,7 +256,7 @@ def test_event_accepts_str_and_drops_unknown_keys() -> None:
     ],
 )
 def test_invalid_events_raise_one_clear_value_error(payload: bytes, reason: str) -> None:
-    with pytest.raises(ValueError, match="^invalid agent event: ") as err:
+    with pytest.raises(ValueError, match=r"^invalid agent event: ") as err:
         parse_event(payload)
     assert reason in str(err.value)
     assert "\n" not in str(err.value) and len(str(err.value)) < 300
