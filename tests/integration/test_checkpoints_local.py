@@ -26,6 +26,7 @@ import pytest
 
 from corral.cluster.model import Host
 from corral.recovery.checkpoints import (
+    HOSTSIDE,
     REPLICA_SOURCE,
     CheckpointTransferError,
     PullResult,
@@ -251,7 +252,7 @@ def test_replica_keeps_the_newest_two(layout: Layout, tmp_path: Path) -> None:
 
 
 class CountingTransport(LocalTransport):
-    """Remembers every sender (``ckpt_host.serve``) it started."""
+    """Remembers every sender (``hostside.serve``) it started."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -266,7 +267,7 @@ class CountingTransport(LocalTransport):
         cwd: str | None = None,
     ) -> Any:
         proc = await super().start(host, argv, env=env, cwd=cwd)
-        if "].serve(" in (env or {}).get("CORRAL_PROGRAM", ""):
+        if f"{HOSTSIDE}:serve" in argv:
             self.senders.append(proc)
         return proc
 
@@ -363,8 +364,7 @@ class CutSendTransport(LocalTransport):
         cwd: str | None = None,
     ) -> Any:
         proc = await super().start(host, argv, env=env, cwd=cwd)
-        program = (env or {}).get("CORRAL_PROGRAM", "")
-        if "].send(" in program or "].serve(" in program:  # a copy's source, the replica's sender
+        if f"{HOSTSIDE}:send" in argv or f"{HOSTSIDE}:serve" in argv:  # a source, a sender
             original, proc.stdout = proc.stdout, asyncio.StreamReader()
             self._relays.append(asyncio.ensure_future(self._relay(proc, original, proc.stdout)))
         return proc

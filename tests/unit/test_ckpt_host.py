@@ -1,4 +1,4 @@
-"""corral.recovery.ckpt_host: listing, sending and receiving checkpoints on a host."""
+"""corral.recovery.checkpoints.hostside: listing, sending and receiving checkpoints on a host."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corral.recovery import ckpt_host
 
-from corral.recovery.checkpoints import SHIPPED
-from corral.remote.python import program
+from corral.recovery.checkpoints import HOSTSIDE, SHIPPED, hostside
+from corral.remote.python import bootstrap_argv, program, stdin_payload
 
 
 def checkpoint_bytes(payload: int, seed: int = 0) -> bytes:
@@ -32,10 +31,15 @@ def checkpoint_bytes(payload: int, seed: int = 0) -> bytes:
 def host_call(
     call: str, *args: Any, stdin: bytes = b"", cwd: Path | None = None
 ) -> tuple[int, bytes]:
-    """Run ``ckpt_host.<call>`` as the coordinator ships it: ``python -c`` with the sources."""
-    text = program(SHIPPED, f"corral.recovery.ckpt_host:{call}", *args)
+    """Run ``hostside.<call>`` as the coordinator ships it: the program on stdin, then
+    ``stdin``."""
+    text = program(SHIPPED, f"{HOSTSIDE}:{call}", *args)
     proc = subprocess.run(
-        [sys.executable, "-c", text], input=stdin, capture_output=True, timeout=60, cwd=cwd
+        bootstrap_argv(sys.executable, call),
+        input=stdin_payload(text) + stdin,
+        capture_output=True,
+        timeout=60,
+        cwd=cwd,
     )
     return proc.returncode, proc.stdout
 
@@ -47,9 +51,7 @@ def lines(out: bytes) -> list[dict[str, Any]]:
 def test_shipped_modules_need_only_the_standard_library() -> None:
     code = (
         "import sys\n"
-        + program(SHIPPED, "corral.recovery.ckpt_host:list_checkpoints", ".", None).replace(
-            "_s.exit(", "_r = ("
-        )
+        + program(SHIPPED, f"{HOSTSIDE}:list_checkpoints", ".", None).replace("_s.exit(", "_r = (")
         + "\nbad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]\n"
         + "sys.exit(1 if bad else 0)\n"
     )
@@ -170,7 +172,7 @@ def test_receive_writes_atomically_and_acknowledges(tmp_path: Path) -> None:
     assert code == 0
     msgs = lines(out)
     acks = [m["ack"] for m in msgs if "ack" in m]
-    assert acks == sorted(acks) and acks[0] >= ckpt_host.ACK_EVERY
+    assert acks == sorted(acks) and acks[0] >= hostside.ACK_EVERY
     final = msgs[-1]
     assert final == {
         "ok": True,
@@ -242,7 +244,7 @@ def _receive_in_process(
     monkeypatch.setattr(sys, "stdin", stdin)
     monkeypatch.setattr(sys, "stdout", stdout)
     digest = hashlib.sha256(data).hexdigest()
-    code = ckpt_host.receive(str(directory), None, "ckpt-00000040.pt", len(data), digest)
+    code = hostside.receive(str(directory), None, "ckpt-00000040.pt", len(data), digest)
     monkeypatch.undo()
     return code, lines(stdout.buffer.getvalue())
 
@@ -261,7 +263,7 @@ def test_receive_on_a_full_disk_names_the_path(
         room[0] -= n
         return n
 
-    monkeypatch.setattr(ckpt_host.os, "write", write)
+    monkeypatch.setattr(hostside.os, "write", write)
     code, msgs = _receive_in_process(monkeypatch, tmp_path, data)
     assert code == 1
     error = msgs[-1]
@@ -275,7 +277,7 @@ def test_receive_checks_the_free_space_first(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     (tmp_path / "ckpt-00000020.pt").write_bytes(checkpoint_bytes(100))
-    monkeypatch.setattr(ckpt_host, "free_bytes", lambda path: 1000)
+    monkeypatch.setattr(hostside, "free_bytes", lambda path: 1000)
     code, msgs = _receive_in_process(monkeypatch, tmp_path, checkpoint_bytes(20000))
     assert code == 1
     assert msgs[-1]["errno"] == "ENOSPC"

@@ -19,7 +19,7 @@ from typing import Any
 
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.remote.python import program, shell_argv
+from corral.remote.python import start_program
 from corral.transport.base import NodeProcess, Transport
 
 SHIPPED = ("corral.sync.fingerprint", "corral.checks.hostside")
@@ -111,12 +111,12 @@ async def _open(
     transport: Transport, host: Host, python: str | None, params: dict[str, Any]
 ) -> _Session:
     result = HostFacts(host=host)
-    argv, var = shell_argv(host.python or python)
-    text = program(SHIPPED, "corral.checks.hostside:main", params)
     started = time.monotonic()
     try:
         # the host's own env (hostfile/YAML) applies: it is the job's environment too
-        proc = await transport.start(host, argv, env={**host.env, var: text})
+        proc = await start_program(
+            transport, host, python, SHIPPED, "corral.checks.hostside:main", params
+        )
     except CorralError as exc:
         result.error = str(exc)
         return _Session(host, None, result)

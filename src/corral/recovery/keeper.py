@@ -2,17 +2,18 @@
 
 With ``--checkpoint-dir`` on SSH hosts the directory may be host-local: rank 0
 writes ``ckpt-N.pt`` on its own disk. Before a restart the keeper makes sure
-the newest *complete* checkpoint is on the host that becomes rank 0 (copied from
-a surviving host, else from the coordinator's replica); with
-``--replicate-checkpoints`` it pulls every announced checkpoint into
+the newest *complete* checkpoint is on **every** host of the next attempt (copied
+from a surviving host, else from the coordinator's replica), so whichever host
+the rendezvous makes rank 0 resumes from it; nothing depends on predicting that
+host. With ``--replicate-checkpoints`` it pulls every announced checkpoint into
 ``runs/<job>/checkpoints/`` while the job runs. The ranks then run with
 ``CORRAL_CHECKPOINT_REPLICA=wait``: rank 0's ``save_checkpoint`` sends its
 announcement with ``"ack": true`` and returns only when the keeper answers
 (``{"type": "replicated", "name", "ok", "error"}``, through the node agent's
 ``reply`` op) that the replica holds it, so losing rank 0's host loses no more
 than the steps since the last save. The copy goes through a sender kept running
-on the writing host (started when each attempt starts), so a save waits for the
-bytes only, not for a new SSH session. See :mod:`corral.recovery.checkpoints`.
+on each host (started when each attempt starts), so a save waits for the bytes
+only, not for a new SSH session. See :mod:`corral.recovery.checkpoints`.
 """
 
 from __future__ import annotations
@@ -20,42 +21,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import posixpath
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from rich.console import Console
+from typing import Any, Protocol
 
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.job.output import say
 from corral.plan.render import node_cwd
-from corral.recovery.checkpoints import Replica, ensure_latest_on
-from corral.transport.base import Transport
+from corral.plan.spec import JobSpec, NodeCommand
+from corral.recovery.checkpoints import Replica, place_latest
+from corral.transport.base import NodeProcess, Transport
 
-if TYPE_CHECKING:
-    from corral.job.engine import LaunchOptions, Prepared
-    from corral.job.supervisor import NodeRun
+__all__ = ["CheckpointKeeper", "ReportingNode", "Say"]
+
+#: How the keeper tells the user something: ``say(text, style)`` (a rich style name).
+Say = Callable[[str, str], None]
 
 
-def rank0_host(prepared: Prepared) -> Host:
-    """The host that will run global rank 0 in ``prepared``'s attempt.
+class ReportingNode(Protocol):
+    """The node a report came from (the supervisor's ``NodeRun``)."""
 
-    The python launcher puts rank 0 on node 0. torchrun's c10d rendezvous ranks
-    the nodes by their sorted ``--local-addr`` (corral passes each host's address).
-    """
-    commands = prepared.commands
-    if prepared.spec.launcher == "torchrun":
-        return min(commands, key=lambda c: c.host.address).host
-    return commands[0].host
+    @property
+    def host(self) -> Host:
+        """The node's host."""
+        ...
+
+    @property
+    def proc(self) -> NodeProcess | None:
+        """The node agent's process (answers go to its stdin), None once gone."""
+        ...
+
+
+def _world(commands: Sequence[NodeCommand]) -> list[Host]:
+    hosts: dict[str, Host] = {}
+    for command in commands:
+        hosts.setdefault(command.host.name, command.host)
+    return list(hosts.values())
 
 
 @dataclass
 class CheckpointKeeper:
-    """Replicates announced checkpoints and places the latest one before a restart."""
+    """Replicates announced checkpoints and places the latest one on every host
+    before a restart."""
 
     transport: Transport
-    console: Console
+    say: Say
     directory: str | None = None
     python: str | None = None
     replica: Replica | None = None
@@ -64,26 +75,33 @@ class CheckpointKeeper:
 
     @classmethod
     def create(
-        cls, prepared: Prepared, opts: LaunchOptions, transport: Transport, console: Console
+        cls,
+        transport: Transport,
+        *,
+        directory: str | None,
+        replicate: bool,
+        is_local: bool,
+        python: str | None,
+        run_dir: str,
+        job_id: str,
+        say: Say,
     ) -> CheckpointKeeper:
-        """A keeper for the job: inactive for ``local:N`` (one filesystem) or without
-        ``--checkpoint-dir``."""
-        if not opts.checkpoint_dir or opts.cluster.is_local:
-            return cls(transport, console)
-        replica = None
-        if opts.replicate_checkpoints:
-            replica = Replica.for_job(
-                prepared.spec.run_dir, prepared.spec.job_id, python=opts.python
-            )
-        return cls(transport, console, opts.checkpoint_dir, opts.python, replica)
+        """A keeper for job ``job_id``: inactive for ``local:N`` (``is_local``: one
+        filesystem) or without a checkpoint ``directory``; with ``replicate`` it keeps
+        the replica in ``run_dir/job_id/checkpoints``."""
+        if not directory or is_local:
+            return cls(transport, say)
+        replica = Replica.for_job(run_dir, job_id, python=python) if replicate else None
+        return cls(transport, say, directory, python, replica)
 
-    def warm(self, prepared: Prepared) -> None:
-        """An attempt starts: start the sender on the host expected to write rank 0's
-        checkpoints, so the first copy does not wait for a new session."""
+    def warm(self, spec: JobSpec, commands: Sequence[NodeCommand]) -> None:
+        """An attempt starts: start the sender on every host of it (any may run rank
+        0 and write the checkpoints), so the first copy does not wait for a session."""
         if self.replica is not None:
-            self.replica.warm(self.transport, rank0_host(prepared))
+            for host in _world(commands):
+                self.replica.warm(self.transport, host)
 
-    def on_report(self, node: NodeRun, event: dict[str, Any]) -> None:
+    def on_report(self, node: ReportingNode, event: dict[str, Any]) -> None:
         """A rank announced a saved checkpoint: pull it into the replica (newest wins),
         then answer the rank when it waits for that (``"ack": true``)."""
         if event.get("type") != "checkpoint" or (self.replica is None and not event.get("ack")):
@@ -100,7 +118,7 @@ class CheckpointKeeper:
         which the hang detector must not take for a hang)."""
         return self._waiting > 0
 
-    async def _pull(self, node: NodeRun, event: dict[str, Any], path: str) -> None:
+    async def _pull(self, node: ReportingNode, event: dict[str, Any], path: str) -> None:
         ack = bool(event.get("ack"))
         self._waiting += ack
         try:
@@ -109,7 +127,7 @@ class CheckpointKeeper:
             self._waiting -= ack
 
     async def _copy_and_answer(
-        self, node: NodeRun, event: dict[str, Any], path: str, ack: bool
+        self, node: ReportingNode, event: dict[str, Any], path: str, ack: bool
     ) -> None:
         name = posixpath.basename(path)
         ok: bool = False
@@ -118,36 +136,35 @@ class CheckpointKeeper:
             try:
                 result = await self.replica.pull(self.transport, node.host, path)
                 if result.status == "failed":
-                    say(self.console, f"checkpoint replica: {result.error}", style="yellow")
+                    self.say(f"checkpoint replica: {result.error}", "yellow")
                 ok, error = await self.replica.confirm(name)
             except (CorralError, ValueError) as exc:
-                say(self.console, f"checkpoint replica: {exc}", style="yellow")
+                self.say(f"checkpoint replica: {exc}", "yellow")
                 ok, error = False, str(exc)
-        if ack and node.proc is not None:
+        proc = node.proc
+        if ack and proc is not None:
             message = {"type": "replicated", "name": name, "ok": ok, "error": error}
             rank = event.get("rank", 0)
-            node.proc.write(encode_op({"op": "reply", "rank": rank, "message": message}))
+            proc.write(encode_op({"op": "reply", "rank": rank, "message": message}))
 
-    async def place(self, prepared: Prepared) -> str | None:
-        """Make the latest complete checkpoint available to the next attempt's rank 0;
-        returns what was done (for the attempts table), None when nothing applies.
-        Raises a CorralError naming the host when it cannot be done (a restart from
-        scratch would silently lose every step)."""
+    async def place(self, spec: JobSpec, commands: Sequence[NodeCommand]) -> str | None:
+        """Make the latest complete checkpoint available on every host of the next
+        attempt (``commands``: its plan); returns what was done, one short line for
+        the attempts table, or None when there is nothing to place. Raises a
+        CorralError naming the host when that cannot be done (a restart from scratch
+        would silently lose every step)."""
         if self.directory is None:
             return None
-        target = rank0_host(prepared)
-        hosts = [c.host for c in prepared.commands]
-        placement = await ensure_latest_on(
+        placement = await place_latest(
             self.transport,
-            target,
-            hosts,
+            _world(commands),
             self.directory,
-            lambda h: node_cwd(prepared.spec, h),
+            lambda h: node_cwd(spec, h),
             self.replica,
             python=self.python,
         )
         text = placement.describe()
-        say(self.console, f"{text}", style="bold")
+        self.say(text, "bold")
         return text if placement.action != "none" else None
 
     async def close(self) -> None:

@@ -1,21 +1,43 @@
-"""Run corral's standard-library-only helpers on a host with ``python -c``.
+"""Run corral's standard-library-only helpers on a host, the program sent over stdin.
 
-Checks and sync need a few lines of Python on every host (hash the code tree,
-read versions, bind a port). The hosts may have another corral version, or
-none yet, so nothing is imported from the host's corral: the sources of the
-needed modules (which must import only the standard library and each other)
-are sent in the program text and registered under their own names, then one
-function is called with JSON arguments. The result is whatever it prints.
+Checks, sync and checkpoints need a few lines of Python on every host (hash
+the code tree, read versions, bind a port, stream a checkpoint). The hosts may
+have another corral version, or none yet, so nothing is imported from the
+host's corral: the sources of the needed modules (which must import only the
+standard library and each other) are sent in the program text and registered
+under their own names, then one function is called with JSON arguments. The
+result is whatever it prints.
+
+The program travels over the process's **stdin**, never in its command line or
+environment (Linux caps one argument, and one environment string, at 128 KiB):
+the command line holds only a short fixed bootstrap that reads a decimal
+length line and that many bytes of program text from ``sys.stdin.buffer``, then
+runs it. Whatever follows the program on stdin is left for the program, which
+must read it through ``sys.stdin`` / ``sys.stdin.buffer`` (not ``os.read(0)``:
+the bootstrap's buffered reader may already hold the first bytes).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from corral.cluster.model import Host
+from corral.transport.base import NodeProcess, Transport
+
+__all__ = [
+    "bootstrap_argv",
+    "candidates",
+    "program",
+    "shell_command",
+    "start_program",
+    "stdin_payload",
+]
 
 _BOOT = """\
 import json as _j, sys as _s, types as _t
@@ -31,9 +53,26 @@ def _install(name, src):
     return m
 """
 
+#: What ``python -c`` runs: read ``LENGTH\\n`` and that many bytes of program from
+#: stdin, then run the program (the rest of stdin is the program's).
+_BOOTSTRAP = """\
+import sys
+b = sys.stdin.buffer
+h = b.readline().strip()
+if not h.isdigit():
+    sys.exit("corral: no helper program arrived on stdin")
+s = b.read(int(h))
+if len(s) != int(h):
+    sys.exit("corral: the helper program on stdin was cut short")
+exec(compile(s, "<corral>", "exec"), {"__name__": "__corral__"})
+"""
+
+#: ``sh -c`` script: ``$0`` is a label (shows in ``ps``), ``$1`` the bootstrap, the
+#: rest the interpreters to try in order.
 _SHELL = (
-    'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$CORRAL_PROGRAM"; '
-    'fi; done; echo "no python interpreter found (tried: $*)" >&2; exit 127'
+    'b=$1; shift; for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then '
+    'exec "$p" -c "$b" "$0"; fi; done; '
+    'echo "no python interpreter found (tried: $*)" >&2; exit 127'
 )
 
 
@@ -57,6 +96,12 @@ def program(modules: Sequence[str], call: str, *args: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stdin_payload(text: str) -> bytes:
+    """What goes first on the helper's stdin: the length line, then the program."""
+    data = text.encode("utf-8")
+    return f"{len(data)}\n".encode() + data
+
+
 def candidates(python: str | None) -> list[str]:
     """Interpreters to try on a host, in order: ``--python``, else the
     coordinator's own interpreter path, else ``python3``."""
@@ -65,7 +110,35 @@ def candidates(python: str | None) -> list[str]:
     return [sys.executable, "python3"] if sys.executable else ["python3"]
 
 
-def shell_argv(python: str | None) -> tuple[list[str], str]:
-    """argv that runs ``$CORRAL_PROGRAM`` with the first interpreter found, and the
-    name of the variable the program text must be passed in (through ``env``)."""
-    return ["sh", "-c", _SHELL, "sh", *candidates(python)], "CORRAL_PROGRAM"
+def bootstrap_argv(python: str | None, label: str = "corral") -> list[str]:
+    """argv that starts the first interpreter found on the host with the fixed
+    bootstrap, which then reads the program (:func:`stdin_payload`) from stdin.
+    ``label`` (e.g. the call) is the interpreter's ``sys.argv[1]``, visible in ``ps``."""
+    return ["sh", "-c", _SHELL, label, _BOOTSTRAP, *candidates(python)]
+
+
+def shell_command(python: str | None, label: str = "corral") -> str:
+    """:func:`bootstrap_argv` as one shell command line (for an ``ssh`` command)."""
+    return "exec " + shlex.join(bootstrap_argv(python, label))
+
+
+async def start_program(
+    transport: Transport,
+    host: Host,
+    python: str | None,
+    modules: Sequence[str],
+    call: str,
+    *args: Any,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> NodeProcess:
+    """Start ``call`` (``module:function``, with ``args``) on ``host`` with ``modules``
+    shipped, and write the program to its stdin; the process's stdin stays open for
+    the caller. The interpreter is ``host.python``, else ``python`` (see
+    :func:`candidates`); the host's own env (hostfile/YAML) is applied, then ``env``.
+    Transport errors propagate (:class:`~corral.errors.TransportError`)."""
+    text = program(modules, call, *args)
+    argv = bootstrap_argv(host.python or python, call)
+    proc = await transport.start(host, argv, env={**host.env, **(env or {})}, cwd=cwd)
+    proc.write(stdin_payload(text))
+    return proc

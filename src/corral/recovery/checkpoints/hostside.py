@@ -1,9 +1,11 @@
 """What runs on a host to list, send and receive checkpoints (standard library only).
 
-Shipped with :mod:`corral.remote.python` together with
+Shipped over stdin with :mod:`corral.remote.python` together with
 ``corral.sdk._env``, ``corral.sdk._report`` and ``corral.sdk._checkpoint`` (see
 :data:`corral.recovery.checkpoints.SHIPPED`), so the host needs neither corral
-nor torch. The coordinator side is :mod:`corral.recovery.checkpoints`.
+nor torch; it reads its own input through ``sys.stdin.buffer`` only (what
+follows the program there). The coordinator side is the rest of
+:mod:`corral.recovery.checkpoints`.
 
 Only rank-0 checkpoints (``ckpt-{step:08d}.pt``, as written by
 ``sdk.save_checkpoint``) are handled. A checkpoint directory is resolved on the
@@ -35,8 +37,9 @@ Protocols (one process each):
 
 ``receive(directory, cwd, name, size, sha256)``
     reads exactly ``size`` bytes from stdin into a hidden temp file
-    ``.NAME.tmp-PID`` in the directory (never a checkpoint candidate, and removed
-    by the next ``save_checkpoint``), printing ``{"ack": BYTES}`` after every
+    ``.NAME.tmp-HOST-PID`` in the directory (never a checkpoint candidate, removed
+    by the next ``save_checkpoint``; the host name keeps the copies of hosts
+    sharing the directory apart), printing ``{"ack": BYTES}`` after every
     :data:`ACK_EVERY` bytes written. With ``sha256`` None the expected digest
     follows the data as a trailer line ``{"sha256": HEX}``. The digest is
     verified and the file checked to be a whole checkpoint, then ``fsync``,
@@ -220,7 +223,7 @@ def receive(
         return 1
     folder = _resolve(directory, cwd)
     final = os.path.join(folder, name)
-    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+    tmp = os.path.join(folder, f".{name}.tmp-{socket.gethostname()}-{os.getpid()}")
     previous = {signum: signal.signal(signum, _interrupt) for signum in _CLEANUP_SIGNALS}
     try:
         return _receive(out, folder, final, tmp, size, sha256)
