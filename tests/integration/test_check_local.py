@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from corral.checks import hostside
-from corral.remote.python import program, shell_argv
+from corral.remote.python import bootstrap_argv, program, stdin_payload
 
 from .conftest import run_corral
 
@@ -66,12 +66,11 @@ def test_shipped_program_runs_without_corral_installed(tmp_path: Path) -> None:
         ["corral.sync.fingerprint", "corral.checks.hostside"], "corral.checks.hostside:main", params
     )
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    argv, var = shell_argv(python)
     out = subprocess.run(
-        argv, env={**os.environ, var: text}, input="", capture_output=True, text=True, timeout=60
+        bootstrap_argv(python), input=stdin_payload(text), capture_output=True, timeout=60
     )
-    assert out.returncode == 0, out.stderr
-    facts = json.loads(out.stdout.splitlines()[0])
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    facts = json.loads(out.stdout.decode().splitlines()[0])
     assert facts["event"] == "facts"
     assert list(facts["code"]["tree"]["files"]) == ["a.py"]
     assert facts["software"]["python_executable"] == python

@@ -50,7 +50,7 @@ from corral.cli.run import (
 )
 from corral.cluster import load_cluster
 from corral.errors import ConfigError
-from corral.job.engine import parse_nproc
+from corral.job.resolve import parse_nproc
 from corral.plan.spec import DEFAULT_MASTER_PORT, LAUNCHERS
 from corral.transport.options import SshOptions
 
