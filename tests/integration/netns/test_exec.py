@@ -109,7 +109,8 @@ def test_timeout_kills_the_remote_command(testbed: Testbed) -> None:
     result = corral_exec(
         testbed, "--timeout", "5", "--", f'[ "$(hostname)" = tb1 ] && sleep {marker}; echo done'
     )
-    assert time.monotonic() - started < 20
+    # The bound is the behaviour (the 2000+ s sleep was not waited for); generous.
+    assert time.monotonic() - started < 5 + 60
     assert result.returncode == 1
     assert "2/3 hosts succeeded" in result.stderr
     row = next(line for line in result.stderr.splitlines() if line.startswith("tb1"))

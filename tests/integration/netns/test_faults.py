@@ -447,7 +447,7 @@ def test_corral_killed_then_rerun_resumes(healthy_testbed: Testbed, tmp_path: Pa
     w = Watched(args, tmp_path)
     w.wait_for(r"step 35/")
     w.proc.send_signal(signal.SIGKILL)
-    w.finish()
+    assert w.finish() == -signal.SIGKILL  # killed, not a clean exit it raced to
     # the agents notice the coordinator is gone and take everything down
     assert_nothing_left(tb, job)
     saved = steps_in(on_host(tb, "tb1", host_ckpt(job)))

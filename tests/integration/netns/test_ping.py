@@ -23,7 +23,9 @@ from ..conftest import REPO, run_corral
 pytestmark = pytest.mark.netns
 
 HOSTS = ("tb1", "tb2", "tb3")
-MARGIN = 5.0  # seconds allowed past a deadline (process start-up, teardown)
+#: Seconds allowed past a deadline (process start-up, teardown), generous for a loaded
+#: 2-core machine; still far below what a host without a deadline costs (TCP retries).
+MARGIN = 20.0
 # Deadlines: a host that answers must answer within them even on a loaded, shared CI box
 # (SSH round trips of 2.5 s were seen there); a cut link is only detected by them.
 HEALTHY = "60"
@@ -158,7 +160,7 @@ def test_cut_link_on_an_open_connection_returns_by_the_deadline(
     rounds, took = ping_with(healthy_testbed, timeout=SHORT, rounds=2, cut="tb3")
     assert failed_hosts(rounds[0]) == []
     last = rounds[1]
-    assert took < SHORT + KILL_GRACE + 1
+    assert took < SHORT + KILL_GRACE + MARGIN  # the bound is the behaviour
     assert failed_hosts(last) == ["tb3"]
     assert last["tb3"].cause == f"timed out after {SHORT:g}s"
     assert last["tb1"].ok and last["tb2"].ok

@@ -165,7 +165,9 @@ def test_cut_link_blackholes_the_host_and_restore_brings_it_back(
     tb.cut_link("tb3")
     assert connect_error("10.77.0.3", timeout=1.0) is TimeoutError  # hangs, no refusal
     probe = "import socket; socket.create_connection(('tb3', 22), timeout=1)"
-    assert tb.run_on("tb1", ["python3", "-c", probe]).returncode != 0
+    blocked = tb.run_on("tb1", ["python3", "-c", probe])
+    assert blocked.returncode == 1, blocked.stderr  # an uncaught exception
+    assert "TimeoutError" in blocked.stderr  # dropped, not refused
     assert not tb.status(timeout=0.5).healthy
     tb.restore_link("tb3")
     assert connect_error("10.77.0.3", timeout=3.0) is None
@@ -201,8 +203,9 @@ def test_dead_holder_is_half_up_and_down_cleans_it(healthy_testbed: Testbed) -> 
     state = json.loads(tb.state_file.read_text())
     holder = state["hosts"][0]["holder"]["pid"]
     os.kill(holder, 9)
-    deadline = time.monotonic() + 5
-    while pid_alive(holder) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while pid_alive(holder):
+        assert time.monotonic() < deadline, f"holder {holder} outlived SIGKILL"
         time.sleep(0.01)
     with pytest.raises(LaunchError, match=r"half up .*tb1: namespace holder process gone"):
         tb.up(3)
