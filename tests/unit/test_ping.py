@@ -207,6 +207,7 @@ def test_cancelling_the_ping_kills_started_commands() -> None:
         await transport.close()
 
     asyncio.run(main())
+    assert sorted(transport.nodes) == ["a", "b"]
     for node in transport.nodes.values():
         assert signal.SIGKILL in node.signals
 

@@ -111,6 +111,7 @@ def test_json_output(testbed: Testbed) -> None:
 
 def test_library_api_reuses_connections(testbed: Testbed) -> None:
     rounds, _ = ping_with(testbed, timeout=float(HEALTHY), rounds=2)
+    assert len(rounds) == 2
     for results in rounds:
         assert list(results) == list(HOSTS)
         assert failed_hosts(results) == []
