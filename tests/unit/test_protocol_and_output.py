@@ -1,4 +1,4 @@
-"""Agent frames and the log sink's prefixing."""
+"""Agent frames, the terminal output's prefixing and the coordinator's log files."""
 
 from __future__ import annotations
 
@@ -17,7 +17,27 @@ from corral.agent.protocol import (
     encode_event,
     encode_frame,
 )
-from corral.job.output import LogSink, format_progress
+from corral.job.logfiles import LogFiles
+from corral.job.output import TerminalOutput, format_progress
+
+
+class LogSink:
+    """What the supervisor does with a chunk: the log file, then the terminal."""
+
+    def __init__(self, log_dir: Path, hosts: list[str], **kw: object) -> None:
+        self.files = LogFiles(log_dir)
+        self.out = TerminalOutput(hosts, **kw)  # type: ignore[arg-type]
+
+    def lines(self, host: str, rank: int, data: bytes) -> None:
+        self.files.write(host, rank, data)
+        self.out.lines(host, rank, data)
+
+    def report(self, host: str, event: dict[str, object]) -> None:
+        self.out.report(host, event)
+
+    def close(self) -> None:
+        self.out.close()
+        self.files.close()
 
 
 def test_frame_roundtrip() -> None:

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from corral.agent.protocol import NODE, encode_event
 from corral.cluster import Cluster, Host
-from corral.job.output import LogSink
+from corral.job.logfiles import LogFiles
+from corral.job.output import TerminalOutput
 from corral.job.states import JobState, NodeState
 from corral.job.summary import print_report
 from corral.job.supervisor import (
@@ -66,11 +67,12 @@ async def run_sup(
 ) -> tuple[object, bytes, str]:
     out = io.BytesIO()
     console = Console(file=io.StringIO(), width=200)
-    sink = LogSink(tmp_path / "logs", list(HOSTS), stream=out, live=False, console=console)
+    sink = TerminalOutput(list(HOSTS), stream=out, live=False, console=console)
     sup = Supervisor(
         _commands(),
         transport,
-        sink,
+        sink.on_event,
+        logs=LogFiles(tmp_path / "logs"),
         job_id="j",
         agent_argv=lambda h: ["python3", "-m", "corral.agent"],
         heartbeat_interval=0.05,
@@ -201,8 +203,7 @@ def test_interrupt_stops_once_then_kills(tmp_path: Path) -> None:
 
     async def main() -> tuple[object, dict[str, FakeNode]]:
         transport = FakeTransport({h: stubborn for h in HOSTS})
-        sink = LogSink(
-            tmp_path / "logs",
+        sink = TerminalOutput(
             list(HOSTS),
             stream=io.BytesIO(),
             live=False,
@@ -211,7 +212,8 @@ def test_interrupt_stops_once_then_kills(tmp_path: Path) -> None:
         sup = Supervisor(
             _commands(),
             transport,
-            sink,
+            sink.on_event,
+            logs=LogFiles(tmp_path / "logs"),
             job_id="j",
             agent_argv=lambda h: ["x"],
             heartbeat_interval=0.05,

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import signal
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from corral.checks.context import DEFAULT_MIN_FREE_GB
+from corral.checks.render import print_report as print_checklist
+from corral.checks.render import problems, verdict
+from corral.checks.result import Status
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
@@ -24,11 +28,25 @@ from corral.cli.common import (
     require_hosts,
 )
 from corral.cluster import load_cluster
+from corral.cluster.model import Cluster
 from corral.errors import ConfigError
-from corral.job.engine import LaunchOptions, prepare, run_job
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS
+from corral.job.engine import Job, dry_run
+from corral.job.events import Checked, Finished
+from corral.job.options import (
+    CheckpointPolicy,
+    CheckPolicy,
+    RestartPolicy,
+    SupervisionPolicy,
+    SyncPolicy,
+)
+from corral.job.output import TerminalOutput
+from corral.job.resolve import new_job_id, parse_env, parse_nproc
+from corral.job.summary import attempts_table, print_report
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.recovery.restart import AttemptRecord
+from corral.redact import redact_env
 from corral.remote.python import candidates
 from corral.transport.options import SshOptions
 
@@ -95,8 +113,9 @@ EnvOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--env",
-        help="K=V set for every rank (repeatable). Nothing else of this "
-        "shell's environment is forwarded.",
+        help="K=V set for every rank (repeatable); a bare K forwards this shell's value "
+        "of K (keeps a secret off the command line). Nothing else of this shell's "
+        "environment is forwarded.",
         rich_help_panel=_L,
     ),
 ]
@@ -311,13 +330,102 @@ ScriptArg = Annotated[
 ]
 
 
-def _options(
-    hosts: str | None, ssh: SshOptions, command: list[str] | None, **launch: Any
-) -> LaunchOptions:
-    """LaunchOptions from the CLUSTER options, SCRIPT [ARGS] and the LAUNCH options."""
-    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
-    launch["env"] = list(launch.get("env") or [])
-    return LaunchOptions(cluster=cluster, ssh=ssh, command=list(command or []), **launch)
+SecretEnvOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--secret-env",
+        help="An --env key whose value is secret although its name does not say so "
+        "(names with TOKEN, SECRET, PASSWORD or KEY always are): its value reaches the "
+        "ranks but is redacted in plan.json, spec.json, `corral plan` and every log. "
+        "Repeatable.",
+        rich_help_panel=_L,
+    ),
+]
+
+
+def _spec(
+    cluster: Cluster,
+    command: list[str] | None,
+    *,
+    launcher: str,
+    python: str | None,
+    nproc_per_node: str | None,
+    master_addr: str | None,
+    master_port: int,
+    workdir: str | None,
+    env: list[str] | None,
+    secret_env: list[str] | None,
+    nccl_interface: str | None,
+    gloo_interface: str | None,
+    timeout: float | None,
+    checkpoint_dir: str | None,
+    run_dir: str,
+    rdzv_timeout: float,
+    job_id: str | None,
+) -> JobSpec:
+    """The JobSpec of SCRIPT [ARGS] and the LAUNCH options."""
+    if not command:
+        raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
+    if launcher not in LAUNCHERS:
+        raise ConfigError(
+            f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}",
+            option="--launcher",
+        )
+    script, *args = command
+    return JobSpec(
+        script=script,
+        args=tuple(args),
+        launcher="torchrun" if launcher == "torchrun" else "python",
+        job_id=job_id or new_job_id(),
+        python=python,
+        nproc_per_node=parse_nproc(nproc_per_node, cluster),
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=parse_env(env or []),
+        secret_env=tuple(secret_env or ()),
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        timeout=timeout,
+        checkpoint_dir=checkpoint_dir,
+        rdzv_timeout=rdzv_timeout,
+        run_dir=run_dir,
+    )
+
+
+def _show_checked(event: Checked, console: Console) -> None:
+    """The pre-flight report: every problem when it blocks, warnings, the verdict."""
+    report = event.report
+    if event.blocking:
+        print_checklist(console, report)
+        return
+    if report.overall_status is Status.WARN:
+        problems(console, report)
+    console.print(verdict(report, "pre-flight "))
+
+
+def _show_finished(event: Finished, console: Console) -> None:
+    """The summary table and root cause; the attempts table after a restart."""
+    result = event.result
+    if not result.nodes:
+        console.print(f"job {result.job_id}: {event.state.value} before launch", style="yellow")
+        return
+    print_report(result, console)
+    if len(result.attempts) > 1:
+        console.print(attempts_table([AttemptRecord(**a) for a in result.attempts]))
+
+
+async def _drive(job: Job) -> int:
+    """Run ``job`` with Ctrl-C / SIGTERM mapped to ``job.stop()``; its exit code."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, job.stop)
+    try:
+        result = await job.run()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return result.exit_code
 
 
 def run(
@@ -336,6 +444,7 @@ def run(
     master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
     workdir: WorkdirOpt = None,
     env: EnvOpt = None,
+    secret_env: SecretEnvOpt = None,
     nccl_interface: NcclOpt = None,
     gloo_interface: GlooOpt = None,
     timeout: TimeoutOpt = None,
@@ -366,7 +475,24 @@ def run(
     lost; 3 the job could not start; 2 bad options or hostfile. With --max-restarts,
     the code of the last attempt.
     """
-    _check_fault_options(max_restarts, restart_backoff, min_nodes, host_timeout, hang_timeout)
+    policies = dict(
+        restarts=RestartPolicy(max_restarts, restart_backoff, min_nodes),
+        supervision=SupervisionPolicy(grace, host_timeout, hang_timeout),
+        checks=CheckPolicy(
+            enabled=not no_preflight,
+            smoke_test=smoke_test,
+            min_free_gb=min_free_gb,
+            consistency_threshold=consistency_threshold,
+            exclude_divergent=exclude_divergent,
+            code_dir=code_dir,
+        ),
+        sync=SyncPolicy(push=sync, script=sync_script, source=code_dir),
+        checkpoints=CheckpointPolicy(checkpoint_dir, replicate_checkpoints)
+        if checkpoint_dir
+        else CheckpointPolicy(),
+    )
+    if replicate_checkpoints and not checkpoint_dir:
+        CheckpointPolicy(None, True)  # raises: --replicate-checkpoints needs --checkpoint-dir
     ssh = SshOptions(
         user=ssh_user,
         key=ssh_key,
@@ -375,9 +501,9 @@ def run(
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
     )
-    opts = _options(
-        hosts,
-        ssh,
+    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
+    spec = _spec(
+        cluster,
         command,
         launcher=launcher,
         python=python,
@@ -386,61 +512,25 @@ def run(
         master_port=master_port,
         workdir=workdir,
         env=env,
+        secret_env=secret_env,
         nccl_interface=nccl_interface,
         gloo_interface=gloo_interface,
         timeout=timeout,
         checkpoint_dir=checkpoint_dir,
         run_dir=run_dir,
-        grace=grace,
         rdzv_timeout=rdzv_timeout,
         job_id=job_id,
-        preflight=not no_preflight,
-        smoke_test=smoke_test,
-        min_free_gb=min_free_gb,
-        consistency_threshold=consistency_threshold,
-        exclude_divergent=exclude_divergent,
-        code_dir=code_dir,
-        sync=sync,
-        sync_script=sync_script,
-        max_restarts=max_restarts,
-        restart_backoff=restart_backoff,
-        min_nodes=min_nodes,
-        host_timeout=host_timeout,
-        hang_timeout=hang_timeout,
-        replicate_checkpoints=replicate_checkpoints,
     )
-    if min_nodes is not None and min_nodes > len(opts.cluster.hosts):
-        raise ConfigError(
-            f"{min_nodes} is more than the {len(opts.cluster.hosts)} hosts of the cluster",
-            option="--min-nodes",
-        )
-    if not 0.0 < consistency_threshold <= 1.0:
-        raise ConfigError(
-            f"must be in (0, 1] (got {consistency_threshold:g})", option="--consistency-threshold"
-        )
-    result = asyncio.run(run_job(opts))
-    raise typer.Exit(result.exit_code)
-
-
-def _check_fault_options(
-    max_restarts: int,
-    backoff: float,
-    min_nodes: int | None,
-    host_timeout: float,
-    hang_timeout: float | None,
-) -> None:
-    if max_restarts < 0:
-        raise ConfigError(f"must be 0 or more (got {max_restarts})", option="--max-restarts")
-    if not backoff >= 0:
-        raise ConfigError(
-            f"must be 0 or more seconds (got {backoff:g})", option="--restart-backoff"
-        )
-    if min_nodes is not None and min_nodes < 1:
-        raise ConfigError(f"must be at least 1 (got {min_nodes})", option="--min-nodes")
-    if not host_timeout > 0:
-        raise ConfigError(f"must be more than 0 s (got {host_timeout:g})", option="--host-timeout")
-    if hang_timeout is not None and not hang_timeout > 0:
-        raise ConfigError(f"must be more than 0 s (got {hang_timeout:g})", option="--hang-timeout")
+    job = Job(spec, cluster, ssh=ssh, **policies)  # type: ignore[arg-type]
+    output = TerminalOutput(
+        [h.name for h in cluster.hosts], on_finish=_show_finished, on_checked=_show_checked
+    )
+    job.subscribe(output.on_event)
+    try:
+        code = asyncio.run(_drive(job))
+    finally:
+        output.close()
+    raise typer.Exit(code)
 
 
 def plan(
@@ -455,6 +545,7 @@ def plan(
     master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
     workdir: WorkdirOpt = None,
     env: EnvOpt = None,
+    secret_env: SecretEnvOpt = None,
     nccl_interface: NcclOpt = None,
     gloo_interface: GlooOpt = None,
     checkpoint_dir: CheckpointOpt = None,
@@ -463,10 +554,13 @@ def plan(
     job_id: JobIdOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Print the exact per-node command and environment `corral run` would use (dry run)."""
-    opts = _options(
-        hosts,
-        SshOptions(user=ssh_user, port=ssh_port),
+    """Print the exact per-node command and environment `corral run` would use (dry run).
+
+    Secret values (see --secret-env) are redacted.
+    """
+    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh_user, ssh_port=ssh_port)
+    spec = _spec(
+        cluster,
         command,
         launcher=launcher,
         python=python,
@@ -475,19 +569,21 @@ def plan(
         master_port=master_port,
         workdir=workdir,
         env=env,
+        secret_env=secret_env,
         nccl_interface=nccl_interface,
         gloo_interface=gloo_interface,
+        timeout=None,
         checkpoint_dir=checkpoint_dir,
         run_dir=run_dir,
         rdzv_timeout=rdzv_timeout,
         job_id=job_id,
     )
-    prepared = prepare(opts, dry_run=True)
+    prepared = dry_run(spec, cluster)
     if as_json:
         doc = {
             "job_id": prepared.spec.job_id,
             "launcher": prepared.spec.launcher,
-            "nodes": [c.to_json() for c in prepared.commands],
+            "nodes": [c.to_json(redact=True) for c in prepared.commands],
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
@@ -506,16 +602,17 @@ def plan(
             if cmd.ranks
             else f"{cmd.nproc} (assigned at rendezvous)"
         )
+        env_shown = redact_env(cmd.env, cmd.secret_env)
         table.add_row(
             str(cmd.node_rank),
             cmd.host.name,
             ranks,
             cmd.cwd,
             shlex.join(cmd.argv),
-            "\n".join(f"{k}={v}" for k, v in cmd.env.items()),
+            "\n".join(f"{k}={v}" for k, v in env_shown.items()),
         )
     console.print(table)
-    if not opts.cluster.is_local and python is None:
+    if not cluster.is_local and python is None:
         tried = " if it exists there, else ".join(candidates(None))
         console.print(
             f"python3 above is resolved per host at launch: {tried} (or pass --python)",

@@ -1,8 +1,23 @@
-"""From CLI options to a supervised job: validate, resolve, plan, run, report.
+"""The job engine: one job from spec to result, driven by the CLI or a server.
 
-``prepare`` turns options into a JobSpec and its plan (with ``dry_run`` it
-touches nothing); ``run_job`` executes that plan through the right transport
-and writes ``<run_dir>/<job-id>/`` (plan.json, result.json, logs/).
+Build a :class:`Job` from a :class:`~corral.plan.spec.JobSpec`, a
+:class:`~corral.cluster.model.Cluster` and typed policies
+(:mod:`corral.job.options`), :meth:`Job.subscribe` to its
+:mod:`~corral.job.events`, :meth:`Job.start` it (or ``await job.run()``) and
+:meth:`Job.stop` it. One :class:`~corral.job.states.JobMachine` holds the job's
+state across attempts and drives the decisions::
+
+    PENDING -> PREPARING  sync (--sync, --sync-script), the pre-flight checklist and,
+                          on SSH hosts, the node agents started and probed meanwhile
+            -> STARTING -> RUNNING -> STOPPING   one attempt (the Supervisor)
+            -> RESTARTING  backoff, lost hosts dropped, re-plan, checkpoint placed
+            -> STARTING ...                      the next attempt
+            -> SUCCEEDED | FAILED | TIMED_OUT | CANCELLED
+
+Everything is written under ``<run_dir>/<job-id>/`` (private to the user):
+``plan.json`` and ``job.json`` (secret env values redacted), ``attempts.json``,
+``result.json`` and ``logs/``. The engine installs no signal handler and prints
+nothing: the CLI subscribes a terminal renderer and maps Ctrl-C to :meth:`stop`.
 """
 
 from __future__ import annotations
@@ -10,238 +25,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import json
-import os
-import secrets
-import shutil
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console
-
-from corral.agent.probe import try_bind
-from corral.checks.context import DEFAULT_MIN_FREE_GB
+from corral.checks.result import ChecklistReport
 from corral.cluster.model import Cluster, Host
-from corral.errors import ConfigError, CorralError, LaunchError
-from corral.job.agents import start_agents
-from corral.job.output import LogSink, say
-from corral.job.states import JobState, NodeState
-from corral.job.summary import attempts_table, print_report
-from corral.job.supervisor import EXIT_INTERRUPTED, JobResult, Supervisor
+from corral.errors import ConfigError, CorralError
+from corral.job.agents import abort, start_agents
+from corral.job.events import (
+    AttemptEnded,
+    AttemptStarted,
+    Checked,
+    Finished,
+    JobEvent,
+    Level,
+    Message,
+    StateChanged,
+    Subscriber,
+)
+from corral.job.logfiles import LogFiles, private_dir, write_private
+from corral.job.options import (
+    CheckpointPolicy,
+    CheckPolicy,
+    RestartPolicy,
+    SupervisionPolicy,
+    SyncPolicy,
+)
+from corral.job.resolve import Prepared, plan_attempt, resolve
+from corral.job.result import EXIT_INTERRUPTED, JobResult
+from corral.job.states import JobMachine, JobState, NodeState
+from corral.job.supervisor import Supervisor
 from corral.plan.render import master_index, plan_job
-from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec, Launcher, NodeCommand
-from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.plan.spec import JobSpec
 from corral.recovery.keeper import CheckpointKeeper
-from corral.recovery.restart import AttemptLog, RestartPolicy, decide
+from corral.recovery.restart import AttemptLog, decide
 from corral.transport.base import NodeProcess, Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
 
-
-@dataclass
-class LaunchOptions:
-    """Everything ``corral run`` / ``corral plan`` was given."""
-
-    cluster: Cluster
-    command: list[str]
-    ssh: SshOptions = field(default_factory=SshOptions)
-    launcher: str = "torchrun"
-    python: str | None = None
-    nproc_per_node: str | None = None
-    master_addr: str | None = None
-    master_port: int = 29500
-    workdir: str | None = None
-    env: list[str] = field(default_factory=list)
-    nccl_interface: str | None = None
-    gloo_interface: str | None = None
-    timeout: float | None = None
-    checkpoint_dir: str | None = None
-    run_dir: str = "runs"
-    grace: float = 10.0
-    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
-    job_id: str | None = None
-    preflight: bool = True  # run the pre-flight checklist first (--no-preflight skips it)
-    smoke_test: bool = False  # include the collective smoke test in the pre-flight
-    min_free_gb: float = DEFAULT_MIN_FREE_GB
-    consistency_threshold: float = 1.0
-    exclude_divergent: bool = False
-    code_dir: str | None = None
-    sync: bool = False  # push the code tree (corral sync) before the pre-flight
-    sync_script: str | None = None  # a user sync script run before the pre-flight
-    max_restarts: int = 0  # restarts after a failed rank, a lost host or a hang
-    restart_backoff: float = 1.0  # seconds before the first restart (doubled each time)
-    min_nodes: int | None = None  # fewest hosts to restart on (None: all of them)
-    host_timeout: float = DEFAULT_HOST_TIMEOUT  # silence after which a host is lost
-    hang_timeout: float | None = None  # seconds without progress (None: auto, see hang.py)
-    replicate_checkpoints: bool = False  # keep a copy of each new checkpoint here
-    stream: Any = None  # bytes sink for job output (tests); default stdout
-    console: Console | None = None  # where corral's own messages go; default stderr
+__all__ = ["Job", "Prepared", "dry_run", "job_json", "result_json"]
 
 
-@dataclass
-class Prepared:
-    """A validated spec and its plan."""
-
-    spec: JobSpec
-    commands: list[NodeCommand]
-    job_dir: Path
-    attempt: int = 0
+def dry_run(spec: JobSpec, cluster: Cluster) -> Prepared:
+    """The plan of attempt 0 without touching anything (``corral plan``)."""
+    return plan_attempt(resolve(spec, cluster, dry_run=True), cluster)
 
 
-def new_job_id() -> str:
-    """A sortable, unique job id such as ``20261122-031502-7f3a``."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-
-
-def parse_env(items: list[str]) -> dict[str, str]:
-    """``K=V`` strings to a dict; ConfigError naming the bad item."""
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{item!r} is not KEY=VALUE", option="--env")
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise ConfigError(f"{key!r} is not a valid environment variable name", option="--env")
-        env[key] = value
-    return env
-
-
-def _count_local_gpus() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def parse_nproc(value: str | None, cluster: Cluster) -> int | None:
-    """``--nproc-per-node``: an int >= 1, 'auto' (GPUs or slots), or None (slots)."""
-    if value is None:
-        return None
-    if value == "auto":
-        gpus = _count_local_gpus() if cluster.is_local else 0
-        return gpus or None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
-        ) from None
-    if number < 1:
-        raise ConfigError(f"must be at least 1 (got {number})", option="--nproc-per-node")
-    return number
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    port, error = try_bind(0, host)
-    if port is None:
-        raise LaunchError(f"cannot find a free port on {host}: {error}")
-    return port
-
-
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """LaunchError if ``port`` cannot be bound on ``host`` (already taken)."""
-    _, error = try_bind(port, host)
-    if error is not None:
-        why = str(error)
-        if error.errno == errno.EADDRINUSE:
-            from corral.checks.hostside import describe_holders, port_holders
-
-            holders = port_holders(port)
-            why = "already in use" + (" by " + describe_holders(holders) if holders else "")
-        raise LaunchError(
-            f"master port {port} on {host} is {why}; pass another --master-port, "
-            "or --master-port 0 to pick a free one"
-        ) from error
-
-
-def prepare(opts: LaunchOptions, *, dry_run: bool = False, attempt: int = 0) -> Prepared:
-    """Validate options, resolve what must be resolved, and plan every node."""
-    if not opts.command:
-        raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
-    if opts.launcher not in LAUNCHERS:
-        raise ConfigError(
-            f"unknown launcher {opts.launcher!r}; choose one of {', '.join(LAUNCHERS)}",
-            option="--launcher",
-        )
-    cluster = opts.cluster
-    script, *args = opts.command
-    if cluster.is_local:
-        if not os.path.isfile(script):
-            raise ConfigError(f"script {script} not found (looked in {os.getcwd()})")
-        script = os.path.abspath(script)
-    run_dir = os.path.abspath(opts.run_dir)
-    master_port = opts.master_port
-    if master_port < 0 or master_port > 65535:
-        raise ConfigError(f"{master_port} is not a TCP port", option="--master-port")
-    if cluster.is_local and not dry_run:
-        if master_port == 0:
-            master_port = free_port()
-        else:
-            check_port_free(master_port)
-    python = opts.python
-    if python is None and cluster.is_local:
-        python = sys.executable  # remote hosts: resolved by the launch probe
-    checkpoint_dir = opts.checkpoint_dir
-    if checkpoint_dir and cluster.is_local:
-        checkpoint_dir = os.path.abspath(checkpoint_dir)
-    workdir = opts.workdir
-    if workdir and cluster.is_local:
-        workdir = os.path.abspath(workdir)
-        if not os.path.isdir(workdir):
-            raise ConfigError(f"directory {workdir} does not exist", option="--workdir")
-    launcher: Launcher = "torchrun" if opts.launcher == "torchrun" else "python"
-    spec = JobSpec(
-        script=script,
-        args=tuple(args),
-        launcher=launcher,
-        job_id=opts.job_id or new_job_id(),
-        python=python,
-        nproc_per_node=parse_nproc(opts.nproc_per_node, cluster),
-        master_addr=opts.master_addr,
-        master_port=master_port,
-        workdir=workdir,
-        env=parse_env(opts.env),
-        nccl_interface=opts.nccl_interface,
-        gloo_interface=opts.gloo_interface,
-        timeout=opts.timeout,
-        checkpoint_dir=checkpoint_dir,
-        # local:N shares one filesystem: the keeper keeps no replica there
-        replicate_checkpoints=bool(
-            opts.replicate_checkpoints and checkpoint_dir and not cluster.is_local
-        ),
-        rdzv_timeout=opts.rdzv_timeout,
-        run_dir=run_dir,
-    )
-    commands = plan_job(spec, cluster, attempt)
-    return Prepared(
-        spec=spec, commands=commands, job_dir=Path(run_dir) / spec.job_id, attempt=attempt
-    )
-
-
-def make_transport(opts: LaunchOptions) -> Transport:
-    """LocalTransport for ``local:N``; the SSH transport otherwise."""
-    return transport_for(opts.cluster, opts.ssh)
-
-
-def _agent_argv(spec: JobSpec) -> Any:
-    def argv(host: Host) -> list[str]:
-        return [host.python or spec.python or "python3", "-m", "corral.agent"]
-
-    return argv
-
-
-def job_json(prepared: Prepared, opts: LaunchOptions) -> dict[str, Any]:
-    """What ``corral logs`` needs later to find the job's hosts again (no secrets)."""
+def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
+    """What ``corral logs`` needs later to find the job's hosts again (no secrets:
+    the SSH password is never known here, only the name of its variable)."""
     return {
         "job_id": prepared.spec.job_id,
         "hosts": [
@@ -257,20 +91,24 @@ def job_json(prepared: Prepared, opts: LaunchOptions) -> dict[str, Any]:
             for c in prepared.commands
         ],
         "ssh": {
-            "user": opts.ssh.user,
-            "key": opts.ssh.key,
-            "port": opts.ssh.port,
-            "config": opts.ssh.config,
-            "password_env": opts.ssh.password_env,
+            "user": ssh.user,
+            "key": ssh.key,
+            "port": ssh.port,
+            "config": ssh.config,
+            "password_env": ssh.password_env,
         },
         "launcher": prepared.spec.launcher,
         "command": [prepared.spec.script, *prepared.spec.args],
     }
 
 
-def _write_json(path: Path, data: Any) -> None:
-    with contextlib.suppress(OSError):
-        path.write_text(json.dumps(data, indent=2, default=str))
+def plan_json(prepared: Prepared) -> dict[str, Any]:
+    """``plan.json``: every node's command, secret env values redacted."""
+    return {
+        "job_id": prepared.spec.job_id,
+        "launcher": prepared.spec.launcher,
+        "nodes": [c.to_json(redact=True) for c in prepared.commands],
+    }
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -299,243 +137,536 @@ def result_json(result: JobResult) -> dict[str, Any]:
     }
 
 
-async def start_remote(
-    prepared: Prepared, opts: LaunchOptions, transport: Transport, *, check_port: bool = True
-) -> tuple[Prepared, dict[str, NodeProcess]]:
-    """Start and probe every SSH host's agent (interpreter, torch, workdir, master
-    port unless ``check_port`` is False; port 0 is always resolved) and re-plan
-    with what they found. Nothing is launched if a host is not ready."""
-    spec = prepared.spec
-    cluster = opts.cluster
-    master_addr = spec.master_addr or cluster.hosts[0].address
-    master = cluster.hosts[master_index(cluster, master_addr)]
-    started = await start_agents(
-        transport,
-        cluster.hosts,
-        python=opts.python,
-        workdir=prepared.commands[0].cwd,  # --workdir, or this machine's current directory
-        workdir_given=spec.workdir is not None,
-        master=master,
-        master_port=spec.master_port if check_port or spec.master_port == 0 else None,
-        need_torch=spec.launcher == "torchrun",
-    )
-    resolved = Cluster(
-        tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
-        source=cluster.source,
-    )
-    if spec.master_port == 0:
-        port = started[master.name][1].port
-        assert port is not None
-        spec = dataclasses.replace(spec, master_port=port)
-    planned = Prepared(
-        spec=spec,
-        commands=plan_job(spec, resolved, prepared.attempt),
-        job_dir=prepared.job_dir,
-        attempt=prepared.attempt,
-    )
-    return planned, {name: proc for name, (proc, _) in started.items()}
+def _write_json(path: Any, data: Any) -> None:
+    with contextlib.suppress(OSError):
+        write_private(path, json.dumps(data, indent=2, default=str))
 
 
-async def run_job(opts: LaunchOptions) -> JobResult:
-    """Prepare, sync and check (unless told not to), launch, supervise and report one job."""
-    prepared = prepare(opts)
-    transport = make_transport(opts)
-    try:
-        console = opts.console or Console(stderr=True)
-        history = AttemptLog.load(prepared.job_dir)
-        if history.records:
-            opts = dataclasses.replace(opts, job_id=prepared.spec.job_id)
-            prepared = prepare(opts, attempt=history.next_number)
-        sync = await _sync(prepared, opts, console)
-        started: dict[str, NodeProcess] = {}
-        if opts.cluster.is_local:
-            if opts.preflight:
-                opts, prepared = await _checked(prepared, opts, transport, console, sync)
-        elif opts.preflight:
-            opts, prepared, started = await _checked_remote(
-                prepared, opts, transport, console, sync
+class Job:
+    """One job: its spec, cluster and policies, its state, its subscribers."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        cluster: Cluster,
+        *,
+        ssh: SshOptions | None = None,
+        checks: CheckPolicy | None = None,
+        sync: SyncPolicy | None = None,
+        restarts: RestartPolicy | None = None,
+        checkpoints: CheckpointPolicy | None = None,
+        supervision: SupervisionPolicy | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        self.checks = checks or CheckPolicy()
+        self.sync = sync or SyncPolicy()
+        self.restarts = restarts or RestartPolicy()
+        self.checkpoints = checkpoints or CheckpointPolicy()
+        self.supervision = supervision or SupervisionPolicy()
+        self.ssh = ssh or SshOptions()
+        if self.restarts.min_nodes is not None and self.restarts.min_nodes > len(cluster.hosts):
+            raise ConfigError(
+                f"{self.restarts.min_nodes} is more than the {len(cluster.hosts)} hosts "
+                "of the cluster",
+                option="--min-nodes",
             )
-        else:
-            prepared, started = await start_remote(prepared, opts, transport)
-        return await _run_attempts(prepared, opts, transport, started, history, console)
-    finally:
-        await transport.close()
+        if self.checkpoints.directory:
+            spec = dataclasses.replace(
+                spec,
+                checkpoint_dir=self.checkpoints.directory,
+                replicate_checkpoints=self.checkpoints.replicate,
+            )
+        self.spec = spec
+        self.cluster = cluster
+        self.python = spec.python  # as given; remote hosts resolve their own
+        self._requested_port = spec.master_port
+        self.job_id = spec.job_id
+        self._transport = transport
+        self._subscribers: list[Subscriber] = []
+        self.machine = JobMachine(self._state_changed)
+        self.attempt = 0
+        self._supervisor: Supervisor | None = None
+        self._preparing: asyncio.Task[Any] | None = None
+        self._cancelled = asyncio.Event() if _loop_running() else None
+        self._stops = 0
+        self._task: asyncio.Task[JobResult] | None = None
+
+    # -- the API ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> JobState:
+        """Where the job is (see :mod:`corral.job.states`)."""
+        return self.machine.state
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Send every later event to ``subscriber`` (in order, on the event loop)."""
+        self._subscribers.append(subscriber)
+
+    def start(self) -> asyncio.Task[JobResult]:
+        """Start the job on the running event loop; the task's result is the JobResult
+        (or the CorralError that kept it from starting)."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self.run())
+        return self._task
+
+    async def wait(self) -> JobResult:
+        """Wait for the started job to end."""
+        return await self.start()
+
+    def stop(self) -> None:
+        """Stop the job: before launch it is cancelled, during an attempt every node is
+        torn down (SIGTERM, SIGKILL after the grace period); a second call kills now."""
+        self._stops += 1
+        if self._cancelled is not None:
+            self._cancelled.set()
+        if self._supervisor is not None and not self.machine.launching:
+            self._supervisor.interrupt()
+        elif self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
+
+    async def run(self) -> JobResult:
+        """Prepare, launch, supervise, restart as the policy allows; the last attempt's
+        result. Errors before launch (bad input, a failed check, a host that is not
+        ready) raise the CorralError after the job moved to FAILED."""
+        if self._cancelled is None:
+            self._cancelled = asyncio.Event()
+        transport = self._transport or transport_for(self.cluster, self.ssh)
+        try:
+            return await self._run(transport)
+        finally:
+            if self._transport is None:
+                await transport.close()
+
+    # -- events -------------------------------------------------------------------------
+
+    def emit(self, event: JobEvent) -> None:
+        """Hand ``event`` to every subscriber."""
+        for subscriber in self._subscribers:
+            subscriber(event)
+
+    def _say(self, text: str, level: Level = "info") -> None:
+        self.emit(Message(job_id=self.job_id, text=text, level=level))
+
+    def _state_changed(self, old: JobState, new: JobState, reason: str) -> None:
+        self.emit(
+            StateChanged(
+                job_id=self.job_id, old=old, state=new, attempt=self.attempt, reason=reason
+            )
+        )
+
+    def _checked(self, report: ChecklistReport, blocking: bool) -> None:
+        self.emit(Checked(job_id=self.job_id, report=report, blocking=blocking))
+
+    # -- the run ------------------------------------------------------------------------
+
+    async def _run(self, transport: Transport) -> JobResult:
+        try:
+            prepared = plan_attempt(resolve(self.spec, self.cluster), self.cluster)
+            self.spec = prepared.spec
+            private_dir(prepared.job_dir)
+            history = AttemptLog.load(prepared.job_dir)
+            if history.records:
+                prepared = plan_attempt(prepared.spec, self.cluster, history.next_number)
+            self.attempt = prepared.attempt
+            self.machine.to(JobState.PREPARING)
+            self._preparing = asyncio.ensure_future(self._prepare(prepared, transport))
+            prepared, started = await self._preparing
+        except asyncio.CancelledError:
+            if not (self._cancelled and self._cancelled.is_set()):
+                raise
+            self.machine.to(JobState.CANCELLED, "stopped before launch")
+            return self._finish(self._empty_result(JobState.CANCELLED, EXIT_INTERRUPTED))
+        except CorralError as exc:
+            self.machine.to(JobState.FAILED, str(exc))
+            raise
+        finally:
+            self._preparing = None
+        if self._cancelled is not None and self._cancelled.is_set():
+            await _abort_all(started.values())
+            self.machine.to(JobState.CANCELLED, "stopped before launch")
+            return self._finish(self._empty_result(JobState.CANCELLED, EXIT_INTERRUPTED))
+        return self._finish(await self._attempts(prepared, transport, started, history))
+
+    async def _prepare(
+        self, prepared: Prepared, transport: Transport
+    ) -> tuple[Prepared, dict[str, NodeProcess]]:
+        """Sync, check and start the agents; the plan to launch and the agents started."""
+        sync: dict[str, Any] | None = None
+        if self.sync.enabled and not self.cluster.is_local:
+            from corral.job.presync import sync_before_launch
+
+            sync = await sync_before_launch(
+                self.sync,
+                prepared.spec,
+                self.cluster,
+                self.ssh,
+                self.python,
+                checked=self.checks.enabled,
+                say=self._say,
+            )
+        if self.cluster.is_local:
+            if self.checks.enabled:
+                prepared = await self._checked_local(prepared, transport, sync)
+            return prepared, {}
+        if self.checks.enabled:
+            return await self._checked_remote(prepared, transport, sync)
+        return await self._start_remote(prepared, self.cluster, transport)
+
+    async def _checklist(self, prepared: Prepared, transport: Transport, sync: Any) -> Any:
+        from corral.job.preflight import checklist_options, preflight
+
+        options = checklist_options(
+            self.checks, prepared.spec, self.cluster, self.ssh, self.python, sync
+        )
+        return await preflight(options, transport, prepared.spec.run_dir, self._checked)
+
+    def _replan(self, prepared: Prepared, cluster: Cluster) -> Prepared:
+        """The same attempt on a changed cluster (hosts dropped, interfaces set)."""
+        self.cluster = cluster
+        return plan_attempt(prepared.spec, cluster, prepared.attempt)
+
+    async def _checked_local(self, prepared: Prepared, transport: Transport, sync: Any) -> Prepared:
+        from corral.job.preflight import apply
+
+        outcome = await self._checklist(prepared, transport, sync)
+        cluster = apply(outcome, self.cluster)
+        return prepared if cluster == self.cluster else self._replan(prepared, cluster)
+
+    async def _checked_remote(
+        self, prepared: Prepared, transport: Transport, sync: Any
+    ) -> tuple[Prepared, dict[str, NodeProcess]]:
+        """The checklist and the agents' start-up at the same time (both are a Python
+        start on every host): nothing is launched until the checklist passed. The
+        checklist tests the master port, so the agents do not (port 0 excepted)."""
+        from corral.job.preflight import apply
+
+        checks = asyncio.ensure_future(self._checklist(prepared, transport, sync))
+        agents = asyncio.ensure_future(
+            self._start_remote(prepared, self.cluster, transport, check_port=False)
+        )
+        outcome: Any
+        started_agents: Any
+        try:
+            outcome, started_agents = await asyncio.gather(checks, agents, return_exceptions=True)
+        except asyncio.CancelledError:
+            checks.cancel()
+            agents.cancel()
+            done = await asyncio.gather(agents, return_exceptions=True)
+            if not isinstance(done[0], BaseException):
+                await _abort_all(done[0][1].values())
+            raise
+        if isinstance(outcome, BaseException) or isinstance(started_agents, BaseException):
+            if not isinstance(started_agents, BaseException):
+                await _abort_all(started_agents[1].values())
+            error = outcome if isinstance(outcome, BaseException) else started_agents
+            assert isinstance(error, BaseException)
+            raise error
+        planned, started = started_agents
+        cluster = apply(outcome, self.cluster)
+        if cluster == self.cluster:
+            return planned, started
+        keep = {h.name for h in cluster.hosts}
+        await _abort_all(started.pop(name) for name in list(started) if name not in keep)
+        pythons = {c.host.name: c.host.python for c in planned.commands}
+        resolved = Cluster(
+            tuple(dataclasses.replace(h, python=pythons.get(h.name)) for h in cluster.hosts),
+            source=cluster.source,
+        )
+        self.cluster = cluster
+        return plan_attempt(planned.spec, resolved, planned.attempt), started
+
+    async def _start_remote(
+        self,
+        prepared: Prepared,
+        cluster: Cluster,
+        transport: Transport,
+        *,
+        check_port: bool = True,
+    ) -> tuple[Prepared, dict[str, NodeProcess]]:
+        """Start and probe every SSH host's agent (interpreter, torch, workdir, corral's
+        version, master port unless ``check_port`` is False; port 0 is always
+        resolved) and re-plan with what they found. Nothing is launched if a host is
+        not ready."""
+        spec = prepared.spec
+        master_addr = spec.master_addr or cluster.hosts[0].address
+        master = cluster.hosts[master_index(cluster, master_addr)]
+        started = await start_agents(
+            transport,
+            cluster.hosts,
+            python=self.python,
+            workdir=prepared.commands[0].cwd,  # --workdir, or this machine's current directory
+            workdir_given=spec.workdir is not None,
+            master=master,
+            master_port=spec.master_port if check_port or spec.master_port == 0 else None,
+            need_torch=spec.launcher == "torchrun",
+        )
+        resolved = Cluster(
+            tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
+            source=cluster.source,
+        )
+        if spec.master_port == 0:
+            port = started[master.name][1].port
+            assert port is not None
+            spec = dataclasses.replace(spec, master_port=port)
+        planned = Prepared(
+            spec=spec,
+            commands=plan_job(spec, resolved, prepared.attempt),
+            job_dir=prepared.job_dir,
+            attempt=prepared.attempt,
+        )
+        return planned, {name: proc for name, (proc, _) in started.items()}
+
+    # -- attempts -----------------------------------------------------------------------
+
+    def _keeper(self, prepared: Prepared, transport: Transport) -> CheckpointKeeper:
+        spec = prepared.spec
+        return CheckpointKeeper.create(
+            transport,
+            directory=spec.checkpoint_dir,
+            replicate=spec.replicate_checkpoints,
+            is_local=self.cluster.is_local,
+            python=self.python,
+            run_dir=spec.run_dir,
+            job_id=spec.job_id,
+            say=lambda text, style: self._say(text, _level(style)),
+        )
+
+    async def _attempts(
+        self,
+        prepared: Prepared,
+        transport: Transport,
+        started: dict[str, NodeProcess],
+        history: AttemptLog,
+    ) -> JobResult:
+        """Supervise attempt after attempt until one succeeds or the machine ends the
+        job (see :mod:`corral.recovery.restart`); returns the last attempt's result."""
+        initial_hosts = len(self.cluster.hosts)
+        if history.records:
+            self._say(
+                f"job {self.job_id}: {len(history.records)} earlier attempt(s) "
+                f"on record; this is attempt {history.next_number}"
+            )
+        keeper = self._keeper(prepared, transport)
+        restarts = 0
+        placed: str | None = None
+        if history.records:  # a rerun: rank 0 may now be a host without the checkpoint
+            try:
+                placed = await keeper.place(prepared.spec, prepared.commands)
+            except CorralError as exc:
+                self._say(f"warning: the latest checkpoint could not be placed: {exc}", "warning")
+        try:
+            while True:
+                hosts = [c.host.name for c in prepared.commands]
+                self.attempt = prepared.attempt
+                record = history.start(hosts, prepared.world_size, placed)
+                keeper.warm(prepared.spec, prepared.commands)
+                result = await self._supervise(prepared, transport, started, keeper, placed)
+                record.finish(result)
+                history.save()
+                result.attempts = history.to_json()
+                _write_json(prepared.job_dir / "result.json", result_json(result))
+                if result.state != JobState.FAILED:
+                    self._attempt_ended(record, False, "")
+                    self.machine.to(result.state, result.reason)
+                    return result
+                unreachable = await _unreachable(transport, self.cluster, result)
+                decision = decide(
+                    self.restarts,
+                    result,
+                    restarts_done=restarts,
+                    hosts=hosts,
+                    unreachable=unreachable,
+                    initial_hosts=initial_hosts,
+                )
+                self._attempt_ended(record, decision.restart, decision.reason)
+                if not decision.restart:
+                    if self.restarts.max_restarts:
+                        self._say(f"not restarting: {decision.reason}", "error")
+                    self.machine.to(JobState.FAILED, decision.reason)
+                    return result
+                self.machine.to(JobState.RESTARTING, decision.reason)
+                restarts += 1
+                delay = self.restarts.delay(restarts)
+                self._say(
+                    f"attempt {record.number} failed: {record.cause}; {decision.reason} "
+                    f"(restart {restarts} of {self.restarts.max_restarts}) in {delay:g} s",
+                    "warning",
+                )
+                if not await self._backoff(delay):
+                    result.exit_code = EXIT_INTERRUPTED
+                    self.machine.to(JobState.CANCELLED, "stopped while waiting to restart")
+                    return result
+                try:
+                    prepared, started = await self._next_attempt(
+                        prepared, transport, decision.hosts, history.next_number
+                    )
+                    placed = await keeper.place(prepared.spec, prepared.commands)
+                except CorralError as exc:
+                    await _abort_all(started.values())
+                    started = {}
+                    self._say(f"not restarting: {exc}", "error")
+                    self.machine.to(JobState.FAILED, str(exc))
+                    return result
+        finally:
+            await keeper.close()
+
+    def _attempt_ended(self, record: Any, restart: bool, decision: str) -> None:
+        self.emit(
+            AttemptEnded(
+                job_id=self.job_id,
+                number=record.number,
+                record=dataclasses.asdict(record),
+                restart=restart,
+                decision=decision,
+            )
+        )
+
+    async def _next_attempt(
+        self, prepared: Prepared, transport: Transport, keep: Iterable[str], number: int
+    ) -> tuple[Prepared, dict[str, NodeProcess]]:
+        """Re-plan on the surviving hosts (ranks re-assigned, a new rendezvous id)."""
+        names = set(keep)
+        cluster = Cluster(
+            tuple(h for h in self.cluster.hosts if h.name in names), source=self.cluster.source
+        )
+        self.cluster = cluster
+        spec = prepared.spec
+        if not any(spec.master_addr in (h.address, h.name) for h in cluster.hosts):
+            spec = dataclasses.replace(spec, master_addr=None)  # its host is gone
+        # the port the user asked for (0: any free one, picked again)
+        spec = resolve(dataclasses.replace(spec, master_port=self._requested_port), cluster)
+        nxt = plan_attempt(spec, cluster, number)
+        if cluster.is_local:
+            return nxt, {}
+        return await self._start_remote(nxt, cluster, transport)
+
+    async def _backoff(self, delay: float) -> bool:
+        """Wait before a restart; False when the job was stopped meanwhile."""
+        assert self._cancelled is not None
+        if self._cancelled.is_set():
+            return False
+        if delay > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._cancelled.wait(), delay)
+        return not self._cancelled.is_set()
+
+    async def _supervise(
+        self,
+        prepared: Prepared,
+        transport: Transport,
+        started: dict[str, NodeProcess],
+        keeper: CheckpointKeeper,
+        placed: str | None,
+    ) -> JobResult:
+        spec = prepared.spec
+        private_dir(prepared.job_dir)
+        _write_json(prepared.job_dir / "plan.json", plan_json(prepared))
+        _write_json(prepared.job_dir / "job.json", job_json(prepared, self.ssh))
+        logs = LogFiles(prepared.job_dir / "logs")
+        self.emit(
+            AttemptStarted(
+                job_id=self.job_id,
+                number=prepared.attempt,
+                hosts=[c.host.name for c in prepared.commands],
+                world_size=prepared.world_size,
+                checkpoint=placed,
+                log_dir=str(prepared.job_dir / "logs"),
+                launcher=spec.launcher,
+            )
+        )
+        supervisor = Supervisor(
+            prepared.commands,
+            transport,
+            self.emit,
+            logs=logs,
+            job_id=spec.job_id,
+            agent_argv=_agent_argv(spec),
+            grace=self.supervision.grace,
+            timeout=spec.timeout,
+            master_timeout=spec.rdzv_timeout,
+            require_master=spec.launcher == "torchrun",
+            started=started,
+            heartbeat_timeout=self.supervision.host_timeout,
+            host_timeout=self.supervision.host_timeout,
+            hang_timeout=self.supervision.hang_timeout,
+            hang_dir=prepared.job_dir / "hang",
+            on_report=keeper.on_report,
+            holding=keeper.holding,
+            machine=self.machine,
+            settle=False,
+        )
+        self._supervisor = supervisor
+        if self._stops:  # stopped while the attempt was being set up
+            asyncio.get_running_loop().call_soon(supervisor.interrupt)
+        try:
+            return await supervisor.run()
+        finally:
+            self._supervisor = None
+            logs.close()
+
+    # -- the end ------------------------------------------------------------------------
+
+    def _empty_result(self, state: JobState, exit_code: int) -> JobResult:
+        now = time.time()
+        return JobResult(
+            job_id=self.job_id,
+            state=state,
+            exit_code=exit_code,
+            nodes=[],
+            failures=[],
+            started=now,
+            ended=now,
+            reason=self.machine.reason,
+        )
+
+    def _finish(self, result: JobResult) -> JobResult:
+        self.emit(
+            Finished(
+                job_id=self.job_id,
+                state=self.machine.state,
+                exit_code=result.exit_code,
+                result=result,
+            )
+        )
+        return result
 
 
-async def _sync(prepared: Prepared, opts: LaunchOptions, console: Console) -> dict[str, Any] | None:
-    """``--sync`` / ``--sync-script`` (SSH clusters): what the ``sync`` check reports."""
-    if not (opts.sync or opts.sync_script) or opts.cluster.is_local:
-        return None
-    from corral.job.presync import sync_before_launch
-
-    return await sync_before_launch(opts, prepared.spec, console)
-
-
-async def _checked(
-    prepared: Prepared,
-    opts: LaunchOptions,
-    transport: Transport,
-    console: Console,
-    sync: dict[str, Any] | None,
-) -> tuple[LaunchOptions, Prepared]:
-    """The pre-flight checklist (local nodes); the plan it leaves to launch."""
-    from corral.job.preflight import apply, preflight
-
-    outcome = await preflight(opts, prepared.spec, transport, console, sync=sync)
-    cluster = apply(outcome, opts.cluster)
-    if cluster == opts.cluster:
-        return opts, prepared
-    opts = dataclasses.replace(opts, cluster=cluster, job_id=prepared.spec.job_id)
-    return opts, prepare(opts, attempt=prepared.attempt)
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
-async def _checked_remote(
-    prepared: Prepared,
-    opts: LaunchOptions,
-    transport: Transport,
-    console: Console,
-    sync: dict[str, Any] | None,
-) -> tuple[LaunchOptions, Prepared, dict[str, NodeProcess]]:
-    """The checklist and the agents' start-up at the same time (both are a Python
-    start on every host): nothing is launched until the checklist passed. The
-    checklist tests the master port, so the agents do not (port 0 excepted)."""
-    from corral.job.preflight import apply, preflight
-
-    checks = asyncio.ensure_future(preflight(opts, prepared.spec, transport, console, sync=sync))
-    agents = asyncio.ensure_future(start_remote(prepared, opts, transport, check_port=False))
-    done = await asyncio.gather(checks, agents, return_exceptions=True)
-    outcome, started_agents = done
-    if isinstance(outcome, BaseException) or isinstance(started_agents, BaseException):
-        if not isinstance(started_agents, BaseException):
-            await _abort_all(started_agents[1].values())
-        error = outcome if isinstance(outcome, BaseException) else started_agents
-        assert isinstance(error, BaseException)
-        raise error
-    planned, started = started_agents
-    cluster = apply(outcome, opts.cluster)
-    if cluster == opts.cluster:
-        return opts, planned, started
-    keep = {h.name for h in cluster.hosts}
-    dropped = [name for name in started if name not in keep]
-    await _abort_all(started.pop(name) for name in dropped)
-    pythons = {c.host.name: c.host.python for c in planned.commands}
-    resolved = Cluster(
-        tuple(dataclasses.replace(h, python=pythons.get(h.name)) for h in cluster.hosts),
-        source=cluster.source,
-    )
-    opts = dataclasses.replace(opts, cluster=cluster, job_id=planned.spec.job_id)
-    replanned = Prepared(
-        spec=planned.spec,
-        commands=plan_job(planned.spec, resolved, planned.attempt),
-        job_dir=planned.job_dir,
-        attempt=planned.attempt,
-    )
-    return opts, replanned, started
+def _level(style: str) -> Level:
+    """A rich style used by older callers, as an event level."""
+    if "red" in style:
+        return "error"
+    if "yellow" in style:
+        return "warning"
+    if "green" in style:
+        return "success"
+    if "dim" in style:
+        return "detail"
+    return "info"
 
 
-async def _abort_all(procs: Any) -> None:
+def _agent_argv(spec: JobSpec) -> Any:
+    def argv(host: Host) -> list[str]:
+        return [host.python or spec.python or "python3", "-m", "corral.agent"]
+
+    return argv
+
+
+async def _abort_all(procs: Iterable[NodeProcess]) -> None:
     """Tell agents that were started (and probed) to exit without launching."""
-    from corral.job.agents import abort
-
     waiting = []
     for proc in procs:
         abort(proc)
         waiting.append(proc.wait())
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 10)
-
-
-async def _run_attempts(
-    prepared: Prepared,
-    opts: LaunchOptions,
-    transport: Transport,
-    started: dict[str, NodeProcess],
-    history: AttemptLog,
-    console: Console,
-) -> JobResult:
-    """Supervise attempt after attempt until one succeeds or no restart is allowed
-    (see :mod:`corral.recovery.restart`); returns the last attempt's result."""
-    policy = RestartPolicy(opts.max_restarts, opts.restart_backoff, opts.min_nodes)
-    initial_hosts = len(opts.cluster.hosts)
-    if history.records:
-        say(
-            console,
-            f"job {prepared.spec.job_id}: {len(history.records)} earlier attempt(s) "
-            f"on record; this is attempt {history.next_number}",
-            style="bold",
-        )
-    keeper = CheckpointKeeper.create(prepared, opts, transport, console)
-    restarts = 0
-    placed: str | None = None
-    if history.records:  # a rerun: rank 0 may now be a host without the checkpoint
-        try:
-            placed = await keeper.place(prepared)
-        except CorralError as exc:
-            say(console, f"warning: the latest checkpoint could not be placed: {exc}", "yellow")
-    while True:
-        world = sum(c.nproc for c in prepared.commands)
-        hosts = [c.host.name for c in prepared.commands]
-        record = history.start(hosts, world, placed)
-        keeper.warm(prepared)
-        result = await _supervise(prepared, opts, transport, started, keeper)
-        record.finish(result)
-        history.save()
-        result.attempts = history.to_json()
-        _write_json(prepared.job_dir / "result.json", result_json(result))
-        if result.state != JobState.FAILED:
-            break
-        unreachable = await _unreachable(transport, opts.cluster, result)
-        decision = decide(
-            policy,
-            result,
-            restarts_done=restarts,
-            hosts=hosts,
-            unreachable=unreachable,
-            initial_hosts=initial_hosts,
-        )
-        if not decision.restart:
-            if opts.max_restarts:
-                say(console, f"not restarting: {decision.reason}", style="bold red")
-            break
-        restarts += 1
-        delay = policy.delay(restarts)
-        say(
-            console,
-            f"attempt {record.number} failed: {record.cause}; {decision.reason} "
-            f"(restart {restarts} of {policy.max_restarts}) in {delay:g} s",
-            style="bold yellow",
-        )
-        if not await _backoff(delay):
-            result.exit_code = EXIT_INTERRUPTED
-            break
-        cluster = Cluster(
-            tuple(h for h in opts.cluster.hosts if h.name in decision.hosts),
-            source=opts.cluster.source,
-        )
-        opts = dataclasses.replace(
-            opts, cluster=cluster, job_id=prepared.spec.job_id, master_addr=_master(opts, cluster)
-        )
-        prepared = prepare(opts, attempt=history.next_number)
-        started = {}
-        try:
-            if not cluster.is_local:
-                prepared, started = await start_remote(prepared, opts, transport)
-            placed = await keeper.place(prepared)
-        except CorralError as exc:
-            await _abort_all(started.values())
-            say(console, f"not restarting: {exc}", style="bold red")
-            break
-    await keeper.close()
-    if len(history.records) > 1:
-        console.print(attempts_table(history.records))
-    return result
-
-
-def _master(opts: LaunchOptions, cluster: Cluster) -> str | None:
-    """The master address for the next attempt: the one given, unless its host is gone."""
-    if any(opts.master_addr in (h.address, h.name) for h in cluster.hosts):
-        return opts.master_addr
-    return None
 
 
 async def _unreachable(transport: Transport, cluster: Cluster, result: JobResult) -> list[str]:
@@ -549,79 +680,3 @@ async def _unreachable(transport: Transport, cluster: Cluster, result: JobResult
     if not alive:
         return []
     return failed_hosts(await ping_hosts(transport, alive))
-
-
-async def _backoff(delay: float) -> bool:
-    """Wait before a restart; False when Ctrl-C / SIGTERM came meanwhile."""
-    if delay <= 0:
-        return True
-    loop = asyncio.get_running_loop()
-    interrupted = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, interrupted.set)
-    try:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(interrupted.wait(), delay)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-    return not interrupted.is_set()
-
-
-async def _supervise(
-    prepared: Prepared,
-    opts: LaunchOptions,
-    transport: Transport,
-    started: dict[str, NodeProcess],
-    keeper: CheckpointKeeper,
-) -> JobResult:
-    spec = prepared.spec
-    prepared.job_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(
-        prepared.job_dir / "plan.json",
-        {
-            "job_id": spec.job_id,
-            "launcher": spec.launcher,
-            "nodes": [c.to_json() for c in prepared.commands],
-        },
-    )
-    console = opts.console or Console(stderr=True)
-    sink = LogSink(
-        prepared.job_dir / "logs",
-        [h.name for h in opts.cluster.hosts],
-        stream=opts.stream,
-        live=False if opts.stream is not None else None,
-        console=opts.console,
-    )
-    world = sum(c.nproc for c in prepared.commands)
-    attempt = f" (attempt {prepared.attempt})" if prepared.attempt else ""
-    sink.message(
-        f"job {spec.job_id}{attempt}: {len(prepared.commands)} nodes, {world} ranks, "
-        f"launcher {spec.launcher}; logs in {prepared.job_dir / 'logs'}",
-        style="bold",
-    )
-    _write_json(prepared.job_dir / "job.json", job_json(prepared, opts))
-    supervisor = Supervisor(
-        prepared.commands,
-        transport,
-        sink,
-        job_id=spec.job_id,
-        agent_argv=_agent_argv(spec),
-        grace=opts.grace,
-        timeout=opts.timeout,
-        master_timeout=opts.rdzv_timeout,
-        require_master=spec.launcher == "torchrun",
-        started=started,
-        heartbeat_timeout=opts.host_timeout,
-        host_timeout=opts.host_timeout,
-        hang_timeout=opts.hang_timeout,
-        hang_dir=prepared.job_dir / "hang",
-        on_report=keeper.on_report,
-        holding=keeper.holding,
-    )
-    try:
-        result = await supervisor.run()
-    finally:
-        sink.close()
-    print_report(result, console)
-    return result

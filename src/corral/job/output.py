@@ -1,16 +1,21 @@
-"""Where a job's output goes: prefixed lines on the terminal, raw lines in log files.
+"""The terminal subscriber: a job's events as prefixed lines, messages and progress.
 
-Lines arrive in whole-line chunks per rank (see :mod:`corral.agent.protocol`),
-so a chunk is prefixed with one ``join`` and written with one call: lines are
-never split or interleaved, and never dropped. Every rank's output is also
-teed to ``<run_dir>/<job>/logs/<host>.<rank>.log`` (node-level output such as
-torchrun's own goes to ``<host>.node.log``).
+``corral run`` subscribes a :class:`TerminalOutput` to its job (the log files are
+written by the engine, whatever subscribes). Lines arrive in whole-line chunks
+per rank (see :mod:`corral.agent.protocol`), so a chunk is prefixed with one
+``join`` and written with one call: lines are never split or interleaved, and
+never dropped.
 
 On a terminal, prefixes are colored per host and a live progress line per
-node (fed by ``corral.sdk.report``) sits below the log: it is erased before a
-chunk of lines is written and redrawn at most four times a second, with
-pre-colored bytes so a terminal costs little more than a pipe. When piped,
-output is plain and progress is printed as an occasional line.
+node (fed by ``corral.sdk.report``, or by a rank's latest ``\r`` progress-bar
+update) sits below the log: it is erased before a chunk of lines is written and
+redrawn at most four times a second, with pre-colored bytes so a terminal costs
+little more than a pipe. When piped, output is plain and progress is printed as
+an occasional line.
+
+Once corral stops a job, the launchers' own teardown noise (torchrun's
+``SignalException`` traceback on SIGTERM) is not shown: it is counted and folded
+into one line per node (the log files keep it).
 """
 
 from __future__ import annotations
@@ -19,14 +24,34 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from rich.console import Console
 from rich.text import Text
 
-NODE_RANK_LABEL = -1
+from corral.job.events import (
+    AttemptStarted,
+    Checked,
+    Finished,
+    JobEvent,
+    Level,
+    LogLines,
+    Message,
+    Progress,
+    StateChanged,
+)
+from corral.job.logfiles import NODE_RANK_LABEL
+from corral.job.states import JobState
+
+STYLES: dict[str, str] = {
+    "info": "bold",
+    "success": "green",
+    "warning": "yellow",
+    "error": "bold red",
+    "detail": "dim",
+    "output": "",
+}
 # ANSI foreground colors per host: cyan, magenta, green, yellow, blue, then bright ones
 _ANSI = (36, 35, 32, 33, 34, 96, 95, 92, 93, 94, 91)
 _RESET = b"\x1b[0m"
@@ -112,53 +137,111 @@ def format_progress(progress: Mapping[str, Any]) -> str:
     return text
 
 
-class LogSink:
-    """Prefixes, colors and tees every rank's output; shows progress."""
+def _latest_segment(text: bytes) -> bytes:
+    """What a terminal shows of a line with ``\r`` updates: its last non-empty segment."""
+    for segment in reversed(text.split(b"\r")):
+        if segment.strip():
+            return segment
+    return b""
+
+
+class TerminalOutput:
+    """Prefixes and colors every rank's output, shows progress and corral's messages;
+    at the end prints the summary (a :class:`~corral.job.events.Subscriber`)."""
 
     def __init__(
         self,
-        log_dir: Path,
-        hosts: list[str],
+        hosts: list[str] | None = None,
         *,
         stream: IO[bytes] | None = None,
         live: bool | None = None,
         console: Console | None = None,
+        on_finish: Callable[[Finished, Console], None] | None = None,
+        on_checked: Callable[[Checked, Console], None] | None = None,
     ) -> None:
-        self.log_dir = log_dir
-        log_dir.mkdir(parents=True, exist_ok=True)
         self.stream = stream if stream is not None else sys.stdout.buffer
         if live is None:
             live = sys.stdout.isatty() and sys.stderr.isatty() and stream is None
         self.live_mode = live
         self.console = console or Console(stderr=not live, highlight=False)
-        self._colors = {h: _ANSI[i % len(_ANSI)] for i, h in enumerate(hosts)}
-        self._hosts = hosts
-        self._files: dict[tuple[str, int], IO[bytes]] = {}
+        self._hosts: list[str] = []
+        self._colors: dict[str, int] = {}
+        for host in hosts or []:
+            self._add_host(host)
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self.progress: dict[str, dict[str, Any]] = {}
+        self.bars: dict[tuple[str, int], str] = {}  # a rank's latest \r update
+        self._partial: dict[tuple[str, int], bytes] = {}
         self._last_plain_progress = time.monotonic()
         self._footer_height = 0
         self._footer_drawn_at = 0.0
+        self._stopping = False
+        self._folded: dict[str, int] = {}  # node-level lines hidden during a teardown
+        self._on_finish = on_finish
+        self._on_checked = on_checked
         self._writer = StreamWriterThread(self.stream)
 
+    def _add_host(self, host: str) -> None:
+        if host not in self._colors:
+            self._colors[host] = _ANSI[len(self._hosts) % len(_ANSI)]
+            self._hosts.append(host)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def on_event(self, event: JobEvent) -> None:
+        """Render one job event."""
+        if isinstance(event, LogLines):
+            self.lines(event.host, event.rank, event.data)
+        elif isinstance(event, Progress):
+            self.report(event.host, event.model_dump())
+        elif isinstance(event, Message):
+            self.message(event.text, event.level)
+        elif isinstance(event, StateChanged):
+            self._on_state(event)
+        elif isinstance(event, AttemptStarted):
+            for host in event.hosts:
+                self._add_host(host)
+            self._stopping = False
+            attempt = f" (attempt {event.number})" if event.number else ""
+            self.message(
+                f"job {event.job_id}{attempt}: {len(event.hosts)} nodes, {event.world_size} "
+                f"ranks, launcher {event.launcher}; logs in {event.log_dir}"
+            )
+        elif isinstance(event, Checked) and self._on_checked is not None:
+            self._print_outside(lambda: self._on_checked(event, self.console))  # type: ignore[misc]
+        elif isinstance(event, Finished):
+            self.close()
+            if self._on_finish is not None:
+                self._on_finish(event, self.console)
+
+    def _on_state(self, event: StateChanged) -> None:
+        if event.state == JobState.STOPPING:
+            self._stopping = True
+        elif event.state in (JobState.RESTARTING, JobState.SUCCEEDED) or event.state.terminal:
+            self._flush_folded()
+
+    def _flush_folded(self) -> None:
+        for host, count in self._folded.items():
+            self.message(
+                f"{host}: the launcher's teardown output ({count} line"
+                f"{'s' if count != 1 else ''}) is in {host}.node.log",
+                "detail",
+            )
+        self._folded.clear()
+
+    def _print_outside(self, render: Callable[[], None]) -> None:
+        """Print something of the console's own (a table) below the log."""
+        if self._footer_height:
+            self._write(self._erase_footer())
+        render()
+
     # -- log lines ----------------------------------------------------------------------
-
-    def log_path(self, host: str, rank: int) -> Path:
-        """The coordinator-side log file of one rank (or the node's own output)."""
-        name = f"{host}.node.log" if rank == NODE_RANK_LABEL else f"{host}.{rank}.log"
-        return self.log_dir / name
-
-    def _file(self, host: str, rank: int) -> IO[bytes]:
-        key = (host, rank)
-        handle = self._files.get(key)
-        if handle is None:
-            handle = self._files[key] = open(self.log_path(host, rank), "ab")  # noqa: SIM115
-        return handle
 
     def _prefix(self, host: str, rank: int) -> bytes:
         key = (host, rank)
         prefix = self._prefixes.get(key)
         if prefix is None:
+            self._add_host(host)
             prefix = (prefix_for(host, rank) + " ").encode()
             if self.live_mode:
                 prefix = b"\x1b[%dm" % self._colors.get(host, 37) + prefix + _RESET
@@ -166,10 +249,30 @@ class LogSink:
         return prefix
 
     def lines(self, host: str, rank: int, data: bytes) -> None:
-        """Write a chunk of whole lines (ending in a newline) from one rank."""
-        self._file(host, rank).write(data)
+        """Show a chunk of one rank's output: whole lines, prefixed; a trailing
+        ``\r`` update becomes the rank's live status (shown once its line ends)."""
+        key = (host, rank)
+        if self._stopping and rank == NODE_RANK_LABEL:
+            self._folded[host] = self._folded.get(host, 0) + data.count(b"\n")
+            return
+        pending = self._partial.pop(key, b"")
+        if pending:
+            data = pending + data
+        cut = data.rfind(b"\n") + 1
+        whole, rest = data[:cut], data[cut:]
+        if rest:  # a progress bar's \r update, not a line yet
+            self._partial[key] = rest[-4096:]
+            status = _latest_segment(rest).decode("utf-8", "replace").strip()
+            if status:
+                self.bars[key] = status
+                self._status_changed()
+        if not whole:
+            return
+        self.bars.pop(key, None)
+        body = whole[:-1]
+        if b"\r" in body:
+            body = b"\n".join(_latest_segment(line) for line in body.split(b"\n"))
         prefix = self._prefix(host, rank)
-        body = data[:-1] if data.endswith(b"\n") else data
         text = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
         if self.live_mode:
             self._write_above_footer(text)
@@ -180,8 +283,9 @@ class LogSink:
         """Hand bytes to the writer thread (in order; never dropped)."""
         self._writer.write(data)
 
-    def message(self, text: str, style: str = "bold") -> None:
+    def message(self, text: str, level: Level | str = "info") -> None:
         """One line of corral's own (status, warnings)."""
+        style = STYLES.get(level, level)
         if self.live_mode:
             with self.console.capture() as captured:
                 self.console.print(Text("[corral] ", style=style) + Text(text), soft_wrap=True)
@@ -197,20 +301,26 @@ class LogSink:
         height, self._footer_height = self._footer_height, 0
         return b"\x1b[%dF\x1b[J" % height  # up to the footer's first line, clear below
 
+    def _status(self, host: str) -> str:
+        prog = self.progress.get(host)
+        if prog:
+            return format_progress(prog)
+        bars = [text for (h, _), text in sorted(self.bars.items()) if h == host]
+        return bars[0] if bars else "waiting for first report"
+
     def _footer(self) -> bytes:
         lines = []
         for host in self._hosts:
-            prog = self.progress.get(host)
-            text = format_progress(prog) if prog else "waiting for first report"
             color = self._colors.get(host, 37)
-            lines.append(b"\x1b[%dm%12s\x1b[0m %s\n" % (color, host.encode(), text.encode()))
+            text = self._status(host).encode()
+            lines.append(b"\x1b[%dm%12s\x1b[0m %s\n" % (color, host.encode(), text))
         self._footer_height = len(lines)
         self._footer_drawn_at = time.monotonic()
         return b"".join(lines)
 
     def _write_above_footer(self, text: bytes, *, force: bool = False) -> None:
         out = self._erase_footer() + text
-        if self.progress and (
+        if (self.progress or self.bars) and (
             force or time.monotonic() - self._footer_drawn_at >= _FOOTER_INTERVAL
         ):
             out += self._footer()
@@ -224,6 +334,9 @@ class LogSink:
         if current is not None and event.get("rank", 0) > current.get("rank", 0):
             return
         self.progress[host] = dict(event)
+        self._status_changed()
+
+    def _status_changed(self) -> None:
         if self.live_mode:
             if time.monotonic() - self._footer_drawn_at >= _FOOTER_INTERVAL:
                 self._write_above_footer(b"", force=True)
@@ -232,14 +345,20 @@ class LogSink:
 
     def _print_plain_progress(self) -> None:
         self._last_plain_progress = time.monotonic()
-        parts = [f"{h}: {format_progress(p)}" for h, p in self.progress.items()]
-        self.message("progress  " + " | ".join(parts), style="dim")
+        parts = [f"{h}: {self._status(h)}" for h in self._hosts if h in self.progress]
+        parts += [
+            f"{prefix_for(h, r)} {text}"
+            for (h, r), text in sorted(self.bars.items())
+            if h not in self.progress
+        ]
+        self.message("progress  " + " | ".join(parts), "detail")
 
     def close(self) -> None:
-        """Erase the live footer and close every log file."""
+        """Show what is still pending, erase the live footer, flush the output."""
+        for (host, rank), rest in list(self._partial.items()):
+            self._partial.pop((host, rank))
+            self.lines(host, rank, rest + b"\n")
+        self._flush_folded()
         if self._footer_height:
             self._write(self._erase_footer())
         self._writer.close()  # waits until everything queued is written
-        for handle in self._files.values():
-            handle.close()
-        self._files.clear()

@@ -12,45 +12,47 @@ collective smoke test costs a torch import per rank, so it runs only with
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
-
-from rich.console import Console
+from collections.abc import Callable
+from typing import Any
 
 from corral.checks.context import ChecklistOptions
-from corral.checks.render import print_report, problems, verdict
-from corral.checks.result import Status
+from corral.checks.result import ChecklistReport
 from corral.checks.runner import ChecklistOutcome, run_checklist
 from corral.cluster.model import Cluster
 from corral.errors import CheckFailed
+from corral.job.options import CheckPolicy
+from corral.plan.spec import JobSpec
 from corral.transport.base import Transport
-
-if TYPE_CHECKING:
-    from corral.job.engine import LaunchOptions
-    from corral.plan.spec import JobSpec
+from corral.transport.options import SshOptions
 
 
 def checklist_options(
-    opts: LaunchOptions, spec: JobSpec, sync: dict[str, Any] | None
+    policy: CheckPolicy,
+    spec: JobSpec,
+    cluster: Cluster,
+    ssh: SshOptions,
+    python: str | None,
+    sync: dict[str, Any] | None,
 ) -> ChecklistOptions:
-    """The checklist for a launch planned as ``spec``."""
+    """The checklist for a launch planned as ``spec`` (``python``: as the user gave it)."""
     return ChecklistOptions(
-        cluster=opts.cluster,
-        ssh=opts.ssh,
+        cluster=cluster,
+        ssh=ssh,
         launcher=spec.launcher,
-        python=opts.python,
-        workdir=None if opts.cluster.is_local else (spec.workdir or None),
-        code_dir=opts.code_dir,
-        script=spec.script if not opts.cluster.is_local else None,
+        python=python,
+        workdir=None if cluster.is_local else (spec.workdir or None),
+        code_dir=policy.code_dir,
+        script=spec.script if not cluster.is_local else None,
         master_addr=spec.master_addr,
         master_port=spec.master_port,
         nproc_per_node=spec.nproc_per_node,
         nccl_interface=spec.nccl_interface,
         gloo_interface=spec.gloo_interface,
-        checkpoint_dir=opts.checkpoint_dir,
-        min_free_gb=opts.min_free_gb,
-        consistency_threshold=opts.consistency_threshold,
-        exclude_divergent=opts.exclude_divergent,
-        smoke=opts.smoke_test,
+        checkpoint_dir=spec.checkpoint_dir,
+        min_free_gb=policy.min_free_gb,
+        consistency_threshold=policy.consistency_threshold,
+        exclude_divergent=policy.exclude_divergent,
+        smoke=policy.smoke_test,
         sync=sync,
     )
 
@@ -68,22 +70,16 @@ def apply(outcome: ChecklistOutcome, cluster: Cluster) -> Cluster:
 
 
 async def preflight(
-    opts: LaunchOptions,
-    spec: JobSpec,
+    options: ChecklistOptions,
     transport: Transport,
-    console: Console,
-    *,
-    sync: dict[str, Any] | None = None,
+    run_dir: str,
+    on_report: Callable[[ChecklistReport, bool], None],
 ) -> ChecklistOutcome:
-    """Run the checklist for a launch; CheckFailed when a check failed."""
-    outcome = await run_checklist(
-        checklist_options(opts, spec, sync), transport=transport, run_dir=opts.run_dir
-    )
+    """Run the checklist for a launch; ``on_report(report, blocking)`` sees its report;
+    CheckFailed when a check failed."""
+    outcome = await run_checklist(options, transport=transport, run_dir=run_dir)
     report = outcome.report
+    on_report(report, bool(report.failed))
     if report.failed:
-        print_report(console, report)
         raise CheckFailed(report.failed)
-    if report.overall_status is Status.WARN:
-        problems(console, report)
-    console.print(verdict(report, "pre-flight "))
     return outcome

@@ -11,36 +11,44 @@ that cannot be synced blocks the launch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from rich.console import Console
-
+from corral.cluster.model import Cluster
 from corral.errors import LaunchError
-
-if TYPE_CHECKING:
-    from corral.job.engine import LaunchOptions
-    from corral.plan.spec import JobSpec
+from corral.job.events import Level
+from corral.job.options import SyncPolicy
+from corral.plan.spec import JobSpec
+from corral.transport.options import SshOptions
 
 
 async def sync_before_launch(
-    opts: LaunchOptions, spec: JobSpec, console: Console
+    policy: SyncPolicy,
+    spec: JobSpec,
+    cluster: Cluster,
+    ssh: SshOptions,
+    python: str | None,
+    *,
+    checked: bool,
+    say: Callable[[str, Level], None],
 ) -> dict[str, Any]:
-    """Run the sync script and/or push the tree; returns what the ``sync`` check reports."""
+    """Run the sync script and/or push the tree; returns what the ``sync`` check reports.
+    ``checked``: the pre-flight checklist follows (it reports a failed script)."""
     from corral.sync.push import summary_line, sync_tree
     from corral.sync.script import run_sync_script
 
-    src = os.path.abspath(opts.code_dir or os.getcwd())
+    src = os.path.abspath(policy.source or os.getcwd())
     dest = spec.workdir or src
     done: dict[str, Any] = {"pushed": False}
-    if opts.sync_script:
-        names = [h.name for h in opts.cluster.hosts]
+    if policy.script:
+        names = [h.name for h in cluster.hosts]
         result = await run_sync_script(
-            opts.sync_script,
-            hosts_spec=opts.cluster.source or ",".join(names),
+            policy.script,
+            hosts_spec=cluster.source or ",".join(names),
             host_names=names,
             src=src,
             dest=dest,
-            on_line=lambda line: console.print(line, markup=False, highlight=False),
+            on_line=lambda line: say(line, "output"),
         )
         done["script"] = {
             "path": result.path,
@@ -48,19 +56,19 @@ async def sync_before_launch(
             "detail": result.message or f"exit code {result.exit_code}",
         }
         if result.status == "missing":
-            console.print(f"warning: {result.message}", style="yellow")
-        if result.blocks and not opts.preflight:
+            say(f"warning: {result.message}", "warning")
+        if result.blocks and not checked:
             raise LaunchError(result.message)
-    if opts.sync:
-        report = await sync_tree(opts.cluster, src, dest, opts.ssh, python=opts.python)
+    if policy.push:
+        report = await sync_tree(cluster, src, dest, ssh, python=python)
         failed = [h for h in report.hosts if not h.ok]
         if failed:
             raise LaunchError(
                 "--sync failed: "
                 + "; ".join(f"{h.host}: {h.error or h.cause or h.status}" for h in failed)
             )
-        console.print(summary_line(report), style="dim")
+        say(summary_line(report), "detail")
         for warning in report.warnings:
-            console.print(f"warning: {warning}", style="yellow")
+            say(f"warning: {warning}", "warning")
         done["pushed"] = True
     return done

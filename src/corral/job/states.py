@@ -1,14 +1,25 @@
 """Job and node states, with their allowed transitions.
 
-Job::
+Job (one machine for the whole job, across its attempts; :class:`JobMachine`)::
 
-    PENDING -> STARTING -> RUNNING -> SUCCEEDED
-                  |           |
-                  |           +-> STOPPING -> FAILED | TIMED_OUT | CANCELLED
-                  +-> FAILED (launch failed)      (and STOPPING -> SUCCEEDED never)
+    PENDING -> PREPARING -> STARTING -> RUNNING -> SUCCEEDED
+       |           |           |           |
+       |           |           |           +-> STOPPING -> FAILED | TIMED_OUT | CANCELLED
+       |           |           +-> FAILED       |    ^         (STOPPING -> SUCCEEDED never)
+       |           +-> FAILED | CANCELLED       |    |
+       +-> STARTING | FAILED | CANCELLED         v    |
+                                           RESTARTING -> STARTING | FAILED | CANCELLED
 
-A job enters STOPPING on the first failure of any rank, a lost host, the
-``--timeout`` deadline or Ctrl-C; the reason fixes the terminal state.
+- PREPARING: code sync, the pre-flight checklist and the hosts' agents being
+  started and probed; nothing of the job runs yet. A failure here is FAILED
+  (nothing to tear down), a stop is CANCELLED.
+- STARTING -> RUNNING once every node's agent reported its ranks started.
+- A job enters STOPPING on the first failure of any rank, a lost host, a hang,
+  the ``--timeout`` deadline or a stop request; the teardown runs in STOPPING.
+- Once every node is down, the *engine* decides (:mod:`corral.recovery.restart`):
+  a failure with restarts left and enough hosts -> RESTARTING (backoff, drop lost
+  hosts, re-plan, place the checkpoint) -> STARTING with the next attempt;
+  otherwise the reason fixes the terminal state.
 
 Node::
 
@@ -20,6 +31,7 @@ Node::
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 
 class IllegalTransition(RuntimeError):
@@ -30,9 +42,11 @@ class JobState(str, enum.Enum):
     """Lifecycle of a whole job."""
 
     PENDING = "pending"
+    PREPARING = "preparing"
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
+    RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
@@ -65,10 +79,16 @@ _JOB_TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMED_OUT, JobSta
 _NODE_TERMINAL = {NodeState.EXITED, NodeState.FAILED, NodeState.TERMINATED, NodeState.LOST}
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.STARTING, JobState.CANCELLED}),
+    JobState.PENDING: frozenset(
+        {JobState.PREPARING, JobState.STARTING, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.PREPARING: frozenset({JobState.STARTING, JobState.FAILED, JobState.CANCELLED}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.STOPPING, JobState.FAILED}),
     JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.STOPPING}),
-    JobState.STOPPING: frozenset({JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED}),
+    JobState.STOPPING: frozenset(
+        {JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED, JobState.RESTARTING}
+    ),
+    JobState.RESTARTING: frozenset({JobState.STARTING, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.TIMED_OUT: frozenset(),
@@ -104,3 +124,39 @@ def check_node_transition(old: NodeState, new: NodeState) -> NodeState:
     if new not in NODE_TRANSITIONS[old]:
         raise IllegalTransition(f"node cannot go from {old.value} to {new.value}")
     return new
+
+
+class JobMachine:
+    """The job's state, changed only along :data:`JOB_TRANSITIONS`.
+
+    The engine and the supervisor of the current attempt share one machine; every
+    decision that depends on where the job is (may a failure still stop it? is a
+    teardown under way? restart or finish?) reads :attr:`state`, and every change
+    is passed to ``on_change(old, new, reason)`` (the engine turns it into an event).
+    """
+
+    def __init__(self, on_change: Callable[[JobState, JobState, str], None] | None = None) -> None:
+        self.state = JobState.PENDING
+        self.reason = ""
+        self._on_change = on_change
+
+    def to(self, new: JobState, reason: str = "") -> None:
+        """Move to ``new`` (no-op if already there); IllegalTransition if not allowed."""
+        if new == self.state:
+            return
+        old = self.state
+        self.state = check_job_transition(old, new)
+        self.reason = reason
+        if self._on_change is not None:
+            self._on_change(old, new, reason)
+
+    @property
+    def stopping(self) -> bool:
+        """A teardown was decided (STOPPING) or the job already ended."""
+        return self.state == JobState.STOPPING or self.state.terminal
+
+    @property
+    def launching(self) -> bool:
+        """Before the first rank runs (PENDING, PREPARING, RESTARTING): a stop
+        request cancels without a teardown."""
+        return self.state in (JobState.PENDING, JobState.PREPARING, JobState.RESTARTING)

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.job.output import format_progress
+from corral.job.result import Failure, JobResult, NodeRun, signal_name
 from corral.job.states import JobState, NodeState
-from corral.job.supervisor import Failure, JobResult, NodeRun, signal_name
 
 if TYPE_CHECKING:
     from corral.recovery.restart import AttemptRecord
@@ -27,6 +27,8 @@ _STATE_STYLE = {
     NodeState.LOST: "bold red",
     NodeState.TERMINATED: "yellow",
 }
+#: How a node's state reads in the summary (a node corral tore down was stopped).
+STATE_LABEL = {NodeState.TERMINATED: "stopped"}
 
 
 def _exit_text(node: NodeRun) -> str:
@@ -65,7 +67,10 @@ def summary_table(result: JobResult) -> Table:
         table.add_row(
             node.host.name,
             _ranks_text(node),
-            Text(node.state.value, style=_STATE_STYLE.get(node.state, "")),
+            Text(
+                STATE_LABEL.get(node.state, node.state.value),
+                style=_STATE_STYLE.get(node.state, ""),
+            ),
             _exit_text(node),
             duration,
             _progress_text(node),

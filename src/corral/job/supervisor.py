@@ -1,10 +1,14 @@
-"""The supervisor: starts every node's agent, streams, watches, tears down.
+"""The supervisor of one attempt: starts every node's agent, streams, watches, tears down.
 
 It talks to one :mod:`corral.agent` per node through any
 :class:`~corral.transport.base.Transport`. On the first failure of any rank
-(or a lost host, the ``--timeout`` deadline, Ctrl-C) it asks every agent to
-stop (SIGTERM to the node's process groups, SIGKILL after the grace period)
-and then reports; a second Ctrl-C kills at once.
+(or a lost host, a hang, the ``--timeout`` deadline, a stop request) it moves
+the job to STOPPING and asks every agent to stop (SIGTERM to the node's process
+groups, SIGKILL after the grace period); a second stop request kills at once.
+Everything it sees goes out as :mod:`corral.job.events` through ``emit``; every
+rank's output is also written to the job's :class:`~corral.job.logfiles.LogFiles`.
+Whether a failure still stops the job, and whether a node that ended was
+stopped or failed, is read from the shared :class:`~corral.job.states.JobMachine`.
 """
 
 from __future__ import annotations
@@ -15,22 +19,30 @@ import json
 import os
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.job.output import LogSink
-from corral.job.states import (
-    JobState,
-    NodeState,
-    check_job_transition,
-    check_node_transition,
+from corral.job.events import JobEvent, Level, LogLines, Message, NodeChanged, Progress
+from corral.job.logfiles import LogFiles
+from corral.job.result import (
+    EXIT_HANG,
+    EXIT_INTERRUPTED,
+    EXIT_LAUNCH,
+    EXIT_LOST,
+    EXIT_SIGNAL_BASE,
+    EXIT_TIMEOUT,
+    STDERR_TAIL,
+    Failure,
+    JobResult,
+    NodeRun,
+    RankRecord,
+    signal_name,
 )
+from corral.job.states import JobMachine, JobState, NodeState
 from corral.plan.spec import NodeCommand
 from corral.recovery.hang import HangVerdict
 from corral.recovery.hangwatch import HangWatch
@@ -39,129 +51,10 @@ from corral.recovery.health import (
     HostHealth,
     HostWatch,
     RankHealth,
-    check_rank_transition,
 )
 from corral.transport.base import NodeProcess, Transport
 
-STDERR_TAIL = 20
 STACK_TIMEOUT = 10.0  # seconds a node may take to dump its ranks' stacks
-
-#: corral's exit codes besides 0 and the failing rank's own code.
-EXIT_SIGNAL_BASE = 128  # rank killed by signal N -> 128 + N
-EXIT_TIMEOUT = 124  # --timeout reached
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM to corral
-EXIT_LOST = 255  # a host was lost (connection or agent died)
-EXIT_LAUNCH = 3  # a node could not be started / the master never came up
-EXIT_HANG = 125  # hang detection stopped the job (no progress for --hang-timeout)
-
-
-def signal_name(code: int | None) -> str | None:
-    """``SIGKILL`` for -9 (and for 137, the shell's 128+9), else None."""
-    if code is None:
-        return None
-    num = -code if code < 0 else code - EXIT_SIGNAL_BASE if code > EXIT_SIGNAL_BASE else 0
-    if num <= 0:
-        return None
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-@dataclass
-class RankRecord:
-    """What the coordinator knows about one rank."""
-
-    host: str
-    rank: int
-    local_rank: int = 0
-    pid: int | None = None
-    code: int | None = None
-    exited: bool = False
-    time: float | None = None
-    error: dict[str, Any] | None = None
-    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
-    progress: dict[str, Any] | None = None
-    health: RankHealth = RankHealth.STARTED
-
-    def set_health(self, new: RankHealth) -> None:
-        """Move to ``new`` along a documented transition (no-op if already there)."""
-        if new != self.health:
-            self.health = check_rank_transition(self.health, new)
-
-
-@dataclass
-class NodeRun:
-    """One node during and after the job."""
-
-    command: NodeCommand
-    state: NodeState = NodeState.STARTING
-    proc: NodeProcess | None = None
-    started: float = 0.0
-    ended: float | None = None
-    ranks: dict[int, RankRecord] = field(default_factory=dict)
-    agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
-    detail: str = ""
-    got_exit_event: bool = False
-    clock_offset: float = 0.0  # coordinator clock minus the host's clock
-    watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
-    stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)
-    stacks_ready: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def to_local(self, host_time: float) -> float:
-        """A timestamp of this host's clock on the coordinator's clock."""
-        return host_time + self.clock_offset
-
-    failed: bool = False  # one of its ranks failed before the job was stopping
-
-    @property
-    def host(self) -> Host:
-        """The node's host."""
-        return self.command.host
-
-    def set_state(self, new: NodeState) -> None:
-        """Move to ``new`` along a documented transition (no-op if already there)."""
-        if new != self.state:
-            self.state = check_node_transition(self.state, new)
-
-
-@dataclass
-class Failure:
-    """The root cause of a failed job (or one more failure after it)."""
-
-    host: str
-    rank: int | None
-    code: int | None
-    time: float
-    message: str
-    stderr_tail: list[str]
-    traceback: str | None = None
-    exit_code: int = 1
-
-    @property
-    def signal(self) -> str | None:
-        """Signal name when the process was killed by a signal."""
-        return signal_name(self.code)
-
-
-@dataclass
-class JobResult:
-    """Outcome of a supervised job."""
-
-    job_id: str
-    state: JobState
-    exit_code: int
-    nodes: list[NodeRun]
-    failures: list[Failure]
-    started: float
-    ended: float
-    reason: str = ""
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt so far
-
-    @property
-    def root_cause(self) -> Failure | None:
-        """The earliest failure, if any."""
-        return self.failures[0] if self.failures else None
 
 
 class Supervisor:
@@ -171,8 +64,9 @@ class Supervisor:
         self,
         commands: Sequence[NodeCommand],
         transport: Transport,
-        sink: LogSink,
+        emit: Callable[[JobEvent], None],
         *,
+        logs: LogFiles,
         job_id: str,
         agent_argv: Callable[[Host], list[str]],
         grace: float = 10.0,
@@ -187,11 +81,17 @@ class Supervisor:
         hang_dir: Path | None = None,
         on_report: Callable[[NodeRun, dict[str, Any]], None] | None = None,
         holding: Callable[[], bool] | None = None,
+        machine: JobMachine | None = None,
+        settle: bool = True,
     ) -> None:
         now = time.monotonic()
-        self.nodes = [NodeRun(command=c, watch=HostWatch(c.host.name, now)) for c in commands]
+        self.nodes = [
+            NodeRun(command=c, watch=HostWatch(c.host.name, now), listener=self._node_changed)
+            for c in commands
+        ]
         self.transport = transport
-        self.sink = sink
+        self.emit = emit
+        self.logs = logs
         self.job_id = job_id
         self.agent_argv = agent_argv
         self.grace = grace
@@ -206,8 +106,11 @@ class Supervisor:
         self.on_report = on_report
         # True while the job waits on corral itself (a checkpoint copy a save waits for)
         self.holding = holding
-        self.state = JobState.PENDING
-        self.stop_reason: str | None = None
+        # the job's state machine (shared with the engine, which decides what follows a
+        # stopped attempt when ``settle`` is False)
+        self.machine = machine or JobMachine()
+        self.settle = settle
+        self.stop_reason: str | None = None  # why the teardown started (for the result)
         self.stop_time: float | None = None
         self.stop_state = JobState.FAILED
         self.extra_failures: list[Failure] = []
@@ -219,9 +122,29 @@ class Supervisor:
 
     # -- state -----------------------------------------------------------------------
 
-    def _set_state(self, new: JobState) -> None:
-        if new != self.state:
-            self.state = check_job_transition(self.state, new)
+    @property
+    def state(self) -> JobState:
+        """The job's state (see :mod:`corral.job.states`)."""
+        return self.machine.state
+
+    def _set_state(self, new: JobState, reason: str = "") -> None:
+        self.machine.to(new, reason)
+
+    def _node_changed(self, node: NodeRun) -> None:
+        self.emit(
+            NodeChanged(
+                job_id=self.job_id, host=node.host.name, state=node.state, detail=node.detail
+            )
+        )
+
+    def _say(self, text: str, level: Level = "info") -> None:
+        self.emit(Message(job_id=self.job_id, text=text, level=level))
+
+    def _lines(self, host: str, rank: int, data: bytes) -> None:
+        self.logs.write(host, rank, data)
+        self.emit(
+            LogLines.model_construct(job_id=self.job_id, time=0.0, host=host, rank=rank, data=data)
+        )
 
     # -- starting ----------------------------------------------------------------------
 
@@ -265,7 +188,7 @@ class Supervisor:
                 line += b"\n"
             node.watch.heard(time.monotonic())
             node.agent_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
-            self.sink.lines(node.host.name, NODE, line)
+            self._lines(node.host.name, NODE, line)
 
     async def _read_frames(self, node: NodeRun) -> None:
         assert node.proc is not None
@@ -282,7 +205,7 @@ class Supervisor:
                 if kind == EVENT:
                     self._on_event(node, json.loads(payload))
                     continue
-                self.sink.lines(host, rank, payload)
+                self._lines(host, rank, payload)
                 if kind == STDERR:
                     tail = node.agent_tail if rank == NODE else self._rank(node, rank).stderr_tail
                     tail.extend(payload.decode("utf-8", "replace").splitlines()[-STDERR_TAIL:])
@@ -337,15 +260,25 @@ class Supervisor:
             if record.health == RankHealth.STARTED:
                 record.set_health(RankHealth.PROGRESSING)
             self.hang.observe(node.host.name, record.rank, event.get("step"))
-            self.sink.report(node.host.name, event)
+            metrics = event.get("metrics")
+            self.emit(
+                Progress.model_construct(
+                    job_id=self.job_id,
+                    time=time.time(),
+                    host=node.host.name,
+                    rank=record.rank,
+                    step=event.get("step"),
+                    total=event.get("total"),
+                    metrics=metrics if isinstance(metrics, dict) else {},
+                )
+            )
         elif name == "stacks":
             node.stacks = list(event.get("stacks") or [])
             node.stacks_ready.set()
         elif name == "master_ready":
             self._master_ready = True
-            self.sink.message(
-                f"Master node {event['addr']}:{event['port']} is ready for connections",
-                style="green",
+            self._say(
+                f"Master node {event['addr']}:{event['port']} is ready for connections", "success"
             )
         elif name == "master_timeout":
             text = (
@@ -360,7 +293,7 @@ class Supervisor:
                     EXIT_LAUNCH,
                 )
             else:
-                self.sink.message(f"warning: {text}", style="yellow")
+                self._say(f"warning: {text}", "warning")
         elif name == "start_failed":
             node.detail = str(event.get("error"))
             node.failed = node.got_exit_event = True
@@ -378,22 +311,27 @@ class Supervisor:
         elif name == "node_exit":
             node.got_exit_event = True
             code = int(event.get("code") or 0)
-            if code and not node.failed and not any(r.code for r in node.ranks.values()):
+            if (
+                code
+                and not node.failed
+                and not any(r.code for r in node.ranks.values())
+                and not self.machine.stopping
+            ):
                 # torchrun itself failed (rendezvous timeout, bad arguments) before any
-                # rank reported a failure
+                # rank reported a failure; a launcher that exits non-zero because corral
+                # stopped it was stopped, not failed
                 node.failed = True
-                if self.stop_reason is None:
-                    self._fail(
-                        Failure(
-                            node.host.name,
-                            None,
-                            code,
-                            node.to_local(float(event["time"])),
-                            f"the launcher on {node.host.name} exited with code {code}",
-                            list(node.agent_tail),
-                        ),
-                        _exit_code_for(code),
-                    )
+                self._fail(
+                    Failure(
+                        node.host.name,
+                        None,
+                        code,
+                        node.to_local(float(event["time"])),
+                        f"the launcher on {node.host.name} exited with code {code}",
+                        list(node.agent_tail),
+                    ),
+                    _exit_code_for(code),
+                )
 
     def _on_rank_exit(self, node: NodeRun, event: dict[str, Any]) -> None:
         record = self._rank(node, int(event["rank"]))
@@ -443,12 +381,12 @@ class Supervisor:
                 else f"agent killed by {signal_name(code)}"
             )
             failure = self._mark_lost(node, detail, code)
-            if self.stop_reason is None:
+            if not self.machine.stopping:
                 self._fail(failure, EXIT_LOST)
         else:
             if node.failed:
                 node.set_state(NodeState.FAILED)
-            elif self.stop_reason is not None or any(r.code != 0 for r in node.ranks.values()):
+            elif self.machine.stopping or any(r.code != 0 for r in node.ranks.values()):
                 node.set_state(NodeState.TERMINATED)
             else:
                 node.set_state(NodeState.EXITED)
@@ -460,20 +398,19 @@ class Supervisor:
     def _fail(self, failure: Failure, exit_code: int) -> None:
         failure.exit_code = exit_code
         self.extra_failures.append(failure)
-        if self.stop_reason is None:
+        if not self.machine.stopping:
             self._exit_code = exit_code
-            self.sink.message(failure.message + ": stopping the job", style="bold red")
+            self._say(failure.message + ": stopping the job", "error")
             self.stop("failure", JobState.FAILED)
 
     def stop(self, reason: str, final_state: JobState) -> None:
         """Tear every node down (once): stop, then kill after the grace period."""
-        if self.stop_reason is not None:
+        if self.machine.stopping:
             return
         self.stop_reason = reason
         self.stop_time = time.time()
         self.stop_state = final_state
-        if self.state in (JobState.STARTING, JobState.RUNNING):
-            self._set_state(JobState.STOPPING)
+        self._set_state(JobState.STOPPING, reason)
         for node in self.nodes:
             if node.proc is not None and not node.state.terminal:
                 node.set_state(NodeState.STOPPING)
@@ -500,13 +437,11 @@ class Supervisor:
         """Ctrl-C / SIGTERM to corral: teardown once, kill at the second."""
         self._interrupts += 1
         if self._interrupts == 1:
-            self.sink.message(
-                "interrupted: stopping every node (Ctrl-C again to kill now)", style="bold yellow"
-            )
+            self._say("interrupted: stopping every node (Ctrl-C again to kill now)", "warning")
             self._exit_code = EXIT_INTERRUPTED
             self.stop("interrupted", JobState.CANCELLED)
         else:
-            self.sink.message("killing every node now", style="bold red")
+            self._say("killing every node now", "error")
             self.kill_now()
 
     async def _heartbeats(self) -> None:
@@ -536,11 +471,11 @@ class Supervisor:
                 change = node.watch.check(
                     now, interval=self.heartbeat_interval, timeout=self.host_timeout
                 )
-                if change == HostHealth.SILENT and self.stop_reason is None:
-                    self.sink.message(
+                if change == HostHealth.SILENT and not self.machine.stopping:
+                    self._say(
                         f"no heartbeat from {node.host.name} for "
                         f"{node.watch.silence(now):.0f} s (lost after {self.host_timeout:g} s)",
-                        style="yellow",
+                        "warning",
                     )
                 elif change == HostHealth.LOST:
                     self._declare_lost(
@@ -556,7 +491,7 @@ class Supervisor:
         node.ended = time.time()
         if node.proc is not None:
             node.proc.signal(signal.SIGKILL)
-        if self.stop_reason is None:
+        if not self.machine.stopping:
             self._fail(failure, EXIT_LOST)
         else:
             self.extra_failures.append(failure)
@@ -580,7 +515,7 @@ class Supervisor:
 
     async def _watch_progress(self) -> None:
         """Hang detection: no progress for the hang timeout, or one rank lagging."""
-        while self.stop_reason is None:
+        while not self.machine.stopping:
             await asyncio.sleep(1.0)
             live = [
                 (node.host.name, record.rank)
@@ -593,7 +528,7 @@ class Supervisor:
             if self.holding is not None and self.holding():
                 self.hang.hold(now)
             verdict = self.hang.check(now, live)
-            if verdict is not None and self.stop_reason is None:
+            if verdict is not None and not self.machine.stopping:
                 await self._on_hang(verdict)
                 return
 
@@ -603,7 +538,7 @@ class Supervisor:
             for host, rank in verdict.suspects:
                 if host == node.host.name and rank in node.ranks:
                     node.ranks[rank].set_health(RankHealth.HUNG)
-        self.sink.message(f"hang detected: {verdict.message()}; dumping stacks", style="bold red")
+        self._say(f"hang detected: {verdict.message()}; dumping stacks", "error")
         asking = [n for n in self.nodes if n.proc is not None and not n.state.terminal]
         for node in asking:
             node.stacks = None
@@ -624,7 +559,7 @@ class Supervisor:
                 stacks[(node.host.name, int(entry["rank"]))] = text
         paths = self.hang.write(stacks)
         for line in self.hang.describe(verdict, stacks, paths):
-            self.sink.message(line, style="red")
+            self._say(line, "error")
         key = self.hang.culprit(verdict, stacks)
         blamed: str = key[0] if key is not None else self.nodes[0].host.name
         blamed_rank: int | None = key[1] if key is not None else None
@@ -635,14 +570,14 @@ class Supervisor:
 
     async def _deadline(self, timeout: float) -> None:
         await asyncio.sleep(timeout)
-        if self.stop_reason is None:
-            self.sink.message(f"job timed out after {timeout:g} s: stopping", style="bold red")
+        if not self.machine.stopping:
+            self._say(f"job timed out after {timeout:g} s: stopping", "error")
             self._exit_code = EXIT_TIMEOUT
             self.stop("timeout", JobState.TIMED_OUT)
 
     # -- main ------------------------------------------------------------------------
 
-    async def run(self, *, handle_signals: bool = True) -> JobResult:
+    async def run(self, *, handle_signals: bool = False) -> JobResult:
         """Start every node, supervise until all are done, return the result."""
         loop = asyncio.get_running_loop()
         self._exit_code = 0
@@ -653,9 +588,9 @@ class Supervisor:
         try:
             master = self.nodes[0].command
             await asyncio.gather(*(self._start_node(n) for n in self.nodes))
-            if self.stop_reason is None:
-                self.sink.message(
-                    f"Waiting for master {master.master_addr}:{master.master_port}...", style="dim"
+            if not self.machine.stopping:
+                self._say(
+                    f"Waiting for master {master.master_addr}:{master.master_port}...", "detail"
                 )
             self._tasks.append(asyncio.ensure_future(self._heartbeats()))
             self._tasks.append(asyncio.ensure_future(self._watch_hosts()))
@@ -669,28 +604,30 @@ class Supervisor:
             if handle_signals:
                 for signum in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(signum)
+            self.logs.flush()
             for task in self._tasks:
                 task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            # the tasks' own errors are returned, not raised; a cancellation of this
+            # attempt itself propagates
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         return self._result()
 
     def _result(self) -> JobResult:
-        if self.stop_reason is None:
-            if self.state == JobState.STARTING:
-                self._set_state(JobState.RUNNING)
-            self._set_state(JobState.SUCCEEDED)
-        else:
-            if self.state != JobState.STOPPING:
-                self._set_state(JobState.STOPPING)
-            self._set_state(self.stop_state)
+        """The attempt's outcome; with ``settle`` the machine moves to it too (the
+        engine settles it itself: a failed attempt may become RESTARTING)."""
+        stopped = self.machine.stopping
+        if not stopped and self.state == JobState.STARTING:
+            self._set_state(JobState.RUNNING)
+        outcome = self.stop_state if stopped else JobState.SUCCEEDED
+        if self.settle:
+            self._set_state(outcome, self.stop_reason or "")
         failures = sorted(self.extra_failures, key=lambda f: f.time)
-        exit_code = self._exit_code if self.stop_reason else 0
-        if self.state == JobState.FAILED and failures:
+        exit_code = self._exit_code if stopped else 0
+        if outcome == JobState.FAILED and failures:
             exit_code = failures[0].exit_code
         return JobResult(
             job_id=self.job_id,
-            state=self.state,
+            state=outcome,
             exit_code=exit_code,
             nodes=self.nodes,
             failures=failures,

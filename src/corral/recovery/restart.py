@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.errors import ConfigError
+from corral.job.logfiles import write_private
+from corral.job.result import EXIT_LAUNCH, JobResult
 from corral.job.states import JobState
-from corral.job.supervisor import EXIT_LAUNCH, JobResult
 
 MAX_BACKOFF = 60.0
 ATTEMPTS_FILE = "attempts.json"
@@ -34,11 +35,23 @@ ATTEMPTS_FILE = "attempts.json"
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """``--max-restarts``, ``--restart-backoff`` and ``--min-nodes``."""
+    """``--max-restarts``, ``--restart-backoff`` and ``--min-nodes`` (the restart budget)."""
 
     max_restarts: int = 0
     backoff: float = 1.0
     min_nodes: int | None = None  # None: every host of the first attempt
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(
+                f"must be 0 or more (got {self.max_restarts})", option="--max-restarts"
+            )
+        if not self.backoff >= 0:
+            raise ConfigError(
+                f"must be 0 or more seconds (got {self.backoff:g})", option="--restart-backoff"
+            )
+        if self.min_nodes is not None and self.min_nodes < 1:
+            raise ConfigError(f"must be at least 1 (got {self.min_nodes})", option="--min-nodes")
 
     def delay(self, restart: int) -> float:
         """Seconds to wait before restart number ``restart`` (1-based): the backoff,
@@ -125,9 +138,7 @@ class AttemptLog:
         """Write the file atomically (a crash never leaves it half-written)."""
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps([asdict(r) for r in self.records], indent=1))
-            os.replace(tmp, self.path)
+            write_private(self.path, json.dumps([asdict(r) for r in self.records], indent=1))
 
     def to_json(self) -> list[dict[str, Any]]:
         """Every attempt, as written to the file."""

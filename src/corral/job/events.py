@@ -1,0 +1,130 @@
+"""What a running job tells its subscribers (the terminal, the server's store).
+
+The engine emits one typed event per thing that happened, in order, to every
+subscriber (``Job.subscribe``): state changes of the job and its nodes, per-rank
+progress, chunks of log lines, corral's own messages, the pre-flight report,
+attempts starting and ending, and finally the result. Subscribers must be quick
+(they run on the engine's event loop); log lines arrive as whole-line chunks of
+one rank (a chunk may end in ``\\r``: a progress bar's update, see
+:mod:`corral.agent.protocol`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.job.states import JobState, NodeState
+
+Level = Literal["info", "success", "warning", "error", "detail", "output"]
+"""How a message matters: ``output`` is a line of someone else's (a sync script)."""
+
+
+class JobEvent(BaseModel):
+    """Base of every event: which job, when (the coordinator's clock)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    job_id: str
+    time: float = Field(default_factory=time.time)
+
+
+class StateChanged(JobEvent):
+    """The job moved from ``old`` to ``state`` (see :mod:`corral.job.states`)."""
+
+    kind: Literal["state"] = "state"
+    old: JobState
+    state: JobState
+    attempt: int = 0
+    reason: str = ""
+
+
+class NodeChanged(JobEvent):
+    """A node (host) of the current attempt changed state."""
+
+    kind: Literal["node"] = "node"
+    host: str
+    state: NodeState
+    detail: str = ""
+
+
+class Progress(JobEvent):
+    """A rank's progress report (``corral.sdk.report``)."""
+
+    kind: Literal["progress"] = "progress"
+    host: str
+    rank: int
+    step: int | None = None
+    total: int | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class LogLines(JobEvent):
+    """A chunk of one rank's output (``rank`` -1: the node's own output, e.g. torchrun's).
+
+    ``data`` holds whole lines (ending in ``\\n``), or ends in ``\\r`` when a progress
+    bar updated its line."""
+
+    kind: Literal["log"] = "log"
+    host: str
+    rank: int
+    data: bytes
+
+
+class Message(JobEvent):
+    """One line of corral's own (status, warnings, the reason a job stops)."""
+
+    kind: Literal["message"] = "message"
+    text: str
+    level: Level = "info"
+
+
+class Checked(JobEvent):
+    """The pre-flight checklist ran: ``report`` is its
+    :class:`~corral.checks.result.ChecklistReport`; ``blocking`` when it refused the
+    launch."""
+
+    kind: Literal["checked"] = "checked"
+    report: Any
+    blocking: bool = False
+
+
+class AttemptStarted(JobEvent):
+    """Attempt ``number`` starts on ``hosts`` with ``world_size`` ranks."""
+
+    kind: Literal["attempt_started"] = "attempt_started"
+    number: int
+    hosts: list[str]
+    world_size: int
+    checkpoint: str | None = None
+    log_dir: str = ""
+    launcher: str = ""
+
+
+class AttemptEnded(JobEvent):
+    """Attempt ``number`` ended; ``record`` is its
+    :class:`~corral.recovery.restart.AttemptRecord` as JSON; ``restart`` says
+    whether another attempt follows and ``decision`` why (or why not)."""
+
+    kind: Literal["attempt_ended"] = "attempt_ended"
+    number: int
+    record: dict[str, Any]
+    restart: bool = False
+    decision: str = ""
+
+
+class Finished(JobEvent):
+    """The job ended: ``result`` is the last attempt's
+    :class:`~corral.job.result.JobResult` (with every attempt in ``result.attempts``)."""
+
+    kind: Literal["finished"] = "finished"
+    state: JobState
+    exit_code: int
+    result: Any
+
+
+Subscriber = Callable[[JobEvent], None]
+"""Receives every event of a job, in order (``Job.subscribe``)."""

@@ -1,0 +1,64 @@
+"""The coordinator's copy of every rank's output: ``<run_dir>/<job>/logs/<host>.<rank>.log``.
+
+Bytes are written exactly as the rank wrote them (progress-bar ``\\r`` updates
+included), node-level output (torchrun's own) to ``<host>.node.log``. The
+directory is private to the job's user (0700, files 0600): a job's output may
+hold anything the script prints.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO
+
+NODE_RANK_LABEL = -1
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700; returns it."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by the owner only (0600)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+class LogFiles:
+    """Appends each rank's output to its own file (opened on first use)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = private_dir(log_dir)
+        self._files: dict[tuple[str, int], IO[bytes]] = {}
+
+    def path(self, host: str, rank: int) -> Path:
+        """The log file of one rank (or the node's own output for ``rank`` -1)."""
+        name = f"{host}.node.log" if rank == NODE_RANK_LABEL else f"{host}.{rank}.log"
+        return self.log_dir / name
+
+    def write(self, host: str, rank: int, data: bytes) -> None:
+        """Append ``data`` to the rank's file."""
+        key = (host, rank)
+        handle = self._files.get(key)
+        if handle is None:
+            fd = os.open(self.path(host, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            handle = self._files[key] = os.fdopen(fd, "ab")
+        handle.write(data)
+
+    def flush(self) -> None:
+        """Flush every open file."""
+        for handle in self._files.values():
+            handle.flush()
+
+    def close(self) -> None:
+        """Close every file."""
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()

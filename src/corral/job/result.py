@@ -1,0 +1,141 @@
+"""What a supervised attempt produced: per-rank and per-node records, failures, the
+result, and corral's exit codes (a leaf module: the supervisor, the summary, the
+restart policy and the engine all read these types)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.cluster.model import Host
+from corral.job.states import JobState, NodeState, check_node_transition
+from corral.plan.spec import NodeCommand
+from corral.recovery.health import HostWatch, RankHealth, check_rank_transition
+from corral.transport.base import NodeProcess
+
+STDERR_TAIL = 20
+
+#: corral's exit codes besides 0 and the failing rank's own code.
+EXIT_SIGNAL_BASE = 128  # rank killed by signal N -> 128 + N
+EXIT_TIMEOUT = 124  # --timeout reached
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM to corral
+EXIT_LOST = 255  # a host was lost (connection or agent died)
+EXIT_LAUNCH = 3  # a node could not be started / the master never came up
+EXIT_HANG = 125  # hang detection stopped the job (no progress for --hang-timeout)
+
+
+def signal_name(code: int | None) -> str | None:
+    """``SIGKILL`` for -9 (and for 137, the shell's 128+9), else None."""
+    if code is None:
+        return None
+    num = -code if code < 0 else code - EXIT_SIGNAL_BASE if code > EXIT_SIGNAL_BASE else 0
+    if num <= 0:
+        return None
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+@dataclass
+class RankRecord:
+    """What the coordinator knows about one rank."""
+
+    host: str
+    rank: int
+    local_rank: int = 0
+    pid: int | None = None
+    code: int | None = None
+    exited: bool = False
+    time: float | None = None
+    error: dict[str, Any] | None = None
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
+    progress: dict[str, Any] | None = None
+    health: RankHealth = RankHealth.STARTED
+
+    def set_health(self, new: RankHealth) -> None:
+        """Move to ``new`` along a documented transition (no-op if already there)."""
+        if new != self.health:
+            self.health = check_rank_transition(self.health, new)
+
+
+@dataclass
+class NodeRun:
+    """One node during and after the job."""
+
+    command: NodeCommand
+    state: NodeState = NodeState.STARTING
+    proc: NodeProcess | None = None
+    started: float = 0.0
+    ended: float | None = None
+    ranks: dict[int, RankRecord] = field(default_factory=dict)
+    agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
+    detail: str = ""
+    got_exit_event: bool = False
+    clock_offset: float = 0.0  # coordinator clock minus the host's clock
+    watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
+    stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)
+    stacks_ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def to_local(self, host_time: float) -> float:
+        """A timestamp of this host's clock on the coordinator's clock."""
+        return host_time + self.clock_offset
+
+    failed: bool = False  # one of its ranks failed before the job was stopping
+    listener: Callable[[NodeRun], None] | None = None  # told of every state change
+
+    @property
+    def host(self) -> Host:
+        """The node's host."""
+        return self.command.host
+
+    def set_state(self, new: NodeState) -> None:
+        """Move to ``new`` along a documented transition (no-op if already there)."""
+        if new != self.state:
+            self.state = check_node_transition(self.state, new)
+            if self.listener is not None:
+                self.listener(self)
+
+
+@dataclass
+class Failure:
+    """The root cause of a failed job (or one more failure after it)."""
+
+    host: str
+    rank: int | None
+    code: int | None
+    time: float
+    message: str
+    stderr_tail: list[str]
+    traceback: str | None = None
+    exit_code: int = 1
+
+    @property
+    def signal(self) -> str | None:
+        """Signal name when the process was killed by a signal."""
+        return signal_name(self.code)
+
+
+@dataclass
+class JobResult:
+    """Outcome of a supervised job."""
+
+    job_id: str
+    state: JobState
+    exit_code: int
+    nodes: list[NodeRun]
+    failures: list[Failure]
+    started: float
+    ended: float
+    reason: str = ""
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt so far
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The earliest failure, if any."""
+        return self.failures[0] if self.failures else None
