@@ -8,7 +8,8 @@ imported lazily by the functions that use it.
 from corral import sdk
 
 sdk.init_distributed()                      # waits for the master, explicit timeouts
-cfg = sdk.scale_config(batch_size=256, lr=1e-3)
+# the global batch of 1024 split over the ranks; lr tuned at a global batch of 256 -> 4e-3
+cfg = sdk.scale_config(batch_size=1024, lr=1e-3, base_batch_size=256)
 start = 0
 if (ckpt := sdk.latest_checkpoint("ckpts")) is not None:
     start = sdk.load_checkpoint(ckpt)["step"]      # and restore model/optimizer
