@@ -30,6 +30,8 @@ from typing import IO, Any
 
 import psutil
 
+from corral.agent.control import ControlServer
+from corral.agent.files import append_private, private_dir, redacted_node, write_private
 from corral.agent.protocol import (
     EVENT,
     NODE,
@@ -137,7 +139,7 @@ class NodeAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._teardown_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._control_server: asyncio.AbstractServer | None = None
+        self._control: ControlServer | None = None
         # Each rank's SDK connection, for the coordinator's replies ("reply" op).
         self._control_writers: dict[int, asyncio.StreamWriter] = {}
         self._broken_logs: set[int] = set()
@@ -163,7 +165,7 @@ class NodeAgent:
         if track is None:
             track = self.ranks[rank] = RankTrack(rank=rank)
         if track.log is None:
-            track.log = open(self.node_dir / "logs" / f"rank-{rank}.log", "ab")  # noqa: SIM115
+            track.log = append_private(self.node_dir / "logs" / f"rank-{rank}.log")
         return track.log
 
     def forward(self, kind: bytes, rank: int, data: bytes) -> None:
@@ -242,7 +244,7 @@ class NodeAgent:
             return
         self.pgids.add(pgid)
         with contextlib.suppress(OSError):
-            (self.node_dir / "pgids").write_text("".join(f"{g}\n" for g in sorted(self.pgids)))
+            write_private(self.node_dir / "pgids", "".join(f"{g}\n" for g in sorted(self.pgids)))
 
     def _descendants(self) -> list[psutil.Process]:
         try:
@@ -274,11 +276,12 @@ class NodeAgent:
     # -- starting --------------------------------------------------------------------
 
     def _prepare_dirs(self) -> str:
+        private_dir(self.node_dir)
         for sub in ("logs", "errors"):
-            (self.node_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.node_log = open(self.node_dir / "logs" / "node.log", "ab")  # noqa: SIM115
-        (self.node_dir / "agent.pid").write_text(f"{os.getpid()}\n")
-        (self.node_dir / "spec.json").write_text(json.dumps(self.node, indent=1))
+            private_dir(self.node_dir / sub)
+        self.node_log = append_private(self.node_dir / "logs" / "node.log")
+        write_private(self.node_dir / "agent.pid", f"{os.getpid()}\n")
+        write_private(self.node_dir / "spec.json", json.dumps(redacted_node(self.node), indent=1))
         cwd = os.path.abspath(os.path.expanduser(str(self.node["cwd"])))
         if not os.path.isdir(cwd):
             if not cwd.startswith(str(self.node_dir) + os.sep):
@@ -347,17 +350,16 @@ class NodeAgent:
     # -- control socket (torchrun ranks' streams and SDK reports) -----------------------
 
     async def _serve_control(self) -> None:
-        address = self.env.get("CORRAL_CONTROL", "")
-        if not address.startswith("unix:"):
-            return
-        path = address[len("unix:") :]
-        if path.startswith("@"):
-            path = "\0" + path[1:]
-        elif os.path.exists(path):
-            os.unlink(path)
-        self._control_server = await asyncio.start_unix_server(
-            self._on_control, path=path, limit=CHUNK * 8
-        )
+        """Serve the private, authenticated control socket (:mod:`corral.agent.control`);
+        its address and token reach the ranks through their environment only."""
+        self._control = ControlServer(self._on_control, limit=CHUNK * 8)
+        await self._control.start()
+        self.env.update(self._control.env())
+
+    def close_control(self) -> None:
+        """Stop serving the control socket and remove it (idempotent)."""
+        if self._control is not None:
+            self._control.close()
 
     async def _on_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -679,8 +681,7 @@ class NodeAgent:
             self._spawn(self._probe_master())
         self._reap()  # a child may have exited before the SIGCHLD handler was in place
         await self.done.wait()
-        if self._control_server is not None:
-            self._control_server.close()
+        self.close_control()
         codes = {str(t.rank): t.code for t in self.ranks.values()}
         for track in self.ranks.values():
             if track.log is not None:
@@ -689,7 +690,7 @@ class NodeAgent:
             self.node_log.close()
         status = {"ranks": codes, "time": time.time()}
         with contextlib.suppress(OSError):
-            (self.node_dir / "status.json").write_text(json.dumps(status))
+            write_private(self.node_dir / "status.json", json.dumps(status))
         failed = [w.code for w in self.workloads.values() if w.rank == NODE and w.code]
         self.event("node_exit", ranks=codes, code=failed[0] if failed else 0)
         return 0
@@ -710,6 +711,7 @@ def run_agent(start: dict[str, Any], out: IO[bytes], stdin_fd: int) -> int:
     try:
         return asyncio.run(agent.run(stdin_fd))
     finally:
+        agent.close_control()
         out.flush()
 
 
