@@ -32,18 +32,21 @@ import psutil
 
 from corral.agent.control import ControlServer
 from corral.agent.files import append_private, private_dir, redacted_node, write_private
+from corral.agent.messages import Complaints, ExitMessage, parse_message, report_event
 from corral.agent.protocol import (
     EVENT,
     NODE,
     STDERR,
     STDOUT,
+    Framer,
+    decode_op,
     encode_event,
     encode_frame,
+    frame_payload,
 )
 from corral.agent.worker import error_file
 
 CHUNK = 1 << 16
-MAX_LINE = 8 << 20  # longer lines are split (frames are at most 16 MiB)
 DRAIN_WINDOW = 2.0
 PR_SET_CHILD_SUBREAPER = 36
 _TORCHRUN_EXIT = re.compile(rb"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
@@ -143,6 +146,7 @@ class NodeAgent:
         # Each rank's SDK connection, for the coordinator's replies ("reply" op).
         self._control_writers: dict[int, asyncio.StreamWriter] = {}
         self._broken_logs: set[int] = set()
+        self._complaints = Complaints()
 
     # -- output ---------------------------------------------------------------------
 
@@ -169,12 +173,12 @@ class NodeAgent:
         return track.log
 
     def forward(self, kind: bytes, rank: int, data: bytes) -> None:
-        """Send complete lines of ``rank`` to the coordinator and the host-side log.
+        """Send a :class:`Framer` chunk of ``rank`` to the coordinator and the host-side log.
 
         A host-side log that cannot be written (disk full) is given up on; the
         lines still go to the coordinator, so the rank never blocks on its output.
         """
-        self.emit(encode_frame(kind, rank, data))
+        self.emit(encode_frame(kind, rank, frame_payload(data)))
         if rank in self._broken_logs:
             return
         try:
@@ -204,34 +208,31 @@ class NodeAgent:
         rank_of: Callable[[], int],
         on_line: Callable[[bytes], None] | None = None,
     ) -> None:
-        """Forward a byte stream as whole-line frames until EOF.
+        """Forward a byte stream as frames until EOF, cut by a :class:`Framer`
+        (whole lines, plus ``\\r`` progress output at most every 0.2 s)."""
+        framer = Framer()
 
-        A line is only ever cut when it grows past MAX_LINE without a newline.
-        """
-        pending = bytearray()
+        def send(data: bytes) -> None:
+            if data:
+                self.forward(kind, rank_of(), data)
+                if on_line is not None:
+                    for line in data.splitlines():
+                        on_line(line)
+
         while True:
-            chunk = await reader.read(CHUNK)
+            due = framer.due()
+            if due is None:
+                chunk = await reader.read(CHUNK)
+            else:
+                try:
+                    chunk = await asyncio.wait_for(reader.read(CHUNK), due - time.monotonic())
+                except asyncio.TimeoutError:
+                    send(framer.poll())
+                    continue
             if not chunk:
                 break
-            cut = chunk.rfind(b"\n") + 1
-            if cut == 0:
-                pending += chunk
-                if len(pending) >= MAX_LINE:  # a pathological line: pass it on in pieces
-                    self.forward(kind, rank_of(), bytes(pending) + b"\n")
-                    if on_line is not None:
-                        on_line(bytes(pending))
-                    pending.clear()
-                continue
-            data = bytes(pending) + chunk[:cut] if pending else chunk[:cut]
-            pending[:] = chunk[cut:]
-            self.forward(kind, rank_of(), data)
-            if on_line is not None:
-                for line in data.splitlines():
-                    on_line(line)
-        if pending:
-            self.forward(kind, rank_of(), bytes(pending) + b"\n")
-            if on_line is not None:
-                on_line(bytes(pending))
+            send(framer.feed(chunk))
+        send(framer.close())
 
     # -- process tracking ------------------------------------------------------------
 
@@ -399,21 +400,33 @@ class NodeAgent:
             self._maybe_report_rank(track, final=False)
 
     async def _rank_control(self, rank: int, reader: asyncio.StreamReader) -> None:
+        """Validate each line of a rank's SDK connection: ``exit`` settles the rank,
+        the rest is forwarded as a ``report`` event; invalid lines are dropped."""
         while True:
-            line = await reader.readline()
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than the stream's limit
+                self._complain(f"dropped an overlong message from rank {rank}; disconnected it")
+                return
             if not line:
                 return
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = parse_message(line)
+            except ValueError as exc:
+                self._complain(f"dropped an invalid message from rank {rank}: {exc}")
                 continue
-            if msg.get("type") == "exit":
+            if isinstance(msg, ExitMessage):
                 track = self.ranks.setdefault(rank, RankTrack(rank=rank))
-                track.code = int(msg.get("code", 1))
+                track.code = msg.code
                 self._maybe_report_rank(track, final=False)
             else:
-                msg.setdefault("rank", rank)
-                self.emit(encode_event({"event": "report", **msg}))
+                self.emit(encode_event(report_event(msg, rank)))
+
+    def _complain(self, text: str) -> None:
+        """One line on the agent's stderr, rate-limited (a rank cannot flood it)."""
+        line = self._complaints.note(text)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
 
     def _error_file(self, rank: int) -> dict[str, Any] | None:
         attempt = self.env.get("CORRAL_ATTEMPT", "0")
@@ -516,19 +529,24 @@ class NodeAgent:
                 return
             self.last_heartbeat = time.monotonic()
             try:
-                op = json.loads(line)
-            except ValueError:
-                continue
-            kind = op.get("op")
-            if kind == "stop":
-                self.request_teardown(float(op.get("grace", self.grace)), reason="stop requested")
-            elif kind == "kill":
-                self.request_teardown(0.0, reason="kill requested")
-            elif kind == "dump":
-                self.stack_timeout = float(op.get("timeout", self.stack_timeout))
-                self._spawn(self._dump_stacks())
-            elif kind == "reply":
-                self._reply(op)
+                self._on_op(decode_op(line))
+            except (ValueError, TypeError) as exc:
+                print(f"corral agent: ignoring an invalid op: {exc}", file=sys.stderr, flush=True)
+
+    def _on_op(self, op: dict[str, Any]) -> None:
+        """Act on one coordinator op (ValueError/TypeError when it is malformed)."""
+        kind = op["op"]
+        if kind == "stop":
+            self.request_teardown(float(op.get("grace", self.grace)), reason="stop requested")
+        elif kind == "kill":
+            self.request_teardown(0.0, reason="kill requested")
+        elif kind == "dump":
+            self.stack_timeout = float(op.get("timeout", self.stack_timeout))
+            self._spawn(self._dump_stacks())
+        elif kind == "reply":
+            self._reply(op)
+        elif kind != "hb":
+            raise ValueError(f"unknown op {kind[:40]!r}")
 
     def _reply(self, op: dict[str, Any]) -> None:
         """Pass the coordinator's answer to a rank's SDK request (dropped when that
@@ -622,13 +640,13 @@ class NodeAgent:
         return any(_running(p) for p in self._descendants())
 
     async def _teardown(self, grace: float) -> None:
-        if self._alive():
+        if self._alive() and grace > 0:  # no grace (kill): SIGKILL only
             self._kill_all(signal.SIGTERM)
             deadline = time.monotonic() + grace
             while self._alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            if self._alive():
-                self._kill_all(signal.SIGKILL)
+        if self._alive():
+            self._kill_all(signal.SIGKILL)
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             self._reap()
