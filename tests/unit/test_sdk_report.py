@@ -158,7 +158,7 @@ def test_noop_without_control_env(monkeypatch: pytest.MonkeyPatch) -> None:
     "spec",
     [
         "unix:/nonexistent/corral-nobody-listens-here",
-        "unix:@corral-abstract-names-are-refused",
+        "unix:@corral-nobody-listens-here",
         "tcp:127.0.0.1:1",
         "unix:",
     ],

@@ -65,15 +65,23 @@ def auth_line(token: str) -> bytes:
     return b"auth " + token.encode("ascii", "replace") + b"\n"
 
 
-def connect_control(spec: str, timeout: float | None = SEND_TIMEOUT) -> socket.socket:
-    """Connect to the control socket at ``spec`` (``unix:/path``) and authenticate
-    with ``$CORRAL_CONTROL_TOKEN``. Raises OSError (a bad address included)."""
-    if not spec.startswith("unix:/"):
+def _socket_address(spec: str) -> str:
+    if not spec.startswith(("unix:/", "unix:@")) or len(spec) <= len("unix:@"):
         raise OSError(f"unsupported {CONTROL_ENV} address {spec!r}")
+    target = spec[len("unix:") :]
+    return "\0" + target[1:] if target.startswith("@") else target
+
+
+def connect_control(spec: str, timeout: float | None = SEND_TIMEOUT) -> socket.socket:
+    """Connect to the control socket at ``spec`` and authenticate with
+    ``$CORRAL_CONTROL_TOKEN``. ``spec`` is ``unix:/path`` (what the node agent sets)
+    or ``unix:@NAME`` (a Linux abstract socket: a test's or a custom server's).
+    Raises OSError (a bad address included)."""
+    address = _socket_address(spec)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
-        sock.connect(spec[len("unix:") :])
+        sock.connect(address)
         sock.sendall(auth_line(os.environ.get(TOKEN_ENV, "")), _SEND_FLAGS)
     except BaseException:
         sock.close()
