@@ -187,7 +187,7 @@ class Job:
         self.attempt = 0
         self._supervisor: Supervisor | None = None
         self._preparing: asyncio.Task[Any] | None = None
-        self._cancelled = asyncio.Event() if _loop_running() else None
+        self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
         self._task: asyncio.Task[JobResult] | None = None
 
@@ -228,8 +228,9 @@ class Job:
         """Prepare, launch, supervise, restart as the policy allows; the last attempt's
         result. Errors before launch (bad input, a failed check, a host that is not
         ready) raise the CorralError after the job moved to FAILED."""
-        if self._cancelled is None:
-            self._cancelled = asyncio.Event()
+        self._cancelled = asyncio.Event()
+        if self._stops:  # stop() came before run()
+            self._cancelled.set()
         transport = self._transport or transport_for(self.cluster, self.ssh)
         try:
             return await self._run(transport)
@@ -629,14 +630,6 @@ class Job:
             )
         )
         return result
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _level(style: str) -> Level:

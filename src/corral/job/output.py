@@ -260,24 +260,23 @@ class TerminalOutput:
             data = pending + data
         cut = data.rfind(b"\n") + 1
         whole, rest = data[:cut], data[cut:]
+        if whole:
+            self.bars.pop(key, None)
+            body = whole[:-1]
+            if b"\r" in body:
+                body = b"\n".join(_latest_segment(line) for line in body.split(b"\n"))
+            prefix = self._prefix(host, rank)
+            text = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
+            if self.live_mode:
+                self._write_above_footer(text)
+            else:
+                self._write(text)
         if rest:  # a progress bar's \r update, not a line yet
             self._partial[key] = rest[-4096:]
             status = _latest_segment(rest).decode("utf-8", "replace").strip()
             if status:
                 self.bars[key] = status
                 self._status_changed()
-        if not whole:
-            return
-        self.bars.pop(key, None)
-        body = whole[:-1]
-        if b"\r" in body:
-            body = b"\n".join(_latest_segment(line) for line in body.split(b"\n"))
-        prefix = self._prefix(host, rank)
-        text = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
-        if self.live_mode:
-            self._write_above_footer(text)
-        else:
-            self._write(text)
 
     def _write(self, data: bytes) -> None:
         """Hand bytes to the writer thread (in order; never dropped)."""
