@@ -54,7 +54,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra MB of data in each checkpoint (slower, bigger saves; tests)",
     )
     p.add_argument("--batch-size", type=int, default=256, help="global batch size")
-    p.add_argument("--lr", type=float, default=0.1, help="single-process learning rate")
+    p.add_argument(
+        "--lr", type=float, default=0.1, help="learning rate tuned for --base-batch-size"
+    )
+    p.add_argument(
+        "--base-batch-size",
+        type=int,
+        default=128,
+        help="global batch --lr was tuned for; the LR follows the global batch from there "
+        "(never the world size alone: see corral.sdk.scale_config)",
+    )
     p.add_argument("--lr-rule", choices=["linear", "sqrt", "none"], default="sqrt")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds (slows the run)")
@@ -143,7 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     me = sdk.info()
     sdk.print_distributed_info()
     distributed = sdk.init_distributed()
-    cfg = sdk.scale_config(batch_size=args.batch_size, lr=args.lr, rule=args.lr_rule)
+    cfg = sdk.scale_config(
+        batch_size=args.batch_size,
+        lr=args.lr,
+        rule=args.lr_rule,
+        base_batch_size=args.base_batch_size,
+    )
 
     # init_distributed already selected this rank's GPU when there are GPUs.
     cuda = torch.cuda.is_available()

@@ -72,7 +72,7 @@ class Supervisor:
         grace: float = 10.0,
         timeout: float | None = None,
         heartbeat_interval: float = 2.0,
-        heartbeat_timeout: float = 15.0,
+        heartbeat_timeout: float = DEFAULT_HOST_TIMEOUT,
         master_timeout: float = 300.0,
         require_master: bool = True,
         started: Mapping[str, NodeProcess] | None = None,
