@@ -232,5 +232,31 @@ def test_tuning_reorders_builtin_lists_only() -> None:
     assert " ".join(options) in " ".join(argv)
 
 
-def test_has_hw_aes_reads_cpuinfo() -> None:
-    assert isinstance(has_hw_aes(), bool)
+@pytest.mark.parametrize(
+    ("cpuinfo", "expected"),
+    [
+        ("processor : 0\nflags : fpu sse2 aes avx\n", True),
+        ("processor : 0\nflags : fpu sse2 avx\n", False),
+        ("Features : fp asimd aes pmull\n", True),
+    ],
+)
+def test_has_hw_aes_reads_cpuinfo(
+    monkeypatch: pytest.MonkeyPatch, cpuinfo: str, expected: bool
+) -> None:
+    real = Path.read_text
+
+    def fake(self: Path, *args: object, **kw: object) -> str:
+        if str(self) == "/proc/cpuinfo":
+            return cpuinfo
+        return real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", fake)
+    assert has_hw_aes() is expected
+
+
+def test_insecure_turns_checking_off_only_when_asked() -> None:
+    pairs = [a for a in ssh_argv(opts(insecure_no_host_key_check=True), Host("h1"))]
+    assert "StrictHostKeyChecking=no" in pairs and "UserKnownHostsFile=/dev/null" in pairs
+    strict = ssh_argv(opts(accept_new_host_keys=True), Host("h1"))
+    assert "StrictHostKeyChecking=accept-new" in strict
+    assert "UserKnownHostsFile=/dev/null" not in strict

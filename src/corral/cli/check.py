@@ -23,6 +23,7 @@ from corral.checks.runner import run_checklist
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
+    InsecureNoHostKeyCheckOpt,
     SshConfigOpt,
     SshKeyOpt,
     SshPasswordEnvOpt,
@@ -142,6 +143,7 @@ def check(
     ssh_password_env: SshPasswordEnvOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
     launcher: LauncherOpt = "torchrun",
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
@@ -184,6 +186,7 @@ def check(
         password_env=ssh_password_env,
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
+        insecure_no_host_key_check=insecure_no_host_key_check,
     )
     opts = checklist_options(
         hosts=hosts,

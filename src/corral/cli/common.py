@@ -72,6 +72,17 @@ AcceptNewHostKeysOpt = Annotated[
         rich_help_panel="Cluster",
     ),
 ]
+InsecureNoHostKeyCheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure-no-host-key-check",
+        envvar="CORRAL_INSECURE_NO_HOST_KEY_CHECK",
+        help="Do not verify SSH host keys at all (insecure: open to man-in-the-middle "
+        "attacks). Also the only way to run with 'UserKnownHostsFile none' or "
+        "'StrictHostKeyChecking no' in the ssh config, which corral otherwise refuses.",
+        rich_help_panel="Cluster",
+    ),
+]
 
 
 def require_hosts(hosts: str | None) -> str:

@@ -23,6 +23,7 @@ from rich.text import Text
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
+    InsecureNoHostKeyCheckOpt,
     SshConfigOpt,
     SshKeyOpt,
     SshPasswordEnvOpt,
@@ -238,6 +239,7 @@ def exec_(
     ssh_password_env: SshPasswordEnvOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
     connect_timeout: ConnectTimeoutOpt = None,
@@ -262,6 +264,7 @@ def exec_(
         password_env=ssh_password_env,
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
+        insecure_no_host_key_check=insecure_no_host_key_check,
     )
     code = asyncio.run(
         exec_on_cluster(

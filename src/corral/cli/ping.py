@@ -22,6 +22,7 @@ from rich.text import Text
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
+    InsecureNoHostKeyCheckOpt,
     SshConfigOpt,
     SshKeyOpt,
     SshPasswordEnvOpt,
@@ -113,6 +114,7 @@ def ping(
     ssh_password_env: SshPasswordEnvOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT,
     as_json: JsonOpt = False,
 ) -> None:
@@ -132,6 +134,7 @@ def ping(
         password_env=ssh_password_env,
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
+        insecure_no_host_key_check=insecure_no_host_key_check,
     )
     results = asyncio.run(ping_cluster(cluster, ssh, timeout=timeout))
     failed = failed_hosts(results)

@@ -20,6 +20,7 @@ from corral.checks.result import Status
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
+    InsecureNoHostKeyCheckOpt,
     SshConfigOpt,
     SshKeyOpt,
     SshPasswordEnvOpt,
@@ -437,6 +438,7 @@ def run(
     ssh_password_env: SshPasswordEnvOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
     launcher: LauncherOpt = "torchrun",
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
@@ -500,6 +502,7 @@ def run(
         password_env=ssh_password_env,
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
+        insecure_no_host_key_check=insecure_no_host_key_check,
     )
     cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
     spec = _spec(

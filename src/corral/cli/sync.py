@@ -25,6 +25,7 @@ from rich.text import Text
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
+    InsecureNoHostKeyCheckOpt,
     SshConfigOpt,
     SshKeyOpt,
     SshPasswordEnvOpt,
@@ -345,6 +346,7 @@ def sync(
     ssh_password_env: SshPasswordEnvOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
     dest: DestOpt = None,
     delete: DeleteOpt = False,
     sync_script: ScriptOpt = None,
@@ -371,6 +373,7 @@ def sync(
         password_env=ssh_password_env,
         config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
+        insecure_no_host_key_check=insecure_no_host_key_check,
     )
     code = asyncio.run(
         interruptible(

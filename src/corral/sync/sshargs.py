@@ -119,8 +119,11 @@ def ssh_argv(
         argv += ["-o", "BatchMode=no", "-o", "NumberOfPasswordPrompts=1"]
     else:
         argv += ["-o", "BatchMode=yes"]
-    checking = "accept-new" if options.accept_new_host_keys else "yes"
-    argv += ["-o", f"StrictHostKeyChecking={checking}"]
+    if options.insecure_no_host_key_check:  # asked for explicitly (insecure)
+        argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    else:
+        checking = "accept-new" if options.accept_new_host_keys else "yes"
+        argv += ["-o", f"StrictHostKeyChecking={checking}"]
     if connect_timeout is not None:
         argv += ["-o", f"ConnectTimeout={_seconds(connect_timeout)}"]
     argv += tuning
