@@ -530,22 +530,8 @@ def test_copying_to_a_full_disk_names_host_and_path(layout: Layout, tiny_disk: P
 # -- resume across ranks ---------------------------------------------------------------
 
 
-@pytest.mark.torch
-def test_resume_broadcasts_rank0s_checkpoint_to_ranks_without_a_copy(tmp_path: Path) -> None:
-    torch = require_torch()
-    (tmp_path / "r0").mkdir()
-    (tmp_path / "r1").mkdir()
-    torch.save({"step": 40, "w": torch.arange(5.0)}, tmp_path / "r0" / "ckpt-00000040.pt")
-    script = textwrap.dedent(
-        """
-        import os, sys, torch, torch.distributed as dist
-        from corral import sdk
-        dist.init_process_group("gloo", init_method="env://")
-        state = sdk.resume(sys.argv[1])
-        print("got", dist.get_rank(), state["step"], state["w"].tolist(), flush=True)
-        dist.destroy_process_group()
-        """
-    )
+def _two_ranks(tmp_path: Path, script: str) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``script`` as ranks 0 and 1 of a gloo group; rank R's argv[1] is ``tmp_path/rR``."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -558,6 +544,7 @@ def test_resume_broadcasts_rank0s_checkpoint_to_ranks_without_a_copy(tmp_path: P
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             GLOO_SOCKET_IFNAME="lo",
+            CORRAL_HOST=f"host{rank}",
         )
         procs.append(
             subprocess.Popen(
@@ -568,18 +555,69 @@ def test_resume_broadcasts_rank0s_checkpoint_to_ranks_without_a_copy(tmp_path: P
                 text=True,
             )
         )
-    outs = []
+    done = []
     for proc in procs:
         try:
             out, err = proc.communicate(timeout=120)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        assert proc.returncode == 0, err
-        outs.append(out)
-    assert outs[0].splitlines() == [
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+RESUME = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist
+    from corral import sdk
+    dist.init_process_group("gloo", init_method="env://")
+    try:
+        state = sdk.resume(sys.argv[1])
+    except FileNotFoundError as exc:
+        print("error", exc, flush=True)
+        sys.exit(3)
+    print("got", dist.get_rank(), state["step"], state["w"].tolist(), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.torch
+def test_resume_loads_the_same_checkpoint_on_every_rank_from_its_own_disk(
+    tmp_path: Path,
+) -> None:
+    torch = pytest.importorskip("torch")
+    (tmp_path / "r0").mkdir()
+    (tmp_path / "r1").mkdir()
+    torch.save({"step": 40, "w": torch.arange(5.0)}, tmp_path / "r0" / "ckpt-00000040.pt")
+    torch.save({"step": 20, "w": torch.zeros(2)}, tmp_path / "r1" / "ckpt-00000020.pt")
+    # rank 1's own copy of step 40 (marked, to show it is read from rank 1's disk)
+    torch.save({"step": 40, "w": torch.arange(5.0) + 1}, tmp_path / "r1" / "ckpt-00000040.pt")
+    ranks = _two_ranks(tmp_path, RESUME)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr for r in ranks]
+    assert ranks[0].stdout.splitlines() == [
         f"[corral] resuming from {tmp_path / 'r0' / 'ckpt-00000040.pt'} (step 40)",
         "got 0 40 [0.0, 1.0, 2.0, 3.0, 4.0]",
     ]
-    assert outs[1].splitlines() == ["got 1 40 [0.0, 1.0, 2.0, 3.0, 4.0]"]
-    assert list((tmp_path / "r1").iterdir()) == []
+    assert ranks[1].stdout.splitlines() == ["got 1 40 [1.0, 2.0, 3.0, 4.0, 5.0]"]
+
+
+@pytest.mark.torch
+def test_resume_fails_on_every_rank_naming_the_host_that_lacks_the_newest(
+    tmp_path: Path,
+) -> None:
+    """Rank 0's host lacks the newest checkpoint that rank 1's host has: no rank
+    silently starts from an older step (nor from scratch)."""
+    torch = pytest.importorskip("torch")
+    (tmp_path / "r0").mkdir()
+    (tmp_path / "r1").mkdir()
+    torch.save({"step": 20, "w": torch.zeros(2)}, tmp_path / "r0" / "ckpt-00000020.pt")
+    torch.save({"step": 40, "w": torch.zeros(2)}, tmp_path / "r1" / "ckpt-00000040.pt")
+    ranks = _two_ranks(tmp_path, RESUME)
+    assert [r.returncode for r in ranks] == [3, 3], [r.stderr for r in ranks]
+    expected = (
+        "error cannot resume from step 40 (ckpt-00000040.pt, found on host1): rank 0 on "
+        f"host host0 has no complete {tmp_path / 'r0' / 'ckpt-00000040.pt'} (corral places"
+    )
+    assert ranks[0].stdout.startswith(expected)
+    assert ranks[0].stdout == ranks[1].stdout

@@ -342,3 +342,57 @@ def test_resume_prints_only_on_rank_zero(
     loaded = sdk.resume(tmp_path)  # no process group: this rank reads its own directory
     assert loaded is not None and loaded["step"] == 4
     assert capsys.readouterr().out == ""
+
+
+class FakeGroup:
+    """A process group of ``len(others) + 1`` ranks: ``others`` are what the other
+    ranks report to ``all_gather_object``; only that collective exists (no broadcast)."""
+
+    def __init__(self, rank: int, others: dict[int, object]) -> None:
+        self.rank = rank
+        self.others = others
+        self.gathered: list[object] = []
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return len(self.others) + 1
+
+    def all_gather_object(self, out: list[object], obj: object) -> None:
+        self.gathered.append(obj)
+        for i in range(len(out)):
+            out[i] = obj if i == self.rank else self.others[i]
+
+
+def test_resume_in_a_group_loads_the_agreed_checkpoint_from_this_hosts_disk(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from corral.sdk import _resume
+
+    for step in (20, 30):
+        sdk.save_checkpoint(state(step), tmp_path, step, keep=None)
+    group = FakeGroup(1, {0: (30, "h0", "/elsewhere/ck")})
+    monkeypatch.setattr(_resume, "_group", lambda: group)
+    monkeypatch.setenv("CORRAL_HOST", "h1")
+    loaded = sdk.resume(tmp_path)
+    assert loaded is not None and loaded["step"] == 30
+    assert group.gathered == [(30, "h1", str(tmp_path))]  # only the small fact travels
+    assert capsys.readouterr().out == ""  # rank 1 says nothing
+
+
+def test_resume_in_a_group_fails_when_this_host_lacks_the_newest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from corral.sdk import _resume
+
+    sdk.save_checkpoint(state(30), tmp_path, 30)
+    group = FakeGroup(1, {0: (40, "h0", "/elsewhere/ck"), 2: (40, "h2", "/x/ck")})
+    monkeypatch.setattr(_resume, "_group", lambda: group)
+    monkeypatch.setenv("CORRAL_HOST", "h1")
+    with pytest.raises(FileNotFoundError) as caught:
+        sdk.resume(tmp_path)
+    assert str(caught.value).startswith(
+        "cannot resume from step 40 (ckpt-00000040.pt, found on h0, h2): rank 1 on host h1 "
+        f"has no complete {tmp_path / 'ckpt-00000040.pt'} (corral places"
+    )

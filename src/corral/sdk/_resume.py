@@ -1,20 +1,21 @@
-"""Resume a job from its latest checkpoint, on every rank.
+"""Resume a job from its latest checkpoint, on every rank, each from its own disk.
 
-After a restart corral makes sure the newest complete checkpoint is on the
-host that runs global rank 0 (copying it there when the checkpoint directory is
-host-local), so :func:`resume` reads it on rank 0 only and, in a distributed
-job, hands the file's bytes to the other ranks with one broadcast: no other host
-needs a copy on its disk. At most one checkpoint interval of work is lost.
+After a restart corral makes sure the newest complete checkpoint is on every
+host of the job (copying it to the hosts that lack it when the checkpoint
+directory is host-local), so each rank loads the file from its own host: no
+checkpoint is ever pickled through a collective, whatever its size. The ranks
+exchange only which checkpoint they see (one small ``all_gather_object``) and
+all load the same one. At most one checkpoint interval of work is lost.
 """
 
 from __future__ import annotations
 
-import io
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
-from corral.sdk._checkpoint import latest_checkpoint, load_checkpoint, load_state
+from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint, load_checkpoint
 from corral.sdk._env import info
 
 __all__ = ["resume"]
@@ -45,9 +46,38 @@ def _directory(directory: str | os.PathLike[str] | None) -> Path:
     return Path(env)
 
 
+def _newest(folder: Path) -> tuple[int, Path] | None:
+    """The newest complete rank-0 checkpoint in ``folder``: (step, path), or None."""
+    for step, path in reversed(checkpoint_files(folder)):
+        if is_complete_checkpoint(path):
+            return step, path
+    return None
+
+
+def _host() -> str:
+    return os.environ.get("CORRAL_HOST", "").strip() or socket.gethostname()
+
+
 def _announce(path: Path, state: dict[str, Any]) -> None:
     if "step" in state:
         print(f"[corral] resuming from {path} (step {state['step']})", flush=True)
+
+
+def _missing(facts: list[tuple[int | None, str, str]], step: int) -> str:
+    """The message every rank raises when some rank's host lacks checkpoint ``step``."""
+    name = f"ckpt-{step:08d}.pt"
+    lacking = [
+        f"rank {rank} on host {host} has no complete {os.path.join(folder, name)}"
+        for rank, (seen, host, folder) in enumerate(facts)
+        if seen != step
+    ]
+    holders = sorted({host for seen, host, _ in facts if seen == step})
+    return (
+        f"cannot resume from step {step} ({name}, found on {', '.join(holders)}): "
+        + "; ".join(lacking)
+        + " (corral places the newest checkpoint on every host when it restarts a job;"
+        " without corral, copy it there or use a shared --checkpoint-dir)"
+    )
 
 
 def resume(
@@ -59,40 +89,40 @@ def resume(
     """The state of the latest complete checkpoint in ``directory``, or None when there is none.
 
     ``directory`` defaults to ``$CORRAL_CHECKPOINT_DIR`` (``--checkpoint-dir``);
-    ValueError when neither is given. Rank 0 finds the newest complete rank-0
-    checkpoint with :func:`latest_checkpoint` and prints ``[corral] resuming from
-    PATH (step N)`` when the state has a ``"step"``. When a ``torch.distributed``
+    ValueError when neither is given. The newest complete rank-0 checkpoint is
+    loaded with ``map_location`` and rank 0 prints ``[corral] resuming from PATH
+    (step N)`` when the state has a ``"step"``. When a ``torch.distributed``
     process group of more than one rank is initialized (call this after
-    ``init_distributed``), rank 0 broadcasts the file's bytes and every rank
-    loads them with ``map_location``, so other hosts need no copy; this is a
-    collective, so every rank must call it. Without a process group each
-    process loads from its own ``directory``.
+    ``init_distributed``), the ranks first agree on the checkpoint: the highest
+    step any rank finds complete in its own ``directory``; every rank then loads
+    that file from its own host's disk (corral puts it on every host when it
+    restarts a job). This is a collective, so every rank must call it; when some
+    rank's host lacks the chosen file, every rank raises FileNotFoundError naming
+    those ranks, hosts and paths (rather than silently starting from an older
+    step or from scratch). Without a process group each process loads from its
+    own ``directory``.
     """
     folder = _directory(directory)
     dist = _group()
+    mine = _newest(folder)
     if dist is None:
-        path = latest_checkpoint(folder)
-        if path is None:
+        if mine is None:
             return None
-        state = load_checkpoint(path, map_location, weights_only=weights_only)
+        state = load_checkpoint(mine[1], map_location, weights_only=weights_only)
         if info().rank == 0:
-            _announce(path, state)
+            _announce(mine[1], state)
         return state
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            path = latest_checkpoint(folder)
-            box[0] = None if path is None else ("ok", str(path), path.read_bytes())
-        except OSError as exc:
-            box[0] = ("error", f"rank 0 could not read its checkpoint: {exc}", b"")
-    dist.broadcast_object_list(box, src=0)
-    message = box[0]
-    if message is None:
+    fact = (None if mine is None else mine[0], _host(), os.path.abspath(folder))
+    facts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(facts, fact)
+    steps = [seen for seen, _, _ in facts if seen is not None]
+    if not steps:
         return None
-    kind, where, data = message
-    if kind != "ok":
-        raise OSError(where)
-    state = load_state(io.BytesIO(data), where, map_location, weights_only=weights_only)
+    step = max(steps)
+    if any(seen != step for seen, _, _ in facts):
+        raise FileNotFoundError(_missing(facts, step))
+    assert mine is not None
+    state = load_checkpoint(mine[1], map_location, weights_only=weights_only)
     if dist.get_rank() == 0:
-        _announce(Path(where), state)
+        _announce(mine[1], state)
     return state
