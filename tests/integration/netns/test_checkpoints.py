@@ -20,6 +20,7 @@ from corral.recovery.checkpoints import (
     CheckpointTransferError,
     Replica,
     ensure_latest_on,
+    place_latest,
 )
 from corral.sdk import is_complete_checkpoint
 from corral.testbed import Testbed
@@ -90,6 +91,30 @@ def dirs(testbed: Testbed) -> Iterator[HostDirs]:
 
 def cwd_of(host: Host) -> str:
     return "/"  # the checkpoint directory is absolute here
+
+
+def test_the_latest_complete_checkpoint_reaches_every_host_of_the_next_attempt(
+    testbed: Testbed, dirs: HostDirs
+) -> None:
+    """tb2 wrote it; the rendezvous may make any host rank 0: all of them get it."""
+    good = dirs.save("tb2", 40).read_bytes()
+    dirs.save("tb3", 20)
+    cluster = hosts(testbed)
+    world = [cluster["tb3"], cluster["tb1"], cluster["tb2"]]
+    placed = with_transport(testbed, lambda t: place_latest(t, world, dirs.directory, cwd_of))
+    assert (placed.action, placed.step) == ("copied", 40)
+    assert [(p.target, p.action, p.source) for p in placed.hosts] == [
+        ("tb3", "copied", "tb2"),
+        ("tb1", "copied", "tb2"),
+        ("tb2", "present", "tb2"),
+    ]
+    for host in HOSTS:
+        copied = dirs.local(host) / "ckpt-00000040.pt"
+        assert copied.read_bytes() == good and is_complete_checkpoint(copied), host
+    assert dirs.names("tb1") == ["ckpt-00000040.pt"]  # no temp file left
+    assert placed.describe().startswith(
+        "checkpoint ckpt-00000040.pt (step 40): already on tb2; copied from tb2 to tb3, tb1"
+    )
 
 
 def test_the_latest_complete_checkpoint_reaches_the_new_rank0_host(
@@ -235,6 +260,6 @@ def test_the_helpers_leave_no_process_behind(testbed: Testbed, dirs: HostDirs) -
                 args = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue  # gone meanwhile
-            if b"ckpt_host" in args:
+            if b"checkpoints.hostside" in args:
                 left.append(pid)
         assert left == [], f"helper processes left on {host}: {left}"
