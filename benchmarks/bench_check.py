@@ -101,7 +101,7 @@ def _corral_check(
 
 def _sequential_loop(tb: Any, names: list[str], workdir: str) -> float:
     """The same facts, gathered one host after another with the OpenSSH client."""
-    from corral.remote.python import program
+    from corral.remote.python import program, shell_command, stdin_payload
 
     params = {
         "launcher": "torchrun",
@@ -116,14 +116,13 @@ def _sequential_loop(tb: Any, names: list[str], workdir: str) -> float:
     started = time.perf_counter()
     for name in names:
         out = subprocess.run(
-            tb.ssh_argv(name, sys.executable, "-c", _shell_quote(text)),
-            input="",
+            tb.ssh_argv(name, shell_command(sys.executable)),
+            input=stdin_payload(text),
             capture_output=True,
-            text=True,
             timeout=120,
         )
-        if out.returncode != 0 or not out.stdout.startswith("{"):
-            raise RuntimeError(f"{name}: {out.stderr[-300:]}")
+        if out.returncode != 0 or not out.stdout.startswith(b"{"):
+            raise RuntimeError(f"{name}: {out.stderr[-300:]!r}")
     return time.perf_counter() - started
 
 

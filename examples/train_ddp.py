@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
     initial_loss = full_loss(model, data)
     start = 0
-    # rank 0 loads the newest complete checkpoint and broadcasts it: no shared disk needed
+    # every rank loads the newest complete checkpoint from its own disk (corral places it
+    # on every host): no shared disk needed, nothing pickled across ranks
     state = sdk.resume(args.checkpoint_dir)
     if state is not None:
         model.load_state_dict(state["model"])

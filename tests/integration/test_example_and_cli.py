@@ -166,7 +166,8 @@ def test_env_without_equals(tmp_path: Path) -> None:
     err = _bad(
         tmp_path, "run", "--hosts", "local:1", "--env", "FOO", "--", str(SCRIPTS / "steps.py")
     )
-    assert "--env" in err and "'FOO' is not KEY=VALUE" in err
+    # a bare KEY forwards this shell's value; an unset one is named
+    assert "--env" in err and "FOO is not set here (give KEY=VALUE" in err
 
 
 def test_master_port_taken(tmp_path: Path) -> None:

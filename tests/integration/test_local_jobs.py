@@ -141,12 +141,17 @@ def test_sigint_to_corral_tears_down_once(launcher: str, run_dir: Path, tmp_path
         wait_for_output(proc, r"rank \d step 3")
         assert len(job_processes(job)) >= 4
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130, err[-3000:]
     assert err.count("interrupted: stopping every node") == 1
     assert "cancelled" in err
+    # nodes corral stopped read as stopped, not failed; the launcher's own teardown
+    # traceback is folded into one line per node (and kept in the node's log)
+    rows = [line for line in err.splitlines() if re.match(r"\W*local-\d ", line)]
+    assert len(rows) == 2 and all("stopped" in row and "failed" not in row for row in rows), err
+    assert "SignalException" not in out and "Traceback" not in out, out[-3000:]
     assert not wait_no_job_processes(job, within=10)
 
 
@@ -155,9 +160,10 @@ def test_second_sigint_kills_at_once(run_dir: Path, tmp_path: Path) -> None:
     trap = tmp_path / "trap.py"
     trap.write_text(
         "import signal, time, os\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: print('got SIGTERM', flush=True))\n"
         "print('ready', flush=True)\n"
-        "time.sleep(600)\n"
+        "while True:\n"
+        "    time.sleep(600)\n"
     )
     proc = _start(
         [
@@ -174,12 +180,12 @@ def test_second_sigint_kills_at_once(run_dir: Path, tmp_path: Path) -> None:
     try:
         wait_for_output(proc, r"ready(.|\n)*ready")
         proc.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        wait_for_output(proc, r"got SIGTERM")  # corral's teardown reached the rank
         assert proc.poll() is None  # still in its 300 s grace: the ranks ignore SIGTERM
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < 30  # the bound is the behaviour: killed now
     finally:
         proc.kill()
     assert proc.returncode == 130

@@ -241,7 +241,7 @@ def test_event_accepts_str_and_drops_unknown_keys() -> None:
         (_event("rank_exit", rank=-1, code=1), "rank_exit.rank"),
         (_event("rank_exit", rank=0, code="1"), "rank_exit.code"),
         (_event("rank_exit", rank=0, code=1, error="str"), "rank_exit.error"),
-        (_event("rank_start", rank=0, local_rank=0), "rank_start.pid"),
+        (_event("rank_start", rank=0, local_rank=0, pid="x"), "rank_start.pid"),
         (_event("master_ready", addr="a", port=70000), "master_ready.port"),
         (_event("master_timeout", addr="a", port=1, timeout="x"), "master_timeout.timeout"),
         (_event("node_exit", ranks=[], code=0), "node_exit.ranks"),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from corral.cluster.model import Host
-from corral.job.states import IllegalTransition, JobState, NodeState
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
+from corral.job.states import IllegalTransition, JobState, NodeState
 from corral.plan.spec import NodeCommand
 from corral.recovery.health import HostHealth, HostWatch, RankHealth, check_rank_transition
 from corral.recovery.restart import MAX_BACKOFF, AttemptLog, RestartPolicy, decide

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,14 @@ def _commands() -> list:  # type: ignore[type-arg]
         script="t.py", launcher="python", job_id="j", python="python3", workdir="/w", run_dir="/r"
     )
     return plan_job(spec, cluster)
+
+
+async def _until(condition: Callable[[], bool], deadline: float = 20.0) -> None:
+    """Wait until ``condition()`` holds (fails after a generous deadline)."""
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 def _ranks(node: FakeNode) -> list[int]:
@@ -220,11 +229,14 @@ def test_interrupt_stops_once_then_kills(tmp_path: Path) -> None:
             grace=30,
         )
         task = asyncio.ensure_future(sup.run(handle_signals=False))
-        await asyncio.sleep(0.2)
+        await _until(lambda: sup.state == JobState.RUNNING)
         sup.interrupt()
-        await asyncio.sleep(0.1)
-        stops = [op for n in transport.nodes.values() for op in n.received if op["op"] == "stop"]
-        assert len(stops) == 3
+
+        def stops() -> list[object]:
+            return [op for n in transport.nodes.values() for op in n.received if op["op"] == "stop"]
+
+        await _until(lambda: len(stops()) >= 3)
+        assert len(stops()) == 3
         sup.interrupt()  # second Ctrl-C: kill now instead of waiting 30 s of grace
         result = await asyncio.wait_for(task, 10)
         return result, transport.nodes
@@ -275,7 +287,7 @@ def test_progress_reports_reach_the_summary(tmp_path: Path, code: int) -> None:
     async def reporting(node: FakeNode) -> int:
         node.event("started", pid=1, pgids=[1])
         rank = _ranks(node)[0]
-        node.event("report", rank=rank, step=40, total=60, metrics={"loss": 0.25})
+        node.event("report", type="progress", rank=rank, step=40, total=60, metrics={"loss": 0.25})
         return await succeed(node)
 
     transport = FakeTransport({h: reporting for h in HOSTS})

@@ -163,14 +163,14 @@ def test_prune_refuses_root_and_tolerates_missing(tmp_path: Path) -> None:
 
 def test_prune_command_runs_the_shipped_helper(tmp_path: Path) -> None:
     """The exact remote command, run by a local shell (as sshd would), with no corral
-    importable: the helper travels in the command line."""
+    importable: the helper travels on stdin, ahead of the keep list."""
     tree(tmp_path / "d")
-    command = prune_command(str(tmp_path / "d"), sys.executable)
-    assert len(command) < 60_000
+    command, program = prune_command(str(tmp_path / "d"), sys.executable)
+    assert len(command) < 2_000
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     out = subprocess.run(
         ["sh", "-c", command],
-        input=b"keep.py\0pkg/a.py\0.gitignore\0",
+        input=program + b"keep.py\0pkg/a.py\0.gitignore\0",
         capture_output=True,
         env=env,
         cwd=tmp_path,

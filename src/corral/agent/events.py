@@ -72,8 +72,8 @@ class StartedEvent(_Event):
     event: Literal["started"]
     pid: Pid
     pgids: Annotated[list[Pid], Field(max_length=MAX_ITEMS)]
-    node_dir: Text
-    hostname: Text
+    node_dir: Text | None = None
+    hostname: Text | None = None
 
 
 class RankStartEvent(_Event):
@@ -81,8 +81,8 @@ class RankStartEvent(_Event):
 
     event: Literal["rank_start"]
     rank: Rank
-    local_rank: Rank
-    pid: Pid
+    local_rank: Rank = 0
+    pid: Pid | None = None
 
 
 class RankExitEvent(_Event):
@@ -154,7 +154,7 @@ class StartFailedEvent(_Event):
 
     event: Literal["start_failed"]
     error: Text
-    host: Text
+    host: Text | None = None
 
 
 class StoppingEvent(_Event):
@@ -174,8 +174,8 @@ class NodeExitEvent(_Event):
     """The agent's last event: every rank's code and the launcher's."""
 
     event: Literal["node_exit"]
-    ranks: Annotated[dict[str, Code | None], Field(max_length=MAX_ITEMS)]
-    code: Code
+    ranks: Annotated[dict[str, Code | None], Field(max_length=MAX_ITEMS)] = {}
+    code: Code = 0
 
 
 ReportEvent = Annotated[ProgressReport | CheckpointReport, Field(discriminator="type")]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import time
@@ -23,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
@@ -115,6 +115,7 @@ class Supervisor:
         self.stop_state = JobState.FAILED
         self.extra_failures: list[Failure] = []
         self._interrupts = 0
+        self._complained: set[str] = set()
         self._all_done = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._master_ready = False
@@ -203,7 +204,12 @@ class Supervisor:
                 kind, rank, length = decode_header(header)
                 payload = await reader.readexactly(length)
                 if kind == EVENT:
-                    self._on_event(node, json.loads(payload))
+                    try:
+                        event = parse_event(payload)
+                    except ValueError as exc:  # never let a bad event end the reader
+                        self._complain(node, str(exc))
+                        continue
+                    self._on_event(node, event)
                     continue
                 self._lines(host, rank, payload)
                 if kind == STDERR:
@@ -223,6 +229,13 @@ class Supervisor:
             if lost is not None and not node.detail:
                 node.detail = str(lost)
             self._node_gone(node, code)
+
+    def _complain(self, node: NodeRun, why: str) -> None:
+        """An invalid event from a node's agent: dropped, said once per node."""
+        if node.host.name in self._complained:
+            return
+        self._complained.add(node.host.name)
+        self._say(f"{node.host.name}: dropped {why} (further ones are dropped silently)", "warning")
 
     def _rank(self, node: NodeRun, rank: int) -> RankRecord:
         record = node.ranks.get(rank)

@@ -1,7 +1,7 @@
 """``corral sync --delete`` on a host: remove files that are not in the pushed tree.
 
 Standard library only (plus :mod:`corral.sync.fingerprint`): this module is
-shipped to the hosts with ``python -c`` (see :mod:`corral.remote.python`).
+shipped to the hosts over stdin (see :mod:`corral.remote.python`).
 The host walks its copy with the same rules as the coordinator, so files its
 ignore rules exclude are left alone (like ``rsync --delete`` without
 ``--delete-excluded``); every other file whose path is not in the list read

@@ -312,7 +312,7 @@ def ckpt_helpers_on(tb: Testbed) -> dict[str, list[int]]:
     for host in HOSTS:
         for pid in tb.pids_on(host):
             with contextlib.suppress(OSError):
-                if b"ckpt_host" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"checkpoints.hostside" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     left.setdefault(host, []).append(pid)
     return left
 
