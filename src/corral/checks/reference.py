@@ -19,12 +19,26 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from corral.cluster.model import Cluster
 from corral.sync.state import SyncRecord, describe_age, records_for_dest
 
-if TYPE_CHECKING:
-    from corral.checks.context import ChecklistOptions
+
+class ReferenceOptions(Protocol):
+    """What :func:`resolve` reads of the checklist's options (``ChecklistOptions``)."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def code_dir(self) -> str | None: ...
+
+    @property
+    def workdir(self) -> str | None: ...
+
+    @property
+    def script(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ def _script(script: str | None, code_dir: str | None) -> str | None:
 
 
 def resolve(
-    opts: ChecklistOptions,
+    opts: ReferenceOptions,
     *,
     cwd: str | None = None,
     home: str | None = None,
