@@ -232,7 +232,9 @@ def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0)
         target = hang_file(node_dir, dump.rank)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(dump.render(), encoding="utf-8")
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(dump.render())
         except OSError as exc:
             note = f"not kept on the node: {exc}"
             dump.error = f"{dump.error}; {note}" if dump.error else note

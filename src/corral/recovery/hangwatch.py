@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from corral.job.logfiles import write_private
 from corral.recovery.hang import (
     HangDetector,
     HangVerdict,
@@ -55,7 +56,7 @@ class HangWatch:
         for (host, rank), text in sorted(stacks.items()):
             path = self.directory / f"{host}.{rank}.txt"
             try:
-                path.write_text(text if text.endswith("\n") else text + "\n")
+                write_private(path, text if text.endswith("\n") else text + "\n")
             except OSError:
                 continue
             paths[(host, rank)] = path

@@ -56,6 +56,7 @@ __all__ = [
 
 #: ``wait``: a rank-0 save waits until the coordinator's replica holds it.
 REPLICA_ENV = "CORRAL_CHECKPOINT_REPLICA"
+REPLICA_TIMEOUT = 1800.0  # seconds a save waits for the coordinator's replica at most
 _NAME = re.compile(r"ckpt-(\d+)(?:-rank(\d+))?\.pt")
 _LOCAL_HEADER = b"PK\x03\x04"
 
@@ -229,7 +230,8 @@ def _announce(final: Path, step: int, rank: int) -> None:
     if os.environ.get(REPLICA_ENV, "") != "wait":
         send_event(event)
         return
-    reply = request(event, {"type": "replicated", "name": final.name})
+    # a big checkpoint over a slow link can take a while; never forever
+    reply = request(event, {"type": "replicated", "name": final.name}, timeout=REPLICA_TIMEOUT)
     if reply is not None and not reply.get("ok"):
         print(
             f"corral: warning: {final.name} is not in the coordinator's replica "

@@ -80,7 +80,8 @@ def enable_stack_dumps(path: str | os.PathLike[str] | None = None) -> Path | Non
             return target
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(target, "a", encoding="utf-8")  # noqa: SIM115  # kept for the handler
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            handle = os.fdopen(fd, "a", encoding="utf-8")  # kept open for the handler
         except OSError as exc:
             print(f"corral: stack dumps disabled: cannot open {target}: {exc}", file=sys.stderr)
             return None
