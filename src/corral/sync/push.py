@@ -568,7 +568,7 @@ async def sync_tree(
         manifest = await hashing
     except BaseException:
         hashing.cancel()
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await hashing
         raise
     moved = await asyncio.to_thread(changed_since, root, stamps)
