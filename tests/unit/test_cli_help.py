@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -110,3 +111,13 @@ def test_host_rank_prefix_is_literal_in_logs_help() -> None:
 def test_exit_code_sentence_is_one_line() -> None:
     lines = render(("run",), WIDE).splitlines()
     assert any("128+N when it was killed by signal N;" in line for line in lines)
+
+
+def test_error_lines_are_never_read_as_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    from corral.cli import main as cli_main
+    from corral.errors import ConfigError
+
+    cli_main.err_console.file = sys.stderr  # capsys replaced stderr after import
+    cli_main.report_error(ConfigError("duplicate host gpu[01-02] ([bold]x[/]) at [host:rank]"))
+    err = capsys.readouterr().err
+    assert "error: duplicate host gpu[01-02] ([bold]x[/]) at [host:rank]" in err

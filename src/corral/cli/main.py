@@ -11,6 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 from typer._click import Command
 from typer.core import TyperGroup
 
@@ -103,7 +104,8 @@ def verbose() -> bool:
 
 def report_error(exc: CorralError) -> None:
     """Print an expected error as one red line (details with ``-v``)."""
-    err_console.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+    # never read as markup: messages name things like gpu[01-04] or [host:rank]
+    err_console.print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
     if verbose():
         for line in exc.details():
             err_console.print(f"  {line}", markup=False, soft_wrap=True)
