@@ -133,8 +133,9 @@ def test_shell_command_runs_as_written() -> None:
 def test_shell_command_cwd_missing_fails_before_running() -> None:
     cmd = build_shell_command("echo ran", cwd="/nonexistent/corral-dir", report_pid=False)
     result = sh(cmd)
-    assert result.returncode != 0
+    assert result.returncode == 1  # `cd DIR || exit 1`
     assert b"ran" not in result.stdout
+    assert b"/nonexistent/corral-dir" in result.stderr
 
 
 def test_shell_command_exit_code_is_kept() -> None:

@@ -59,6 +59,11 @@ class ScriptedProcess:
     def close_stdin(self) -> None:
         self.stdin_closed = True
 
+    @property
+    def cut_short(self) -> bool:
+        """Whether the script was cancelled (by SIGKILL) before it returned."""
+        return self._task.cancelled()
+
     def signal(self, signum: int) -> None:
         self.signals.append(signum)
         if signum == signal.SIGKILL:
@@ -192,9 +197,13 @@ def test_timeout_kills_and_fails_only_that_host() -> None:
     assert slow_result.status == "timeout"
     assert slow_result.error is not None and slow_result.error.host == "b"
     assert slow_result.exit_code is None
-    assert 0.2 <= slow_result.duration < 5
+    assert "did not finish within 0.2 s" in str(slow_result.error)
     assert transport.procs["b"].signals == [signal.SIGKILL]
+    assert transport.procs["b"].cut_short  # the kill ended it, not its 30 s sleep
     assert ("b", "stdout", b"started\n") in seen
+    # the duration runs to the timeout: at least 0.2 s (monotonic clock) and, the bound
+    # being the behaviour, well short of the 30 s the script would have slept
+    assert 0.2 <= slow_result.duration < 25
 
 
 def test_cancelling_kills_every_started_process() -> None:
@@ -206,7 +215,12 @@ def test_cancelling_kills_every_started_process() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(run_on_hosts(transport, HOSTS[:2], "x"))
-        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while sorted(transport.procs) != ["a", "b"]:
+            assert not task.done(), f"run_on_hosts ended early: {task}"
+            assert loop.time() < deadline, f"only {sorted(transport.procs)} started in 30 s"
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -337,7 +351,8 @@ def test_exec_json(cli: typer.Typer) -> None:
 
 def test_exec_needs_a_command(cli: typer.Typer) -> None:
     result = CliRunner().invoke(cli, ["exec", "--hosts", "local:1"])
-    assert result.exit_code != 0
+    assert result.exit_code == 2, result.output  # a usage error
+    assert "Missing argument 'COMMAND...'" in result.output
 
 
 def test_exec_env_is_not_forwarded(cli: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import asyncssh
@@ -12,7 +12,7 @@ import pytest
 
 from corral.cluster import Host
 from corral.errors import ConnectionLost
-from corral.transport.base import NodeProcess, Transport
+from corral.fleet.fanout import run_on_hosts
 from corral.transport.ssh import EXIT_LOST, SshProcess, SshTransport
 from corral.transport.ssh.process import ProcessSession
 
@@ -56,20 +56,50 @@ def run(test: Callable[[SshProcess, ProcessSession, FakeChannel], Awaitable[None
     asyncio.run(main())
 
 
-def test_ssh_transport_is_a_transport() -> None:
-    async def main() -> None:
-        transport: Transport = SshTransport()  # checked by mypy too
-        assert isinstance(transport, Transport)
-        await transport.close()
-
-    asyncio.run(main())
+# That SshTransport is a Transport is checked statically (transport.choose returns it as
+# one, for mypy) and by behaviour on the netns testbed (test_ssh_transport.py, and
+# test_ping.py's ping_hosts, written against Transport, over a real SshTransport).
 
 
-def test_is_a_node_process() -> None:
-    async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
-        assert isinstance(proc, NodeProcess)
+def test_code_written_for_node_processes_drives_an_ssh_process() -> None:
+    """fleet.fanout (written against NodeProcess) reads, waits for and kills SshProcesses."""
+    chans: dict[str, FakeChannel] = {}
 
-    run(body)
+    class FakeSshTransport:
+        async def start(
+            self,
+            host: Host,
+            argv: Sequence[str],
+            *,
+            env: Mapping[str, str] | None = None,
+            cwd: str | None = None,
+        ) -> SshProcess:
+            proc = SshProcess(SshTransport(), host, " ".join(argv))
+            session = ProcessSession(proc)
+            chan = chans[host.name] = FakeChannel()
+            chan.session = session
+            session.connection_made(chan)
+            if host.name == "done":
+                session.data_received(b"__corral_pid__=9\nwarn\n", asyncssh.EXTENDED_DATA_STDERR)
+                session.data_received(b"hello\n", None)
+                session.exit_status_received(5)
+                session.eof_received()
+                session.connection_lost(None)
+            return proc  # "hung" never ends on its own
+
+        async def close(self) -> None:
+            pass
+
+    hosts = [Host(name="done"), Host(name="hung")]
+    fanout = run_on_hosts(FakeSshTransport(), hosts, ["cmd"], timeout=0.5, capture_limit=100)
+    results = asyncio.run(fanout)
+    done, hung = results
+    assert (done.host, done.exit_code, done.status) == ("done", 5, "exit 5")
+    assert (done.stdout, done.stderr) == (b"hello\n", b"warn\n")
+    assert (hung.host, hung.status, hung.exit_code) == ("hung", "timeout", None)
+    assert chans["hung"].eof  # its stdin was closed at the start
+    assert chans["hung"].signals == [signal.SIGKILL]
+    assert chans["hung"].closed
 
 
 def test_stdout_and_stderr_are_separate_and_pid_line_is_stripped() -> None:
@@ -134,10 +164,24 @@ def test_exit_status_wins_over_a_later_connection_loss() -> None:
 def test_lost_connection_ends_streams_and_wait() -> None:
     async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"half a line", None)
-        waiter = asyncio.ensure_future(proc.wait())
-        reader = asyncio.ensure_future(proc.stdout.read())
-        await asyncio.sleep(0)
+        blocked = {"wait": asyncio.Event(), "read": asyncio.Event()}
+
+        async def waiting() -> int:
+            blocked["wait"].set()  # runs on into proc.wait() before this task yields
+            return await proc.wait()
+
+        async def reading() -> bytes:
+            blocked["read"].set()
+            return await proc.stdout.read()
+
+        waiter = asyncio.ensure_future(waiting())
+        reader = asyncio.ensure_future(reading())
+        await asyncio.wait_for(blocked["wait"].wait(), 30)
+        await asyncio.wait_for(blocked["read"].wait(), 30)
+        # both are now suspended inside wait() and read(): neither ends while the link is up
         assert not waiter.done()
+        assert not reader.done()
+        assert proc.returncode is None and proc.lost is None
         session.connection_lost(asyncssh.ConnectionLost("Server not responding to keepalive"))
         assert await reader == b"half a line"
         assert await proc.stderr.read() == b""
@@ -189,16 +233,18 @@ def test_signal_after_exit_is_a_no_op() -> None:
 
 def test_signal_with_pid_also_signals_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
     commands: list[str] = []
+    ran = asyncio.Event()  # asyncio.run below makes a loop; an Event binds to it on first wait
 
     async def fake_run(self: SshTransport, host: Host, command: str, **kwargs: Any) -> None:
         commands.append(command)
+        ran.set()
 
     monkeypatch.setattr(SshTransport, "run", fake_run)
 
     async def body(proc: SshProcess, session: ProcessSession, chan: FakeChannel) -> None:
         session.data_received(b"__corral_pid__=321\n", asyncssh.EXTENDED_DATA_STDERR)
         proc.signal(signal.SIGTERM)
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(ran.wait(), 30)  # the group kill ran on a second channel
         assert chan.signals == []  # the group kill covers the leader: no double TERM
         assert commands == ["kill -15 -- -321 2>/dev/null || kill -15 321"]
         commands.clear()
