@@ -326,8 +326,12 @@ def test_concurrent_announcements_coalesce_to_the_newest(layout: Layout, tmp_pat
 
     async def body(transport: LocalTransport) -> list[PullResult]:
         first = asyncio.create_task(replica.pull(transport, N1, path(10)))
-        await asyncio.sleep(0)  # the first pull has started
-        assert replica.busy
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not replica.busy:  # until the first pull has started
+            assert not first.done(), f"the first pull ended before it was seen busy: {first}"
+            assert loop.time() < deadline, "the first pull did not start within 30 s"
+            await asyncio.sleep(0)
         queued = [
             await replica.pull(transport, N1, path(20)),
             await replica.pull(transport, N1, path(30)),
