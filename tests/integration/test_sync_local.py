@@ -301,11 +301,14 @@ def test_cli_ctrl_c_stops_every_rsync(tmp_path: Path, signum: int) -> None:
         env=env,
     )
     try:
+        log = tmp_path / "ssh.log"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            log = tmp_path / "ssh.log"
-            if log.exists() and len(log.read_text().splitlines()) == 2:
-                break
+        while not (log.exists() and len(log.read_text().splitlines()) == 2):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                logged = log.read_text() if log.exists() else "(no ssh.log)"
+                pytest.fail(
+                    f"expected 2 ssh connects within 30 s (corral exit {proc.poll()}): {logged!r}"
+                )
             time.sleep(0.05)
         children = psutil.Process(proc.pid).children(recursive=True)
         ssh = str(tmp_path / "bin" / "ssh")

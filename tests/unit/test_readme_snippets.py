@@ -89,6 +89,7 @@ MARKED = [s for s in ALL if s.skip_reason is not None]
 
 
 def test_the_readme_has_runnable_snippets() -> None:
+    assert RUNNABLE, f"no runnable snippet found in {[str(p) for p in DOCS]}"
     assert any(s.where.startswith("README.md:") for s in RUNNABLE)
 
 
@@ -103,6 +104,7 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
 
 
 def test_snippets_marked_not_runnable_say_why_and_parse() -> None:
+    assert MARKED, "no snippet marked '# not runnable:' found: is the marker still parsed?"
     for snippet in MARKED:
         assert snippet.skip_reason, f"{snippet.where}: '# not runnable:' needs a reason"
         ast.parse(snippet.code, filename=snippet.where)
