@@ -7,7 +7,7 @@ import re
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,9 +109,10 @@ def test_injected_exception_reaches_torchrun_summary(tmp_path: Path) -> None:
         tmp_path, "--steps", "30", "--checkpoint-dir", "ck", "--checkpoint-every", "5",
         "--fail-at-step", "8", "--fail-rank", "1", "--fail-mode", "raise",
     )  # fmt: skip
-    assert proc.returncode != 0
+    assert proc.returncode == 1, proc.stderr  # torchrun's own code when a worker fails
     summary = proc.stderr[proc.stderr.index("Root Cause") :]
     assert "rank      : 1" in summary
+    assert "exitcode  : 1 (pid: " in summary  # the uncaught exception's exit code
     assert "injected failure at step 8 on rank 1" in summary
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["ckpt-00000005.pt"]
 
@@ -121,9 +122,10 @@ def test_injected_exit_code(tmp_path: Path) -> None:
         tmp_path, "--steps", "30", "--checkpoint-every", "0",
         "--fail-at-step", "3", "--fail-rank", "0", "--exit-code", "7",
     )  # fmt: skip
-    assert proc.returncode != 0
+    assert proc.returncode == 1, proc.stderr  # torchrun's own code, whatever the worker's
     summary = proc.stderr[proc.stderr.index("Root Cause") :]
-    assert "exitcode  : 7" in summary
+    assert "rank      : 0" in summary
+    assert "exitcode  : 7 (pid: " in summary
     assert "exited with code 7" in summary
 
 
@@ -176,10 +178,38 @@ def test_rank_waits_for_a_late_master(tmp_path: Path) -> None:
         )
 
     late = start(1)
-    time.sleep(2.0)
-    master = start(0)
-    out1, err1 = late.communicate(timeout=TIMEOUT)
-    out0, err0 = master.communicate(timeout=TIMEOUT)
+    assert late.stderr is not None and late.stdout is not None
+    late_err: list[str] = []
+    waiting = threading.Event()  # set by rank 1's "Waiting for master" line (or its EOF)
+
+    def read_late_stderr() -> None:  # until EOF, so the pipe never fills
+        for line in late.stderr:  # type: ignore[union-attr]
+            late_err.append(line)
+            if line.startswith("Waiting for master"):
+                waiting.set()
+        waiting.set()
+
+    reader = threading.Thread(target=read_late_stderr, daemon=True)
+    reader.start()
+    master: subprocess.Popen[str] | None = None
+    try:
+        waiting.wait(TIMEOUT)
+        assert any(line.startswith("Waiting for master") for line in late_err), (
+            f"rank 1 did not say it waits for the master (exit {late.poll()}): {late_err}"
+        )
+        assert late.poll() is None, "".join(late_err)  # still waiting: the master is late
+        master = start(0)
+        out0, err0 = master.communicate(timeout=TIMEOUT)
+        late.wait(timeout=TIMEOUT)
+        out1 = late.stdout.read()
+        reader.join(TIMEOUT)
+        assert not reader.is_alive(), "rank 1's stderr did not reach EOF"
+    finally:
+        for p in (late, master):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    err1 = "".join(late_err)
     assert late.returncode == 0, err1
     assert master.returncode == 0, err0
     assert out0.split() == out1.split() == ["sum", "3"]
