@@ -149,7 +149,7 @@ def test_missing_cwd_fails_with_the_shell_error(testbed: Testbed) -> None:
         return await run_to_end(t, h, ["true"], cwd="/nonexistent/corral")
 
     code, _, err = with_transport(options(testbed), body)
-    assert code != 0
+    assert code == 1, err  # `cd DIR && exec ...`: the failed cd's status
     assert b"/nonexistent/corral" in err
 
 
@@ -338,9 +338,11 @@ def test_stopped_sshd_is_connection_refused(healthy_testbed: Testbed) -> None:
     tb = healthy_testbed
     tb.kill_sshd("tb2")
     started = time.monotonic()
-    error = connect_error(options(tb), host(tb, "tb2"), backoff=0.05)
+    error = connect_error(options(tb), host(tb, "tb2"), backoff=0.05, connect_timeout=120.0)
     assert error.cause == "connection refused"
-    assert time.monotonic() - started < 5
+    # the bound is the behaviour: a refused connect fails at once (after two short
+    # retries), not when the 120 s connect timeout runs out
+    assert time.monotonic() - started < 60
 
 
 def test_cut_link_before_connect_is_timeout_or_unreachable(healthy_testbed: Testbed) -> None:
@@ -349,7 +351,9 @@ def test_cut_link_before_connect_is_timeout_or_unreachable(healthy_testbed: Test
     started = time.monotonic()
     error = connect_error(options(tb), host(tb, "tb3"), connect_timeout=2.0)
     assert error.cause in ("timeout", "unreachable")
-    assert time.monotonic() - started < 10
+    # the bound is the behaviour: the 2 s connect timeout ends the attempt; unbounded, a
+    # connect to a silent host waits for the kernel's SYN retries (over 2 minutes)
+    assert time.monotonic() - started < 60
 
 
 def test_unknown_alias_without_config_names_the_host(testbed: Testbed, tmp_path: Path) -> None:
@@ -372,12 +376,14 @@ def test_cut_link_mid_command_is_noticed(healthy_testbed: Testbed) -> None:
         assert await proc.stdout.readline() == b"up\n"
         tb.cut_link("tb2")
         cut = time.monotonic()
-        rest = await asyncio.wait_for(proc.stdout.read(), 30)
-        code = await asyncio.wait_for(proc.wait(), 30)
+        rest = await asyncio.wait_for(proc.stdout.read(), 90)
+        code = await asyncio.wait_for(proc.wait(), 90)
         return time.monotonic() - cut, code, proc.lost, rest
 
     elapsed, code, lost, rest = with_transport(options(tb), body)
-    assert elapsed < 20
+    # the bound is the behaviour: keepalives (5 s x 3 = 15 s by default) notice the cut
+    # link; without them a silent peer goes unnoticed for many minutes (TCP retransmits)
+    assert elapsed < 60
     assert code == EXIT_LOST
     assert isinstance(lost, ConnectionLost)
     assert lost.host == "tb2"
@@ -391,10 +397,13 @@ def test_reconnects_after_the_link_comes_back(healthy_testbed: Testbed) -> None:
 
     async def body(t: SshTransport) -> tuple[int, bytes]:
         await t.connect(h)
+        assert t.connected(h)
         tb.cut_link("tb1")
         # the keepalive (1 s x 2) drops the dead connection
-        await asyncio.sleep(4)
-        assert not t.connected(h)
+        deadline = time.monotonic() + 30
+        while t.connected(h):
+            assert time.monotonic() < deadline, "the cut connection was not dropped in 30 s"
+            await asyncio.sleep(0.1)
         tb.restore_link("tb1")
         return (await run_to_end(t, h, ["hostname"]))[:2]
 
