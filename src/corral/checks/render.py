@@ -30,8 +30,9 @@ def _cell(status: Status, detail: str) -> Text:
 
 
 def _names(hosts: list[str], total: int) -> str:
-    """``a, b, c`` (``+N more`` past :data:`SHOWN_HOSTS`), or ``all N``."""
-    if total > 1 and len(hosts) == total:
+    """``a, b, c`` (``+N more`` past :data:`SHOWN_HOSTS`); ``all N`` only when that
+    would be every one of more than :data:`SHOWN_HOSTS` hosts (a few are always named)."""
+    if total > SHOWN_HOSTS and len(hosts) == total:
         return f"all {total}"
     shown = ", ".join(hosts[:SHOWN_HOSTS])
     return shown + (f" +{len(hosts) - SHOWN_HOSTS} more" if len(hosts) > SHOWN_HOSTS else "")

@@ -264,7 +264,6 @@ class Job:
         try:
             prepared = plan_attempt(resolve(self.spec, self.cluster), self.cluster)
             self.spec = prepared.spec
-            private_dir(prepared.job_dir)
             history = AttemptLog.load(prepared.job_dir)
             if history.records:
                 prepared = plan_attempt(prepared.spec, self.cluster, history.next_number)

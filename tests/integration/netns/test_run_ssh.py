@@ -218,7 +218,10 @@ def test_problems_are_named_per_host_before_launch(
         cwd=tmp_path,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "tb2: --workdir /srv/corral/code does not exist" in result.stderr
+    # the pre-flight's code row names the host and the reason
+    assert re.search(
+        r"code:\s+fail\s+tb2\s+--workdir /srv/corral/code does not exist", result.stderr
+    )
     assert "tb1: --workdir" not in result.stderr  # tb1 has it
     assert not (run_dir / "wd").exists()  # nothing was launched
 
@@ -231,8 +234,9 @@ def test_problems_are_named_per_host_before_launch(
         cwd=tmp_path,
     )
     assert result.returncode == 2
-    assert "tb1:" in result.stderr and "tb2:" in result.stderr
-    assert "no python interpreter found" in result.stderr
+    # one row, both hosts named, the reason
+    row = r"connectivity:\s+fail\s+tb1, tb2\s+no python interpreter found"
+    assert re.search(row, result.stderr), result.stderr
 
 
 def test_stopped_sshd_is_named_before_launch(
