@@ -11,6 +11,7 @@ are dropped.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
@@ -48,7 +49,9 @@ Time = Annotated[float, Field(ge=0)]
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(
+        strict=True, extra="ignore", allow_inf_nan=False, frozen=True, defer_build=True
+    )
 
     time: Time
 
@@ -116,7 +119,7 @@ class CheckpointReport(CheckpointMessage):
 class StackEntry(BaseModel):
     """One rank's stack dump in a ``stacks`` event."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, defer_build=True)
 
     rank: Rank
     pid: Pid
@@ -194,7 +197,13 @@ AgentEvent = Annotated[
     | NodeExitEvent,
     Field(discriminator="event"),
 ]
-_ADAPTER: TypeAdapter[BaseModel] = TypeAdapter(AgentEvent)
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[BaseModel]:
+    """The validator, built on first use (building every model costs ~0.1 s of CPU,
+    which a process that never validates, or not yet, should not pay at import)."""
+    return TypeAdapter(AgentEvent, config=ConfigDict(defer_build=True))
 
 
 def _reason(exc: ValidationError) -> str:
@@ -215,7 +224,7 @@ def parse_event(payload: bytes | str) -> dict[str, Any]:
     Raises ValueError("invalid agent event: <why>") for anything else.
     """
     try:
-        model = _ADAPTER.validate_json(payload)
+        model = _adapter().validate_json(payload)
     except ValidationError as exc:
         raise ValueError(f"invalid agent event: {_reason(exc)}") from None
     return model.model_dump()

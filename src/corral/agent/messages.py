@@ -14,11 +14,13 @@ like another event (``rank_exit``, ``node_exit``, ...).
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+from corral.agent.protocol import Complaints
 
 __all__ = [
     "AGENT_KEYS",
@@ -48,7 +50,9 @@ MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEY)]
 class _Message(BaseModel):
     """Strict types, no NaN; unknown keys (e.g. the SDK's own ``rank``/``time``) are dropped."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(
+        strict=True, extra="ignore", allow_inf_nan=False, frozen=True, defer_build=True
+    )
 
 
 class ProgressMessage(_Message):
@@ -81,7 +85,13 @@ class ExitMessage(_Message):
 RankMessage = Annotated[
     ProgressMessage | CheckpointMessage | ExitMessage, Field(discriminator="type")
 ]
-_ADAPTER: TypeAdapter[ProgressMessage | CheckpointMessage | ExitMessage] = TypeAdapter(RankMessage)
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[ProgressMessage | CheckpointMessage | ExitMessage]:
+    """The validator, built on first use (building every model costs ~0.1 s of CPU,
+    which a process that never validates, or not yet, should not pay at import)."""
+    return TypeAdapter(RankMessage, config=ConfigDict(defer_build=True))
 
 
 def first_error(exc: ValidationError, limit: int = 200) -> str:
@@ -99,7 +109,7 @@ def parse_message(line: bytes) -> ProgressMessage | CheckpointMessage | ExitMess
     if len(line) > MAX_MESSAGE:
         raise ValueError(f"message of {len(line)} bytes (at most {MAX_MESSAGE})")
     try:
-        return _ADAPTER.validate_json(line)
+        return _adapter().validate_json(line)
     except ValidationError as exc:
         raise ValueError(first_error(exc)) from None
 
@@ -112,25 +122,3 @@ def report_event(
     fields = message.model_dump()
     fields.update(event="report", rank=rank, time=time.time() if now is None else now)
     return fields
-
-
-class Complaints:
-    """Rate-limited notes about dropped messages: at most one line per ``interval``
-    seconds, with how many were dropped silently since the last one."""
-
-    def __init__(self, interval: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval = interval
-        self.clock = clock
-        self._last: float | None = None
-        self._quiet = 0
-
-    def note(self, text: str) -> str | None:
-        """The line to print for this complaint, or None while rate-limited."""
-        now = self.clock()
-        if self._last is not None and now - self._last < self.interval:
-            self._quiet += 1
-            return None
-        self._last = now
-        quiet, self._quiet = self._quiet, 0
-        more = f" ({quiet} more dropped before)" if quiet else ""
-        return f"corral agent: {text}{more}"

@@ -32,12 +32,12 @@ import psutil
 
 from corral.agent.control import ControlServer
 from corral.agent.files import append_private, private_dir, redacted_node, write_private
-from corral.agent.messages import Complaints, ExitMessage, parse_message, report_event
 from corral.agent.protocol import (
     EVENT,
     NODE,
     STDERR,
     STDOUT,
+    Complaints,
     Framer,
     decode_op,
     encode_event,
@@ -411,6 +411,9 @@ class NodeAgent:
             if not line:
                 return
             try:
+                # pydantic is imported on the first message, not at the agent's start
+                from corral.agent.messages import ExitMessage, parse_message, report_event
+
                 msg = parse_message(line)
             except ValueError as exc:
                 self._complain(f"dropped an invalid message from rank {rank}: {exc}")

@@ -155,3 +155,25 @@ class Framer:
         if chunk:
             self._last_sent = self.clock()
         return chunk
+
+
+class Complaints:
+    """Rate-limited notes about dropped messages: at most one line per ``interval``
+    seconds, with how many were dropped silently since the last one."""
+
+    def __init__(self, interval: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._last: float | None = None
+        self._quiet = 0
+
+    def note(self, text: str) -> str | None:
+        """The line to print for this complaint, or None while rate-limited."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval:
+            self._quiet += 1
+            return None
+        self._last = now
+        quiet, self._quiet = self._quiet, 0
+        more = f" ({quiet} more dropped before)" if quiet else ""
+        return f"corral agent: {text}{more}"
