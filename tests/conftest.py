@@ -91,3 +91,25 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     report = outcome.get_result()
     if in_ci() and report.skipped:
         _as_ci_failure(report)
+
+
+#: What a launcher (torchrun, corral) sets for a rank: without them the SDK is one process.
+LAUNCHER_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "NNODES",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.fixture
+def clean_dist_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launcher or corral variable from the environment the tests run in."""
+    for name in (*LAUNCHER_ENV, "CORRAL_JOB_ID", "CORRAL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_torch
+from tests.conftest import LAUNCHER_ENV, require_torch
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -27,18 +27,7 @@ MARKER = re.compile(r"#\s*not runnable:\s*(?P<reason>.*)")
 FENCE = re.compile(r"^```python[ \t]*\n(?P<code>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 USES_TORCH = re.compile(r"^\s*(import torch|from torch[ .])", re.MULTILINE)
 # The launcher's variables: without them the SDK is a single process (rank 0 of 1).
-DIST_ENV = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "NNODES",
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-}
+DIST_ENV = set(LAUNCHER_ENV)
 
 
 @dataclass(frozen=True)

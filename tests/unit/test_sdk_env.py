@@ -9,27 +9,7 @@ import pytest
 
 from corral import sdk
 
-ENV_VARS = [
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "NNODES",
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CORRAL_JOB_ID",
-    "CORRAL_ATTEMPT",
-    "TORCHELASTIC_RESTART_COUNT",
-]
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_dist_env")
 
 
 def set_env(monkeypatch: pytest.MonkeyPatch, **values: object) -> None:

@@ -96,13 +96,18 @@ def rows(console: Console, report: ChecklistReport) -> None:
             continue
         if details:
             console.print(Text(f"  {details}"), soft_wrap=True)
-        if check.name == "software":
-            versions = versions_table(check)
-            if versions is not None:
-                console.print("  versions that differ:")
-                console.print(versions)
-        if check.fix_command:
-            console.print(Text("  fix: ", style="bold") + Text(check.fix_command), soft_wrap=True)
+        _versions_and_fix(console, check)
+
+
+def _versions_and_fix(console: Console, check: CheckResult) -> None:
+    """Below a problem: the versions that differ (software check) and the fix."""
+    if check.name == "software":
+        versions = versions_table(check)
+        if versions is not None:
+            console.print("  versions that differ:")
+            console.print(versions)
+    if check.fix_command:
+        console.print(Text("  fix: ", style="bold") + Text(check.fix_command), soft_wrap=True)
 
 
 def table(report: ChecklistReport) -> Table:
@@ -146,13 +151,7 @@ def problems(console: Console, report: ChecklistReport) -> None:
             + Text(message or check.summary),
             soft_wrap=True,
         )
-        if check.name == "software":
-            versions = versions_table(check)
-            if versions is not None:
-                console.print("  versions that differ:")
-                console.print(versions)
-        if check.fix_command:
-            console.print(Text("  fix: ", style="bold") + Text(check.fix_command), soft_wrap=True)
+        _versions_and_fix(console, check)
 
 
 def verdict(report: ChecklistReport, prefix: str = "") -> Text:
