@@ -10,6 +10,7 @@ a node's ``spec.json``, ``corral plan``, logs, the API) it is replaced by
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 REDACTED = "<redacted>"
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
@@ -25,3 +26,16 @@ def redact_env(env: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, s
     """A copy of ``env`` with every secret value replaced by :data:`REDACTED`."""
     listed = set(extra)
     return {k: (REDACTED if is_secret(k, listed) else v) for k, v in env.items()}
+
+
+def redacted_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's start message (``NodeCommand.to_json()``) with every secret env value
+    redacted: the keys named like secrets and those listed in its ``secret_env``."""
+    extra = tuple(node.get("secret_env") or ())
+    redacted = dict(node)
+    redacted["env"] = redact_env(node.get("env") or {}, extra)
+    redacted["ranks"] = [
+        {**spec, "env": redact_env(spec.get("env") or {}, extra)}
+        for spec in node.get("ranks") or []
+    ]
+    return redacted

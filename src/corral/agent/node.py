@@ -31,7 +31,6 @@ from typing import IO, Any
 import psutil
 
 from corral.agent.control import ControlServer
-from corral.agent.files import append_private, private_dir, redacted_node, write_private
 from corral.agent.protocol import (
     EVENT,
     NODE,
@@ -45,6 +44,8 @@ from corral.agent.protocol import (
     frame_payload,
 )
 from corral.agent.worker import error_file
+from corral.private import append_private, private_dir, write_private
+from corral.redact import redacted_node
 
 CHUNK = 1 << 16
 DRAIN_WINDOW = 2.0

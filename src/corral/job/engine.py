@@ -45,7 +45,7 @@ from corral.job.events import (
     StateChanged,
     Subscriber,
 )
-from corral.job.logfiles import LogFiles, private_dir, write_private
+from corral.job.logfiles import LogFiles
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -59,6 +59,7 @@ from corral.job.states import JobMachine, JobState, NodeState
 from corral.job.supervisor import Supervisor
 from corral.plan.render import master_index, plan_job
 from corral.plan.spec import JobSpec
+from corral.private import private_dir, write_private
 from corral.recovery.keeper import CheckpointKeeper
 from corral.recovery.restart import AttemptLog, decide
 from corral.transport.base import NodeProcess, Transport

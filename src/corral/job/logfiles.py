@@ -8,27 +8,12 @@ hold anything the script prints.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import IO
 
+from corral.private import append_private, private_dir
+
 NODE_RANK_LABEL = -1
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) and make it 0700; returns it."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by the owner only (0600)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 class LogFiles:
@@ -48,8 +33,7 @@ class LogFiles:
         key = (host, rank)
         handle = self._files.get(key)
         if handle is None:
-            fd = os.open(self.path(host, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            handle = self._files[key] = os.fdopen(fd, "ab")
+            handle = self._files[key] = append_private(self.path(host, rank))
         handle.write(data)
 
     def flush(self) -> None:

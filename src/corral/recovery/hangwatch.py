@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.job.logfiles import write_private
+from corral.private import write_private
 from corral.recovery.hang import (
     HangDetector,
     HangVerdict,

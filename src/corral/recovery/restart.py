@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import ConfigError
-from corral.job.logfiles import write_private
 from corral.job.result import EXIT_LAUNCH, JobResult
 from corral.job.states import JobState
+from corral.private import write_private
 
 MAX_BACKOFF = 60.0
 ATTEMPTS_FILE = "attempts.json"
