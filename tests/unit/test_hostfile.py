@@ -606,11 +606,40 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
     assert "expected an existing file, local:N or a comma-separated host list" in str(err)
 
 
-def test_single_name_that_is_not_a_file_suggests_a_comma() -> None:
-    err = config_error(load_cluster, "node1")
-    assert "hostfile 'node1' not found" in str(err)
-    assert "add a comma: 'node1,'" in str(err)
+def test_single_name_that_is_not_a_file_is_one_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert names(load_cluster("node1")) == ["node1"]
     assert names(load_cluster("node1,")) == ["node1"]
+    (host,) = load_cluster("ml@gpu-1.example.com:4", ssh_port=2200).hosts
+    assert (host.name, host.user, host.slots, host.port) == ("gpu-1.example.com", "ml", 4, 2200)
+
+
+def test_single_name_that_is_a_file_is_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "node1").write_text("from-file\n")
+    assert names(load_cluster("node1")) == ["from-file"]
+
+
+@pytest.mark.parametrize(
+    "spec", ["hosts.txt", "cluster.yaml", "c.YML", "mlx.json", "x.hosts", "dir/x", "~/h", "./h"]
+)
+def test_missing_path_like_value_is_named_as_a_missing_hostfile(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = config_error(load_cluster, spec)
+    assert err.option == "--hosts"
+    assert f"hostfile {spec!r} not found" in str(err)
+
+
+def test_single_bad_host_name_is_a_host_list_error() -> None:
+    err = config_error(load_cluster, "no de")
+    assert err.option == "--hosts"
+    assert "not found" not in str(err)
 
 
 def test_load_comma_list_with_ssh_defaults() -> None:

@@ -1,7 +1,7 @@
 """Where a job runs: :class:`Host`, :class:`Cluster` and the hostfile parsers.
 
-``load_cluster(spec)`` turns a ``--hosts`` value (``local:N``, ``h1,h2,...`` or a
-text/YAML/MLX-JSON hostfile) into a :class:`Cluster`; every problem is a
+``load_cluster(spec)`` turns a ``--hosts`` value (``local:N``, ``h1,h2,...``, one
+host name or a text/YAML/MLX-JSON hostfile) into a :class:`Cluster`; every problem is a
 :class:`~corral.errors.ConfigError` naming ``file:line`` or the option.
 """
 

@@ -4,6 +4,8 @@ Accepted forms (see DESIGN.md §4):
 
 * ``local:N`` — N simulated nodes on this machine;
 * ``h1,h2:4,gpu[01-04]:8`` — a comma list (when it is not an existing file);
+* ``node1`` / ``user@node1:8`` — one host, when no such file exists and the value
+  does not look like a path (see :func:`looks_like_path`);
 * a file, auto-detected as one of
 
   - a text hostfile, one host per line, formats freely mixed::
@@ -66,6 +68,7 @@ _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
 _DIGITS_RE = re.compile(r"^[0-9]+$")
+_HOSTFILE_SUFFIXES = (".txt", ".yaml", ".yml", ".json", ".hosts")
 _YAML_START_RE = re.compile(r"^(hosts|defaults)\s*:(\s|$)")
 _HOST_NAME_EXPECTED = (
     "a host name made of letters, digits, '.', '-' and '_' (optionally with "
@@ -612,13 +615,18 @@ def load_cluster(spec: str, *, ssh_user: str | None = None, ssh_port: int | None
     path = Path(spec).expanduser()
     if path.exists():
         cluster = load_cluster_file(spec)
-    elif "," in spec:
+    elif "," in spec or not looks_like_path(spec):
         cluster = parse_host_list(spec)
     else:
-        hint = f" (to use it as a host list, add a comma: '{spec},')" if "/" not in spec else ""
         raise ConfigError(
             f"hostfile {spec!r} not found: expected an existing file, local:N or a "
-            f"comma-separated host list such as 'node1,node2'{hint}",
+            "comma-separated host list such as 'node1,node2' (or one host name)",
             option=_OPTION,
         )
     return _with_ssh_defaults(cluster, ssh_user, ssh_port)
+
+
+def looks_like_path(spec: str) -> bool:
+    """Whether a ``--hosts`` value that names no file was meant as one (a ``/``, a
+    leading ``~`` or ``.``, or a hostfile suffix) rather than as one host."""
+    return "/" in spec or spec.startswith(("~", ".")) or spec.lower().endswith(_HOSTFILE_SUFFIXES)
