@@ -3,7 +3,8 @@
 By default one line per check (status, the failing / warning hosts named, the
 short reason), each problem followed by its fix; ``wide`` shows the check x host
 matrix, then each problem with its fix. Lines are soft-wrapped, never cut, so a
-fix command can be copied whole.
+fix command can be copied whole. A host's detail that already names the host
+(a transport error: ``tb9: cannot resolve tb9``) is not prefixed with it again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,18 @@ MARK = {Status.PASS: "âœ“", Status.SKIP: "-", Status.WARN: "!", Status.FAIL: "âœ
 CELL_CHARS = 60
 SHOWN_HOSTS = 4
 SHOWN_REASONS = 3
+
+
+def _own(host: str, detail: str) -> str:
+    """``detail`` without a leading ``host:`` (the row or column names the host)."""
+    return detail.removeprefix(f"{host}:").lstrip() if detail.startswith(f"{host}:") else detail
+
+
+def _undoubled(text: str, hosts: list[str]) -> str:
+    """``text`` with ``host: host: `` (a host named twice) said once."""
+    for host in hosts:
+        text = text.replace(f"{host}: {host}: ", f"{host}: ")
+    return text
 
 
 def _cell(status: Status, detail: str) -> Text:
@@ -65,10 +78,11 @@ def reason(check: CheckResult) -> tuple[str, str | None]:
     detail) those details grouped: hosts sharing a detail together, at most
     :data:`SHOWN_REASONS` groups."""
     if check.status not in (Status.FAIL, Status.WARN):
-        skipped = [c.detail for c in check.hosts.values() if c.detail]
+        skipped = [_own(h, c.detail) for h, c in check.hosts.items() if c.detail]
         return check.summary or (skipped[0] if skipped else ""), None
     own = check.error if check.status is Status.FAIL else check.warning
-    bad = [(h, c.detail) for h, c in check.hosts.items() if c.status is check.status]
+    own = _undoubled(own, list(check.hosts)) if own else own
+    bad = [(h, _own(h, c.detail)) for h, c in check.hosts.items() if c.status is check.status]
     named = "; ".join(f"{h}: {d}" if d else h for h, d in bad)
     if not own or own == named:
         return _grouped(bad, check.summary), None
@@ -120,7 +134,9 @@ def table(report: ChecklistReport) -> Table:
         cells = []
         for host in report.hosts:
             outcome = check.hosts.get(host)
-            cells.append(_cell(outcome.status, outcome.detail) if outcome else Text("-", "dim"))
+            cells.append(
+                _cell(outcome.status, _own(host, outcome.detail)) if outcome else Text("-", "dim")
+            )
         grid.add_row(Text(check.name, style=STYLE[check.status]), *cells)
     return grid
 
@@ -148,7 +164,7 @@ def problems(console: Console, report: ChecklistReport) -> None:
         message = check.error if check.status is Status.FAIL else check.warning
         console.print(
             Text(f"{MARK[check.status]} {check.name}: ", style=STYLE[check.status])
-            + Text(message or check.summary),
+            + Text(_undoubled(message or check.summary, list(check.hosts))),
             soft_wrap=True,
         )
         _versions_and_fix(console, check)

@@ -51,6 +51,17 @@ class NodeChanged(JobEvent):
     detail: str = ""
 
 
+class RankExited(JobEvent):
+    """A rank ended with ``code`` (None: no status, negative: killed by that signal);
+    ``last`` when every rank of its node has now ended."""
+
+    kind: Literal["rank_exit"] = "rank_exit"
+    host: str
+    rank: int
+    code: int | None = None
+    last: bool = False
+
+
 class Progress(JobEvent):
     """A rank's progress report (``corral.sdk.report``)."""
 

@@ -15,7 +15,11 @@ an occasional line.
 
 Once corral stops a job, the launchers' own teardown noise (torchrun's
 ``SignalException`` traceback on SIGTERM) is not shown: it is counted and folded
-into one line per node (the log files keep it).
+into one line per node (the log files keep it). So is a node's own output once
+all its ranks have exited (torchrun's ``TCPStore recvVector failed`` stack at the
+end of a job that succeeded).
+
+Off a terminal nothing is wrapped (see :func:`corral.console.make_console`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.text import Text
 
+from corral.console import make_console
 from corral.job.events import (
     AttemptStarted,
     Checked,
@@ -39,6 +44,7 @@ from corral.job.events import (
     LogLines,
     Message,
     Progress,
+    RankExited,
     StateChanged,
 )
 from corral.job.logfiles import NODE_RANK_LABEL
@@ -163,7 +169,7 @@ class TerminalOutput:
         if live is None:
             live = sys.stdout.isatty() and sys.stderr.isatty() and stream is None
         self.live_mode = live
-        self.console = console or Console(stderr=not live, highlight=False)
+        self.console = console or make_console(stderr=not live)
         self._hosts: list[str] = []
         self._colors: dict[str, int] = {}
         for host in hosts or []:
@@ -177,6 +183,7 @@ class TerminalOutput:
         self._footer_drawn_at = 0.0
         self._stopping = False
         self._folded: dict[str, int] = {}  # node-level lines hidden during a teardown
+        self._ranks_done: set[str] = set()  # hosts whose ranks have all exited
         self._on_finish = on_finish
         self._on_checked = on_checked
         self._writer = StreamWriterThread(self.stream)
@@ -198,10 +205,14 @@ class TerminalOutput:
             self.message(event.text, event.level)
         elif isinstance(event, StateChanged):
             self._on_state(event)
+        elif isinstance(event, RankExited):
+            if event.last:
+                self._ranks_done.add(event.host)
         elif isinstance(event, AttemptStarted):
             for host in event.hosts:
                 self._add_host(host)
             self._stopping = False
+            self._ranks_done.clear()
             attempt = f" (attempt {event.number})" if event.number else ""
             self.message(
                 f"job {event.job_id}{attempt}: {len(event.hosts)} nodes, {event.world_size} "
@@ -252,7 +263,7 @@ class TerminalOutput:
         """Show a chunk of one rank's output: whole lines, prefixed; a trailing
         ``\r`` update becomes the rank's live status (shown once its line ends)."""
         key = (host, rank)
-        if self._stopping and rank == NODE_RANK_LABEL:
+        if rank == NODE_RANK_LABEL and (self._stopping or host in self._ranks_done):
             self._folded[host] = self._folded.get(host, 0) + data.count(b"\n")
             return
         pending = self._partial.pop(key, b"")

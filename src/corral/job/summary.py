@@ -1,20 +1,19 @@
-"""The end-of-job report: a summary table and the root-cause block."""
+"""The end-of-job report: a summary table and the root-cause block (and, after a
+restart, the attempts table), printed once when the job has finished."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from corral.job.events import Finished
 from corral.job.output import format_progress
 from corral.job.result import Failure, JobResult, NodeRun, signal_name
 from corral.job.states import JobState, NodeState
-
-if TYPE_CHECKING:
-    from corral.recovery.restart import AttemptRecord
+from corral.recovery.restart import AttemptRecord
 
 OOM_HINT = (
     "hint: exit -9/137 (SIGKILL) with no traceback is most often the kernel's OOM killer; "
@@ -52,8 +51,11 @@ def _ranks_text(node: NodeRun) -> str:
 
 
 def _progress_text(node: NodeRun) -> str:
-    reports = [r.progress for r in sorted(node.ranks.values(), key=lambda r: r.rank) if r.progress]
-    return format_progress(reports[0]) if reports else ""
+    """The latest report of the node's lowest rank that reported, naming that rank."""
+    for record in sorted(node.ranks.values(), key=lambda r: r.rank):
+        if record.progress:
+            return f"{format_progress(record.progress)} (rank {record.rank})"
+    return ""
 
 
 def summary_table(result: JobResult) -> Table:
@@ -140,3 +142,17 @@ def attempts_table(records: Sequence[AttemptRecord]) -> Table:
             record.checkpoint or "",
         )
     return table
+
+
+def print_finished(event: Finished, console: Console) -> None:
+    """The end of a job, once: the summary and root cause, then the attempts table
+    when there was more than one attempt (a restart never prints a summary)."""
+    result = event.result
+    if not result.nodes:
+        console.print(
+            Text(f"job {result.job_id}: {event.state.value} before launch", style="yellow")
+        )
+        return
+    print_report(result, console)
+    if len(result.attempts) > 1:
+        console.print(attempts_table([AttemptRecord(**a) for a in result.attempts]))

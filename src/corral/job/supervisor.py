@@ -26,7 +26,15 @@ from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.job.events import JobEvent, Level, LogLines, Message, NodeChanged, Progress
+from corral.job.events import (
+    JobEvent,
+    Level,
+    LogLines,
+    Message,
+    NodeChanged,
+    Progress,
+    RankExited,
+)
 from corral.job.logfiles import LogFiles
 from corral.job.result import (
     EXIT_HANG,
@@ -114,6 +122,8 @@ class Supervisor:
         self.stop_time: float | None = None
         self.stop_state = JobState.FAILED
         self.extra_failures: list[Failure] = []
+        self._trigger: Failure | None = None  # the failure that stopped the job
+        self._earliest: Failure | None = None  # the earliest failure announced so far
         self._interrupts = 0
         self._complained: set[str] = set()
         self._all_done = asyncio.Event()
@@ -291,7 +301,9 @@ class Supervisor:
         elif name == "master_ready":
             self._master_ready = True
             self._say(
-                f"Master node {event['addr']}:{event['port']} is ready for connections", "success"
+                f"Master node {event['addr']}:{event['port']} is ready for connections "
+                + self._master_role(),
+                "success",
             )
         elif name == "master_timeout":
             text = (
@@ -357,6 +369,16 @@ class Supervisor:
         host_time = event.get("eof_time") or event.get("time")
         record.time = node.to_local(float(host_time)) if host_time is not None else None
         record.error = event.get("error")
+        exited = sum(1 for r in node.ranks.values() if r.exited)
+        self.emit(
+            RankExited(
+                job_id=self.job_id,
+                host=node.host.name,
+                rank=record.rank,
+                code=record.code,
+                last=exited >= max(node.command.nproc, len(node.ranks)),
+            )
+        )
         if record.code == 0:
             return
         failed_before_stop = self.stop_time is None or (record.time or 0) < self.stop_time
@@ -413,8 +435,25 @@ class Supervisor:
         self.extra_failures.append(failure)
         if not self.machine.stopping:
             self._exit_code = exit_code
+            self._trigger = self._earliest = failure
             self._say(failure.message + ": stopping the job", "error")
             self.stop("failure", JobState.FAILED)
+            return
+        trigger, earliest = self._trigger, self._earliest
+        if trigger is not None and earliest is not None and failure.time < earliest.time:
+            # reported after the stop but happened first (torchrun reports a SIGKILLed
+            # rank late): it is the root cause, as the summary will say
+            self._earliest = failure
+            self._say(f"root cause: {failure.message} (before {trigger.message})", "error")
+
+    def _master_role(self) -> str:
+        """What the master endpoint is to the ranks (torchrun's is its rendezvous)."""
+        if self.require_master:
+            return (
+                "(torchrun's c10d rendezvous endpoint; the ranks' MASTER_PORT is one torchrun "
+                "picks)"
+            )
+        return "(the ranks' MASTER_ADDR:MASTER_PORT)"
 
     def stop(self, reason: str, final_state: JobState) -> None:
         """Tear every node down (once): stop, then kill after the grace period."""
@@ -602,8 +641,9 @@ class Supervisor:
             master = self.nodes[0].command
             await asyncio.gather(*(self._start_node(n) for n in self.nodes))
             if not self.machine.stopping:
+                what = "torchrun's rendezvous endpoint" if self.require_master else "master"
                 self._say(
-                    f"Waiting for master {master.master_addr}:{master.master_port}...", "detail"
+                    f"Waiting for {what} {master.master_addr}:{master.master_port}...", "detail"
                 )
             self._tasks.append(asyncio.ensure_future(self._heartbeats()))
             self._tasks.append(asyncio.ensure_future(self._watch_hosts()))
