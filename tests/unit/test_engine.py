@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import stat
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from corral.job.options import CheckPolicy, RestartPolicy, SupervisionPolicy
 from corral.job.output import TerminalOutput
 from corral.job.result import EXIT_INTERRUPTED
 from corral.job.states import JobState, NodeState
+from corral.job.summary import print_finished
 from corral.plan.spec import JobSpec
 from corral.redact import REDACTED
 from corral.transport.fake import FakeNode, FakeTransport
@@ -178,6 +180,37 @@ def test_a_failed_attempt_is_restarted_through_the_restarting_state(tmp_path: Pa
         e for e in events if isinstance(e, StateChanged) and e.state.value == "restarting"
     )
     assert "restarting on 2 host(s)" in restarting.reason
+
+
+def test_a_restart_prints_no_summary_until_the_job_has_finished(tmp_path: Path) -> None:
+    calls: dict[str, int] = {}
+
+    async def fail_first(node: FakeNode) -> int:
+        calls[node.host.name] = calls.get(node.host.name, 0) + 1
+        if calls[node.host.name] == 1:
+            return await (fail if node.host.name == "local-1" else run_until_stopped)(node)
+        return await succeed(node)
+
+    transport = FakeTransport({h: fail_first for h in HOSTS})
+    job, _ = _job(tmp_path, transport, restarts=RestartPolicy(max_restarts=1, backoff=0))
+    console = Console(file=io.StringIO(), width=200)
+    terminal = TerminalOutput(
+        list(HOSTS), stream=io.BytesIO(), live=False, console=console, on_finish=print_finished
+    )
+    job.subscribe(terminal.on_event)
+    result = asyncio.run(asyncio.wait_for(job.run(), 30))
+    assert result.state == JobState.SUCCEEDED
+    said = console.file.getvalue()  # type: ignore[attr-defined]
+    restarted = said.index("[corral] attempt 0 failed: rank 1 on local-1 exited with code 1")
+    last_attempt = said.index("[corral] job j1 (attempt 1):")
+    # corral did not look as if it had exited: no summary before the last attempt ...
+    assert not re.search(r"^(exit code|job j1: )", said[:last_attempt], re.M), said
+    assert restarted < last_attempt
+    # ... then one summary, its exit code, and the attempts table once, at the end
+    assert said.count("exit code 0,") == 1 and said.count("job j1: succeeded") == 1
+    tables = [m.start() for m in re.finditer(r"^attempts *$", said, re.M)]
+    assert len(tables) == 1
+    assert last_attempt < said.index("job j1: succeeded") < tables[0]
 
 
 def test_no_restart_left_ends_the_job_failed_with_the_reason(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from corral.agent.protocol import NODE, encode_event
 from corral.cluster import Cluster, Host
 from corral.job.logfiles import LogFiles
 from corral.job.output import TerminalOutput
+from corral.job.result import JobResult
 from corral.job.states import JobState, NodeState
 from corral.job.summary import print_report
 from corral.job.supervisor import (
@@ -73,7 +74,7 @@ async def succeed(node: FakeNode) -> int:
 
 async def run_sup(
     transport: FakeTransport, tmp_path: Path, **kw: object
-) -> tuple[object, bytes, str]:
+) -> tuple[JobResult, bytes, str]:
     out = io.BytesIO()
     console = Console(file=io.StringIO(), width=200)
     sink = TerminalOutput(list(HOSTS), stream=out, live=False, console=console)
@@ -173,6 +174,30 @@ def test_earliest_failure_is_the_root_cause_even_if_reported_later(tmp_path: Pat
     assert result.exit_code == 128 + 9
     assert "OOM" in report
     assert [f.rank for f in result.failures] == [0, 2]
+    # the live output names the same root cause as the summary, once it is known
+    stopping = report.index("[corral] rank 2 on b exited with code 1: stopping the job")
+    live = report.index(
+        "[corral] root cause: rank 0 on a killed by SIGKILL (before rank 2 on b exited with code 1)"
+    )
+    assert stopping < live < report.index("root cause: rank 0 on a killed by SIGKILL\n")
+    assert report.count("[corral] root cause:") == 1  # rank 1's SIGTERM came after the stop
+
+
+def test_a_later_failure_reported_after_the_stop_is_not_called_the_root_cause(
+    tmp_path: Path,
+) -> None:
+    async def failing(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_exit", rank=3, code=7, eof_time=time.time())
+        return await _stop_on_request(node)
+
+    transport = FakeTransport(
+        {"a": _stop_on_request_started, "b": failing, "c": _stop_on_request_started}
+    )
+    result, _, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.root_cause is not None and result.root_cause.rank == 3
+    assert "[corral] rank 3 on b exited with code 7: stopping the job" in report
+    assert "[corral] root cause:" not in report
 
 
 def test_lost_host_is_reported_and_the_rest_torn_down(tmp_path: Path) -> None:
@@ -292,7 +317,7 @@ def test_progress_reports_reach_the_summary(tmp_path: Path, code: int) -> None:
 
     transport = FakeTransport({h: reporting for h in HOSTS})
     result, _, report = asyncio.run(run_sup(transport, tmp_path))
-    assert "step 40/60 loss=0.25" in report
+    assert "step 40/60 loss=0.25 (rank 2)" in report  # b's lowest rank: 2
     assert result.nodes[0].ranks[0].progress is not None
 
 
@@ -466,3 +491,49 @@ def test_a_hang_dumps_stacks_and_names_the_stuck_rank(tmp_path: Path) -> None:
     assert "hang_forever" in (tmp_path / "hang" / "b.3.txt").read_text()
     assert "all_reduce" in (tmp_path / "hang" / "a.0.txt").read_text()
     assert len(list((tmp_path / "hang").glob("*.txt"))) == 6
+
+
+def test_node_output_after_its_ranks_ended_is_folded_and_logged(tmp_path: Path) -> None:
+    async def noisy_exit(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.out(NODE, "torchrun banner\n")
+        first, second = _ranks(node)
+        node.event("rank_exit", rank=first, code=0, eof_time=time.time())
+        node.out(NODE, "one rank still running\n")
+        node.event("rank_exit", rank=second, code=0, eof_time=time.time())
+        node.err(NODE, "[W TCPStore.cpp] recvVector failed\nDid the remote server shutdown?\n")
+        node.event("node_exit", ranks={})
+        return 0
+
+    transport = FakeTransport({h: noisy_exit for h in HOSTS})
+    result, out, report = asyncio.run(run_sup(transport, tmp_path))
+    assert result.state == JobState.SUCCEEDED
+    shown = out.decode().splitlines()
+    assert "[a] torchrun banner" in shown and "[a] one rank still running" in shown
+    assert "recvVector" not in out.decode()
+    assert "[corral] a: the launcher's teardown output (2 lines) is in a.node.log" in report
+    assert "recvVector failed" in (tmp_path / "logs" / "a.node.log").read_text()
+
+
+@pytest.mark.parametrize("torchrun", [True, False])
+def test_the_master_message_says_what_the_endpoint_is(tmp_path: Path, torchrun: bool) -> None:
+    async def hosting(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        if node.host.name == "a":
+            node.event("master_ready", addr="10.77.0.1", port=29500)
+        return await succeed(node)
+
+    transport = FakeTransport({h: hosting for h in HOSTS})
+    _, _, report = asyncio.run(run_sup(transport, tmp_path, require_master=torchrun))
+    ready = "[corral] Master node 10.77.0.1:29500 is ready for connections ("
+    assert (
+        ready
+        + (
+            "torchrun's c10d rendezvous endpoint; the ranks' MASTER_PORT is one torchrun picks)"
+            if torchrun
+            else "the ranks' MASTER_ADDR:MASTER_PORT)"
+        )
+        in report
+    )
+    waiting = "torchrun's rendezvous endpoint" if torchrun else "master"
+    assert f"[corral] Waiting for {waiting} 10.77.0.1:" in report
