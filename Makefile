@@ -51,9 +51,13 @@ torch-source: | $(PY)
 system-deps:
 	@bash scripts/system-deps.sh
 
+# A fresh checkpoint dir each time, so every `make demo` trains (a finished run's last
+# checkpoint would otherwise be resumed: "already complete at step 60/60").
 demo: setup
+	rm -rf .demo-ckpt
 	$(PY) -m corral run --hosts local:2 --nproc-per-node 2 --master-port 0 \
 		--checkpoint-dir .demo-ckpt -- examples/train_ddp.py --steps 60
+	@echo "corral is installed in $(VENV): run 'source $(VENV)/bin/activate' (or use $(VENV)/bin/corral)"
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples

@@ -8,9 +8,11 @@ is learnable and the loss drops fast. Runs under corral, plain ``torchrun``
     torchrun --nproc-per-node 2 examples/train_ddp.py
     python examples/train_ddp.py
 
-Checkpoints are written every ``--checkpoint-every`` steps by rank 0 and a
-rerun resumes from the newest complete one. ``--fail-at-step`` and friends
-inject a failure, to exercise a supervisor's teardown and restart.
+Checkpoints go to ``--checkpoint-dir`` (default: ``$CORRAL_CHECKPOINT_DIR``, which
+``corral run --checkpoint-dir`` sets; without either, none are written), every
+``--checkpoint-every`` steps, by rank 0; a rerun resumes from the newest complete
+one, and says so when that one already reached ``--steps``. ``--fail-at-step``
+and friends inject a failure, to exercise a supervisor's teardown and restart.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="total optimisation steps")
     p.add_argument(
         "--checkpoint-dir",
-        default=os.environ.get("CORRAL_CHECKPOINT_DIR") or "checkpoints",
-        help="default: $CORRAL_CHECKPOINT_DIR, else ./checkpoints",
+        default=os.environ.get("CORRAL_CHECKPOINT_DIR") or None,
+        help="default: $CORRAL_CHECKPOINT_DIR, else no checkpoints",
     )
     p.add_argument("--checkpoint-every", type=int, default=20, help="0 disables checkpoints")
     p.add_argument(
@@ -174,13 +176,26 @@ def main(argv: list[str] | None = None) -> None:
     start = 0
     # every rank loads the newest complete checkpoint from its own disk (corral places it
     # on every host): no shared disk needed, nothing pickled across ranks
-    state = sdk.resume(args.checkpoint_dir)
+    state = sdk.resume(args.checkpoint_dir) if args.checkpoint_dir else None
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, initial_loss = int(state["step"]), float(state["initial_loss"])
+        if start >= args.steps:  # a finished run: say so rather than train nothing silently
+            if me.rank == 0:
+                print(
+                    f"already complete at step {start}/{args.steps}; nothing to do (delete "
+                    f"{os.path.abspath(args.checkpoint_dir)} or pass --checkpoint-dir elsewhere "
+                    "to start fresh)",
+                    flush=True,
+                )
+            sdk.barrier()
+            sdk.cleanup()
+            return
         if me.rank == 0:
             print(f"resumed from step {start} (world size {me.world_size})", flush=True)
+    elif me.rank == 0 and not args.checkpoint_dir and args.checkpoint_every > 0:
+        print("no --checkpoint-dir (nor $CORRAL_CHECKPOINT_DIR): checkpoints off", flush=True)
     net: nn.Module = model
     if distributed:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -208,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             mean = sum(window) / len(window)
             print(f"step {step}/{args.steps} loss {mean:.4f}", flush=True)
             window.clear()
-        if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
+        if args.checkpoint_dir and args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
             sdk.save_checkpoint(
                 {
                     "step": step,

@@ -61,6 +61,46 @@ def test_ddp_example_trains_then_resumes(launcher: str, run_dir: Path, tmp_path:
     assert "resumed from step 40" in second.stdout
     assert (ckpt / "ckpt-00000060.pt").exists()
     assert not wait_no_job_processes(f"ddp2-{launcher}", within=10)
+    # the same run again: its checkpoint is already at --steps, and it says so (rank 0, once)
+    third = run_corral(
+        *common, "--job-id", f"ddp3-{launcher}", "--", EXAMPLE, "--steps", "60", cwd=tmp_path
+    )
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.stdout.count("already complete at step 60/60; nothing to do (delete ") == 1
+    assert f"delete {ckpt} or pass --checkpoint-dir elsewhere to start fresh)" in third.stdout
+    assert not re.search(r"step \d+/60 loss", third.stdout)  # trained nothing
+    assert "final loss" not in third.stdout
+
+
+@pytest.mark.torch
+def test_ddp_example_without_checkpoint_dir_writes_nothing_in_cwd(tmp_path: Path) -> None:
+    require_torch()
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_corral(
+        "run",
+        "--hosts",
+        "local:1",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--launcher",
+        "python",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--",
+        EXAMPLE,
+        "--steps",
+        "20",
+        "--checkpoint-every",
+        "10",
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in work.iterdir()) == []  # no ./checkpoints in the code tree
+    assert "step 20/20 loss" in result.stdout
+    assert result.stdout.count("checkpoints off") == 1
 
 
 def test_plan_json_is_the_exact_command(tmp_path: Path) -> None:
