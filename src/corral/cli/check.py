@@ -15,7 +15,6 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from corral.checks.context import DEFAULT_MIN_FREE_GB, DEFAULT_SMOKE_TIMEOUT, ChecklistOptions
 from corral.checks.render import print_report
@@ -45,20 +44,29 @@ from corral.cli.run import (
     NprocOpt,
     PythonOpt,
     RunDirOpt,
-    ScriptArg,
     ThresholdOpt,
     WorkdirOpt,
 )
 from corral.cluster import load_cluster
+from corral.console import make_console
 from corral.errors import ConfigError
 from corral.job.resolve import parse_nproc
 from corral.plan.spec import DEFAULT_MASTER_PORT, LAUNCHERS
 from corral.transport.options import SshOptions
 
+ScriptArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="The script the job would run, after `--` (its arguments are ignored).",
+        show_default=False,
+        metavar="[-- SCRIPT [ARGS]...]",
+    ),
+]
 SmokeTimeoutOpt = Annotated[
     float,
     typer.Option(
         "--smoke-timeout",
+        metavar="SECONDS",
         help="Deadline of the collective smoke test, in seconds.",
         rich_help_panel=CHECKS_PANEL,
     ),
@@ -67,6 +75,7 @@ ConnectTimeoutOpt = Annotated[
     float,
     typer.Option(
         "--connect-timeout",
+        metavar="SECONDS",
         envvar="CORRAL_CONNECT_TIMEOUT",
         help="Seconds to wait for each host's SSH connection.",
         rich_help_panel=CHECKS_PANEL,
@@ -218,7 +227,7 @@ def check(
         doc["phases_s"] = {k: round(v, 4) for k, v in outcome.phases.items()}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        print_report(Console(stderr=True, highlight=False), report, wide=wide)
+        print_report(make_console(), report, wide=wide)
     raise typer.Exit(1 if report.failed else 0)
 
 

@@ -12,6 +12,7 @@ HostsOpt = Annotated[
     str | None,
     typer.Option(
         "--hosts",
+        metavar="FILE|local:N|h1,h2",
         envvar="CORRAL_HOSTS",
         help="Hostfile path, 'local:N' (N simulated nodes here) or 'h1,h2,...'.",
         rich_help_panel="Cluster",
@@ -21,6 +22,7 @@ SshUserOpt = Annotated[
     str | None,
     typer.Option(
         "--ssh-user",
+        metavar="USER",
         envvar="CORRAL_SSH_USER",
         help="SSH user for every host.",
         rich_help_panel="Cluster",
@@ -30,6 +32,7 @@ SshKeyOpt = Annotated[
     str | None,
     typer.Option(
         "--ssh-key",
+        metavar="FILE",
         envvar="CORRAL_SSH_KEY",
         help="SSH private key file.",
         rich_help_panel="Cluster",
@@ -39,6 +42,7 @@ SshPortOpt = Annotated[
     int | None,
     typer.Option(
         "--ssh-port",
+        metavar="PORT",
         envvar="CORRAL_SSH_PORT",
         help="SSH port for every host.",
         rich_help_panel="Cluster",
@@ -48,6 +52,7 @@ SshPasswordEnvOpt = Annotated[
     str | None,
     typer.Option(
         "--ssh-password-env",
+        metavar="VAR",
         envvar="CORRAL_SSH_PASSWORD_ENV",
         help="Name of an environment variable holding the SSH password (never the password).",
         rich_help_panel="Cluster",
@@ -57,6 +62,7 @@ SshConfigOpt = Annotated[
     str | None,
     typer.Option(
         "--ssh-config",
+        metavar="FILE",
         envvar="CORRAL_SSH_CONFIG",
         help="OpenSSH client config file.",
         rich_help_panel="Cluster",

@@ -32,6 +32,7 @@ from corral.cli.common import (
     require_hosts,
 )
 from corral.cluster import Cluster, Host, load_cluster
+from corral.console import make_console
 from corral.errors import ConfigError, TransportError
 from corral.fleet.fanout import (
     HostResult,
@@ -64,6 +65,7 @@ TimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--timeout",
+        metavar="SECONDS",
         envvar="CORRAL_EXEC_TIMEOUT",
         help="Per-host limit in seconds; on expiry the host's processes are killed and the "
         "host counts as failed.",
@@ -82,6 +84,7 @@ ConnectTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--connect-timeout",
+        metavar="SECONDS",
         help="Seconds to connect to a host (default: the ssh config's ConnectTimeout, else 10).",
         show_default=False,
     ),
@@ -167,7 +170,7 @@ async def exec_on_cluster(
     console: Console | None = None,
 ) -> int:
     """The whole ``corral exec``: connectivity check, parallel run, summary; the exit code."""
-    console = console or Console(stderr=True, highlight=False)
+    console = console or make_console()
     hosts = list(cluster.hosts)
     transport = make_transport(cluster, ssh, connect_timeout=connect_timeout, fanout=fanout)
     try:

@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
-from typer._click import Command
-from typer.core import TyperGroup
+from typer._click import ClickException, Command, Context
+from typer._click.core import ParameterSource
+from typer._click.exceptions import (
+    BadParameter,
+    MissingParameter,
+    NoArgsIsHelpError,
+    NoSuchOption,
+    UsageError,
+)
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
+from corral import __version__
+from corral.console import make_console
 from corral.errors import CorralError
 
-_plain: weakref.WeakSet[Command] = weakref.WeakSet()
+_prepared: weakref.WeakSet[Command] = weakref.WeakSet()
+EXIT_USAGE = 2
 
 
 def plain_help(text: str) -> str:
@@ -35,11 +47,41 @@ def plain_help(text: str) -> str:
     return escape("\n\n".join(p for p in paragraphs if p.strip()))
 
 
-def plain_help_tree(command: Command) -> None:
-    """Apply :func:`plain_help` to a command, its parameters and its subcommands, once."""
-    if command in _plain:
-        return
-    _plain.add(command)
+class WordArgument(TyperArgument):
+    """An argument shown by its metavar alone: no ``<type>`` column, and the metavar
+    (e.g. ``-- SCRIPT [ARGS]...``, see :func:`default_argument_metavar`) is the usage
+    line's text as written."""
+
+    def display_type_rich(self, ctx: Context) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        return self.metavar if self.metavar is not None else super()._usage_display_name()
+
+
+def default_argument_metavar(argument: TyperArgument) -> str:
+    """How an argument that declares no metavar is written: its name in capitals,
+    ``...`` when it takes several words, in brackets when optional (``[JOB_ID]``)."""
+    word = (argument.name or "arg").upper() + ("..." if argument.nargs != 1 else "")
+    return word if argument.required else f"[{word}]"
+
+
+def default_metavar(option: TyperOption) -> str:
+    """The word shown after an option that declares no metavar: nothing for a flag,
+    ``N`` / ``NUMBER`` for numbers, else the last word of its long name (``DIR``)."""
+    if option.is_flag:
+        return ""
+    annotation = option.type_descriptor.annotation
+    if annotation is int:
+        return "N"
+    if annotation is float:
+        return "NUMBER"
+    longest = max(option.opts, key=len)
+    return longest.lstrip("-").rsplit("-", 1)[-1].upper()
+
+
+def _plain_texts(command: Command) -> None:
+    """Apply :func:`plain_help` to a command's and its parameters' help."""
     for attr in ("help", "short_help", "epilog"):
         value = getattr(command, attr, None)
         if isinstance(value, str) and value:
@@ -49,12 +91,114 @@ def plain_help_tree(command: Command) -> None:
         value = getattr(param, "help", None)
         if isinstance(value, str) and value:
             setattr(param, "help", plain_help(value))  # noqa: B010
+
+
+def _set_verbose(ctx: Context, param: Any, value: bool) -> None:
+    """``-v`` after a verb: the same as before it."""
+    if value:
+        _state["verbose"] = True
+
+
+def prepare_tree(root: Command) -> None:
+    """Make the command tree read as corral's, once per command.
+
+    Help texts become plain (:func:`plain_help`); every option shows a word for
+    its value (a flag none, see :func:`default_metavar`) and every argument its
+    name only (:class:`WordArgument`); every command below the root also takes
+    the root's ``-v/--verbose``.
+    """
+    verbose = next((p for p in root.params if p.name == "verbose"), None)
+    _prepare(root, None, verbose)
+
+
+def _prepare(command: Command, parent: Context | None, verbose: Any) -> None:
+    if command in _prepared:
+        return
+    _prepared.add(command)
+    ctx = Context(command, parent=parent, info_name=command.name)
+    if parent is not None and verbose is not None:
+        extra = copy.copy(verbose)  # the root's flag and help, recorded by a callback
+        extra.expose_value = False
+        extra.callback = _set_verbose
+        command.params.append(extra)
+    _plain_texts(command)
+    for param in command.get_params(ctx):  # --help included
+        if isinstance(param, TyperOption) and (param.is_flag or param.metavar is None):
+            param.metavar = default_metavar(param)
+        elif isinstance(param, TyperArgument) and not isinstance(param, WordArgument):
+            if param.metavar is None:
+                param.metavar = default_argument_metavar(param)
+            param.__class__ = WordArgument
     for sub in getattr(command, "commands", {}).values():
-        plain_help_tree(sub)
+        _prepare(sub, ctx, verbose)
+
+
+def _param_name(exc: BadParameter) -> str | None:
+    """How the user gave the parameter of ``exc``: ``--opt``, ``SCRIPT`` or ``ENV_VAR``."""
+    param = exc.param
+    if param is None:
+        return None
+    ctx = exc.ctx
+    if (
+        ctx is not None
+        and param.name is not None
+        and isinstance(param.envvar, str)
+        and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+    ):
+        return f"{param.envvar} (--{param.name.replace('_', '-')})"
+    if isinstance(param, TyperOption):
+        return max(param.opts, key=len)
+    return (param.metavar or (param.name or "").upper()).strip("[]").removeprefix("-- ")
+
+
+def _sentence(message: str) -> str:
+    """``message`` as the tail of an ``error:`` line: lower-case start, no final dot."""
+    message = " ".join(message.split()).rstrip(".")
+    return message[:1].lower() + message[1:]
+
+
+def usage_error_line(exc: ClickException) -> str:
+    """The one line (after ``error: ``) for a usage error or other click error."""
+    if isinstance(exc, NoSuchOption):
+        line = f"{exc.option_name}: no such option"
+        if exc.possibilities:
+            line += f" (did you mean {' or '.join(sorted(exc.possibilities))}?)"
+        return line
+    if isinstance(exc, MissingParameter):
+        name = _param_name(exc)
+        kind = exc.param_type or (exc.param.param_type_name if exc.param else "parameter")
+        return f"missing {kind} {name}" if name else _sentence(exc.format_message())
+    if isinstance(exc, BadParameter):
+        name = _param_name(exc)
+        reason = _sentence(exc.message)
+        return f"{name}: invalid value: {reason}" if name else f"invalid value: {reason}"
+    return _sentence(exc.format_message())
+
+
+def report_usage_error(exc: ClickException) -> None:
+    """Print a click error as one ``error:`` line and where to read the usage."""
+    console = make_console()
+    console.print(Text("error: ", style="bold red") + Text(usage_error_line(exc)), soft_wrap=True)
+    ctx = exc.ctx if isinstance(exc, UsageError) else None
+    if ctx is not None:
+        console.print(f"(see {ctx.command_path} --help)", style="dim", markup=False)
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """Report click errors as :func:`report_usage_error` does, with their exit code."""
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise  # `corral` alone: the help, as click shows it
+    except ClickException as exc:
+        report_usage_error(exc)
+        raise typer.Exit(exc.exit_code) from exc
 
 
 class CorralGroup(TyperGroup):
-    """The root group: every help text of the tree is made plain before it runs."""
+    """The root group: the tree is prepared (:func:`prepare_tree`) before it runs, and
+    usage errors come out as one ``error:`` line, exit code 2."""
 
     def main(
         self,
@@ -65,7 +209,7 @@ class CorralGroup(TyperGroup):
         windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
-        plain_help_tree(self)
+        prepare_tree(self)
         return super().main(
             args=args,
             prog_name=prog_name,
@@ -74,6 +218,20 @@ class CorralGroup(TyperGroup):
             windows_expand_args=windows_expand_args,
             **extra,
         )
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: Context | None = None,
+        **extra: Any,
+    ) -> Context:
+        with _one_line_usage_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Context) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
 
 
 app = typer.Typer(
@@ -87,23 +245,39 @@ app = typer.Typer(
 )
 
 _state = {"verbose": False, "registered": False}
-err_console = Console(stderr=True, highlight=False)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"corral {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show details and tracebacks."),
+    verbose: bool = typer.Option(
+        False, "-v", "--verbose", help="Show details and tracebacks (also after the verb)."
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,
+        expose_value=False,
+        help="Print corral's version and exit.",
+    ),
 ) -> None:
     _state["verbose"] = verbose
 
 
 def verbose() -> bool:
-    """Whether ``-v`` was given."""
+    """Whether ``-v`` was given (before or after the verb)."""
     return _state["verbose"]
 
 
 def report_error(exc: CorralError) -> None:
     """Print an expected error as one red line (details with ``-v``)."""
+    err_console = make_console()
     # never read as markup: messages name things like gpu[01-04] or [host:rank]
     err_console.print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
     if verbose():
@@ -126,7 +300,7 @@ def main() -> None:
     """Console-script entry point: run the app, turning CorralError into one line."""
     _register()
     try:
-        app()  # standalone: click reports usage errors and exits with typer.Exit's code
+        app()  # standalone: usage errors are one line (CorralGroup), exit code 2
     except CorralError as exc:
         if verbose():
             import traceback

@@ -2,9 +2,14 @@
 
 Every host is pinged at once (``echo`` over a fresh SSH connection, or a local
 process for ``local:N``) with a hard deadline per host. A table (host, status,
-round-trip time, cause) goes to stderr; stdout gets the names of the hosts that
+``ssh echo`` time, cause) goes to stderr; stdout gets the names of the hosts that
 did not answer, one per line (``corral ping --hosts f | xargs ...``), or with
 ``--json`` one JSON document.
+
+The ``ssh echo`` time is the whole round trip of one ``echo`` over a new
+connection (TCP and SSH handshakes, authentication, the remote shell), so it is
+far larger than the network round-trip time ``corral check`` reports for its
+connectivity check over an established connection.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from corral.cli.common import (
 )
 from corral.cli.exec import make_transport
 from corral.cluster import Cluster, load_cluster
+from corral.console import make_console
 from corral.errors import ConfigError
 from corral.fleet.ping import DEFAULT_TIMEOUT, PingResult, failed_hosts, ping_hosts
 from corral.transport.options import SshOptions
@@ -43,6 +49,7 @@ TimeoutOpt = Annotated[
     float,
     typer.Option(
         "--timeout",
+        metavar="SECONDS",
         envvar="CORRAL_PING_TIMEOUT",
         help="Hard deadline per host in seconds, covering connect, auth and the command.",
     ),
@@ -51,16 +58,24 @@ JsonOpt = Annotated[
     bool,
     typer.Option(
         "--json",
-        help='Print {"hosts": {name: {"ok", "rtt_ms", "error", "cause"}}, "failed": [...], '
-        '"ok": [...]} on stdout instead of the table and the failed names.',
+        help='Print {"hosts": {name: {"ok", "ssh_echo_ms", "rtt_ms", "error", "cause"}}, '
+        '"failed": [...], "ok": [...]} on stdout instead of the table and the failed names. '
+        "ssh_echo_ms is echo over a new SSH connection, login included (not the network "
+        "round trip); rtt_ms is the same value under its former name.",
     ),
 ]
+
+
+def _entry(result: PingResult) -> dict[str, object]:
+    """One host's JSON entry: ``ssh_echo_ms`` first, ``rtt_ms`` kept as its alias."""
+    entry = result.to_dict()
+    return {"ok": entry.pop("ok"), "ssh_echo_ms": entry["rtt_ms"], **entry}
 
 
 def to_json(results: Mapping[str, PingResult]) -> str:
     """The ``--json`` document."""
     doc = {
-        "hosts": {name: r.to_dict() for name, r in results.items()},
+        "hosts": {name: _entry(r) for name, r in results.items()},
         "failed": failed_hosts(results),
         "ok": [name for name, r in results.items() if r.ok],
     }
@@ -68,11 +83,12 @@ def to_json(results: Mapping[str, PingResult]) -> str:
 
 
 def print_table(results: Mapping[str, PingResult], console: Console) -> None:
-    """The host/status/rtt/cause table, each failure's full message, and a summary line."""
+    """The host/status/ssh echo/cause table, each failure's full message, and a summary
+    line."""
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     table.add_column("host")
     table.add_column("status")
-    table.add_column("rtt", justify="right")
+    table.add_column("ssh echo", justify="right")
     table.add_column("cause")
     for name, r in results.items():
         table.add_row(
@@ -120,9 +136,11 @@ def ping(
 ) -> None:
     """List the hosts that do not answer (echo over SSH, with a deadline per host).
 
-    The table goes to stderr; stdout gets the failed host names, one per line
-    (or the --json document). Exit codes: 0 every host answered; 1 some did not;
-    2 bad options or hostfile.
+    The table goes to stderr; stdout gets the failed host names, one per line (or
+    the --json document). Its "ssh echo" column is the time of one echo over a new
+    SSH connection, login included: not the network round trip `corral check`
+    reports. Exit codes: 0 every host answered; 1 some did not; 2 bad options or
+    hostfile.
     """
     if not timeout > 0:
         raise ConfigError(f"invalid timeout {timeout:g}: expected seconds > 0", option="--timeout")
@@ -141,7 +159,7 @@ def ping(
     if as_json:
         typer.echo(to_json(results))
     else:
-        print_table(results, Console(stderr=True, highlight=False))
+        print_table(results, make_console())
         for name in failed:
             typer.echo(name)
     if failed:

@@ -7,6 +7,7 @@ import json
 import shlex
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import typer
@@ -30,6 +31,7 @@ from corral.cli.common import (
 )
 from corral.cluster import load_cluster
 from corral.cluster.model import Cluster
+from corral.console import make_console
 from corral.errors import ConfigError
 from corral.job.engine import Job, dry_run
 from corral.job.events import Checked, Finished
@@ -41,7 +43,7 @@ from corral.job.options import (
     SyncPolicy,
 )
 from corral.job.output import TerminalOutput
-from corral.job.resolve import new_job_id, parse_env, parse_nproc
+from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
 from corral.job.summary import attempts_table, print_report
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
@@ -57,6 +59,7 @@ LauncherOpt = Annotated[
     str,
     typer.Option(
         "--launcher",
+        metavar="torchrun|python",
         envvar="CORRAL_LAUNCHER",
         help=f"How ranks are started: {'|'.join(LAUNCHERS)}.",
         rich_help_panel=_L,
@@ -66,6 +69,7 @@ PythonOpt = Annotated[
     str | None,
     typer.Option(
         "--python",
+        metavar="PATH",
         envvar="CORRAL_PYTHON",
         help="Interpreter on the hosts (its torchrun is used). Default: this "
         "interpreter for local nodes, else python3.",
@@ -76,6 +80,7 @@ NprocOpt = Annotated[
     str | None,
     typer.Option(
         "--nproc-per-node",
+        metavar="N|auto",
         envvar="CORRAL_NPROC_PER_NODE",
         help="Ranks per node: N, or 'auto' (GPUs, else the host's slots). "
         "Default: the host's slots.",
@@ -86,6 +91,7 @@ MasterAddrOpt = Annotated[
     str | None,
     typer.Option(
         "--master-addr",
+        metavar="HOST",
         envvar="CORRAL_MASTER_ADDR",
         help="Rendezvous address (default: the first host).",
         rich_help_panel=_L,
@@ -95,6 +101,7 @@ MasterPortOpt = Annotated[
     int,
     typer.Option(
         "--master-port",
+        metavar="PORT",
         envvar="CORRAL_MASTER_PORT",
         help="Rendezvous port; 0 picks a free one.",
         rich_help_panel=_L,
@@ -104,6 +111,7 @@ WorkdirOpt = Annotated[
     str | None,
     typer.Option(
         "--workdir",
+        metavar="DIR",
         envvar="CORRAL_WORKDIR",
         help="Working directory on every host (default for local nodes: their own "
         "directory under the run dir).",
@@ -114,6 +122,7 @@ EnvOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--env",
+        metavar="K=V",
         help="K=V set for every rank (repeatable); a bare K forwards this shell's value "
         "of K (keeps a secret off the command line). Nothing else of this shell's "
         "environment is forwarded.",
@@ -124,6 +133,7 @@ NcclOpt = Annotated[
     str | None,
     typer.Option(
         "--nccl-interface",
+        metavar="IFACE",
         envvar="CORRAL_NCCL_INTERFACE",
         help="NCCL_SOCKET_IFNAME for every rank.",
         rich_help_panel=_L,
@@ -133,6 +143,7 @@ GlooOpt = Annotated[
     str | None,
     typer.Option(
         "--gloo-interface",
+        metavar="IFACE",
         envvar="CORRAL_GLOO_INTERFACE",
         help="GLOO_SOCKET_IFNAME for every rank.",
         rich_help_panel=_L,
@@ -142,6 +153,7 @@ TimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--timeout",
+        metavar="SECONDS",
         envvar="CORRAL_TIMEOUT",
         help="Stop the whole job after S seconds (exit 124).",
         rich_help_panel=_L,
@@ -151,6 +163,7 @@ CheckpointOpt = Annotated[
     str | None,
     typer.Option(
         "--checkpoint-dir",
+        metavar="DIR",
         envvar="CORRAL_CHECKPOINT_DIR",
         help="Exported to ranks as CORRAL_CHECKPOINT_DIR.",
         rich_help_panel=_L,
@@ -160,6 +173,7 @@ RunDirOpt = Annotated[
     str,
     typer.Option(
         "--run-dir",
+        metavar="DIR",
         envvar="CORRAL_RUN_DIR",
         help="Where runs/<job-id>/ (logs, plan, result) is written.",
         rich_help_panel=_L,
@@ -169,6 +183,7 @@ GraceOpt = Annotated[
     float,
     typer.Option(
         "--grace",
+        metavar="SECONDS",
         envvar="CORRAL_GRACE",
         help="Seconds between SIGTERM and SIGKILL at teardown.",
         rich_help_panel=_L,
@@ -178,6 +193,7 @@ RdzvTimeoutOpt = Annotated[
     float,
     typer.Option(
         "--rdzv-timeout",
+        metavar="SECONDS",
         envvar="CORRAL_RDZV_TIMEOUT",
         help="Seconds to wait for every node to join and the master to accept connections.",
         rich_help_panel=_L,
@@ -193,6 +209,7 @@ MinFreeOpt = Annotated[
     float,
     typer.Option(
         "--min-free-gb",
+        metavar="GB",
         envvar="CORRAL_MIN_FREE_GB",
         help="Free space the checkpoint directory needs on every host.",
         rich_help_panel=CHECKS_PANEL,
@@ -202,6 +219,7 @@ ThresholdOpt = Annotated[
     float,
     typer.Option(
         "--consistency-threshold",
+        metavar="FRACTION",
         envvar="CORRAL_CONSISTENCY_THRESHOLD",
         help="Share of hosts whose code must match this machine's (0.95 lets 1 in 20 "
         "differ, with a warning).",
@@ -221,6 +239,7 @@ CodeDirOpt = Annotated[
     str | None,
     typer.Option(
         "--code-dir",
+        metavar="DIR",
         envvar="CORRAL_CODE_DIR",
         help="The code tree here that the hosts' --workdir must match (default: the "
         "current directory).",
@@ -256,6 +275,7 @@ SyncScriptOpt = Annotated[
     str | None,
     typer.Option(
         "--sync-script",
+        metavar="FILE",
         envvar="CORRAL_SYNC_SCRIPT",
         help="Your own sync script, run before the pre-flight: a non-zero exit blocks the "
         "launch; a missing script is a warning.",
@@ -268,6 +288,7 @@ MaxRestartsOpt = Annotated[
     int,
     typer.Option(
         "--max-restarts",
+        metavar="N",
         envvar="CORRAL_MAX_RESTARTS",
         help="Restart the job (from its latest checkpoint) up to N times after a failed "
         "rank, a lost host or a hang.",
@@ -278,6 +299,7 @@ RestartBackoffOpt = Annotated[
     float,
     typer.Option(
         "--restart-backoff",
+        metavar="SECONDS",
         envvar="CORRAL_RESTART_BACKOFF",
         help="Seconds before the first restart, doubled for each further one (at most 60).",
         rich_help_panel=FAULTS_PANEL,
@@ -287,6 +309,7 @@ MinNodesOpt = Annotated[
     int | None,
     typer.Option(
         "--min-nodes",
+        metavar="N",
         envvar="CORRAL_MIN_NODES",
         help="Restart without lost hosts while at least M hosts remain (ranks are "
         "re-assigned). Default: all hosts, i.e. a lost host ends the job.",
@@ -297,6 +320,7 @@ HostTimeoutOpt = Annotated[
     float,
     typer.Option(
         "--host-timeout",
+        metavar="SECONDS",
         envvar="CORRAL_HOST_TIMEOUT",
         help="Seconds without a heartbeat from a host's agent (link down, host hung) "
         "before the host is declared lost.",
@@ -307,6 +331,7 @@ HangTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--hang-timeout",
+        metavar="SECONDS",
         envvar="CORRAL_HANG_TIMEOUT",
         help="Seconds without progress (sdk.report) on any rank, or one rank behind the "
         "others, before every rank's stack is dumped and the job stopped (or restarted). "
@@ -327,7 +352,11 @@ ReplicateOpt = Annotated[
 ]
 ScriptArg = Annotated[
     list[str] | None,
-    typer.Argument(help="SCRIPT [ARGS...] after `--`.", show_default=False),
+    typer.Argument(
+        help="The script and its arguments, after `--`.",
+        show_default=False,
+        metavar="-- SCRIPT [ARGS]...",
+    ),
 ]
 
 
@@ -335,6 +364,7 @@ SecretEnvOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--secret-env",
+        metavar="KEY",
         help="An --env key whose value is secret although its name does not say so "
         "(names with TOKEN, SECRET, PASSWORD or KEY always are): its value reaches the "
         "ranks but is redacted in plan.json, spec.json, `corral plan` and every log. "
@@ -590,14 +620,32 @@ def plan(
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
-    console = Console(highlight=False)
+    console = make_console(stderr=False)
+    print_plan(prepared, console)
+    if not cluster.is_local and python is None:
+        tried = " if it exists there, else ".join(candidates(None))
+        console.print(
+            f"python3 above is resolved per host at launch: {tried} (or pass --python)",
+            style="dim",
+        )
+
+
+def shell_line(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """``cd CWD && env K=V ... ARGV`` as one shell-quoted line."""
+    assigns = [f"{k}={v}" for k, v in env.items()]
+    return f"cd {shlex.quote(cwd)} && " + shlex.join(["env", *assigns, *argv])
+
+
+def print_plan(prepared: Prepared, console: Console) -> None:
+    """A table (node, host, ranks, cwd), then per node its env as ``K=V`` lines and
+    the command as one copy-pasteable shell line (one per rank for the python
+    launcher). Secret values are redacted."""
+    spec = prepared.spec
     table = Table(
-        title=f"plan for job {prepared.spec.job_id} "
-        f"({prepared.spec.launcher}, {len(prepared.commands)} nodes)",
+        title=f"plan for job {spec.job_id} ({spec.launcher}, {len(prepared.commands)} nodes)",
         title_justify="left",
-        show_lines=True,
     )
-    for column in ("node", "host", "ranks", "cwd", "command", "env"):
+    for column in ("node", "host", "ranks", "cwd"):
         table.add_column(column, overflow="fold")
     for cmd in prepared.commands:
         ranks = (
@@ -605,22 +653,19 @@ def plan(
             if cmd.ranks
             else f"{cmd.nproc} (assigned at rendezvous)"
         )
-        env_shown = redact_env(cmd.env, cmd.secret_env)
-        table.add_row(
-            str(cmd.node_rank),
-            cmd.host.name,
-            ranks,
-            cmd.cwd,
-            shlex.join(cmd.argv),
-            "\n".join(f"{k}={v}" for k, v in env_shown.items()),
-        )
+        table.add_row(str(cmd.node_rank), cmd.host.name, ranks, cmd.cwd)
     console.print(table)
-    if not cluster.is_local and python is None:
-        tried = " if it exists there, else ".join(candidates(None))
-        console.print(
-            f"python3 above is resolved per host at launch: {tried} (or pass --python)",
-            style="dim",
-        )
+    for cmd in prepared.commands:
+        env = redact_env(cmd.env, cmd.secret_env)
+        console.print(f"\nnode {cmd.node_rank} ({cmd.host.name}) env:", style="bold", markup=False)
+        for key, value in env.items():
+            console.print(f"  {key}={value}", markup=False, soft_wrap=True)
+        runs = [
+            (f"rank {r.rank}", {**env, **redact_env(r.env, cmd.secret_env)}) for r in cmd.ranks
+        ] or [("command", env)]
+        for label, run_env in runs:
+            console.print(f"node {cmd.node_rank} {label}:", style="bold", markup=False)
+            console.print(shell_line(cmd.cwd, run_env, cmd.argv), markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -34,6 +34,7 @@ from corral.cli.common import (
     require_hosts,
 )
 from corral.cluster import Cluster, load_cluster
+from corral.console import make_console
 from corral.sync.push import (
     DEFAULT_FANOUT,
     HostSync,
@@ -53,12 +54,13 @@ EXIT_INTERRUPTED = 130
 
 SrcArg = Annotated[
     str,
-    typer.Argument(help="The code tree to push (default: the current directory).", metavar="SRC"),
+    typer.Argument(help="The code tree to push (default: the current directory).", metavar="[SRC]"),
 ]
 DestOpt = Annotated[
     str | None,
     typer.Option(
         "--dest",
+        metavar="DIR",
         envvar="CORRAL_SYNC_DEST",
         help="Directory on the hosts (created if missing; default: SRC's absolute path). "
         "A relative path is relative to the remote home.",
@@ -77,6 +79,7 @@ ScriptOpt = Annotated[
     str | None,
     typer.Option(
         "--sync-script",
+        metavar="FILE",
         envvar="CORRAL_SYNC_SCRIPT",
         help="Your own script, run here first: a non-zero exit stops the sync (exit 1); "
         "a missing script is a warning.",
@@ -102,6 +105,7 @@ ConnectTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--connect-timeout",
+        metavar="SECONDS",
         help="Seconds to connect to a host (default: the ssh config's ConnectTimeout, else 10).",
         show_default=False,
     ),
@@ -110,6 +114,7 @@ PythonOpt = Annotated[
     str | None,
     typer.Option(
         "--python",
+        metavar="PATH",
         help="Interpreter on the hosts for --delete (default: this interpreter's path, "
         "else python3).",
         show_default=False,
@@ -276,7 +281,7 @@ async def sync_cluster(
     console: Console | None = None,
 ) -> int:
     """The whole ``corral sync``: sync script, parallel push, summary; the exit code."""
-    console = console or Console(stderr=True, highlight=False)
+    console = console or make_console()
     script: ScriptResult | None = None
     if sync_script is not None:
 
@@ -395,7 +400,7 @@ def sync(
         )
     )
     if code is None:
-        Console(stderr=True).print("[bold red]interrupted[/]: every rsync was stopped")
+        make_console().print("[bold red]interrupted[/]: every rsync was stopped")
         raise typer.Exit(EXIT_INTERRUPTED)
     if code:
         raise typer.Exit(code)

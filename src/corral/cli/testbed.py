@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from corral.console import make_console
 from corral.testbed import DEFAULT_SUBNET, Testbed, TestbedStatus, default_state_dir
 
 StateDirOpt = Annotated[
     Path | None,
     typer.Option(
         "--state-dir",
+        metavar="DIR",
         envvar="CORRAL_TESTBED_DIR",
         help="Where the testbed's hostfile, ssh_config, keys and state live "
         "[default: $XDG_CACHE_HOME/corral/testbed or ~/.cache/corral/testbed].",
@@ -29,8 +30,6 @@ testbed_app = typer.Typer(
     "(Linux, root).",
     no_args_is_help=True,
 )
-
-_out = Console(highlight=False)
 
 
 def _testbed(state_dir: Path | None) -> Testbed:
@@ -49,16 +48,17 @@ def up(
     ] = 1,
 ) -> None:
     """Create hosts tb1..tbN, each with its own network namespace, hostname and sshd."""
+    out = make_console(stderr=False)
     tb = _testbed(state_dir)
     result = tb.up(n, subnet=subnet, slots=slots)
     if result.already_up:
-        _out.print(f"testbed already up: {len(result.hosts)} hosts in {tb.state_dir} (no change)")
+        out.print(f"testbed already up: {len(result.hosts)} hosts in {tb.state_dir} (no change)")
     else:
-        _out.print(f"testbed up: {len(result.hosts)} hosts in {result.seconds:.2f} s")
+        out.print(f"testbed up: {len(result.hosts)} hosts in {result.seconds:.2f} s")
     for h in result.hosts:
-        _out.print(f"  {h.name}  {h.address}")
+        out.print(f"  {h.name}  {h.address}")
     d = tb.state_dir
-    _out.print(
+    out.print(
         "\nUse it with:\n"
         f"  corral run --hosts {d}/hostfile --ssh-config {d}/ssh_config -- SCRIPT ...\n"
         f"  corral exec --hosts {d}/hostfile --ssh-config {d}/ssh_config -- hostname\n"
@@ -72,15 +72,16 @@ def up(
 @testbed_app.command("down")
 def down(state_dir: StateDirOpt = None) -> None:
     """Remove everything `up` created (processes, namespaces, links, bridge, files)."""
+    out = make_console(stderr=False)
     tb = _testbed(state_dir)
     result = tb.down()
     if not result.removed:
-        _out.print(f"no testbed in {tb.state_dir}; nothing to do")
+        out.print(f"no testbed in {tb.state_dir}; nothing to do")
         other = Testbed.running()
         if other is not None and other.state_dir != tb.state_dir:
-            _out.print(f"(a testbed is up in {other.state_dir}: use --state-dir)")
+            out.print(f"(a testbed is up in {other.state_dir}: use --state-dir)")
         return
-    _out.print(f"testbed down: removed {', '.join(result.removed)}", soft_wrap=True)
+    out.print(f"testbed down: removed {', '.join(result.removed)}", soft_wrap=True)
 
 
 def _table(st: TestbedStatus) -> Table:
@@ -110,19 +111,20 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show each host, its address and whether its sshd answers. Exit 1 unless healthy."""
+    out = make_console(stderr=False)
     st = _testbed(state_dir).status()
     if as_json:
         typer.echo(json.dumps(st.to_dict(), indent=2))
     elif not st.exists:
-        _out.print(f"no testbed in {st.state_dir}")
+        out.print(f"no testbed in {st.state_dir}")
         if st.other_state_dir:
-            _out.print(f"(a testbed is up in {st.other_state_dir}: use --state-dir)")
+            out.print(f"(a testbed is up in {st.other_state_dir}: use --state-dir)")
     else:
-        _out.print(_table(st))
+        out.print(_table(st))
         if st.healthy:
-            _out.print(f"[green]healthy[/]: {len(st.hosts)} hosts")
+            out.print(f"[green]healthy[/]: {len(st.hosts)} hosts")
         else:
-            _out.print("[red]not healthy[/]: " + "; ".join(st.problems()), soft_wrap=True)
+            out.print("[red]not healthy[/]: " + "; ".join(st.problems()), soft_wrap=True)
     if not st.healthy:
         # SystemExit, not typer.Exit: the root app runs click with standalone_mode=False,
         # which turns typer.Exit into a return value.
