@@ -47,15 +47,78 @@ def test_checkpoint_dir_probe(tmp_path: Path) -> None:
     assert not bad["writable"] and "cannot create" in bad["error"]
 
 
+_STALE_PROBE = (
+    "import json, sys\n"
+    "from corral.checks import hostside\n"
+    "print(json.dumps(hostside.stale_processes(set(), sys.argv[1] or None)))\n"
+)
+
+
+def _stale_seen(job_id: str = "", *, python: list[str] | None = None) -> list[dict[str, object]]:
+    """What a check session of its own (a new session, as over SSH) finds stale."""
+    out = subprocess.run(
+        [*(python or [sys.executable]), "-c", _STALE_PROBE, job_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        start_new_session=True,
+    )
+    found: list[dict[str, object]] = json.loads(out.stdout)
+    return found
+
+
 def test_stale_processes_finds_job_processes() -> None:
     child = subprocess.Popen(["sleep", "30"], env={**os.environ, "CORRAL_JOB_ID": "stale-test-job"})
     try:
-        found = hostside.stale_processes(set())
+        found = _stale_seen()
         assert {"pid": child.pid, "job": "stale-test-job", "cmdline": "sleep 30"} in found
         assert all(p["pid"] != os.getpid() for p in found)
     finally:
         child.kill()
         child.wait()
+
+
+def test_stale_processes_never_count_the_job_being_checked() -> None:
+    env = {**os.environ, "CORRAL_JOB_ID": "this-job"}
+    mine = subprocess.Popen(["sleep", "30"], env=env)
+    # a login shell about to exec this job's agent: the job id is on its command line only
+    shell = subprocess.Popen(
+        ["sh", "-c", "sleep 30; exec env CORRAL_JOB_ID=this-job python3 -m corral.agent"]
+    )
+    try:
+        assert {mine.pid, shell.pid} <= {p["pid"] for p in _stale_seen("another-job")}
+        assert not {mine.pid, shell.pid} & {p["pid"] for p in _stale_seen("this-job")}
+    finally:
+        for proc in (mine, shell):
+            proc.kill()
+            proc.wait()
+
+
+def test_stale_processes_skip_the_check_sessions_own_family() -> None:
+    env = {**os.environ, "CORRAL_JOB_ID": "family-job"}
+    child = subprocess.Popen(["sleep", "30"], env=env)  # a descendant of this process
+    try:
+        assert child.pid not in {p["pid"] for p in hostside.stale_processes(set())}
+    finally:
+        child.kill()
+        child.wait()
+    # the check session's parent has a job id (corral run inside a corral job): not stale
+    parent = (
+        "import subprocess, sys, os\n"
+        "print(os.getpid(), flush=True)\n"
+        "sys.exit(subprocess.run(sys.argv[1:], start_new_session=True).returncode)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", parent, sys.executable, "-c", _STALE_PROBE, ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
+    )
+    parent_pid, found = out.stdout.splitlines()
+    assert int(parent_pid) not in {p["pid"] for p in json.loads(found)}
 
 
 def test_shipped_program_runs_without_corral_installed(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from corral.checks import (
     stale,
     sync_status,
 )
-from corral.checks.context import CheckContext, ChecklistOptions
+from corral.checks.context import CheckContext, ChecklistOptions, ssh_command
 from corral.checks.gather import HostFacts
 from corral.checks.reference import CodeReference, corresponds, resolve
 from corral.checks.render import print_report
@@ -29,6 +30,7 @@ from corral.cluster import load_cluster
 from corral.cluster.model import Cluster
 from corral.sync.fingerprint import build_manifest
 from corral.sync.state import record_sync
+from corral.transport.options import SshOptions
 
 NAMES = ["n1", "n2", "n3"]
 BASE: dict[str, Any] = {
@@ -471,3 +473,80 @@ def test_wide_report_is_the_check_by_host_matrix() -> None:
     header = next(ln for ln in text.splitlines() if "gpu01" in ln)
     assert all(f"gpu{i:02d}" in header for i in range(1, 17))
     assert "✗ code: code differs on gpu03, gpu11" in text and "fix: corral sync" in text
+
+
+SSH = SshOptions(config="/etc/corral/ssh cfg", user="ml", port=2222, key="~/.ssh/id_x")
+
+
+def test_stale_fix_carries_the_ssh_options_given() -> None:
+    ctx = _ctx({"n2": {"stale": [{"pid": 77, "job": "old", "cmdline": "x"}]}}, ssh=SSH)
+    key = os.path.expanduser("~/.ssh/id_x")
+    assert stale.check(ctx).fix_command == (
+        f"ssh -F '/etc/corral/ssh cfg' -p 2222 -l ml -i {key} n2 kill 77"
+    )
+
+
+def test_connectivity_fix_carries_the_ssh_options_given() -> None:
+    ctx = _ctx(errors={"n2": "n2: connection refused"}, ssh=SshOptions(config="/c"))
+    fix = connectivity.check(ctx).fix_command
+    assert fix is not None and fix.startswith("ssh -v -F /c n2 true")
+
+
+def test_ssh_command_uses_the_hosts_own_port_user_and_address() -> None:
+    (host,) = load_cluster("root@n1:2 address=10.0.0.9 port=2200").hosts
+    assert ssh_command(SshOptions(), host, ["kill", "1"]) == "ssh -p 2200 -l root 10.0.0.9 kill 1"
+    with_config = ssh_command(SshOptions(config="/c", port=22), host, ["true"])
+    assert with_config == "ssh -F /c -p 2200 -l root n1 true"
+
+
+def _script(path: str, error: str | None = None) -> dict[str, Any]:
+    return {"code": {"script": {"path": path, "error": error} if error else {"path": path}}}
+
+
+def test_missing_script_fails_the_code_check_naming_the_host_uncompared() -> None:
+    ctx = _ctx({"n2": _script("/srv/code/train.py", "not found")}, script="train.py", ssh=SSH)
+    ctx.reference = CodeReference(None, why_not="cannot compare: x; pass --code-dir")
+    result = consistency.check(ctx)
+    assert result.status is Status.FAIL
+    assert result.hosts["n2"].status is Status.FAIL
+    assert result.hosts["n2"].detail == "script /srv/code/train.py: not found"
+    assert result.hosts["n1"].status is Status.WARN  # not compared, but there
+    assert result.error is not None
+    assert "the script train.py cannot be run in /srv/code on n2" in result.error
+    assert result.fix_command is not None
+    assert result.fix_command.startswith("corral sync --hosts n2 . --dest /srv/code")
+    assert "--ssh-config '/etc/corral/ssh cfg' --ssh-user ml --ssh-port 2222" in (
+        result.fix_command
+    )
+
+
+def test_missing_script_fails_whatever_the_threshold(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("1")
+    ref = build_manifest(str(tmp_path))
+    per_host: dict[str, dict[str, Any]] = {
+        n: {"code": {"tree": ref.to_json(), "script": {"path": "/srv/code/train.py"}}}
+        for n in NAMES
+    }
+    per_host["n3"]["code"]["script"] = {"path": "/srv/code/train.py", "error": "not found"}
+    ctx = _ctx(per_host, script="train.py", consistency_threshold=0.5)
+    ctx.local_manifest = ref
+    result = consistency.check(ctx)
+    assert result.status is Status.FAIL and result.hosts["n3"].status is Status.FAIL
+    assert "script /srv/code/train.py: not found" in result.hosts["n3"].detail
+    assert result.hosts["n1"].status is Status.PASS
+    assert result.error is not None and "cannot be run in /srv/code on n3" in result.error
+    assert result.fix_command is not None and result.fix_command.startswith(
+        "corral sync --hosts n3"
+    )
+    assert result.data["divergent"]["n3"]["script"] == "/srv/code/train.py: not found"
+
+
+def test_preflight_options_carry_the_job_id() -> None:
+    from corral.job.options import CheckPolicy
+    from corral.job.preflight import checklist_options
+    from corral.plan.spec import JobSpec
+
+    cluster = _cluster()
+    spec = JobSpec(script="train.py", job_id="job-42")
+    options = checklist_options(CheckPolicy(), spec, cluster, SshOptions(), None, None)
+    assert options.job_id == "job-42" and options.script == "train.py"

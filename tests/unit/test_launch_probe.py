@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -254,3 +255,45 @@ def test_version_mismatch_message() -> None:
         "host (or corral sync)"
     )
     assert (err.host, err.agent_version, err.coordinator_version) == ("tb2", "0.1.0", "0.2.0")
+
+
+class _EnvRecorder(FakeTransport):
+    """The fake transport, recording the environment each host's agent got."""
+
+    envs: dict[str, dict[str, str] | None]
+
+    async def start(
+        self,
+        host: Host,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> FakeNode:
+        self.envs = getattr(self, "envs", {})
+        self.envs[host.name] = dict(env) if env is not None else None
+        return await super().start(host, argv, env=env, cwd=cwd)
+
+
+@pytest.mark.parametrize(("job_id", "env"), [("job-7", {"CORRAL_JOB_ID": "job-7"}), (None, None)])
+def test_agents_carry_the_job_id(job_id: str | None, env: dict[str, str] | None) -> None:
+    """The pre-flight's stale check knows the job's own agents by this variable."""
+
+    async def main() -> dict[str, dict[str, str] | None]:
+        transport = _EnvRecorder({"h1": _agent(True), "h2": _agent(True)})  # type: ignore[dict-item]
+        started = await start_agents(
+            transport,
+            HOSTS,
+            python=None,
+            workdir=None,
+            master=HOSTS[0],
+            master_port=None,
+            need_torch=False,
+            job_id=job_id,
+        )
+        for proc, _ in started.values():
+            proc.write(b'{"op":"abort"}\n')
+        await transport.close()
+        return transport.envs
+
+    assert asyncio.run(main()) == {"h1": env, "h2": env}

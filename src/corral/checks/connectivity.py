@@ -34,7 +34,10 @@ def check(ctx: CheckContext) -> CheckResult:
     )
     fix = None
     if down and not ctx.is_local:
-        fix = "; ".join(f"ssh -v {h} true" for h in down) + "  (see why the SSH login fails)"
+        fix = (
+            "; ".join(ctx.ssh(ctx.cluster.host(h), ["true"], verbose=True) for h in down)
+            + "  (see why the SSH login fails)"
+        )
     return CheckResult.from_hosts(
         NAME,
         hosts,

@@ -3,15 +3,18 @@ same as this machine's (SHA-256 manifests, .gitignore/.corralignore honoured).
 
 The consistency ratio is matching hosts / hosts; below the threshold the check
 fails naming the divergent hosts and their differing files; at or above it
-(a threshold below 1.0) divergent hosts are a warning.
+(a threshold below 1.0) divergent hosts are a warning. A host whose ``--workdir``
+or entry script is missing (or whose script cannot be run) always fails, compared
+or not: every rank there would die at start.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Collection
 from typing import Any
 
-from corral.checks.context import CheckContext
+from corral.checks.context import CheckContext, cli_ssh_options
 from corral.checks.result import CheckResult, HostCheck, Status
 from corral.sync.fingerprint import diff_manifests
 
@@ -66,13 +69,34 @@ def sync_command(ctx: CheckContext, hosts: list[str]) -> str:
     """The ``corral sync`` command that brings ``hosts`` in line."""
     src = ctx.local_manifest.root if ctx.local_manifest is not None else "."
     words = ["corral", "sync", "--hosts", ",".join(hosts), src, "--dest", ctx.workdir]
-    if ctx.options.ssh.config:
-        words += ["--ssh-config", ctx.options.ssh.config]
-    return shlex.join(words)
+    return shlex.join([*words, *cli_ssh_options(ctx.options.ssh)])
 
 
-def _cannot_compare(ctx: CheckContext, no_workdir: dict[str, HostCheck]) -> CheckResult:
-    """Nothing here to compare with: a warning saying why and what fixes it."""
+def script_problems(ctx: CheckContext, skip: Collection[str] = ()) -> dict[str, HostCheck]:
+    """Hosts (but ``skip``) whose entry script is missing or cannot be run: failures,
+    whatever the threshold (every rank there would die at once)."""
+    out: dict[str, HostCheck] = {}
+    for f in ctx.answered():
+        script = (f.facts.get("code") or {}).get("script") or {}
+        if f.host.name not in skip and script.get("error"):
+            out[f.host.name] = HostCheck(
+                Status.FAIL, f"script {script.get('path')}: {script['error']}"
+            )
+    return out
+
+
+def _script_error(ctx: CheckContext, hosts: Collection[str]) -> str:
+    return (
+        f"the script {ctx.options.script} cannot be run in {ctx.workdir} on "
+        f"{', '.join(sorted(hosts))}"
+    )
+
+
+def _cannot_compare(
+    ctx: CheckContext, no_workdir: dict[str, HostCheck], no_script: dict[str, HostCheck]
+) -> CheckResult:
+    """Nothing here to compare with: a warning saying why and what fixes it (a
+    failure for hosts without the working directory or the script)."""
     ref = ctx.reference
     why = (
         ref.why_not
@@ -82,17 +106,22 @@ def _cannot_compare(ctx: CheckContext, no_workdir: dict[str, HostCheck]) -> Chec
     short = why.split(";", 1)[0]
     hosts = {
         h.name: no_workdir.get(h.name)
+        or no_script.get(h.name)
         or HostCheck(Status.WARN if ctx.facts[h.name].ok else Status.SKIP, short)
         for h in ctx.cluster
     }
     fix = why.split("; ", 1)[1] if "; " in why else "pass --code-dir"
+    errors = []
+    if no_workdir:
+        errors.append(f"{ctx.workdir} missing on {', '.join(sorted(no_workdir))}")
+    if no_script:
+        errors.append(_script_error(ctx, no_script))
+        fix = sync_command(ctx, sorted(no_script)) + f"  (or: {fix})"
     return CheckResult.from_hosts(
         NAME,
         hosts,
         summary="not compared",
-        error=f"{ctx.workdir} missing on {', '.join(sorted(no_workdir))}; {why}"
-        if no_workdir
-        else None,
+        error="; ".join([*errors, why]) if errors else None,
         warning=why,
         fix_command=fix,
         data={"compared": False, "why_not": why},
@@ -115,9 +144,12 @@ def check(ctx: CheckContext) -> CheckResult:
         for f in ctx.answered()
         if not (f.facts.get("workdir") or {}).get("exists", True)
     }
+    no_script = script_problems(ctx, skip=no_workdir)
     if ctx.local_manifest is None and ctx.local_script_sha256 is None:
-        return _cannot_compare(ctx, no_workdir)
+        return _cannot_compare(ctx, no_workdir, no_script)
     divergent = divergence(ctx)
+    for name, problem in no_script.items():
+        divergent.setdefault(name, {})["script"] = problem.detail.removeprefix("script ")
     answered = [f.host.name for f in ctx.answered()]
     total = len(ctx.cluster.hosts)
     matching = [h for h in answered if h not in divergent]
@@ -133,7 +165,7 @@ def check(ctx: CheckContext) -> CheckResult:
         elif host.name in no_workdir:
             hosts[host.name] = no_workdir[host.name]
         elif host.name in divergent:
-            status = Status.FAIL if below else Status.WARN
+            status = Status.FAIL if below or host.name in no_script else Status.WARN
             hosts[host.name] = HostCheck(status, _detail(divergent[host.name]))
         else:
             what = f"{len(ref.files)} files match" if ref is not None else "script matches"
@@ -151,6 +183,8 @@ def check(ctx: CheckContext) -> CheckResult:
             f"threshold {threshold:.2f})"
         )
         error, warning = (text, None) if below else (None, text)
+    if no_script:
+        error = "; ".join(e for e in (_script_error(ctx, no_script), error) if e)
     data: dict[str, Any] = {
         "compared": True,
         "reference": ctx.reference.how if ctx.reference is not None else None,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,7 @@ class ChecklistOptions:
     smoke_timeout: float = DEFAULT_SMOKE_TIMEOUT
     connect_timeout: float = 10.0
     sync: dict[str, Any] | None = None  # what `--sync` / `--sync-script` did in this run
+    job_id: str | None = None  # the job this pre-flight is for: its processes are not stale
 
 
 @dataclass
@@ -71,6 +75,51 @@ class CheckContext:
     def nproc(self, host: Host) -> int:
         """Ranks the job runs on ``host``."""
         return self.options.nproc_per_node or host.slots
+
+    def ssh(self, host: Host, command: Sequence[str], *, verbose: bool = False) -> str:
+        """The ``ssh`` command line that runs ``command`` on ``host`` (see :func:`ssh_command`)."""
+        return ssh_command(self.options.ssh, host, command, verbose=verbose)
+
+
+def cli_ssh_options(options: SshOptions) -> list[str]:
+    """The CLUSTER options a printed ``corral ...`` command needs to reach the hosts
+    the same way (never a secret: ``--ssh-password-env`` names a variable)."""
+    words: list[str] = []
+    for flag, value in (
+        ("--ssh-config", options.config),
+        ("--ssh-user", options.user),
+        ("--ssh-port", str(options.port) if options.port else None),
+        ("--ssh-key", options.key),
+        ("--ssh-password-env", options.password_env),
+    ):
+        if value:
+            words += [flag, value]
+    if options.accept_new_host_keys:
+        words.append("--accept-new-host-keys")
+    if options.insecure_no_host_key_check:
+        words.append("--insecure-no-host-key-check")
+    return words
+
+
+def ssh_command(
+    options: SshOptions, host: Host, command: Sequence[str], *, verbose: bool = False
+) -> str:
+    """The ``ssh`` command a user types to run ``command`` on ``host`` the way corral
+    reaches it: the ssh config (``-F``), port, user and key given; the host's name,
+    or its hostfile address when that differs and no ssh config is given."""
+    words = ["ssh", *(["-v"] if verbose else [])]
+    if options.config:
+        words += ["-F", os.path.expanduser(options.config)]
+    port = host.port or options.port
+    if port:
+        words += ["-p", str(port)]
+    user = host.user or options.user
+    if user:
+        words += ["-l", user]
+    if options.key:
+        words += ["-i", os.path.expanduser(options.key)]
+    target = host.name if options.config or host.address in ("", host.name) else host.address
+    return shlex.join([*words, target, *command])
 
 
 def is_loopback(addr: str) -> bool:

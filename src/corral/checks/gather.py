@@ -58,6 +58,7 @@ class GatherRequest:
     master_addr: str | None = None
     master_port: int | None = None
     connect_timeout: float = 5.0
+    job_id: str | None = None  # its processes are not stale
 
     def params(self, listen: bool) -> dict[str, Any]:
         """The JSON arguments of one host's session."""
@@ -70,6 +71,7 @@ class GatherRequest:
             "checkpoint_dir": self.checkpoint_dir,
             "master_addr": self.master_addr,
             "listen_port": self.master_port if listen else None,
+            "job_id": self.job_id,
         }
 
 

@@ -237,12 +237,17 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
-def _cmdline(pid: int) -> str:
+def _raw_cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return " ".join(fh.read().decode(errors="replace").replace("\0", " ").split())[:200]
+            return fh.read()
     except OSError:
-        return ""
+        return b""
+
+
+def _cmdline(pid: int) -> str:
+    raw = _raw_cmdline(pid)
+    return " ".join(raw.decode(errors="replace").replace("\0", " ").split())[:200]
 
 
 def _pids() -> list[int]:
@@ -326,28 +331,78 @@ def _same_netns(pid: int, own: str | None) -> bool:
         return False
 
 
-def stale_processes(skip: set[int]) -> list[dict[str, Any]]:
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(parent PID, session ID)`` of ``pid`` from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def own_family(pids: list[int]) -> set[int]:
+    """This process, its ancestors, and every process in its session or below it:
+    the check session itself, never something left over."""
+    me = os.getpid()
+    stats = {pid: st for pid in pids if (st := _stat(pid)) is not None}
+    session = stats.get(me, (0, -1))[1]
+    family = {me} | {pid for pid, (_, sid) in stats.items() if sid == session}
+    while True:
+        below = {pid for pid, (ppid, _) in stats.items() if ppid in family} - family
+        if not below:
+            break
+        family |= below
+    ancestors: set[int] = set()
+    pid = stats.get(me, (0, 0))[0]
+    while pid > 1 and pid not in ancestors:
+        ancestors.add(pid)
+        pid = stats.get(pid, (0, 0))[0]
+    return family | ancestors
+
+
+def _job_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            for item in fh.read().split(b"\0"):
+                if item.startswith(b"CORRAL_JOB_ID="):
+                    return item.split(b"=", 1)[1].decode(errors="replace")
+    except OSError:
+        pass
+    return None
+
+
+def stale_processes(skip: set[int], job_id: str | None = None) -> list[dict[str, Any]]:
     """Processes of corral jobs still alive on this host (its network namespace):
-    anything with ``CORRAL_JOB_ID`` in its environment or running the agent."""
+    anything with ``CORRAL_JOB_ID`` in its environment or running the agent.
+
+    Never counted: ``skip``, this session's own family (:func:`own_family`), and
+    the processes of ``job_id`` (the job being checked), whose environment has
+    it, or whose command line sets it (a shell about to exec that job's agent)."""
     try:
         own = os.readlink("/proc/self/ns/net")
     except OSError:
         own = None
+    pids = _pids()
+    skip = skip | own_family(pids)
+    sets_mine = (
+        re.compile(
+            rb"(?:^|[\s\0'\"])CORRAL_JOB_ID=" + re.escape(job_id.encode()) + rb"(?=[\s\0'\"]|$)"
+        )
+        if job_id
+        else None
+    )
     found = []
-    for pid in _pids():
+    for pid in pids:
         if pid in skip or not _same_netns(pid, own):
             continue
-        job = None
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                for item in fh.read().split(b"\0"):
-                    if item.startswith(b"CORRAL_JOB_ID="):
-                        job = item.split(b"=", 1)[1].decode(errors="replace")
-                        break
-        except OSError:
-            pass
+        job = _job_of(pid)
         cmd = _cmdline(pid)
         if job is None and "corral.agent" not in cmd:
+            continue
+        if job_id is not None and job == job_id:
+            continue
+        if sets_mine is not None and sets_mine.search(_raw_cmdline(pid)):
             continue
         found.append({"pid": pid, "job": job, "cmdline": cmd})
     return found
@@ -428,11 +483,25 @@ def code(params: dict[str, Any]) -> dict[str, Any]:
         path = os.path.expanduser(script)
         if not os.path.isabs(path) and params.get("workdir"):
             path = os.path.join(os.path.expanduser(params["workdir"]), path)
-        try:
-            out["script"] = {"path": path, "sha256": fingerprint.file_digest(path)}
-        except OSError as exc:
-            out["script"] = {"path": path, "error": exc.strerror or str(exc)}
+        out["script"] = script_facts(path)
     return out
+
+
+def script_facts(path: str) -> dict[str, Any]:
+    """The entry script at ``path``: its SHA-256, or why it cannot be run (``error``).
+    A directory runs only with a ``__main__.py`` (as ``runpy.run_path`` does)."""
+    from corral.sync import fingerprint  # shipped alongside this module
+
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "__main__.py")):
+            return {"path": path, "package": True}
+        return {"path": path, "error": "is a directory (no __main__.py)"}
+    if not os.path.exists(path):
+        return {"path": path, "error": "not found", "missing": True}
+    try:
+        return {"path": path, "sha256": fingerprint.file_digest(path)}
+    except OSError as exc:
+        return {"path": path, "error": exc.strerror or str(exc)}
 
 
 # ----------------------------------------------------------------------- session
@@ -454,7 +523,7 @@ def facts(params: dict[str, Any], listener: dict[str, Any] | None) -> dict[str, 
             "exists": bool(workdir) and os.path.isdir(os.path.expanduser(workdir)),
         },
         "code": code(params),
-        "stale": stale_processes(skip),
+        "stale": stale_processes(skip, params.get("job_id")),
         "gpu_processes": gpu_processes(),
         "listener": listener,
     }

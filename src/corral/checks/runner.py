@@ -191,12 +191,13 @@ async def run_checklist(
         launcher=opts.launcher,
         workdir=workdir,
         code_dir=workdir if code_dir else None,
-        script=opts.script if local_script else None,
+        script=opts.script,  # compared when local_script is known; must exist anyway
         extra_ignores=ignores,
         checkpoint_dir=checkpoint_dir,
         master_addr=master_addr,
         master_port=opts.master_port,
         connect_timeout=min(opts.connect_timeout, 5.0),
+        job_id=opts.job_id,
     )
     own_transport = transport is None
     tp = transport or transport_for(opts.cluster, opts.ssh, connect_timeout=opts.connect_timeout)

@@ -1,6 +1,8 @@
 """Check 8, stale processes: processes of an earlier corral job still alive on a
 host, or anything holding its GPUs or the rendezvous port (a warning with the
-PIDs and the command that stops them)."""
+PIDs and the command that stops them). The job being checked is never counted:
+the host side skips processes with its ``CORRAL_JOB_ID`` (the agents ``corral
+run`` starts while the checklist runs) and the check session's own family."""
 
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ def check(ctx: CheckContext) -> CheckResult:
                 + " ".join(str(p["pid"]) for p in port)
             )
         hosts[host.name] = HostCheck(Status.WARN, "; ".join(parts))
-        kill = f"kill {' '.join(str(p) for p in pids)}"
-        fixes.append(kill if ctx.is_local else f"ssh {host.name} {kill}")
+        kill = ["kill", *(str(p) for p in pids)]
+        fixes.append(" ".join(kill) if ctx.is_local else ctx.ssh(host, kill))
     if ctx.is_local and fixes:
         fixes = list(dict.fromkeys(fixes))
     return CheckResult.from_hosts(

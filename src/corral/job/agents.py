@@ -7,7 +7,9 @@ importable by it, or the host is named with the import error). The agent first
 answers a probe: its interpreter, whether torch is there (torchrun launcher),
 whether ``--workdir`` exists and, on the master host, whether the master port
 is free (port 0: it picks one), and the version of corral it runs, which must
-be the coordinator's (the two speak one protocol). Only when every host is
+be the coordinator's (the two speak one protocol). The agent's environment carries
+the job's ``CORRAL_JOB_ID``: the pre-flight running meanwhile does not take it
+for a leftover of an earlier job. Only when every host is
 ready does the coordinator send each agent its start message; otherwise every
 agent is told to exit and the problems are one LaunchError naming each host.
 """
@@ -29,6 +31,7 @@ from corral.remote.python import candidates
 from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0
+JOB_ID_ENV = "CORRAL_JOB_ID"
 
 _AGENT_SHELL = (
     'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m corral.agent; fi; '
@@ -121,9 +124,13 @@ async def start_agent(
     python: str | None,
     workdir: str | None,
     port: int | None,
+    job_id: str | None = None,
 ) -> tuple[NodeProcess, HostProbe]:
-    """Start ``host``'s agent and read its probe (TransportError / LaunchError)."""
-    proc = await transport.start(host, agent_argv(python))
+    """Start ``host``'s agent (with ``CORRAL_JOB_ID=job_id`` in its environment, so
+    the pre-flight's stale check knows it as this job's) and read its probe
+    (TransportError / LaunchError)."""
+    env = {JOB_ID_ENV: job_id} if job_id else None
+    proc = await transport.start(host, agent_argv(python), env=env)
     proc.write(encode_op({"op": "probe", "workdir": workdir, "port": port}))
     try:
         probe = await asyncio.wait_for(_probe_reply(proc, host, python), PROBE_TIMEOUT)
@@ -185,14 +192,18 @@ async def start_agents(
     master_port: int | None,
     need_torch: bool,
     workdir_given: bool = True,
+    job_id: str | None = None,
 ) -> dict[str, tuple[NodeProcess, HostProbe]]:
     """Start and probe every host's agent in parallel (``master_port`` None: the
-    master port is not tested). If any host is not ready, every agent is aborted
-    and one LaunchError lists each host's problem."""
+    master port is not tested; ``job_id``: see :func:`start_agent`). If any host
+    is not ready, every agent is aborted and one LaunchError lists each host's
+    problem."""
 
     async def one(host: Host) -> tuple[NodeProcess, HostProbe]:
         port = master_port if host.name == master.name else None
-        return await start_agent(transport, host, python=python, workdir=workdir, port=port)
+        return await start_agent(
+            transport, host, python=python, workdir=workdir, port=port, job_id=job_id
+        )
 
     results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
     errors: list[str] = []

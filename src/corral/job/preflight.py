@@ -54,6 +54,7 @@ def checklist_options(
         exclude_divergent=policy.exclude_divergent,
         smoke=policy.smoke_test,
         sync=sync,
+        job_id=spec.job_id,
     )
 
 
