@@ -1,9 +1,15 @@
-"""``corral logs JOB``: print a job's per-rank logs (coordinator or host-side copies)."""
+"""``corral logs [JOB]``: print a job's per-rank logs (coordinator or host-side copies).
+
+``JOB`` left out, or ``latest``, is the job that ran last in the run dir. When the job
+ran more than once (restarts, or reruns of its id), a marker line opens each attempt's
+output in every file.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +18,17 @@ import typer
 from corral.cli.common import SshConfigOpt, SshKeyOpt, SshPasswordEnvOpt
 from corral.cluster.model import Host
 from corral.errors import ConfigError
-from corral.fleet.logs import LogFile, coordinator_logs, fetch_host_logs, load_job
+from corral.fleet.logs import (
+    LATEST,
+    LogFile,
+    attempt_offsets,
+    attempt_segments,
+    attempt_starts,
+    coordinator_logs,
+    fetch_host_logs,
+    load_job,
+    resolve_job_id,
+)
 from corral.job.output import prefix_for
 from corral.transport.base import Transport
 from corral.transport.local import LocalTransport
@@ -40,17 +56,45 @@ def _transport(
     return SshTransport.from_options(options)
 
 
-def _print(files: list[LogFile]) -> None:
+def _marker(attempt: int | None, starts: dict[int, float]) -> bytes:
+    """The line that opens one attempt's output."""
+    if attempt is None:
+        return b"[corral] ---- earlier attempt(s), not told apart ----"
+    started = starts.get(attempt)
+    when = (
+        f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}"
+        if started is not None
+        else ""
+    )
+    return f"[corral] ---- attempt {attempt}{when} ----".encode()
+
+
+def _print(
+    files: list[LogFile], marks: dict[str, list[tuple[int, int]]], starts: dict[int, float]
+) -> None:
+    """Every file's lines, prefixed; with more than one attempt on record, a marker line
+    before each attempt's output (``marks``: see :func:`attempt_offsets`)."""
+    attempts = set(starts) | {a for found in marks.values() for _, a in found}
     out = sys.stdout.buffer
     for log in files:
         prefix = (prefix_for(log.host, -1 if log.rank is None else log.rank) + " ").encode()
-        for line in log.path.read_bytes().splitlines():
-            out.write(prefix + line + b"\n")
+        for segment in attempt_segments(log.path.read_bytes(), marks.get(log.path.name, [])):
+            if len(attempts) > 1:
+                out.write(prefix + _marker(segment.attempt, starts) + b"\n")
+            for line in segment.data.splitlines():
+                out.write(prefix + line + b"\n")
     out.flush()
 
 
 def logs(
-    job_id: Annotated[str, typer.Argument(help="The job id (see runs/).")],
+    job_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[JOB]",
+            help=f"The job id (see runs/); {LATEST} or none: the job that ran last.",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[str | None, typer.Option("--host", help="Only this host.")] = None,
     rank: Annotated[int | None, typer.Option("--rank", help="Only this global rank.")] = None,
     from_hosts: Annotated[
@@ -66,8 +110,9 @@ def logs(
     ssh_config: SshConfigOpt = None,
     ssh_password_env: SshPasswordEnvOpt = None,
 ) -> None:
-    """Print a job's logs, each line prefixed [host:rank]."""
+    """Print a job's logs, each line prefixed [host:rank]. A marker line opens each attempt."""
     root = Path(run_dir)
+    job_id = resolve_job_id(root, job_id)
     job = load_job(root, job_id)
     if from_hosts:
         hosts = [
@@ -95,8 +140,18 @@ def logs(
                 await transport.close()
 
         files = asyncio.run(fetch())
+        marks: dict[str, list[tuple[int, int]]] = {}
+        starts: dict[int, float] = {}
     else:
         files = coordinator_logs(root, job_id)
+        marks = attempt_offsets(root / job_id / "logs")
+        starts = attempt_starts(root, job_id)
+        if len(starts) > 1 and not marks:
+            print(
+                f"note: job {job_id} ran {len(starts)} attempts; its logs do not record "
+                "where each began",
+                file=sys.stderr,
+            )
     files = [
         f for f in files if (host is None or f.host == host) and (rank is None or f.rank == rank)
     ]
@@ -107,7 +162,7 @@ def logs(
             if x
         )
         raise ConfigError(f"job {job_id} has no logs{' for ' + what if what else ''}")
-    _print(files)
+    _print(files, marks, starts)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,12 @@
 """Reading a job's logs after the fact: the coordinator's copies, or the host-side
 copies each node agent kept (fetched over the job's transport, e.g. after a cut
 link came back).
+
+A coordinator log file is appended to by every attempt of its job. Where each
+attempt's output begins is kept beside the logs in ``logs/attempts.jsonl``, one
+JSON object per line, ``{"attempt": N, "file": "<host>.<rank>.log", "offset": K}``
+(``K``: the file's size when attempt ``N`` first wrote to it), so the attempts
+can be told apart afterwards (:func:`attempt_segments`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from corral.transport.base import Transport
 
 _COORD_LOG = re.compile(r"^(?P<host>.+)\.(?P<rank>\d+|node)\.log$")
 _HOST_LOG = re.compile(r"^rank-(?P<rank>\d+)\.log$|^node\.log$")
+ATTEMPT_INDEX = "attempts.jsonl"  # in the job's logs/ directory (see the module docstring)
+LATEST = "latest"
+_RUN_DIR_HINT = "pass --run-dir (or set CORRAL_RUN_DIR) if the job ran elsewhere"
 
 
 @dataclass(frozen=True)
@@ -30,18 +39,44 @@ class LogFile:
     path: Path
 
 
+def _jobs(run_dir: Path) -> list[Path]:
+    """The ``job.json`` of every job in ``run_dir``, oldest first (by when it was written:
+    each attempt rewrites it, so the last one is the job that ran last)."""
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for path in run_dir.glob("*/job.json"):
+        try:
+            found.append((path.stat().st_mtime, path.parent.name, path))
+        except OSError:
+            continue
+    return [path for _, _, path in sorted(found)]
+
+
+def resolve_job_id(run_dir: Path, job_id: str | None) -> str:
+    """``job_id`` itself, or for None and ``latest`` (when no job has that id) the job in
+    ``run_dir`` that ran last; ConfigError naming the directory when there is none."""
+    if job_id is not None and (job_id != LATEST or (run_dir / job_id / "job.json").exists()):
+        return job_id
+    jobs = _jobs(run_dir)
+    if not jobs:
+        where = run_dir.resolve()
+        what = "no jobs in" if run_dir.is_dir() else "no run directory"
+        raise ConfigError(f"{what} {where}; {_RUN_DIR_HINT}")
+    return jobs[-1].parent.name
+
+
 def load_job(run_dir: Path, job_id: str) -> dict[str, Any]:
     """The job's ``job.json``; ConfigError if there is no such job."""
     path = run_dir / job_id / "job.json"
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:
-        known = (
-            sorted(p.parent.name for p in run_dir.glob("*/job.json")) if run_dir.is_dir() else []
-        )
+        known = [p.parent.name for p in _jobs(run_dir)]
         raise ConfigError(
-            f"no job {job_id!r} in {run_dir} (looked for {path}); "
-            + (f"known jobs: {', '.join(p for p in known[-5:])}" if known else "no jobs there")
+            f"no job {job_id!r} in {run_dir.resolve()}; "
+            + (f"latest jobs: {', '.join(known[-5:])}" if known else "no jobs there")
+            + f"; {_RUN_DIR_HINT}"
         ) from None
     except ValueError as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
@@ -57,6 +92,55 @@ def coordinator_logs(run_dir: Path, job_id: str) -> list[LogFile]:
             rank = None if m.group("rank") == "node" else int(m.group("rank"))
             files.append(LogFile(m.group("host"), rank, path))
     return sorted(files, key=lambda f: (f.host, -1 if f.rank is None else f.rank))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of one log file written by one attempt (``attempt`` None: unknown)."""
+
+    attempt: int | None
+    data: bytes
+
+
+def attempt_offsets(log_dir: Path) -> dict[str, list[tuple[int, int]]]:
+    """Per log file name, ``(offset, attempt)`` where each attempt's output begins, in
+    file order (from ``attempts.jsonl``; empty when there is none, damaged lines skipped)."""
+    try:
+        lines = (log_dir / ATTEMPT_INDEX).read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    found: dict[str, list[tuple[int, int]]] = {}
+    for line in lines:
+        try:
+            item = json.loads(line)
+            name, offset, attempt = str(item["file"]), int(item["offset"]), int(item["attempt"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        found.setdefault(name, []).append((offset, attempt))
+    return {name: sorted(set(marks)) for name, marks in found.items()}
+
+
+def attempt_segments(data: bytes, marks: list[tuple[int, int]]) -> list[Segment]:
+    """``data`` (one log file) split where each attempt began; output written before the
+    first mark (an older corral kept no index) is a segment of unknown attempt."""
+    segments = []
+    first = marks[0][0] if marks else len(data)
+    if first > 0:
+        segments.append(Segment(None, data[:first]))
+    for i, (offset, attempt) in enumerate(marks):
+        end = marks[i + 1][0] if i + 1 < len(marks) else len(data)
+        if end > offset:
+            segments.append(Segment(attempt, data[offset:end]))
+    return segments
+
+
+def attempt_starts(run_dir: Path, job_id: str) -> dict[int, float]:
+    """When each attempt of the job started (``attempts.json``; empty when unreadable)."""
+    try:
+        records = json.loads((run_dir / job_id / "attempts.json").read_text())
+        return {int(r["number"]): float(r["started"]) for r in records}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
 
 
 def _remote_dir(node_dir: str) -> str:
