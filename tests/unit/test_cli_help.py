@@ -11,13 +11,17 @@ terminal wraps it. Both are checked for every command, group and subcommand:
   and whitespace runs collapsed the same way;
 - at a width wider than any paragraph (the terminal wraps nothing), each such
   paragraph occurs within one line of the rendered help.
+
+Values are named by words: a flag shows none, an option a word such as ``DIR``
+or ``K=V`` (never a type like ``<bool>`` or ``<list[str]>``), and the script
+argument reads ``-- SCRIPT [ARGS]...`` as the README writes it. Every verb takes
+``-v`` and the root takes ``--version``.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -25,7 +29,8 @@ import typer
 from typer._click import Command
 from typer.testing import CliRunner
 
-from corral.cli.main import _register, app
+from corral import __version__
+from corral.cli.main import _register, app, prepare_tree
 
 WIDE = 2000  # wider than any help paragraph plus the option columns
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -117,7 +122,89 @@ def test_error_lines_are_never_read_as_markup(capsys: pytest.CaptureFixture[str]
     from corral.cli import main as cli_main
     from corral.errors import ConfigError
 
-    cli_main.err_console.file = sys.stderr  # capsys replaced stderr after import
     cli_main.report_error(ConfigError("duplicate host gpu[01-02] ([bold]x[/]) at [host:rank]"))
     err = capsys.readouterr().err
     assert "error: duplicate host gpu[01-02] ([bold]x[/]) at [host:rank]" in err
+
+
+_TYPE_LABEL = re.compile(r"<(bool|str|int|float|path|Path|datetime|list\[[^>]*\])>")
+
+
+@pytest.mark.parametrize(("path", "command"), TREE, ids=IDS)
+def test_values_are_named_by_words(path: tuple[str, ...], command: Command) -> None:
+    shown = render(path, WIDE)
+    assert _TYPE_LABEL.findall(shown) == [], shown
+    assert "list[str]" not in shown
+    assert "[command]" not in shown
+    assert "{" not in shown.split("\n", 3)[1], "a required argument in braces"
+
+
+PREPARED = typer.main.get_command(app)
+prepare_tree(PREPARED)  # as the app does before it runs (TREE keeps the source help)
+
+
+@pytest.mark.parametrize(("path", "command"), list(commands(PREPARED)), ids=IDS)
+def test_every_option_shows_its_word(path: tuple[str, ...], command: Command) -> None:
+    lines = [collapse(line) for line in render(path, WIDE).splitlines()]
+    for param in command.params:
+        if getattr(param, "hidden", False) or param.param_type_name != "option":
+            continue
+        names = " ".join(sorted(param.opts + param.secondary_opts, key=len, reverse=True))
+        metavar = param.metavar or ""
+        if getattr(param, "is_flag", False):
+            assert metavar == "", f"{names} is a flag: no value word"
+        else:
+            assert re.fullmatch(r"[A-Za-z0-9_=|:,.\-]+", metavar), (names, metavar)
+            assert any(
+                line.startswith(f"{param.opts[0]}") and f" {metavar} " in f"{line} "
+                for line in lines
+            ), (names, metavar)
+
+
+@pytest.mark.parametrize("verb", ["run", "plan"])
+def test_script_usage_reads_as_the_readme(verb: str) -> None:
+    assert f"Usage: corral {verb} [OPTIONS] -- SCRIPT [ARGS]..." in collapse(render((verb,), 200))
+
+
+def test_options_read_as_words_in_run_help() -> None:
+    lines = [collapse(line) for line in render(("run",), WIDE).splitlines()]
+    expected = {
+        "--env": "K=V",
+        "--secret-env": "KEY",
+        "--hosts": "FILE|local:N|h1,h2",
+        "--run-dir": "DIR",
+        "--timeout": "SECONDS",
+        "--max-restarts": "N",
+    }
+    for option, word in expected.items():
+        assert any(line.startswith(f"{option} {word} ") for line in lines), option
+    assert any(line.startswith("-- SCRIPT [ARGS]... ") for line in lines)
+    assert any(line.startswith("--no-preflight Launch without") for line in lines)
+
+
+@pytest.mark.parametrize(("path", "command"), TREE[1:], ids=IDS[1:])
+def test_every_verb_takes_verbose(path: tuple[str, ...], command: Command) -> None:
+    result = CliRunner().invoke(app, [*path, "-v", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--verbose" in result.output
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"corral {__version__}\n"
+    assert "--version" in collapse(render((), 200))
+
+
+def test_every_console_of_the_cli_comes_from_make_console() -> None:
+    import ast
+    from pathlib import Path
+
+    import corral.cli
+
+    made = []
+    for source in sorted(Path(corral.cli.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Console":
+                made.append(f"{source.name}:{node.lineno}")
+    assert made == [], "use corral.console.make_console()"
