@@ -29,7 +29,6 @@ from corral.console import make_console
 from corral.errors import CorralError
 
 _prepared: weakref.WeakSet[Command] = weakref.WeakSet()
-EXIT_USAGE = 2
 
 
 def plain_help(text: str) -> str:
@@ -93,7 +92,7 @@ def _plain_texts(command: Command) -> None:
             setattr(param, "help", plain_help(value))  # noqa: B010
 
 
-def _set_verbose(ctx: Context, param: Any, value: bool) -> None:
+def _set_verbose(ctx: Context, param: object, value: bool) -> None:
     """``-v`` after a verb: the same as before it."""
     if value:
         _state["verbose"] = True
@@ -107,21 +106,21 @@ def prepare_tree(root: Command) -> None:
     name only (:class:`WordArgument`); every command below the root also takes
     the root's ``-v/--verbose``.
     """
-    verbose = next((p for p in root.params if p.name == "verbose"), None)
+    verbose = next(p for p in root.params if isinstance(p, TyperOption) and p.name == "verbose")
     _prepare(root, None, verbose)
 
 
-def _prepare(command: Command, parent: Context | None, verbose: Any) -> None:
+def _prepare(command: Command, parent: Context | None, verbose: TyperOption) -> None:
     if command in _prepared:
         return
     _prepared.add(command)
     ctx = Context(command, parent=parent, info_name=command.name)
-    if parent is not None and verbose is not None:
+    _plain_texts(command)
+    if parent is not None:
         extra = copy.copy(verbose)  # the root's flag and help, recorded by a callback
         extra.expose_value = False
         extra.callback = _set_verbose
         command.params.append(extra)
-    _plain_texts(command)
     for param in command.get_params(ctx):  # --help included
         if isinstance(param, TyperOption) and (param.is_flag or param.metavar is None):
             param.metavar = default_metavar(param)
