@@ -7,6 +7,7 @@ the coordinator), so per-host differences (code, packages, full disks) live ther
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -428,6 +429,7 @@ def test_stale_job_process_is_a_warning_with_its_pid(testbed: Testbed, tmp_path:
         stdout=subprocess.PIPE,
         text=True,
     )
+    pid = 0
     try:
         assert stale.stdout is not None
         pid = int(stale.stdout.readline())
@@ -438,9 +440,15 @@ def test_stale_job_process_is_a_warning_with_its_pid(testbed: Testbed, tmp_path:
         assert check["hosts"]["tb2"]["status"] == "warn"
         assert "old-job-1" in check["hosts"]["tb2"]["detail"]
         assert str(pid) in check["hosts"]["tb2"]["detail"]
-        assert f"ssh tb2 kill {pid}" in check["fix_command"]
+        # the fix reaches tb2 the way corral did: with the ssh config given
+        assert (
+            f"ssh -F {shlex.quote(str(testbed.ssh_config))} tb2 kill {pid}"
+            in (check["fix_command"])
+        )
         assert check["hosts"]["tb1"]["status"] == "pass"  # tb2's processes are not tb1's
     finally:
+        if pid:
+            testbed.run_on("tb2", ["kill", str(pid)])  # ssh's end does not take it along
         stale.kill()
         stale.wait()
         deadline = time.monotonic() + 10
@@ -472,6 +480,76 @@ def test_run_uses_the_detected_interface_of_each_host(
     for host in HOSTS:
         assert f"host {host} world 3 iface {testbed.host(host).interface}" in proc.stdout
     assert "pre-flight" in proc.stderr
+
+
+def test_run_never_calls_its_own_agents_stale(
+    testbed: Testbed, tmp_path: Path, code_tree: tuple[Path, str], run_dir: Path
+) -> None:
+    """The agents `corral run` starts while its checklist runs are the job's own."""
+    src, dest = code_tree
+    job = f"own-agents-{tmp_path.name}"
+    proc = run_corral(
+        "run",
+        "--hosts",
+        _hostfile(tmp_path, HOSTS),
+        "--ssh-config",
+        str(testbed.ssh_config),
+        "--workdir",
+        dest,
+        "--code-dir",
+        str(src),
+        "--run-dir",
+        str(run_dir),
+        "--job-id",
+        job,
+        "--launcher",
+        "python",
+        "--",
+        "train.py",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pre-flight" in proc.stderr
+    # neither as agents of no job (no CORRAL_JOB_ID) nor as this job's (not skipped)
+    assert "corral job(s) ?" not in proc.stderr, proc.stderr
+    assert f"corral job(s) {job}" not in proc.stderr, proc.stderr
+    for host in HOSTS:
+        assert f"host {host} world 3" in proc.stdout
+
+
+def test_missing_script_on_one_host_refuses_the_launch_naming_it(
+    testbed: Testbed, tmp_path: Path, code_tree: tuple[Path, str], run_dir: Path
+) -> None:
+    """No --code-dir (nothing here to compare with): the script must still be there."""
+    _, dest = code_tree
+    _on_host(testbed, "tb2", f"rm {dest}/train.py")
+    config = str(testbed.ssh_config)
+    refused = run_corral(
+        "run",
+        "--hosts",
+        _hostfile(tmp_path, HOSTS),
+        "--ssh-config",
+        config,
+        "--workdir",
+        dest,
+        "--run-dir",
+        str(run_dir),
+        "--launcher",
+        "python",
+        "--",
+        "train.py",
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "pre-flight checks failed: code" in refused.stderr
+    assert f"the script train.py cannot be run in {dest} on tb2" in refused.stderr
+    assert f"{dest}/train.py: not found" in refused.stderr
+    assert "tb1" not in refused.stderr.split("cannot be run in", 1)[1].splitlines()[0]
+    assert f"corral sync --hosts tb2 . --dest {dest} --ssh-config {shlex.quote(config)}" in (
+        refused.stderr
+    )
+    assert "Traceback" not in refused.stderr and "FileNotFoundError" not in refused.stderr
+    assert "host tb" not in refused.stdout  # nothing was launched
 
 
 def test_unreachable_host_fails_connectivity_fast(healthy_testbed: Testbed, tmp_path: Path) -> None:
