@@ -140,3 +140,48 @@ def test_attempts_without_an_index_are_said_to_be_mixed(tmp_path: Path) -> None:
         "[local-0:0] [corral] ---- earlier attempt(s), not told apart ----",
         "[local-0:0] a0 line 1",
     ]
+
+
+FLAKY = (
+    "import os, sys\n"
+    "attempt, rank = os.environ['CORRAL_ATTEMPT'], os.environ['RANK']\n"
+    "print('attempt', attempt, 'rank', rank, flush=True)\n"
+    "sys.exit(1 if (attempt, rank) == ('0', '1') else 0)\n"
+)
+
+
+def test_a_restarted_jobs_logs_mark_each_attempt(run_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    result = run_corral(
+        "run",
+        "--hosts",
+        "local:1",
+        "--nproc-per-node",
+        "2",
+        "--launcher",
+        "python",
+        "--master-port",
+        "0",
+        "--no-preflight",
+        "--max-restarts",
+        "1",
+        "--restart-backoff",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--job-id",
+        "flaky",
+        "--",
+        str(script),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, out, err = _logs(tmp_path, "flaky", "--rank", "1", "--run-dir", str(run_dir))
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("[local-0:1]")]
+    assert re.match(r"\[local-0:1\] \[corral\] ---- attempt 0, started .* ----$", lines[0]), lines
+    assert lines[1] == "[local-0:1] attempt 0 rank 1"
+    assert re.match(r"\[local-0:1\] \[corral\] ---- attempt 1, started .* ----$", lines[2]), lines
+    assert lines[3] == "[local-0:1] attempt 1 rank 1"
+    assert len(lines) == 4

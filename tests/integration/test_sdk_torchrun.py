@@ -131,7 +131,16 @@ def test_injected_exit_code(tmp_path: Path) -> None:
 
 def test_plain_python_single_process(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--steps", "40", "--checkpoint-every", "20"],
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--steps",
+            "40",
+            "--checkpoint-every",
+            "20",
+            "--checkpoint-dir",
+            "checkpoints",
+        ],
         cwd=tmp_path,
         env=clean_env(),
         capture_output=True,

@@ -400,6 +400,7 @@ class Job:
             master=master,
             master_port=spec.master_port if check_port or spec.master_port == 0 else None,
             need_torch=spec.launcher == "torchrun",
+            job_id=spec.job_id,  # the pre-flight's stale check must not count them
         )
         resolved = Cluster(
             tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
@@ -563,7 +564,7 @@ class Job:
         private_dir(prepared.job_dir)
         _write_json(prepared.job_dir / "plan.json", plan_json(prepared))
         _write_json(prepared.job_dir / "job.json", job_json(prepared, self.ssh))
-        logs = LogFiles(prepared.job_dir / "logs")
+        logs = LogFiles(prepared.job_dir / "logs", attempt=prepared.attempt)
         self.emit(
             AttemptStarted(
                 job_id=self.job_id,

@@ -8,20 +8,26 @@ hold anything the script prints.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import IO
 
 from corral.private import append_private, private_dir
 
 NODE_RANK_LABEL = -1
+#: Where each attempt's output begins in each log file (``corral logs`` marks attempts).
+ATTEMPT_INDEX = "attempts.jsonl"
 
 
 class LogFiles:
     """Appends each rank's output to its own file (opened on first use)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, attempt: int = 0) -> None:
         self.log_dir = private_dir(log_dir)
+        self.attempt = attempt
         self._files: dict[tuple[str, int], IO[bytes]] = {}
+        self._index: IO[bytes] | None = None
 
     def path(self, host: str, rank: int) -> Path:
         """The log file of one rank (or the node's own output for ``rank`` -1)."""
@@ -33,8 +39,18 @@ class LogFiles:
         key = (host, rank)
         handle = self._files.get(key)
         if handle is None:
-            handle = self._files[key] = append_private(self.path(host, rank))
+            path = self.path(host, rank)
+            handle = self._files[key] = append_private(path)
+            self._mark(path.name, os.fstat(handle.fileno()).st_size)
         handle.write(data)
+
+    def _mark(self, name: str, offset: int) -> None:
+        """Record that this attempt's output in ``name`` begins at ``offset``."""
+        if self._index is None:
+            self._index = append_private(self.log_dir / ATTEMPT_INDEX)
+        entry = {"attempt": self.attempt, "file": name, "offset": offset}
+        self._index.write(json.dumps(entry).encode() + b"\n")
+        self._index.flush()
 
     def flush(self) -> None:
         """Flush every open file."""
@@ -46,3 +62,6 @@ class LogFiles:
         for handle in self._files.values():
             handle.close()
         self._files.clear()
+        if self._index is not None:
+            self._index.close()
+            self._index = None

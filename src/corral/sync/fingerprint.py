@@ -10,7 +10,7 @@ its own directory and below, git's rules: last match wins, ``!`` re-includes,
 a trailing ``/`` matches directories only, a ``/`` elsewhere anchors the pattern
 to the file's directory, ``**`` spans directories; an excluded directory is not
 entered) and the built-in :data:`DEFAULT_IGNORES` (VCS metadata, bytecode,
-virtualenvs). Symlinks are recorded by their target, never followed.
+virtualenvs, a top-level ``checkpoints/``). Symlinks are recorded by their target, never followed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ DEFAULT_IGNORES = (
     ".mypy_cache/",
     ".pytest_cache/",
     ".ruff_cache/",
+    "/checkpoints/",  # training output at the top of a tree is not code
 )
 MAX_FILES = 100_000
 _CHUNK = 1 << 20
