@@ -34,7 +34,7 @@ from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError
 from corral.job.engine import Job, dry_run
-from corral.job.events import Checked, Finished
+from corral.job.events import Checked
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -44,11 +44,10 @@ from corral.job.options import (
 )
 from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
-from corral.job.summary import attempts_table, print_report
+from corral.job.summary import print_finished
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.recovery.restart import AttemptRecord
 from corral.redact import redact_env
 from corral.remote.python import candidates
 from corral.transport.options import SshOptions
@@ -435,17 +434,6 @@ def _show_checked(event: Checked, console: Console) -> None:
     console.print(verdict(report, "pre-flight "))
 
 
-def _show_finished(event: Finished, console: Console) -> None:
-    """The summary table and root cause; the attempts table after a restart."""
-    result = event.result
-    if not result.nodes:
-        console.print(f"job {result.job_id}: {event.state.value} before launch", style="yellow")
-        return
-    print_report(result, console)
-    if len(result.attempts) > 1:
-        console.print(attempts_table([AttemptRecord(**a) for a in result.attempts]))
-
-
 async def _drive(job: Job) -> int:
     """Run ``job`` with Ctrl-C / SIGTERM mapped to ``job.stop()``; its exit code."""
     loop = asyncio.get_running_loop()
@@ -556,7 +544,7 @@ def run(
     )
     job = Job(spec, cluster, ssh=ssh, **policies)  # type: ignore[arg-type]
     output = TerminalOutput(
-        [h.name for h in cluster.hosts], on_finish=_show_finished, on_checked=_show_checked
+        [h.name for h in cluster.hosts], on_finish=print_finished, on_checked=_show_checked
     )
     job.subscribe(output.on_event)
     try:
