@@ -16,10 +16,13 @@ from corral.errors import ConfigError, LaunchError
 from corral.testbed import Testbed, default_state_dir, missing_requirements
 from corral.testbed import _system as sysx
 from corral.testbed._model import (
+    KeptPath,
+    PrivateDir,
     ProcessRecord,
     TestbedState,
     check_state_dir,
     new_state,
+    plan_mounts,
     plan_network,
     render_etc_hosts,
     render_hostfile,
@@ -27,6 +30,56 @@ from corral.testbed._model import (
     render_ssh_config,
     render_sshd_config,
 )
+
+
+def test_mount_plan_gives_each_host_srv_tmp_and_home_keeping_what_it_needs() -> None:
+    keep = ["/tmp/pytest-3/tb", "/tmp/pytest-3/tb/sub", "/root/venv", "/work/.venv", "/usr"]
+    plan = plan_mounts(Path("/tmp/pytest-3/tb/hosts/tb1"), "/root", keep)
+    fs = "/tmp/pytest-3/tb/hosts/tb1/fs"
+    assert plan.private == (
+        PrivateDir("/srv", f"{fs}/srv", 0o755),
+        PrivateDir("/tmp", f"{fs}/tmp", 0o1777),
+        PrivateDir("/root", f"{fs}/root", 0o700),
+    )
+    # Only what a private dir hides, and a path inside a kept one is kept with it.
+    assert plan.kept == (
+        KeptPath("/root/venv", f"{fs}/root/venv"),
+        KeptPath("/tmp/pytest-3/tb", f"{fs}/tmp/pytest-3/tb"),
+    )
+    assert plan.directories()[-1] == (f"{fs}/tmp/pytest-3/tb", 0o755)
+    # Kept paths are bound while still visible, before any private dir hides them;
+    # /tmp, which holds the sources here, is mounted last.
+    assert plan.script().splitlines() == [
+        f"mount --bind /root/venv {fs}/root/venv",
+        f"mount --bind /tmp/pytest-3/tb {fs}/tmp/pytest-3/tb",
+        f"mount --rbind {fs}/srv /srv",
+        f"mount --rbind {fs}/root /root",
+        f"mount --rbind {fs}/tmp /tmp",
+    ]
+    in_home = plan_mounts(Path("/root/.cache/tb/hosts/tb1"), "/root", ["/root/.cache/tb"])
+    assert (
+        in_home.script().splitlines()[-1] == "mount --rbind /root/.cache/tb/hosts/tb1/fs/root /root"
+    )
+    assert plan.locate("/srv/corral/ck") == f"{fs}/srv/corral/ck"
+    assert plan.locate("/root") == f"{fs}/root"
+    assert plan.locate("/tmp/pytest-3/tb/hostfile") == "/tmp/pytest-3/tb/hostfile"
+    assert [plan.locate(p) for p in ("/etc/hosts", "/srvx", "srv/corral")] == [None] * 3
+    quoted = plan_mounts(Path("/x"), "/home/a b", ["/home/a b/v env"]).script()
+    assert "mount --bind '/home/a b/v env' '/x/fs/home/a b/v env'" in quoted
+
+
+@pytest.mark.parametrize(
+    ("home", "keep", "match"),
+    [
+        ("/", [], "home '/' must be"),
+        ("/tmp/home", [], "must be an absolute directory outside"),
+        ("root", [], "must be an absolute"),
+        ("/root", ["/tmp"], "/tmp is needed on every host"),
+    ],
+)
+def test_mount_plan_refuses_what_cannot_be_private(home: str, keep: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        plan_mounts(Path("/state/hosts/tb1"), home, keep)
 
 
 def test_plan_default_subnet() -> None:

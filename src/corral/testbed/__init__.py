@@ -1,5 +1,6 @@
 """A simulated multi-host cluster on one Linux machine (root): network namespaces on a
-bridge, each host with its own hostname, ``/etc/hosts``, ``/srv/corral`` and OpenSSH sshd.
+bridge, each host with its own hostname, ``/etc/hosts``, ``/srv``, ``/tmp``, home and
+OpenSSH sshd; the rest of the filesystem (the Python environment included) is shared.
 
 >>> tb = Testbed("/tmp/tb")          # doctest: +SKIP
 >>> tb.up(3)                         # hosts tb1..tb3 at 10.77.0.1..3  # doctest: +SKIP

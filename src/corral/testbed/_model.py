@@ -8,9 +8,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from corral.errors import ConfigError
@@ -30,7 +31,12 @@ COORDINATOR_NAME = "corral-coordinator"
 """Name under which hosts reach the root namespace (the bridge address)."""
 DEFAULT_SUBNET = "10.77.0.0/24"
 SRV_DIR = "/srv/corral"
-"""Per-host private directory, at the same path on every host."""
+"""A directory every host has, empty and private (it lies in the host's private ``/srv``)."""
+PRIVATE_DIRS = ("/srv", "/tmp")
+"""Directories each host has its own of (besides the login user's home)."""
+HOST_FS = "fs"
+"""Per-host dir (under ``hosts/<name>``) that backs the private directories at their
+own paths: the host's ``/tmp/x`` is ``hosts/<name>/fs/tmp/x`` here."""
 MAX_HOSTS = 250
 STATE_VERSION = 1
 
@@ -98,6 +104,113 @@ def check_state_dir(path: Path) -> Path:
             option="--state-dir",
         )
     return path
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+@dataclass(frozen=True)
+class PrivateDir:
+    """A directory the host has its own of: ``source`` (in the state dir) is mounted on
+    ``path`` inside the host's mount namespace."""
+
+    path: str
+    source: str
+    mode: int
+
+
+@dataclass(frozen=True)
+class KeptPath:
+    """A coordinator directory hidden by a private directory that must stay visible on
+    the host (the state dir with sshd's files, the Python environment): bind-mounted
+    on ``mountpoint`` inside the private directory's source before that is mounted."""
+
+    path: str
+    mountpoint: str
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    """The host's private directories and the paths kept visible through them."""
+
+    private: tuple[PrivateDir, ...]
+    kept: tuple[KeptPath, ...]
+
+    def directories(self) -> list[tuple[str, int]]:
+        """Directories to create (path, mode) before the holder mounts anything."""
+        dirs = [(p.source, p.mode) for p in self.private]
+        return dirs + [(k.mountpoint, 0o755) for k in self.kept]
+
+    def locate(self, path: str) -> str | None:
+        """Where the host's absolute ``path`` is seen from the coordinator: under the
+        source of its private directory, itself inside a kept path; None elsewhere."""
+        target = PurePosixPath(path)
+        if not target.is_absolute():
+            return None
+        if any(_within(target, PurePosixPath(k.path)) for k in self.kept):
+            return str(target)
+        for p in self.private:
+            if _within(target, PurePosixPath(p.path)):
+                return str(PurePosixPath(p.source) / target.relative_to(p.path))
+        return None
+
+    def script(self) -> str:
+        """Shell lines (for the holder) that make the mounts: kept paths first, while
+        everything is still visible, then each private directory, recursively; the one
+        that holds the sources (the state dir under ``/tmp``, say) last, so that no
+        source is looked up through a private directory already mounted."""
+        lines = [
+            f"mount --bind {shlex.quote(k.path)} {shlex.quote(k.mountpoint)}" for k in self.kept
+        ]
+        last = sorted(
+            self.private, key=lambda p: _within(PurePosixPath(p.source), PurePosixPath(p.path))
+        )
+        lines += [f"mount --rbind {shlex.quote(p.source)} {shlex.quote(p.path)}" for p in last]
+        return "".join(line + "\n" for line in lines)
+
+
+def _within(path: PurePosixPath, top: PurePosixPath) -> bool:
+    return path == top or top in path.parents
+
+
+def plan_mounts(host_dir: Path, home: str, keep: Sequence[str]) -> MountPlan:
+    """The private ``/srv``, ``/tmp`` and ``home`` of the host whose files are in
+    ``host_dir``, keeping each directory of ``keep`` that they would hide visible.
+
+    ConfigError when ``home`` is not a separate absolute directory, or a kept path
+    is a private directory itself (nothing would be private then).
+    """
+    tops = [PurePosixPath(d) for d in (*PRIVATE_DIRS, home)]
+    home_path = tops[-1]
+    if not home_path.is_absolute() or any(
+        _within(home_path, t) or _within(t, home_path) for t in tops[:-1]
+    ):
+        raise ConfigError(
+            f"the login user's home {home!r} must be an absolute directory outside "
+            f"{' and '.join(PRIVATE_DIRS)} for the testbed to give each host its own"
+        )
+    base = Path(host_dir) / HOST_FS
+    private = tuple(
+        PrivateDir(
+            path=str(t),
+            source=str(base / t.relative_to("/")),
+            mode=0o1777 if str(t) == "/tmp" else 0o700 if t == home_path else 0o755,
+        )
+        for t in tops
+    )
+    wanted = sorted({PurePosixPath(k) for k in keep}, key=lambda p: len(p.parts))
+    kept: list[KeptPath] = []
+    for path in wanted:
+        top = next((t for t in tops if _within(path, t)), None)
+        if top is None or any(_within(path, PurePosixPath(k.path)) for k in kept):
+            continue
+        if path == top:
+            raise ConfigError(
+                f"{path} is needed on every host, so it cannot be a private directory "
+                "of each; move it (state dir, Python environment) elsewhere"
+            )
+        kept.append(KeptPath(str(path), str(base / path.relative_to("/"))))
+    return MountPlan(private=private, kept=tuple(kept))
 
 
 # --------------------------------------------------------------------------- state

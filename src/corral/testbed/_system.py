@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -270,6 +271,18 @@ def tcp_answers(address: str, port: int, timeout: float) -> bool:
             return True
     except OSError:
         return False
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below ``path`` in this mount namespace."""
+    top = os.path.realpath(path)
+    found: list[str] = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
+            if point == top or point.startswith(top.rstrip("/") + "/"):
+                found.append(point)
+    return found
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The :class:`Testbed`: N simulated hosts on one Linux machine, each a network
-namespace on a bridge with its own hostname, ``/etc/hosts``, ``/srv/corral`` and sshd.
+namespace on a bridge with its own hostname, ``/etc/hosts``, ``/srv``, ``/tmp``, home
+directory and sshd.
 
 Layout of a host ``tbK`` (address ``.K`` of the subnet):
 
@@ -7,8 +8,10 @@ Layout of a host ``tbK`` (address ``.K`` of the subnet):
   bridge ``crlbr0`` that carries the coordinator's address) / ``nic-tbK`` (inside);
 - a *holder* process (``sleep infinity``) started by ``ip netns exec ... unshare
   --uts --mount`` that owns the host's UTS and mount namespaces, where the
-  hostname is set and the host's own ``/etc/hosts``, ``/etc/hostname`` and
-  ``/srv/corral`` are bind-mounted;
+  hostname is set and the host's own ``/etc/hosts`` and ``/etc/hostname`` are
+  bind-mounted, then its private ``/srv``, ``/tmp`` and root's home (backed by
+  ``STATE_DIR/hosts/tbK/fs/``), through which the state dir (sshd's files) and the
+  Python environment running corral stay visible at their own paths;
 - an OpenSSH ``sshd -D`` entered into the holder's namespaces with ``nsenter``.
 
 Everything created is recorded in ``STATE_DIR/state.json`` (and a copy in
@@ -23,8 +26,10 @@ import fcntl
 import ipaddress
 import json
 import os
+import pwd
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import corral
 from corral.errors import CommandTimeout, ConfigError, LaunchError
 from corral.testbed import _system as sysx
 from corral.testbed._model import (
@@ -39,10 +45,12 @@ from corral.testbed._model import (
     NETNS_PREFIX,
     SRV_DIR,
     HostRecord,
+    MountPlan,
     TestbedState,
     check_state_dir,
     new_state,
     peer_ifname,
+    plan_mounts,
     plan_network,
     render_etc_hosts,
     render_hostfile,
@@ -58,15 +66,16 @@ EXCLUSIVE_LOCK = Path("/tmp/corral-testbed.lock")
 
 # Runs as the holder: configure the host's interface, hostname and private
 # files inside fresh UTS + mount namespaces, then become ``sleep infinity``.
+# MOUNTS is replaced by the host's MountPlan.script().
 _HOLDER_SCRIPT = """set -e
-name=$1; cidr=$2; dir=$3; srv=$4; dev=$5
+name=$1; cidr=$2; dir=$3; dev=$4
 ip link set lo up
 ip addr add "$cidr" dev "$dev"
 ip link set "$dev" up
 hostname "$name"
 mount --bind "$dir/etc-hosts" /etc/hosts
 if [ -e /etc/hostname ]; then mount --bind "$dir/etc-hostname" /etc/hostname; fi
-mount --bind "$dir/srv" "$srv"
+MOUNTS
 exec sleep infinity
 """
 
@@ -267,8 +276,37 @@ class Testbed:
         return self.state_dir / "known_hosts"
 
     def host_dir(self, name: str) -> Path:
-        """Per-host files (configs, keys, logs; ``srv/`` is its ``/srv/corral``)."""
+        """Per-host files (configs, keys, logs; ``fs/`` backs its private directories)."""
         return self.state_dir / "hosts" / name
+
+    def host_path(self, name: str, path: str | os.PathLike[str]) -> Path:
+        """Where ``path`` on host ``name`` (in its private ``/srv``, ``/tmp`` or home) is
+        seen from here, e.g. ``/srv/corral/ck`` -> ``STATE_DIR/hosts/NAME/fs/srv/corral/ck``.
+
+        A path the host keeps visible (the state dir, the Python environment) is itself;
+        ConfigError for an unknown host, a relative path or one outside the private
+        directories (the host shares those with this machine).
+        """
+        self._require().host(name)
+        here = self._mount_plan(name).locate(os.fspath(path))
+        if here is None:
+            raise ConfigError(f"{path} is not in a private directory of host {name}")
+        return Path(here)
+
+    def _mount_plan(self, name: str) -> MountPlan:
+        """Host ``name``'s private directories, keeping visible the state dir and the
+        Python environment (and source tree) corral runs from."""
+        home = "/root"
+        with contextlib.suppress(KeyError):
+            home = pwd.getpwnam("root").pw_dir
+        keep: list[str | Path] = [
+            self.state_dir,
+            sys.prefix,
+            sys.base_prefix,
+            Path(corral.__file__).parents[1],
+        ]
+        dirs = [os.path.realpath(p) for p in keep]
+        return plan_mounts(self.host_dir(name), home, [d for d in dirs if os.path.isdir(d)])
 
     # ------------------------------------------------------------------ state
 
@@ -392,13 +430,19 @@ class Testbed:
         sd = self.state_dir
         sd.mkdir(mode=0o700, parents=True, exist_ok=True)
         sd.chmod(0o700)
-        for p in (Path("/run/sshd"), Path(SRV_DIR)):
-            if not p.exists():
-                p.mkdir(mode=0o755, parents=True)
-                if str(p) == SRV_DIR:
-                    state.created_paths.append(SRV_DIR)
+        plans = {h.name: self._mount_plan(h.name) for h in state.hosts}
+        Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+        for p in plans[state.hosts[0].name].private:  # mount points, the same on every host
+            if not os.path.isdir(p.path):
+                os.makedirs(p.path, mode=p.mode)
+                state.created_paths.append(p.path)
         for h in state.hosts:
-            (self.host_dir(h.name) / "srv").mkdir(parents=True, exist_ok=True)
+            for directory, mode in plans[h.name].directories():
+                Path(directory).mkdir(mode=mode, parents=True, exist_ok=True)
+                os.chmod(directory, mode)
+            srv = plans[h.name].locate(SRV_DIR)  # in the private /srv: never None
+            assert srv is not None
+            Path(srv).mkdir(mode=0o755, exist_ok=True)
         self._save(state)  # recorded before anything exists in the kernel
 
         # Keys: one client key and a host key per host, generated in parallel.
@@ -447,8 +491,9 @@ class Testbed:
         holders = {}
         for h in state.hosts:
             argv = [ip, "netns", "exec", h.netns, unshare, "--uts", "--mount"]
-            argv += ["--propagation", "private", "sh", "-c", _HOLDER_SCRIPT, "corral-holder"]
-            argv += [h.name, f"{h.address}/{plen}", str(self.host_dir(h.name)), SRV_DIR]
+            script = _HOLDER_SCRIPT.replace("MOUNTS\n", plans[h.name].script())
+            argv += ["--propagation", "private", "sh", "-c", script, "corral-holder"]
+            argv += [h.name, f"{h.address}/{plen}", str(self.host_dir(h.name))]
             argv.append(peer_ifname(h.name))
             log = self.host_dir(h.name) / "holder.log"
             holders[h.name] = sysx.spawn(argv, stdout=None, log=log).pid
@@ -541,7 +586,7 @@ class Testbed:
     def down(self) -> DownResult:
         """Remove exactly what ``up`` recorded: processes (by PID and start time) and every
         process left inside the hosts' namespaces, veths, namespaces, the bridge, the
-        state dir's generated files (including each host's ``/srv/corral``). A no-op
+        state dir's generated files (including each host's ``/srv``, ``/tmp`` and home). A no-op
         when there is no testbed here."""
         sysx.check_requirements()
         with sysx.locked():
@@ -599,6 +644,12 @@ class Testbed:
                 Path(path).rmdir()
                 removed.append(path)
         sd = Path(state.state_dir)
+        mounted = sysx.mounts_under(sd / "hosts")
+        if mounted:  # never delete through a mount into the hosts' files
+            raise LaunchError(
+                f"{', '.join(mounted)} still mounted here; unmount and run `corral testbed "
+                f"down{self._dir_flag()}` again"
+            )
         shutil.rmtree(sd / "hosts", ignore_errors=True)
         for name in _STATE_FILES:
             (sd / name).unlink(missing_ok=True)

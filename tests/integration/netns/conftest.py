@@ -4,11 +4,20 @@
 end. Tests that break a host (cut link, stopped sshd) must put it back, e.g.
 with ``testbed.repair()`` in a ``finally``. Without root or sshd the fixture
 skips, except under ``CI=true`` where it fails: CI must never skip these.
+
+Each host has its own ``/srv``, ``/tmp`` and home, so ``tmp_path`` is overridden
+here by a directory every host sees at the same path (as an NFS home would be):
+code, scripts and files the tests share with the hosts go there, while what must
+differ per host goes to ``/srv/corral/...`` (seen from here via ``host_path``).
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,7 +52,29 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         try:
             yield tb
         finally:
-            tb.down()
+            try:
+                tb.down()
+            finally:
+                shutil.rmtree(shared_root(tb), ignore_errors=True)
+
+
+def shared_root(tb: Testbed) -> Path:
+    """Where the shared ``tmp_path`` dirs live: in the state dir, which every host sees
+    at its own path, and which ``down`` (of a fault test's repair, say) leaves alone."""
+    return tb.state_dir / "shared"
+
+
+@pytest.fixture
+def tmp_path(testbed: Testbed, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh directory per test, at the same path here and on every host."""
+    root = shared_root(testbed)
+    root.mkdir(exist_ok=True)
+    name = re.sub(r"\W", "_", request.node.name)[:30]
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

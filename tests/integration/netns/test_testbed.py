@@ -1,4 +1,4 @@
-"""The netns testbed itself: hosts, names, sshd, private /srv/corral, faults, up/down."""
+"""The netns testbed itself: hosts, names, sshd, private /srv, /tmp and home, faults, up/down."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import corral
 from corral.cli.testbed import register
 from corral.errors import ConfigError, LaunchError
 from corral.testbed import SRV_DIR, Testbed
@@ -118,9 +120,38 @@ def test_srv_corral_is_private_per_host(testbed: Testbed) -> None:
         assert not Path(marker).exists()  # the coordinator does not see it either
         on_tb2 = ssh(testbed, "tb2", f"test -e {marker} || echo absent")
         assert on_tb2.stdout.strip() == "absent"
-        assert (testbed.host_dir("tb1") / "srv" / Path(marker).name).read_text() == "tb1\n"
+        assert testbed.host_path("tb1", marker).read_text() == "tb1\n"
     finally:
         testbed.run_on("tb1", ["rm", "-f", marker])
+
+
+def test_srv_tmp_and_home_are_private_per_host(testbed: Testbed) -> None:
+    name = f"private-{os.getpid()}"
+    paths = [f"/srv/x/{name}", f"/tmp/{name}", f"/root/{name}"]
+    write = f"mkdir -p /srv/x && echo tb1 > /srv/x/{name} && echo tb1 > /tmp/{name}"
+    write += f" && echo tb1 > ~/{name} && cat {' '.join(paths)}"
+    try:
+        res = ssh(testbed, "tb1", write)
+        assert (res.returncode, res.stdout) == (0, "tb1\n" * 3), res.stderr
+        for host in ("tb2", "tb3"):
+            seen = ssh(testbed, host, f"ls -d {' '.join(paths)} 2>/dev/null; echo end")
+            assert seen.stdout == "end\n", (host, seen.stdout)
+        assert [p for p in paths if Path(p).exists()] == []  # nor here, the coordinator
+        assert [testbed.host_path("tb1", p).read_text() for p in paths] == ["tb1\n"] * 3
+    finally:
+        testbed.run_on("tb1", ["rm", "-rf", "/srv/x", *paths[1:]])
+
+
+def test_hosts_keep_the_state_dir_and_the_python_environment(testbed: Testbed) -> None:
+    code = "import corral, sys; print(sys.prefix, corral.__file__)"
+    res = ssh(testbed, "tb2", f"{sys.executable} -c '{code}'")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [sys.prefix, corral.__file__]
+    listed = testbed.run_on("tb2", ["ls", str(testbed.state_dir)], check=True)
+    assert "hostfile" in listed.stdout.split()
+    assert testbed.host_path("tb2", testbed.known_hosts) == testbed.known_hosts
+    with pytest.raises(ConfigError, match="not in a private directory"):
+        testbed.host_path("tb2", "/etc/hosts")
 
 
 def test_accept_env_forwards_variables(testbed: Testbed) -> None:
@@ -189,6 +220,7 @@ def test_down_removes_everything_and_up_restores(testbed: Testbed) -> None:
         assert not {n for n in link_names() if n.startswith(("crl-", "crlbr"))}
         assert not [p for p in [*daemons, stray_pid] if pid_alive(p)]
         assert not testbed.state_file.exists()
+        assert not (testbed.state_dir / "hosts").exists()  # the hosts' /srv, /tmp, home
         assert Testbed.running() is None
         assert not testbed.status().exists
         assert testbed.down().removed == ()  # down on nothing is fine
