@@ -31,7 +31,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from benchlib import (
     median,
     metric,
     ratio,
+    shared_tmpdir,
     write_result,
 )
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = missing_requirements()
     if problems:
         return _skip("; ".join(problems))
-    top = Path(tempfile.mkdtemp(prefix="corral-bench-check-"))
+    top = shared_tmpdir("corral-bench-check-")
     with exclusive():
         leftover = Testbed.running()
         if leftover is not None:

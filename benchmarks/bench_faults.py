@@ -61,7 +61,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -82,6 +81,7 @@ from benchlib import (
     median,
     metric,
     ratio,
+    shared_tmpdir,
     write_result,
 )
 
@@ -312,7 +312,8 @@ def _cleanup(tb: Any, marker: str) -> tuple[int, int]:
 def _clear_killed_locks() -> bool:
     """Remove a lock file a killed host left in the home directory it shares with us.
 
-    The testbed hosts share this machine's filesystem except ``/srv/corral``. A
+    The testbed hosts share this machine's filesystem except ``/srv``, ``/tmp`` and
+    ``/root`` (their own). A
     login shell on tb1 SIGKILLed in the middle of ``pyenv rehash`` leaves pyenv's
     lock file behind, and every later login on *any* host (corral's agents, pings,
     checkpoint copies) then waits 60 s for it. On real machines that file would
@@ -714,7 +715,7 @@ def _measure(args: argparse.Namespace) -> int:
     leftover = Testbed.running()
     if leftover is not None:
         leftover.down()
-    top = Path(tempfile.mkdtemp(prefix="corral-bench-faults-"))
+    top = shared_tmpdir("corral-bench-faults-")
     tb = Testbed(top / "testbed")
     tb.up(len(HOSTS))
     samples: dict[str, list[dict[str, Any]]] = {

@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from bench_faults import (
     _train_args,
     _wait_job_gone,
 )
-from benchlib import exit_on_sigterm, log, median, metric, ratio, write_result
+from benchlib import exit_on_sigterm, log, median, metric, ratio, shared_tmpdir, write_result
 
 NAME = "replica"
 STEPS = 20
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         return _skip("; ".join(problems))
     rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    top = Path(tempfile.mkdtemp(prefix="corral-bench-replica-"))
+    top = shared_tmpdir("corral-bench-replica-")
     with exclusive():
         leftover = Testbed.running()
         if leftover is not None:

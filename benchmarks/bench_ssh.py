@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from benchlib import (
     metric,
     ratio,
     read_stamp,
+    shared_tmpdir,
     write_result,
 )
 
@@ -207,7 +207,7 @@ def _measure(args: argparse.Namespace) -> int:
     leftover = Testbed.running()
     if leftover is not None:
         leftover.down()
-    top = Path(tempfile.mkdtemp(prefix="corral-bench-ssh-"))
+    top = shared_tmpdir("corral-bench-ssh-")
     tb = Testbed(top / "testbed")
     tb.up(len(HOSTS))
     hand: list[dict[str, Any]] = []

@@ -133,6 +133,18 @@ def corral_info() -> dict[str, Any]:
     return {**git_info(), "entry_point": corral_cli()[1]}
 
 
+#: Testbed hosts have their own /tmp, /srv and home; /var/tmp is seen by all of them
+#: (like an NFS home), so a benchmark's files that hosts must read live there.
+SHARED_TMP = "/var/tmp"
+
+
+def shared_tmpdir(prefix: str) -> Path:
+    """A new directory every testbed host sees at the same path."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=SHARED_TMP))
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -34,6 +34,7 @@ DEFAULT_IGNORES = (
     ".pytest_cache/",
     ".ruff_cache/",
     "/checkpoints/",  # training output at the top of a tree is not code
+    ".corral-write-test-*",  # the pre-flight's probe of a checkpoint dir inside the tree
 )
 MAX_FILES = 100_000
 _CHUNK = 1 << 20

@@ -1,7 +1,7 @@
 """`corral check` and `corral run`'s pre-flight on the testbed (real sshd per host).
 
-Each host has a private /srv/corral (the rest of the filesystem is shared with
-the coordinator), so per-host differences (code, packages, full disks) live there.
+Each host has a private /srv, /tmp and home (the rest of the filesystem is shared
+with the coordinator), so per-host differences (code, packages, full disks) live there.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def hosts(tb: Testbed) -> dict[str, Host]:
 
 class HostDirs:
     """``/srv/corral/ckpt-XXXX/ck`` on every host, seen from here through each host's
-    private ``/srv/corral`` (the testbed's ``hosts/<name>/srv``)."""
+    private ``/srv`` (``Testbed.host_path``)."""
 
     def __init__(self, tb: Testbed) -> None:
         self.tb = tb
@@ -63,7 +63,7 @@ class HostDirs:
 
     def local(self, host: str) -> Path:
         """Where ``host``'s checkpoint directory is on this machine."""
-        return self.tb.host_dir(host) / "srv" / self.directory[len("/srv/corral/") :]
+        return self.tb.host_path(host, self.directory)
 
     def names(self, host: str) -> list[str]:
         folder = self.local(host)

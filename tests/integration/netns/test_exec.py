@@ -120,7 +120,7 @@ def test_timeout_kills_the_remote_command(testbed: Testbed) -> None:
 
 def test_unreachable_host_means_nothing_runs(healthy_testbed: Testbed, tmp_path: Path) -> None:
     tb = healthy_testbed
-    marker = tmp_path / "ran"  # /tmp is shared by all testbed hosts
+    marker = tmp_path / "ran"  # tmp_path is shared with every testbed host (netns conftest)
     tb.kill_sshd("tb2")
     result = corral_exec(tb, "--", f"touch {marker}-$(hostname)")
     assert result.returncode == 2
