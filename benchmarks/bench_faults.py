@@ -110,7 +110,7 @@ STEP_RE = re.compile(r"\bstep (\d+)/(\d+) loss")
 RESUMED_RE = re.compile(r"resumed from step (\d+) \(world size (\d+)\)")
 KEY_RE = re.compile(
     r"\[corral\] (rank \d+ on \S+ killed|lost host|no heartbeat|hang detected|attempt \d+ failed"
-    r"|copied checkpoint|checkpoint \S+ \(step \d+\) already|no complete checkpoint"
+    r"|checkpoint \S+ \(step \d+\):|no complete checkpoint"
     r"|job \S+ \(attempt \d+\)|resuming from)"
     r"|resumed from step"
 )
@@ -479,8 +479,7 @@ def restart_run(tb: Any, top: Path, kind: str, run_no: int) -> dict[str, Any]:
     _keep(lines, f"{kind}-{run_no}", injected)
     failed = lines.find(r"\[corral\] attempt 0 failed", "err")
     placed = lines.find(
-        r"\[corral\] (copied checkpoint|checkpoint \S+ \(step \d+\) already"
-        r"|no complete checkpoint)",
+        r"\[corral\] (checkpoint \S+ \(step \d+\):|no complete checkpoint)",
         "err",
         after=failed[0] if failed else 0.0,
     )
@@ -522,11 +521,12 @@ def restart_run(tb: Any, top: Path, kind: str, run_no: int) -> dict[str, Any]:
     if kind == "hang" and result["detect_s"] is not None:
         result["hang_overhead_s"] = result["detect_s"] - HANG_TIMEOUT_S
     if placed is not None:
-        m = re.search(r"\(step \d+, ([\d.]+) MB\) from (.+?) to .* in ([\d.]+) s", placed[1])
+        # "checkpoint NAME (step N): already on A; copied from SRC to B, C (X MB, Y s)"
+        m = re.search(r"copied from (.+?) to .*? \(([\d.]+) MB, ([\d.]+) s\)", placed[1])
         if m:
             result["placement_copy_s"] = float(m.group(3))
-            result["checkpoint_mb"] = float(m.group(1))
-            result["placement_source"] = m.group(2)
+            result["checkpoint_mb"] = float(m.group(2))
+            result["placement_source"] = m.group(1)
     result["save_extra_s"] = _save_extra(lines, injected)
     if kind == "host":
         replica_dir = work / "runs" / job / "checkpoints"
@@ -859,7 +859,7 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
             first_met,
         ),
         metric(
-            "of which checkpoint placement: replica -> new rank-0 host (info)",
+            "of which checkpoint placement: replica -> every host of the new world (info)",
             copy_s,
             "s",
             "-",
