@@ -12,9 +12,9 @@ from .conftest import run_corral
 HELLO = "import os; print('hello from', os.environ['CORRAL_JOB_ID'], 'rank', os.environ['RANK'])\n"
 
 
-def _run(tmp_path: Path, run_dir: Path, job_id: str) -> None:
-    script = tmp_path / "hello.py"
-    script.write_text(HELLO)
+def _run(tmp_path: Path, run_dir: Path, job_id: str, code: str = HELLO, *extra: str) -> None:
+    script = tmp_path / f"{job_id}.py"
+    script.write_text(code)
     result = run_corral(
         "run",
         "--hosts",
@@ -26,6 +26,7 @@ def _run(tmp_path: Path, run_dir: Path, job_id: str) -> None:
         "--master-port",
         "0",
         "--no-preflight",
+        *extra,
         "--run-dir",
         str(run_dir),
         "--job-id",
@@ -151,32 +152,7 @@ FLAKY = (
 
 
 def test_a_restarted_jobs_logs_mark_each_attempt(run_dir: Path, tmp_path: Path) -> None:
-    script = tmp_path / "flaky.py"
-    script.write_text(FLAKY)
-    result = run_corral(
-        "run",
-        "--hosts",
-        "local:1",
-        "--nproc-per-node",
-        "2",
-        "--launcher",
-        "python",
-        "--master-port",
-        "0",
-        "--no-preflight",
-        "--max-restarts",
-        "1",
-        "--restart-backoff",
-        "0",
-        "--run-dir",
-        str(run_dir),
-        "--job-id",
-        "flaky",
-        "--",
-        str(script),
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    _run(tmp_path, run_dir, "flaky", FLAKY, "--max-restarts", "1", "--restart-backoff", "0")
     code, out, err = _logs(tmp_path, "flaky", "--rank", "1", "--run-dir", str(run_dir))
     assert code == 0, err
     lines = [line for line in out.splitlines() if line.startswith("[local-0:1]")]
