@@ -138,6 +138,8 @@ def test_job_files_are_private_and_secret_values_redacted(tmp_path: Path) -> Non
         path = job_dir / name
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
         assert "tok-123" not in path.read_text() and "pw@h" not in path.read_text(), name
+    ssh = json.loads((job_dir / "job.json").read_text())["ssh"]
+    assert ssh["insecure_no_host_key_check"] is False and ssh["accept_new_host_keys"] is False
     nodes = json.loads((job_dir / "plan.json").read_text())["nodes"]
     assert nodes[0]["env"]["HF_TOKEN"] == REDACTED and nodes[0]["env"]["DB_URL"] == REDACTED
     assert nodes[0]["env"]["PLAIN"] == "visible"

@@ -52,6 +52,9 @@ def _transport(
         port=saved.get("port"),
         config=config or saved.get("config"),
         password_env=password_env or saved.get("password_env"),
+        # the host-key policy the job itself ran with (never looser than the user chose)
+        accept_new_host_keys=bool(saved.get("accept_new_host_keys")),
+        insecure_no_host_key_check=bool(saved.get("insecure_no_host_key_check")),
     )
     return SshTransport.from_options(options)
 

@@ -97,6 +97,9 @@ def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
             "port": ssh.port,
             "config": ssh.config,
             "password_env": ssh.password_env,
+            # what the user accepted for this job's hosts; `corral logs` connects the same way
+            "accept_new_host_keys": ssh.accept_new_host_keys,
+            "insecure_no_host_key_check": ssh.insecure_no_host_key_check,
         },
         "launcher": prepared.spec.launcher,
         "command": [prepared.spec.script, *prepared.spec.args],
