@@ -374,3 +374,16 @@ def test_a_node_agent_serves_only_its_own_ranks(tmp_path: Path) -> None:
     written = ["spec.json", "agent.pid", "pgids", "status.json", "logs/node.log", "logs/rank-0.log"]
     assert {name: _mode(node_dir / name) for name in written} == dict.fromkeys(written, 0o600)
     assert _mode(node_dir / "logs") == 0o700 and _mode(node_dir / "errors") == 0o700
+
+
+def test_the_node_dir_is_preferred_when_private_and_short(tmp_path: Path) -> None:
+    node = Path(tempfile.mkdtemp(prefix="n", dir="/tmp"))  # short: fits a socket path
+    try:
+        os.chmod(node, 0o700)
+        assert socket_base_dir(str(node)) == str(node)
+        os.chmod(node, 0o777)  # writable by others: never
+        assert socket_base_dir(str(node)) != str(node)
+        long = "/tmp/" + "x" * 120
+        assert socket_base_dir(long) != long
+    finally:
+        os.rmdir(node)

@@ -53,9 +53,13 @@ def _usable_base(path: str) -> bool:
     )
 
 
-def socket_base_dir() -> str:
-    """Where the agent makes its private socket directory: ``$XDG_RUNTIME_DIR`` when
-    it is ours, writable by no one else and short enough, else the system temp dir."""
+def socket_base_dir(preferred: str | None = None) -> str:
+    """Where the agent makes its private socket directory: ``preferred`` (the node's
+    own dir: an agent killed with SIGKILL then leaves nothing in a shared temp dir),
+    else ``$XDG_RUNTIME_DIR``, each when it is ours, writable by no one else and short
+    enough for a socket path; else the system temp dir."""
+    if preferred and _usable_base(preferred):
+        return preferred
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if runtime and _usable_base(runtime):
         return runtime
@@ -123,7 +127,7 @@ class ControlServer:
 
     async def start(self) -> None:
         """Make the private directory and start serving the socket in it."""
-        self.directory = tempfile.mkdtemp(prefix="corral-", dir=self.base_dir or socket_base_dir())
+        self.directory = tempfile.mkdtemp(prefix="corral-", dir=socket_base_dir(self.base_dir))
         os.chmod(self.directory, 0o700)
         self.path = os.path.join(self.directory, secrets.token_hex(_NAME_BYTES))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -48,6 +48,7 @@ from corral.private import append_private, private_dir, write_private
 from corral.redact import redacted_node
 
 CHUNK = 1 << 16
+CONTROL_DRAIN = 2.0  # seconds the ranks' last control messages may take to be read
 DRAIN_WINDOW = 2.0
 PR_SET_CHILD_SUBREAPER = 36
 _TORCHRUN_EXIT = re.compile(rb"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
@@ -146,6 +147,7 @@ class NodeAgent:
         self._control: ControlServer | None = None
         # Each rank's SDK connection, for the coordinator's replies ("reply" op).
         self._control_writers: dict[int, asyncio.StreamWriter] = {}
+        self._control_tasks: set[asyncio.Task[None]] = set()  # connections being read
         self._broken_logs: set[int] = set()
         self._complaints = Complaints()
 
@@ -354,7 +356,9 @@ class NodeAgent:
     async def _serve_control(self) -> None:
         """Serve the private, authenticated control socket (:mod:`corral.agent.control`);
         its address and token reach the ranks through their environment only."""
-        self._control = ControlServer(self._on_control, limit=CHUNK * 8)
+        self._control = ControlServer(
+            self._on_control, limit=CHUNK * 8, base_dir=str(self.node_dir)
+        )
         await self._control.start()
         self.env.update(self._control.env())
 
@@ -364,6 +368,10 @@ class NodeAgent:
             self._control.close()
 
     async def _on_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._control_tasks.add(task)
+            task.add_done_callback(self._control_tasks.discard)
         try:
             hello = (await reader.readline()).split()
             if len(hello) >= 2 and hello[0] in (b"out", b"err"):
@@ -703,6 +711,10 @@ class NodeAgent:
             self._spawn(self._probe_master())
         self._reap()  # a child may have exited before the SIGCHLD handler was in place
         await self.done.wait()
+        # what a rank sent just before it exited is still being read: its connection
+        # is at EOF now, so this is quick (bounded anyway)
+        if self._control_tasks:
+            await asyncio.wait(set(self._control_tasks), timeout=CONTROL_DRAIN)
         self.close_control()
         codes = {str(t.rank): t.code for t in self.ranks.values()}
         for track in self.ranks.values():
