@@ -189,7 +189,7 @@ def test_the_keeper_places_on_every_host_whatever_the_launcher(
     data = checkpoint_bytes(50_000, 7)
     (work["b"] / "ck").mkdir(parents=True)
     (work["b"] / "ck" / NAME).write_bytes(data)  # written by b: neither node 0 nor "min address"
-    said: list[tuple[str, str]] = []
+    said: list[tuple[str, str]] = []  # (text, level)
 
     async def body(transport: CountingTransport) -> str | None:
         keeper = CheckpointKeeper.create(
@@ -213,7 +213,7 @@ def test_the_keeper_places_on_every_host_whatever_the_launcher(
     assert text is not None and text.startswith(
         f"checkpoint {NAME} (step 40): already on b; copied from b to a, c"
     )
-    assert said == [(text, "bold")]
+    assert said == [(text, "info")]
 
 
 def test_an_inactive_keeper_places_nothing(tmp_path: Path) -> None:

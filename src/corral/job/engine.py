@@ -433,7 +433,7 @@ class Job:
             python=self.python,
             run_dir=spec.run_dir,
             job_id=spec.job_id,
-            say=lambda text, style: self._say(text, _level(style)),
+            say=self._say,
         )
 
     async def _attempts(
@@ -634,19 +634,6 @@ class Job:
             )
         )
         return result
-
-
-def _level(style: str) -> Level:
-    """A rich style used by older callers, as an event level."""
-    if "red" in style:
-        return "error"
-    if "yellow" in style:
-        return "warning"
-    if "green" in style:
-        return "success"
-    if "dim" in style:
-        return "detail"
-    return "info"
 
 
 def _agent_argv(spec: JobSpec) -> Any:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
+from corral.job.events import Level
 from corral.plan.render import node_cwd
 from corral.plan.spec import JobSpec, NodeCommand
 from corral.recovery.checkpoints import Replica, place_latest
@@ -35,8 +36,8 @@ from corral.transport.base import NodeProcess, Transport
 
 __all__ = ["CheckpointKeeper", "ReportingNode", "Say"]
 
-#: How the keeper tells the user something: ``say(text, style)`` (a rich style name).
-Say = Callable[[str, str], None]
+#: How the keeper tells the user something: ``say(text, level)`` (an event level).
+Say = Callable[[str, Level], None]
 
 
 class ReportingNode(Protocol):
@@ -136,10 +137,10 @@ class CheckpointKeeper:
             try:
                 result = await self.replica.pull(self.transport, node.host, path)
                 if result.status == "failed":
-                    self.say(f"checkpoint replica: {result.error}", "yellow")
+                    self.say(f"checkpoint replica: {result.error}", "warning")
                 ok, error = await self.replica.confirm(name)
             except (CorralError, ValueError) as exc:
-                self.say(f"checkpoint replica: {exc}", "yellow")
+                self.say(f"checkpoint replica: {exc}", "warning")
                 ok, error = False, str(exc)
         proc = node.proc
         if ack and proc is not None:
@@ -164,7 +165,7 @@ class CheckpointKeeper:
             python=self.python,
         )
         text = placement.describe()
-        self.say(text, "bold")
+        self.say(text, "info")
         return text if placement.action != "none" else None
 
     async def close(self) -> None:
