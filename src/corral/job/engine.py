@@ -57,7 +57,7 @@ from corral.job.resolve import Prepared, plan_attempt, resolve
 from corral.job.result import EXIT_INTERRUPTED, JobResult
 from corral.job.states import JobMachine, JobState, NodeState
 from corral.job.supervisor import Supervisor
-from corral.plan.render import master_index, plan_job
+from corral.plan.render import master_index
 from corral.plan.spec import JobSpec
 from corral.private import private_dir, write_private
 from corral.recovery.keeper import CheckpointKeeper
@@ -413,12 +413,7 @@ class Job:
             port = started[master.name][1].port
             assert port is not None
             spec = dataclasses.replace(spec, master_port=port)
-        planned = Prepared(
-            spec=spec,
-            commands=plan_job(spec, resolved, prepared.attempt),
-            job_dir=prepared.job_dir,
-            attempt=prepared.attempt,
-        )
+        planned = plan_attempt(spec, resolved, prepared.attempt)
         return planned, {name: proc for name, (proc, _) in started.items()}
 
     # -- attempts -----------------------------------------------------------------------
