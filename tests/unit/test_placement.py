@@ -200,7 +200,7 @@ def test_the_keeper_places_on_every_host_whatever_the_launcher(
             python=None,
             run_dir=str(tmp_path),
             job_id="j1",
-            say=lambda text, style: said.append((text, style)),
+            say=lambda text, level: said.append((text, level)),
         )
         try:
             return await keeper.place(spec, _commands(spec, [A, C, B]))
@@ -228,7 +228,7 @@ def test_an_inactive_keeper_places_nothing(tmp_path: Path) -> None:
             python=None,
             run_dir=str(tmp_path),
             job_id="j1",
-            say=lambda text, style: None,
+            say=lambda text, level: None,
         )
         assert keeper.replica is None
         return await keeper.place(spec, _commands(spec, [A]))
