@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shlex
 import signal
 import sys
-from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import typer
@@ -45,10 +43,10 @@ from corral.job.options import (
 from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
 from corral.job.summary import print_finished
+from corral.plan.display import command_lines, node_env
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.redact import redact_env
 from corral.remote.python import candidates
 from corral.transport.options import SshOptions
 
@@ -618,12 +616,6 @@ def plan(
         )
 
 
-def shell_line(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """``cd CWD && env K=V ... ARGV`` as one shell-quoted line."""
-    assigns = [f"{k}={v}" for k, v in env.items()]
-    return f"cd {shlex.quote(cwd)} && " + shlex.join(["env", *assigns, *argv])
-
-
 def print_plan(prepared: Prepared, console: Console) -> None:
     """A table (node, host, ranks, cwd), then per node its env as ``K=V`` lines and
     the command as one copy-pasteable shell line (one per rank for the python
@@ -644,16 +636,12 @@ def print_plan(prepared: Prepared, console: Console) -> None:
         table.add_row(str(cmd.node_rank), cmd.host.name, ranks, cmd.cwd)
     console.print(table)
     for cmd in prepared.commands:
-        env = redact_env(cmd.env, cmd.secret_env)
         console.print(f"\nnode {cmd.node_rank} ({cmd.host.name}) env:", style="bold", markup=False)
-        for key, value in env.items():
+        for key, value in node_env(cmd).items():
             console.print(f"  {key}={value}", markup=False, soft_wrap=True)
-        runs = [
-            (f"rank {r.rank}", {**env, **redact_env(r.env, cmd.secret_env)}) for r in cmd.ranks
-        ] or [("command", env)]
-        for label, run_env in runs:
-            console.print(f"node {cmd.node_rank} {label}:", style="bold", markup=False)
-            console.print(shell_line(cmd.cwd, run_env, cmd.argv), markup=False, soft_wrap=True)
+        for run in command_lines(cmd):
+            console.print(f"node {cmd.node_rank} {run.label}:", style="bold", markup=False)
+            console.print(run.line, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
