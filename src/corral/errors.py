@@ -13,7 +13,12 @@ CorralError
 │   └── ConnectionLost
 ├── CheckFailed            list of failing CheckResults with fix commands
 ├── LaunchError
-└── JobFailed              root cause: host, rank, exit code/signal, stderr tail
+├── JobFailed              root cause: host, rank, exit code/signal, stderr tail
+└── ServiceError           a request corral serve refuses: HTTP status, type, details
+    ├── NotFound           404: unknown machine, job, task or file
+    ├── Forbidden          403: a job file outside the job's run dir
+    ├── Conflict           409: duplicate name, busy machines, not enough machines, ...
+    └── Invalid            422: a body that parses but cannot be done
 ```
 """
 
@@ -129,3 +134,46 @@ class JobFailed(CorralError):
 
     def details(self) -> list[str]:
         return list(self.stderr_tail)
+
+
+class ServiceError(CorralError):
+    """A request the server refuses; ``status`` is its HTTP status, ``details`` a
+    JSON-able dict (what is available, suggestions, the field at fault)."""
+
+    status = 400
+    type = "bad_request"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        self.message = message
+        self.info: dict[str, Any] = dict(details or {})
+        super().__init__(message)
+
+
+class NotFound(ServiceError):
+    """An unknown machine, job, task or job file (404)."""
+
+    status = 404
+    type = "not_found"
+
+
+class Forbidden(ServiceError):
+    """A request for something the server never hands out (403): a path outside a
+    job's run dir."""
+
+    status = 403
+    type = "forbidden"
+
+
+class Conflict(ServiceError):
+    """The request clashes with the current state (409): a duplicate name, busy or
+    too few machines, a job dispatched twice."""
+
+    status = 409
+    type = "conflict"
+
+
+class Invalid(ServiceError):
+    """A well-formed request that cannot be done as asked (422)."""
+
+    status = 422
+    type = "invalid"

@@ -134,7 +134,17 @@ def result_json(result: JobResult) -> dict[str, Any]:
             for n in result.nodes
         ],
         "failures": [
-            {"host": f.host, "rank": f.rank, "code": f.code, "message": f.message, "time": f.time}
+            {
+                "host": f.host,
+                "rank": f.rank,
+                "code": f.code,
+                "signal": f.signal,
+                "exit_code": f.exit_code,
+                "message": f.message,
+                "time": f.time,
+                "stderr_tail": f.stderr_tail,
+                "traceback": f.traceback,
+            }
             for f in result.failures
         ],
         "attempts": result.attempts,

@@ -1,0 +1,70 @@
+"""The API token: made on first start into a 0600 file, checked on every request.
+
+Every route except ``/healthz`` needs ``Authorization: Bearer <token>``. A
+missing or wrong token is a 401 that says nothing about the resource asked for.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from fastapi.security import HTTPBearer
+
+from corral.errors import ConfigError
+from corral.private import private_dir, write_private
+
+OPEN_PATHS = frozenset({"/healthz"})
+TOKEN_ENV = "CORRAL_TOKEN"
+
+bearer = HTTPBearer(auto_error=False, description="The token of `corral serve --print-token`.")
+"""Declared on every router so the OpenAPI schema documents the scheme; the check
+itself is :class:`TokenMiddleware` (it also covers the schema and docs routes)."""
+
+
+def data_dir() -> Path:
+    """``$XDG_DATA_HOME/corral`` (default ``~/.local/share/corral``)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "corral"
+
+
+def default_token_file() -> Path:
+    """Where the server keeps its token by default."""
+    return data_dir() / "token"
+
+
+def load_or_create_token(path: Path) -> str:
+    """The token in ``path``; a new random one written there (0600) when missing."""
+    try:
+        token = path.read_text().strip()
+        if token:
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+            return token
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the token file {path}: {exc.strerror}", option="--token-file"
+        ) from exc
+    token = secrets.token_urlsafe(32)
+    try:
+        private_dir(path.parent)
+        write_private(path, token + "\n")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the token file {path}: {exc.strerror}", option="--token-file"
+        ) from exc
+    return token
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` (constant time)."""
+    if not header:
+        return False
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), token.encode())

@@ -1,0 +1,79 @@
+"""One JSON error shape for every failure: ``{"error": {"type", "message", "details"}}``.
+
+Mapped from corral's error tree: :class:`~corral.errors.ServiceError` carries
+its own status; a :class:`~corral.errors.ConfigError` is a 422 naming the
+option; a :class:`~corral.errors.CheckFailed` a 409 with the failing checks; a
+transport error a 502 naming the host; an invalid body a 422 naming each field.
+Anything unexpected is a 500 with no traceback (it is logged on the server).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from corral.errors import CheckFailed, ConfigError, CorralError, ServiceError, TransportError
+
+log = logging.getLogger("corral.serve")
+
+
+def error_body(kind: str, message: str, details: Any = None) -> dict[str, Any]:
+    """The one error shape."""
+    return {"error": {"type": kind, "message": message, "details": details or {}}}
+
+
+def error_response(
+    status: int, kind: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """A JSON error response."""
+    return JSONResponse(error_body(kind, message, details), status_code=status, headers=headers)
+
+
+def corral_error(exc: CorralError) -> JSONResponse:
+    """The response for an error of corral's tree."""
+    if isinstance(exc, ServiceError):
+        return error_response(exc.status, exc.type, exc.message, exc.info)
+    if isinstance(exc, ConfigError):
+        return error_response(422, "invalid", str(exc), {"option": exc.option})
+    if isinstance(exc, CheckFailed):
+        return error_response(409, "check_failed", str(exc), {"details": exc.details()})
+    if isinstance(exc, TransportError):
+        return error_response(502, "unreachable", str(exc), {"host": getattr(exc, "host", None)})
+    return error_response(400, type(exc).__name__, str(exc), {"details": exc.details()})
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers on ``app``."""
+
+    @app.exception_handler(CorralError)
+    async def _corral(_: Request, exc: CorralError) -> JSONResponse:
+        return corral_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = []
+        for err in exc.errors():
+            loc = [str(p) for p in err.get("loc", ())]
+            fields.append({"field": ".".join(loc), "message": err.get("msg", "")})
+        first = fields[0] if fields else {"field": "", "message": "invalid request"}
+        message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
+        return error_response(422, "invalid", message, {"fields": fields})
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error"
+        )
+        return error_response(
+            exc.status_code, kind, str(exc.detail), headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")

@@ -1,0 +1,88 @@
+"""``/metrics`` (Prometheus text format): jobs by state, restarts, per-rank step and
+steps/s of active jobs, machine health and heartbeat age, request latency.
+
+Job and machine figures are read from the store at scrape time (a collector), so
+they are right after a server restart; request latency is a histogram kept by
+the app's middleware.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from corral.service.machines import ACTIVE_STATES
+from corral.store import Store
+from corral.store.models import Job, Machine, Rank
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StoreCollector(Collector):
+    """Figures read from the store on every scrape."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("corral_jobs", "Jobs by state.", labels=["state"])
+        restarts = CounterMetricFamily("corral_job_restarts", "Restarts over all jobs.")
+        step = GaugeMetricFamily(
+            "corral_rank_step",
+            "Last reported step of each rank of an active job.",
+            labels=["job_id", "host", "rank"],
+        )
+        rate = GaugeMetricFamily(
+            "corral_rank_steps_per_second",
+            "Steps per second of each rank of an active job.",
+            labels=["job_id", "host", "rank"],
+        )
+        up = GaugeMetricFamily(
+            "corral_machine_up", "1 when the last check saw the machine online.", labels=["machine"]
+        )
+        age = GaugeMetricFamily(
+            "corral_machine_heartbeat_age_seconds",
+            "Seconds since the machine last answered.",
+            labels=["machine"],
+        )
+        now = time.time()
+        with self.store.session() as s:
+            for state, count in s.execute(select(Job.state, func.count()).group_by(Job.state)):
+                jobs.add_metric([state], float(count))
+            restarts.add_metric([], float(s.scalar(select(func.sum(Job.restarts))) or 0))
+            active = select(Job.id).where(Job.state.in_(ACTIVE_STATES))
+            for r in s.scalars(select(Rank).where(Rank.job_id.in_(active))):
+                labels = [r.job_id, r.host, str(r.rank)]
+                if r.step is not None:
+                    step.add_metric(labels, float(r.step))
+                if r.steps_per_s is not None:
+                    rate.add_metric(labels, float(r.steps_per_s))
+            for m in s.scalars(select(Machine)):
+                up.add_metric([m.name], 1.0 if m.status == "online" else 0.0)
+                if m.last_seen is not None:
+                    age.add_metric([m.name], max(0.0, now - m.last_seen))
+        yield from (jobs, restarts, step, rate, up, age)
+
+
+class Metrics:
+    """The app's registry: the store collector and the request-latency histogram."""
+
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(StoreCollector(store))
+        self.latency = Histogram(
+            "corral_http_request_duration_seconds",
+            "Time to answer an API request.",
+            ["method", "route", "status"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
+
+    def render(self) -> bytes:
+        """The text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""The API's routers, one per group of the seed's routes."""

@@ -1,0 +1,80 @@
+"""``/api/jobs``: every job with filters and paging, a job's status and files, and
+its live events as Server-Sent Events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Security
+from sse_starlette.sse import EventSourceResponse
+
+from corral.api.auth import bearer
+from corral.api.routers.network import ERRORS
+from corral.api.services import Services, services
+from corral.service.models import DistributedJobStatus, JobList
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"], dependencies=[Security(bearer)])
+Svc = Annotated[Services, Depends(services)]
+
+
+@router.get("", summary="Jobs, newest first, with filters and paging")
+def list_jobs(
+    svc: Svc,
+    status: Annotated[
+        str | None, Query(max_length=200, description="State(s), comma-separated.")
+    ] = None,
+    machine: Annotated[str | None, Query(max_length=255)] = None,
+    task_id: Annotated[str | None, Query(max_length=64)] = None,
+    kind: Annotated[str | None, Query(max_length=16)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> JobList:
+    return svc.jobs.list_jobs(
+        state=status, machine=machine, task_id=task_id, kind=kind, limit=limit, offset=offset
+    )
+
+
+@router.get("/{job_id}", responses=ERRORS, summary="A job's status")
+def get_job(job_id: str, svc: Svc) -> DistributedJobStatus:
+    return svc.jobs.status(job_id)
+
+
+@router.get("/{job_id}/files", responses=ERRORS, summary="The files of a job's run dir")
+def job_files(job_id: str, svc: Svc) -> list[str]:
+    return svc.jobs.files(job_id)
+
+
+@router.get(
+    "/{job_id}/events",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    response_class=EventSourceResponse,
+    summary="Live events (SSE): state, node, progress, log, message, attempts, finished",
+    description="Each event's `id` is the byte offset after it in the job's events file: "
+    "reconnect with `Last-Event-ID` (or `?from=`) to resume without losing or repeating "
+    "anything. The stream ends after the job's `finished` (or `error`) event.",
+)
+async def job_events(
+    job_id: str,
+    request: Request,
+    svc: Svc,
+    start: Annotated[int | None, Query(alias="from", ge=0, le=2**62)] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    svc.jobs.row(job_id)  # 404 before the stream starts
+    pos = start or 0
+    if last_event_id and last_event_id.isdigit():
+        pos = int(last_event_id)
+
+    async def stream() -> AsyncIterator[dict[str, Any]]:
+        async for ev in svc.jobs.events(job_id, pos):
+            if await request.is_disconnected():
+                return
+            yield {
+                "id": str(ev.next_pos),
+                "event": str(ev.data.get("kind", "message")),
+                "data": json.dumps(ev.data, separators=(",", ":")),
+            }
+
+    return EventSourceResponse(stream(), ping=15)

@@ -1,0 +1,262 @@
+"""``/api/network/*``: machines, health, distributed jobs, single-machine jobs, job data."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Security
+from fastapi.responses import FileResponse
+
+from corral.api.auth import bearer
+from corral.api.services import Services, services
+from corral.fleet.capabilities import local_health
+from corral.service.models import (
+    DispatchIn,
+    DistributedJobStatus,
+    JobRequest,
+    MachineIn,
+    MachineOut,
+    NetworkStatus,
+    OutputPage,
+    PlanOut,
+    PrepareIn,
+    StopOut,
+)
+from corral.service.prepare import prepare_dependencies
+
+router = APIRouter(prefix="/api/network", tags=["network"], dependencies=[Security(bearer)])
+Svc = Annotated[Services, Depends(services)]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "Unknown machine or job."},
+    409: {"description": "Conflicts with the current state (duplicate, busy, too few machines)."},
+    422: {"description": "Invalid body or parameter (names the field)."},
+}
+
+
+# -- machines ------------------------------------------------------------------------------
+
+
+@router.get("/machines", summary="List all registered machines")
+def list_machines(svc: Svc) -> list[MachineOut]:
+    return svc.machines.list_all()
+
+
+@router.post("/machines", status_code=201, responses=ERRORS, summary="Add a machine")
+def add_machine(body: MachineIn, svc: Svc) -> MachineOut:
+    return svc.machines.add(body)
+
+
+@router.get("/machines/{machine_id}", responses=ERRORS, summary="One machine")
+def get_machine(machine_id: str, svc: Svc) -> MachineOut:
+    return svc.machines.get(machine_id)
+
+
+@router.delete(
+    "/machines/by-name/{machine_name}", responses=ERRORS, summary="Remove a machine by name"
+)
+def delete_machine_by_name(machine_name: str, svc: Svc) -> MachineOut:
+    return svc.machines.delete_by_name(machine_name)
+
+
+@router.delete("/machines/{machine_id}", responses=ERRORS, summary="Remove a machine")
+def delete_machine(machine_id: str, svc: Svc) -> MachineOut:
+    return svc.machines.delete(machine_id)
+
+
+# -- health --------------------------------------------------------------------------------
+
+
+@router.get("/status", summary="Aggregated status of all machines")
+def network_status(svc: Svc) -> NetworkStatus:
+    return svc.machines.status()
+
+
+@router.post("/machines/{machine_id}/ping", responses=ERRORS, summary="Check one machine now")
+async def ping_machine(machine_id: str, svc: Svc) -> MachineOut:
+    return await svc.machines.ping(machine_id)
+
+
+@router.post("/health-check", summary="Check every machine in parallel")
+async def health_check(
+    svc: Svc,
+    deadline: Annotated[float | None, Query(gt=0, le=600, description="Seconds.")] = None,
+) -> NetworkStatus:
+    return await svc.machines.health_check(deadline)
+
+
+@router.get("/capabilities", summary="Capabilities and load of the server's machine")
+async def capabilities() -> dict[str, Any]:
+    import asyncio
+
+    return (await asyncio.to_thread(local_health, "localhost")).to_dict()
+
+
+# -- distributed jobs ----------------------------------------------------------------------
+
+
+@router.post("/distributed/plan", responses=ERRORS, summary="Plan a distributed job")
+def plan(body: JobRequest, svc: Svc) -> PlanOut:
+    return svc.jobs.plan(body)
+
+
+@router.post(
+    "/distributed/dispatch",
+    responses=ERRORS,
+    summary="Start a planned job (pre-flight checklist first)",
+)
+def dispatch(body: DispatchIn, svc: Svc) -> DistributedJobStatus:
+    return svc.jobs.dispatch(body)
+
+
+@router.get("/distributed/status/{job_id}", responses=ERRORS, summary="Distributed job status")
+def status(job_id: str, svc: Svc) -> DistributedJobStatus:
+    return svc.jobs.status(job_id)
+
+
+@router.post(
+    "/distributed/stop/{job_id}", responses=ERRORS, summary="Stop a job on every node (idempotent)"
+)
+def stop(
+    job_id: str,
+    svc: Svc,
+    force: Annotated[bool, Query(description="Kill now instead of a graceful stop.")] = False,
+) -> StopOut:
+    return svc.jobs.stop(job_id, force=force)
+
+
+# the seed's first spellings
+router.add_api_route(
+    "/distributed_jobs/plan",
+    plan,
+    methods=["POST"],
+    responses=ERRORS,
+    summary="Plan a distributed job (older path)",
+)
+router.add_api_route(
+    "/distributed_jobs/dispatch",
+    dispatch,
+    methods=["POST"],
+    responses=ERRORS,
+    summary="Start a planned job (older path)",
+)
+
+
+@router.get(
+    "/distributed_jobs/{job_id}/status",
+    responses=ERRORS,
+    summary="Distributed job status (older path)",
+)
+def status_old(job_id: str, svc: Svc) -> DistributedJobStatus:
+    return svc.jobs.status(job_id)
+
+
+# -- single-machine jobs -------------------------------------------------------------------
+
+
+@router.post(
+    "/machines/{machine_id}/dispatch_job",
+    responses=ERRORS,
+    summary="Run a whole job on one machine",
+)
+def dispatch_job(machine_id: str, body: JobRequest, svc: Svc) -> DistributedJobStatus:
+    machine = svc.machines.row(machine_id)
+    request = body.model_copy(
+        update={
+            "machine_selection": "manual",
+            "selected_machines": [machine.id],
+            "resource_requirements": body.resource_requirements.model_copy(
+                update={"num_machines": 1}
+            ),
+        }
+    )
+    planned = svc.jobs.plan(request, kind="single")
+    return svc.jobs.dispatch(DispatchIn(job_id=planned.job_id))
+
+
+def _job_on(svc: Services, machine_id: str, job_id: str) -> None:
+    machine = svc.machines.row(machine_id)
+    if machine.id not in (svc.jobs.row(job_id).machine_ids or []):
+        from corral.errors import NotFound
+
+        raise NotFound(
+            f"job {job_id} does not run on machine {machine.name}",
+            details={"job_id": job_id, "machine_id": machine.id},
+        )
+
+
+@router.get(
+    "/machines/{machine_id}/job_status/{job_id}",
+    responses=ERRORS,
+    summary="Status of a job on a machine",
+)
+def machine_job_status(machine_id: str, job_id: str, svc: Svc) -> DistributedJobStatus:
+    _job_on(svc, machine_id, job_id)
+    return svc.jobs.status(job_id)
+
+
+@router.post(
+    "/machines/{machine_id}/stop_job/{job_id}", responses=ERRORS, summary="Stop a job on a machine"
+)
+def machine_stop_job(machine_id: str, job_id: str, svc: Svc) -> StopOut:
+    _job_on(svc, machine_id, job_id)
+    return svc.jobs.stop(job_id)
+
+
+# -- job data ------------------------------------------------------------------------------
+
+
+@router.post(
+    "/prepare_dependencies",
+    responses=ERRORS,
+    summary="Sync a code tree to machines and pip-install its requirements",
+)
+async def prepare(body: PrepareIn, svc: Svc) -> dict[str, Any]:
+    machines = svc.machines.rows(body.machine_ids)
+    return await prepare_dependencies(
+        machines,
+        svc.settings,
+        source=body.source,
+        dest=body.dest,
+        requirements=body.requirements,
+        python=body.python,
+    )
+
+
+@router.post("/execute_job", responses=ERRORS, summary="Run a job on the server's machine")
+def execute_job(body: JobRequest, svc: Svc) -> DistributedJobStatus:
+    return svc.jobs.execute_here(body)
+
+
+@router.get("/local_job_status/{job_id}", responses=ERRORS, summary="A job's status")
+def local_job_status(job_id: str, svc: Svc) -> DistributedJobStatus:
+    return svc.jobs.status(job_id)
+
+
+@router.get(
+    "/local_job_output/{job_id}",
+    responses=ERRORS,
+    summary="Merged [host:rank] output, paged by byte offset",
+)
+def local_job_output(
+    job_id: str,
+    svc: Svc,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> OutputPage:
+    return svc.jobs.output(job_id, offset, limit)
+
+
+@router.get(
+    "/local_job_file/{job_id}/{key:path}",
+    responses={
+        **ERRORS,
+        403: {"description": "Outside the job's run dir."},
+        200: {"content": {"application/octet-stream": {}}},
+    },
+    response_class=FileResponse,
+    summary="A file of the job's run dir (logs, result.json, plan)",
+)
+def local_job_file(job_id: str, key: str, svc: Svc) -> FileResponse:
+    path = svc.jobs.file(job_id, key)
+    media = "application/json" if path.suffix == ".json" else "text/plain"
+    return FileResponse(path, media_type=media, filename=path.name)

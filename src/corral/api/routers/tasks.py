@@ -1,0 +1,102 @@
+"""``/api/tasks/*`` (saved job templates, the queue, machine suggestions) and
+``/api/preferences``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Security
+
+from corral.api.auth import bearer
+from corral.api.routers.network import ERRORS
+from corral.api.services import Services, services
+from corral.service.machines import busy_machines
+from corral.service.models import (
+    JobRequest,
+    Preferences,
+    QueuedOut,
+    ResourceRequirements,
+    Suggestion,
+    TaskIn,
+    TaskOut,
+)
+from corral.service.planner import suggest
+
+router = APIRouter(prefix="/api", tags=["tasks"], dependencies=[Security(bearer)])
+Svc = Annotated[Services, Depends(services)]
+
+
+@router.get("/tasks", summary="All tasks")
+def list_tasks(svc: Svc) -> list[TaskOut]:
+    return svc.tasks.list_tasks()
+
+
+@router.post("/tasks", status_code=201, responses=ERRORS, summary="Save a task")
+def create_task(body: TaskIn, svc: Svc) -> TaskOut:
+    return svc.tasks.create(body)
+
+
+@router.get(
+    "/tasks/distributed/suggest_machines",
+    summary="Machines ranked for a distributed job",
+    description="Score = 10 x free GPUs + smallest GPU memory (GiB) + (100 - CPU%)/10 "
+    "+ (100 - memory%)/20 + 5 for a preferred machine; eligible machines (online, not "
+    "busy, enough GPUs/GPU memory/slots) first.",
+)
+def suggest_machines(
+    svc: Svc,
+    num_machines: Annotated[int, Query(ge=1, le=4096)] = 1,
+    gpus_per_machine: Annotated[int, Query(ge=0, le=1024)] = 0,
+    min_gpu_memory: Annotated[float, Query(ge=0, le=1e6)] = 0,
+    nproc_per_node: Annotated[int | None, Query(ge=1, le=1024)] = None,
+) -> list[Suggestion]:
+    from sqlalchemy import select
+
+    from corral.store.models import Machine
+
+    request = JobRequest(
+        script="-",
+        nproc_per_node=nproc_per_node,
+        resource_requirements=ResourceRequirements(
+            num_machines=num_machines,
+            gpus_per_machine=gpus_per_machine,
+            min_gpu_memory=min_gpu_memory,
+        ),
+    )
+    with svc.store.session() as s:
+        machines = list(s.scalars(select(Machine)).all())
+    preferred = svc.tasks.preferences().preferred_machines
+    return suggest(machines, request, busy_machines(svc.store), preferred)
+
+
+@router.get("/tasks/{task_id}", responses=ERRORS, summary="One task")
+def get_task(task_id: str, svc: Svc) -> TaskOut:
+    return svc.tasks.get(task_id)
+
+
+@router.get(
+    "/tasks/{task_id}/queue_distributed",
+    responses=ERRORS,
+    summary="Queue the task as a distributed job",
+)
+def queue_distributed(task_id: str, svc: Svc) -> QueuedOut:
+    return svc.tasks.queue(task_id)
+
+
+@router.get(
+    "/tasks/{task_id}/queue/{machine_id}",
+    responses=ERRORS,
+    summary="Queue the task to run on one machine",
+)
+def queue_on_machine(task_id: str, machine_id: str, svc: Svc) -> QueuedOut:
+    return svc.tasks.queue(task_id, machine_id)
+
+
+@router.get("/preferences", summary="Saved distributed-training preferences")
+def get_preferences(svc: Svc) -> Preferences:
+    return svc.tasks.preferences()
+
+
+@router.put("/preferences", responses=ERRORS, summary="Save preferences")
+def put_preferences(body: Preferences, svc: Svc) -> Preferences:
+    return svc.tasks.save_preferences(body)

@@ -1,0 +1,37 @@
+"""The services one app uses, reached from a route through ``request.app.state``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from corral.service.jobs import JobManager
+from corral.service.machines import MachineService
+from corral.service.settings import ServerSettings
+from corral.service.tasks import TaskService
+from corral.store import Store
+
+
+@dataclass
+class Services:
+    """The store and every service over it."""
+
+    store: Store
+    settings: ServerSettings
+    machines: MachineService
+    jobs: JobManager
+    tasks: TaskService
+
+    @classmethod
+    def build(cls, store: Store, settings: ServerSettings) -> Services:
+        """Wire the services over ``store``."""
+        machines = MachineService(store, settings)
+        jobs = JobManager(store, settings, machines)
+        return cls(store, settings, machines, jobs, TaskService(store, jobs))
+
+
+def services(request: Request) -> Services:
+    """The app's services (a FastAPI dependency)."""
+    found: Services = request.app.state.services
+    return found

@@ -1,0 +1,226 @@
+"""The supervisor process of one job started by ``corral serve``.
+
+``python -m corral.service.launch`` reads a :class:`LaunchRequest` (JSON) from
+stdin, runs the job with the same engine as ``corral run``
+(:class:`corral.job.engine.Job`: pre-flight, agents, supervision, restarts,
+checkpoints, the no-orphan teardown) and appends every event to the job's
+``events.jsonl`` (:mod:`corral.service.eventlog`). It runs in its own session,
+so the server can crash or restart without stopping training; SIGTERM (the
+server's stop) tears the job down like Ctrl-C does for ``corral run``, a second
+SIGTERM kills. The request travels over stdin so the job's secret env values
+never appear in argv or in a file; the process exits with the job's exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.cluster.model import Cluster, Host
+from corral.errors import CheckFailed, ConfigError, CorralError, LaunchError
+from corral.job.engine import Job
+from corral.job.options import (
+    CheckpointPolicy,
+    CheckPolicy,
+    RestartPolicy,
+    SupervisionPolicy,
+    SyncPolicy,
+)
+from corral.job.result import EXIT_LAUNCH
+from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, JobSpec
+from corral.private import private_dir
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.service.eventlog import EVENTS_FILE, EventWriter, write_supervisor
+from corral.transport.options import SshOptions
+
+EXIT_CONFIG = 2
+
+
+class HostSpec(BaseModel):
+    """One node of the job (a registered machine)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    address: str = ""
+    port: int | None = None
+    user: str | None = None
+    slots: int = 1
+    local: bool = False
+    python: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def host(self) -> Host:
+        """As a :class:`~corral.cluster.model.Host`."""
+        return Host(
+            name=self.name,
+            address=self.address,
+            port=self.port,
+            user=self.user,
+            slots=self.slots,
+            local=self.local,
+            python=self.python,
+            labels=self.labels,
+        )
+
+
+class SshSpec(BaseModel):
+    """How the job's hosts are reached (a key path or a password's variable *name*)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    password_env: str | None = None
+    config: str | None = None
+    accept_new_host_keys: bool = False
+    insecure_no_host_key_check: bool = False
+
+    def options(self) -> SshOptions:
+        """As :class:`~corral.transport.options.SshOptions`."""
+        return SshOptions(**self.model_dump())
+
+
+class LaunchRequest(BaseModel):
+    """Everything the supervisor process needs to run one job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    run_dir: str
+    script: str
+    args: list[str] = Field(default_factory=list)
+    launcher: str = "torchrun"
+    python: str | None = None
+    nproc_per_node: int | None = None
+    master_addr: str | None = None
+    master_port: int = 0
+    workdir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(default_factory=list)
+    nccl_interface: str | None = None
+    gloo_interface: str | None = None
+    timeout: float | None = None
+    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    hosts: list[HostSpec]
+    ssh: SshSpec = Field(default_factory=SshSpec)
+    preflight: bool = True
+    smoke_test: bool = False
+    sync: bool = False
+    code_dir: str | None = None
+    max_restarts: int = 0
+    restart_backoff: float = 1.0
+    min_nodes: int | None = None
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
+    hang_timeout: float | None = None
+    checkpoint_dir: str | None = None
+    replicate_checkpoints: bool = False
+    grace: float = 10.0
+
+    def spec(self) -> JobSpec:
+        """The job's :class:`~corral.plan.spec.JobSpec`."""
+        return JobSpec(
+            script=self.script,
+            args=tuple(self.args),
+            launcher="torchrun" if self.launcher == "torchrun" else "python",
+            job_id=self.job_id,
+            python=self.python,
+            nproc_per_node=self.nproc_per_node,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            workdir=self.workdir,
+            env=self.env,
+            secret_env=tuple(self.secret_env),
+            nccl_interface=self.nccl_interface,
+            gloo_interface=self.gloo_interface,
+            timeout=self.timeout,
+            checkpoint_dir=self.checkpoint_dir,
+            rdzv_timeout=self.rdzv_timeout,
+            run_dir=self.run_dir,
+        )
+
+    def cluster(self) -> Cluster:
+        """The job's hosts, node 0 first."""
+        return Cluster(tuple(h.host() for h in self.hosts), source="corral serve")
+
+    def job(self) -> Job:
+        """The engine's :class:`~corral.job.engine.Job` for this request."""
+        return Job(
+            self.spec(),
+            self.cluster(),
+            ssh=self.ssh.options(),
+            checks=CheckPolicy(
+                enabled=self.preflight, smoke_test=self.smoke_test, code_dir=self.code_dir
+            ),
+            sync=SyncPolicy(push=self.sync, source=self.code_dir),
+            restarts=RestartPolicy(self.max_restarts, self.restart_backoff, self.min_nodes),
+            checkpoints=CheckpointPolicy(self.checkpoint_dir, self.replicate_checkpoints)
+            if self.checkpoint_dir
+            else CheckpointPolicy(),
+            supervision=SupervisionPolicy(self.grace, self.host_timeout, self.hang_timeout),
+        )
+
+
+def job_dir(run_dir: str | Path, job_id: str) -> Path:
+    """Where a job's files live: ``<run_dir>/<job_id>``."""
+    return Path(run_dir) / job_id
+
+
+def error_event(exc: CorralError) -> dict[str, Any]:
+    """The ``error`` event of a job that could not start, and its exit code."""
+    code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_LAUNCH
+    if isinstance(exc, CheckFailed | LaunchError):
+        code = EXIT_LAUNCH
+    return {
+        "kind": "error",
+        "time": time.time(),
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "details": list(exc.details()),
+        "exit_code": code,
+    }
+
+
+async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
+    """Run the job, SIGTERM/SIGINT mapped to ``job.stop()``; its exit code."""
+    try:
+        job = request.job()
+    except CorralError as exc:
+        event = error_event(exc)
+        writer.write(event)
+        return int(event["exit_code"])
+    job.subscribe(writer.on_event)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, job.stop)
+    try:
+        result = await job.run()
+    except CorralError as exc:
+        event = error_event(exc)
+        writer.write(event)
+        return int(event["exit_code"])
+    return result.exit_code
+
+
+def main() -> int:
+    """Entry point: the request on stdin, the events in the job dir."""
+    request = LaunchRequest.model_validate_json(sys.stdin.buffer.read())
+    directory = private_dir(job_dir(request.run_dir, request.job_id))
+    write_supervisor(directory, psutil.Process().pid, psutil.Process().create_time())
+    writer = EventWriter(directory / EVENTS_FILE)
+    try:
+        return asyncio.run(supervise(request, writer))
+    finally:
+        writer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

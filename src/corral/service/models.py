@@ -1,0 +1,376 @@
+"""Request and response bodies of the service (pydantic; the API's schema).
+
+Every field the seed's API uses keeps its name (``resource_requirements``,
+``machine_selection``, ``selected_machines``, ``plugin_name``, ``config``...).
+Secrets: a machine holds a key *path* or the *name* of an environment variable
+with its password, never a password; ``env`` values of keys named like secrets
+(or listed in ``secret_env``) are redacted in everything the service returns or
+stores (they reach only the job's supervisor process, over its stdin).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MachineIn(_Body):
+    """A machine to register: an SSH host, or ``local: true`` for a simulated node
+    on the server's own machine (the ``local:N`` of the CLI)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "gpu1",
+                    "host": "10.0.0.11",
+                    "port": 22,
+                    "user": "ml",
+                    "key_path": "~/.ssh/id_ed25519",
+                    "slots": 2,
+                    "labels": {"rack": "a"},
+                },
+                {"name": "sim1", "local": True, "slots": 2},
+            ]
+        },
+    )
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique name; log prefixes show it.")
+    host: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="Address or ssh alias (default: the name). Not used for local machines.",
+    )
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = Field(None, min_length=1, max_length=64)
+    key_path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="Path of the SSH private key on the server.",
+    )
+    password_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description="NAME of an environment variable of the server holding the SSH "
+        "password (never the password itself).",
+    )
+    slots: int = Field(1, ge=1, le=1024, description="Ranks the machine runs by default.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    local: bool = Field(False, description="A simulated node on the server's machine.")
+    python: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="Interpreter on the machine (default: found there).",
+    )
+
+
+class MachineOut(BaseModel):
+    """A registered machine and what the last health check saw (no secret)."""
+
+    id: str
+    name: str
+    host: str
+    port: int | None
+    user: str | None
+    key_path: str | None
+    password_env: str | None
+    slots: int
+    labels: dict[str, str]
+    local: bool
+    python: str | None
+    created: float
+    status: Literal["online", "offline", "busy", "unknown"]
+    last_seen: float | None
+    last_checked: float | None
+    last_error: str | None
+    latency_ms: float | None
+    capabilities: dict[str, Any]
+    load: dict[str, Any]
+    running_jobs: list[str]
+
+
+class NetworkStatus(BaseModel):
+    """Aggregate health of every machine."""
+
+    total: int
+    online: int
+    offline: int
+    busy: int
+    unknown: int
+    machines: list[MachineOut]
+
+
+class ResourceRequirements(_Body):
+    """What a distributed job needs (seed: ``resource_requirements``)."""
+
+    num_machines: int = Field(1, ge=1, le=4096)
+    gpus_per_machine: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="GPUs (= ranks) per machine; 0 for CPU jobs (ranks: nproc_per_node "
+        "or the machine's slots).",
+    )
+    min_gpu_memory: float = Field(0, ge=0, description="Minimum memory per GPU, GiB.")
+
+
+class ConfigScaling(_Body):
+    """How ``adjust_config`` scales a config (see ``corral.sdk.scale_config``)."""
+
+    batch_size_key: str = "batch_size"
+    lr_key: str = "learning_rate"
+    output_dir_key: str = "output_dir"
+    rule: Literal["linear", "sqrt", "none"] = "linear"
+
+
+class JobRequest(_Body):
+    """A job to plan (and then dispatch), queue as a task, or run on one machine."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "script": "examples/train_ddp.py",
+                    "args": ["--steps", "100"],
+                    "launcher": "torchrun",
+                    "resource_requirements": {"num_machines": 2, "gpus_per_machine": 0},
+                    "nproc_per_node": 2,
+                    "machine_selection": "auto",
+                    "config": {"batch_size": 64, "learning_rate": 0.001},
+                    "adjust_config": True,
+                    "max_restarts": 1,
+                }
+            ]
+        },
+    )
+
+    name: str | None = Field(None, max_length=255)
+    script: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="The training script (path on the machines).",
+    )
+    plugin_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="A plugin of `corral serve --plugins-dir` (runs <dir>/<name>/main.py).",
+    )
+    args: list[str] = Field(default_factory=list)
+    config: dict[str, Any] | None = Field(
+        None, description="The job's config; ranks read it with corral.sdk.job_config()."
+    )
+    adjust_config: bool = Field(
+        False,
+        description="Batch size / world size, learning rate x world size (or sqrt), "
+        "rank-0-only output directory, distributed metadata.",
+    )
+    config_scaling: ConfigScaling = Field(default_factory=lambda: ConfigScaling())
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(
+        default_factory=list, description="env keys whose values are secret."
+    )
+    launcher: Literal["torchrun", "python"] = "torchrun"
+    nproc_per_node: int | None = Field(None, ge=1, le=1024)
+    resource_requirements: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements()
+    )
+    machine_selection: Literal["auto", "manual"] = "auto"
+    selected_machines: list[str] = Field(
+        default_factory=list, description="Machine ids or names (manual)."
+    )
+    workdir: str | None = Field(None, min_length=1, max_length=4096)
+    python: str | None = Field(None, min_length=1, max_length=4096)
+    master_port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
+    timeout: float | None = Field(None, gt=0)
+    max_restarts: int = Field(0, ge=0, le=1000)
+    checkpoint_dir: str | None = Field(None, min_length=1, max_length=4096)
+    hang_timeout: float | None = Field(None, gt=0)
+    preflight: bool = True
+    sync: bool = Field(False, description="Push code_dir to every machine before launch.")
+    code_dir: str | None = Field(None, min_length=1, max_length=4096)
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key or "=" in key or "\0" in key or key[0].isdigit():
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return value
+
+
+class PlanOut(BaseModel):
+    """The answer of a plan: the job id and its execution plan."""
+
+    job_id: str
+    status: str
+    execution_plan: dict[str, Any]
+
+
+class DispatchIn(_Body):
+    """Start a planned job (the seed's older body's extra fields are accepted and
+    must agree with the plan)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"job_id": "j-1"}]})
+
+    job_id: str = Field(min_length=1, max_length=64)
+    target_machine: str | None = None
+    rank: int | None = Field(None, ge=0)
+    world_size: int | None = Field(None, ge=1)
+    master_addr: str | None = None
+    master_port: int | None = Field(None, ge=0, le=65535)
+    plugin_name: str | None = None
+    config: dict[str, Any] | None = None
+
+
+class NodeStatus(BaseModel):
+    """One node of a distributed job (seed's per-node status)."""
+
+    host: str
+    machine_id: str | None
+    node_rank: int
+    ranks: list[int]
+    status: str
+    detail: str
+    start_time: float | None
+    end_time: float | None
+    progress: dict[str, Any]
+
+
+class DistributedJobStatus(BaseModel):
+    """The seed's ``DistributedJobStatus``, plus attempts, metrics and the root cause."""
+
+    job_id: str
+    name: str | None
+    kind: str
+    status: str
+    reason: str
+    world_size: int
+    master: str | None
+    created: float
+    started: float | None
+    ended: float | None
+    exit_code: int | None
+    attempt: int
+    restarts: int
+    nodes: list[NodeStatus]
+    attempts: list[dict[str, Any]]
+    last_metrics: dict[str, Any]
+    root_cause: dict[str, Any] | None
+    machines: list[str]
+    task_id: str | None
+
+
+class JobSummary(BaseModel):
+    """A job in a listing."""
+
+    job_id: str
+    name: str | None
+    kind: str
+    status: str
+    created: float
+    started: float | None
+    ended: float | None
+    duration: float | None
+    exit_code: int | None
+    machines: list[str]
+    world_size: int
+    task_id: str | None
+
+
+class JobList(BaseModel):
+    """A page of jobs, newest first."""
+
+    jobs: list[JobSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class OutputPage(BaseModel):
+    """Merged ``[host:rank]`` output from ``offset``; ask again from ``next_offset``."""
+
+    job_id: str
+    offset: int
+    next_offset: int
+    lines: list[str]
+    finished: bool
+
+
+class TaskIn(_Body):
+    """A task: a saved job template."""
+
+    name: str = Field(min_length=1, max_length=255)
+    kind: Literal["distributed", "single"] = "distributed"
+    request: JobRequest
+
+
+class TaskOut(BaseModel):
+    """A saved task."""
+
+    id: str
+    name: str
+    kind: str
+    request: dict[str, Any]
+    created: float
+
+
+class QueuedOut(BaseModel):
+    """A job queued from a task."""
+
+    job_id: str
+    task_id: str
+    status: str
+    position: int
+
+
+class Suggestion(BaseModel):
+    """A machine ranked for a distributed job, with its score and why."""
+
+    machine_id: str
+    name: str
+    score: float
+    eligible: bool
+    reasons: list[str]
+
+
+class Preferences(_Body):
+    """The seed's ``DistributedPreferences``."""
+
+    preferred_machines: list[str] = Field(default_factory=list)
+    default_num_machines: int = Field(1, ge=1, le=4096)
+    default_gpus_per_machine: int = Field(0, ge=0, le=1024)
+    auto_machine_selection: bool = True
+
+
+class PrepareIn(_Body):
+    """Sync a code tree to machines and install its requirements there."""
+
+    machine_ids: list[str] = Field(min_length=1, description="Machine ids or names.")
+    source: str = Field(min_length=1, description="Code tree on the server.")
+    dest: str | None = Field(None, description="Where on the machines (default: same path).")
+    requirements: str | None = Field(
+        "requirements.txt", description="Relative to the tree; null to skip pip."
+    )
+    python: str | None = None
+
+
+class StopOut(BaseModel):
+    """The answer of a stop request."""
+
+    job_id: str
+    status: str
+    stopping: bool
+    message: str

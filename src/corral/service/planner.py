@@ -1,0 +1,353 @@
+"""Choosing machines for a job and turning a request into an execution plan.
+
+Score of a machine for a request (higher is better; ``suggest_machines`` sorts
+by it, ``machine_selection: auto`` takes the best eligible ones)::
+
+    score = 10 * free GPUs                      (GPUs of a machine no job is using)
+          + 1 * smallest GPU memory, GiB
+          + (100 - CPU %) / 10 + (100 - memory %) / 20     (current load)
+          + 5 if the machine is in the preferred machines
+
+A machine is eligible when it is online (a health check saw it), not busy, has
+at least ``gpus_per_machine`` GPUs with ``min_gpu_memory`` GiB each, and at
+least ``nproc_per_node`` slots for a CPU job. The reasons say why (not).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.errors import Conflict, Invalid
+from corral.job.engine import dry_run
+from corral.plan.display import command_lines, node_env
+from corral.redact import is_secret, redact_env
+from corral.service.launch import LaunchRequest
+from corral.service.machines import host_spec, ssh_spec
+from corral.service.models import JobRequest, Suggestion
+from corral.service.settings import ServerSettings
+from corral.store.models import Machine
+
+CONFIG_ENV = "CORRAL_JOB_CONFIG"
+"""The env var carrying a job's (adjusted) config as JSON to every rank."""
+
+
+def _free_gpus(m: Machine, busy: bool) -> int:
+    return 0 if busy else int((m.capabilities or {}).get("gpu_count") or 0)
+
+
+def _min_gpu_gib(m: Machine) -> float:
+    mib = (m.capabilities or {}).get("gpu_memory_min_mib")
+    return float(mib) / 1024 if mib else 0.0
+
+
+def score(m: Machine, busy: bool, preferred: Sequence[str] = ()) -> float:
+    """The machine's score (see the module doc)."""
+    load = m.load or {}
+    cpu = load.get("cpu_percent")
+    mem = load.get("memory_percent")
+    value = 10.0 * _free_gpus(m, busy) + _min_gpu_gib(m)
+    value += (100.0 - float(cpu if cpu is not None else 50.0)) / 10.0
+    value += (100.0 - float(mem if mem is not None else 50.0)) / 20.0
+    if m.name in preferred or m.id in preferred:
+        value += 5.0
+    return round(value, 2)
+
+
+def eligibility(m: Machine, request: JobRequest, busy_jobs: Sequence[str]) -> list[str]:
+    """Why ``m`` cannot take the job (empty: it can)."""
+    reasons: list[str] = []
+    needs = request.resource_requirements
+    if m.status != "online":
+        seen = f": {m.last_error}" if m.last_error else ""
+        reasons.append("never health-checked" if m.status == "unknown" else f"offline{seen}")
+    if busy_jobs:
+        reasons.append(f"busy with {', '.join(busy_jobs)}")
+    caps = m.capabilities or {}
+    gpus = int(caps.get("gpu_count") or 0)
+    if needs.gpus_per_machine and gpus < needs.gpus_per_machine:
+        reasons.append(f"{gpus} GPUs, {needs.gpus_per_machine} needed")
+    if needs.min_gpu_memory and needs.gpus_per_machine:
+        have = _min_gpu_gib(m)
+        if have < needs.min_gpu_memory:
+            reasons.append(f"{have:.1f} GiB per GPU, {needs.min_gpu_memory:g} needed")
+    if not needs.gpus_per_machine and request.nproc_per_node and m.slots < request.nproc_per_node:
+        reasons.append(f"{m.slots} slots, {request.nproc_per_node} ranks per node asked")
+    return reasons
+
+
+def _good_reasons(m: Machine, busy: bool) -> list[str]:
+    caps, load = m.capabilities or {}, m.load or {}
+    out = [f"online, {caps.get('cpus', '?')} CPUs"]
+    if caps.get("gpu_count"):
+        out.append(f"{caps['gpu_count']} free GPUs" if not busy else "GPUs in use")
+    if load.get("cpu_percent") is not None:
+        out.append(f"CPU {load['cpu_percent']:.0f}%")
+    return out
+
+
+def suggest(
+    machines: Sequence[Machine],
+    request: JobRequest,
+    busy: dict[str, list[str]],
+    preferred: Sequence[str] = (),
+) -> list[Suggestion]:
+    """Every machine ranked for ``request``: eligible first, by score."""
+    out = []
+    for m in machines:
+        why_not = eligibility(m, request, busy.get(m.id, []))
+        out.append(
+            Suggestion(
+                machine_id=m.id,
+                name=m.name,
+                score=score(m, bool(busy.get(m.id)), preferred),
+                eligible=not why_not,
+                reasons=why_not or _good_reasons(m, bool(busy.get(m.id))),
+            )
+        )
+    out.sort(key=lambda s: (not s.eligible, -s.score, s.name))
+    return out
+
+
+@dataclass
+class Selection:
+    """The machines chosen for a job (node 0 first) and the ones passed over."""
+
+    chosen: list[Machine]
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    rejected: list[Suggestion] = field(default_factory=list)
+
+
+def select_machines(
+    machines: Sequence[Machine],
+    request: JobRequest,
+    busy: dict[str, list[str]],
+    preferred: Sequence[str] = (),
+    chosen: Sequence[Machine] | None = None,
+) -> Selection:
+    """Pick ``num_machines`` machines (auto: the best eligible; manual: ``chosen``,
+    each of which must be eligible). Conflict, with what is available and the
+    suggestions, when the request cannot be met."""
+    needs = request.resource_requirements
+    ranked = suggest(machines, request, busy, preferred)
+    by_id = {m.id: m for m in machines}
+    if chosen is not None:
+        bad = {
+            m.name: eligibility(m, request, busy.get(m.id, []))
+            for m in chosen
+            if eligibility(m, request, busy.get(m.id, []))
+        }
+        if bad:
+            raise Conflict(
+                "selected machines cannot take the job: "
+                + "; ".join(f"{n}: {', '.join(r)}" for n, r in bad.items()),
+                details={"unavailable": bad, "suggestions": _dump(ranked)},
+            )
+        picked = list(chosen)
+    else:
+        eligible = [s for s in ranked if s.eligible]
+        if len(eligible) < needs.num_machines:
+            raise Conflict(
+                f"{needs.num_machines} machines needed, {len(eligible)} available "
+                f"({len(machines)} registered)",
+                details={
+                    "needed": needs.num_machines,
+                    "available": len(eligible),
+                    "registered": len(machines),
+                    "suggestions": _dump(ranked),
+                },
+            )
+        picked = [by_id[s.machine_id] for s in eligible[: needs.num_machines]]
+    picked_ids = {m.id for m in picked}
+    scores = {s.machine_id: s for s in ranked}
+    return Selection(
+        chosen=picked,
+        reasons={m.id: scores[m.id].reasons for m in picked},
+        rejected=[s for s in ranked if s.machine_id not in picked_ids],
+    )
+
+
+def _dump(ranked: Sequence[Suggestion]) -> list[dict[str, Any]]:
+    return [s.model_dump() for s in ranked]
+
+
+def adjusted_config(request: JobRequest, world_size: int) -> dict[str, Any] | None:
+    """The job's config as every rank gets it: with ``adjust_config``, the seed's
+    adjustments (:func:`corral.sdk.scale_config` with ``scale_by="world_size"``;
+    ranks other than 0 write under ``<output_dir>/rank-N``, see
+    :func:`corral.sdk.job_config`)."""
+    if request.config is None:
+        return None
+    config = dict(request.config)
+    if not request.adjust_config:
+        return config
+    from corral.sdk._config import scale_config
+
+    keys = request.config_scaling
+    batch, lr = config.get(keys.batch_size_key), config.get(keys.lr_key)
+    if batch is None or lr is None:
+        raise Invalid(
+            f"adjust_config needs config[{keys.batch_size_key!r}] and config[{keys.lr_key!r}]",
+            details={"field": "config"},
+        )
+    try:
+        scaled = scale_config(
+            {},
+            batch_size=batch,
+            lr=lr,
+            rule=keys.rule,
+            scale_by="world_size",
+            world_size=world_size,
+        )
+    except ValueError as exc:
+        raise Invalid(f"config: {exc}", details={"field": "config"}) from exc
+    config[keys.batch_size_key] = scaled["batch_size"]
+    config[keys.lr_key] = scaled["lr"]
+    config["distributed"] = {
+        "world_size": world_size,
+        "global_batch_size": scaled["global_batch_size"],
+        "base_lr": scaled["base_lr"],
+        "lr_scale": scaled["lr_scale"],
+        "lr_scale_rule": scaled["lr_scale_rule"],
+        "output_dir_key": keys.output_dir_key,
+        "rank0_only_output": keys.output_dir_key in config,
+    }
+    return config
+
+
+def script_of(request: JobRequest, settings: ServerSettings) -> str:
+    """The script to run: ``script``, or ``<plugins_dir>/<plugin_name>/main.py``."""
+    if request.script and request.plugin_name:
+        raise Invalid("give script or plugin_name, not both", details={"field": "script"})
+    if request.script:
+        return request.script
+    if not request.plugin_name:
+        raise Invalid("a job needs a script (or a plugin_name)", details={"field": "script"})
+    if settings.plugins_dir is None:
+        raise Invalid(
+            "plugin_name needs the server started with --plugins-dir",
+            details={"field": "plugin_name"},
+        )
+    main = settings.plugins_dir / request.plugin_name / "main.py"
+    if not main.is_file():
+        raise Invalid(
+            f"plugin {request.plugin_name!r} has no {main}", details={"field": "plugin_name"}
+        )
+    return str(main)
+
+
+def launch_request(
+    job_id: str,
+    request: JobRequest,
+    machines: Sequence[Machine],
+    settings: ServerSettings,
+) -> LaunchRequest:
+    """What the supervisor process runs (real env values: never stored or returned)."""
+    needs = request.resource_requirements
+    nproc = needs.gpus_per_machine or request.nproc_per_node
+    env = dict(request.env)
+    world = sum(nproc or m.slots for m in machines)
+    config = adjusted_config(request, world)
+    if config is not None:
+        env[CONFIG_ENV] = json.dumps(config, separators=(",", ":"))
+    if any(m.local for m in machines) and not all(m.local for m in machines):
+        raise Invalid(
+            "a job cannot mix local machines and SSH machines",
+            details={"machines": [m.name for m in machines]},
+        )
+    return LaunchRequest(
+        job_id=job_id,
+        run_dir=str(settings.run_dir),
+        script=script_of(request, settings),
+        args=list(request.args),
+        launcher=request.launcher,
+        python=request.python,
+        nproc_per_node=nproc,
+        master_port=request.master_port,
+        workdir=request.workdir,
+        env=env,
+        secret_env=list(request.secret_env),
+        timeout=request.timeout,
+        hosts=[host_spec(m) for m in machines],
+        ssh=ssh_spec(machines, settings),
+        preflight=request.preflight,
+        sync=request.sync,
+        code_dir=request.code_dir,
+        max_restarts=request.max_restarts,
+        checkpoint_dir=request.checkpoint_dir,
+        hang_timeout=request.hang_timeout,
+    )
+
+
+def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any]:
+    """The plan as the API shows it: machines (and why), master, per-node commands
+    and env exactly as ``corral plan`` prints them (secret values redacted)."""
+    prepared = dry_run(launch.spec(), launch.cluster())
+    nodes = []
+    for cmd in prepared.commands:
+        nodes.append(
+            {
+                "host": cmd.host.name,
+                "node_rank": cmd.node_rank,
+                "ranks": [r.rank for r in cmd.ranks] or None,
+                "nproc": cmd.nproc,
+                "cwd": cmd.cwd,
+                "env": node_env(cmd),
+                "commands": [{"label": c.label, "line": c.line} for c in command_lines(cmd)],
+            }
+        )
+    master = prepared.commands[0] if prepared.commands else None
+    master_cmd = next((c for c in prepared.commands if c.hosts_master), master)
+    config_json = launch.env.get(CONFIG_ENV)
+    return {
+        "job_id": launch.job_id,
+        "launcher": prepared.spec.launcher,
+        "script": launch.script,
+        "args": launch.args,
+        "world_size": prepared.world_size,
+        "num_machines": len(selection.chosen),
+        "master": {
+            "host": master_cmd.host.name if master_cmd else None,
+            "address": master_cmd.master_addr if master_cmd else None,
+            "port": master_cmd.master_port if master_cmd else None,
+        },
+        "machines": [
+            {"id": m.id, "name": m.name, "node_rank": i, "reasons": selection.reasons.get(m.id, [])}
+            for i, m in enumerate(selection.chosen)
+        ],
+        "rejected": [s.model_dump() for s in selection.rejected],
+        "nodes": nodes,
+        "config": None if config_json is None else _loads(config_json),
+        "env": redact_env(
+            {k: v for k, v in launch.env.items() if k != CONFIG_ENV}, launch.secret_env
+        ),
+        "fault_tolerance": {
+            "max_restarts": launch.max_restarts,
+            "checkpoint_dir": launch.checkpoint_dir,
+            "hang_timeout": launch.hang_timeout,
+        },
+        "preflight": launch.preflight,
+    }
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text)
+
+
+def stored_request(request: JobRequest) -> dict[str, Any]:
+    """The request as stored and returned: secret env values redacted."""
+    data = request.model_dump(mode="json")
+    data["env"] = redact_env(request.env, request.secret_env)
+    return data
+
+
+def has_secrets(request: JobRequest) -> bool:
+    """Whether the request carries a secret env value (kept only in memory)."""
+    return any(is_secret(k, request.secret_env) for k in request.env)
+
+
+def world_size_hint(nproc: int | None, machines: Sequence[Machine]) -> int:
+    """Ranks a job will have on ``machines``."""
+    return sum(nproc or m.slots for m in machines)
