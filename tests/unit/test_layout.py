@@ -111,3 +111,31 @@ def test_nothing_below_the_cli_imports_it_or_typer() -> None:
             if any(n == "typer" or n.startswith("corral.cli") for n in names):
                 offenders.append(name)
     assert offenders == []
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+def test_nothing_below_the_api_knows_http() -> None:
+    """DESIGN §2: the service layer and everything under it know nothing of HTTP."""
+    http = ("fastapi", "starlette", "sse_starlette", "uvicorn", "corral.api")
+    offenders = sorted(
+        _module_name(path)
+        for path in SRC.rglob("*.py")
+        if not _module_name(path).startswith(("corral.api", "corral.web", "corral.cli"))
+        and any(n == h or n.startswith(h + ".") for n in _imports(path) for h in http)
+    )
+    assert offenders == []
+
+
+def test_the_http_check_sees_an_http_import(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text("from fastapi import FastAPI\nimport corral.api.app\n")
+    assert _imports(sample) == ["fastapi", "corral.api.app"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -132,3 +133,29 @@ def test_single_process_is_identity() -> None:
 def test_errors(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         sdk.scale_config(**kwargs)  # type: ignore[arg-type]
+
+
+def test_job_config_is_none_without_a_server_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_JOB_CONFIG", raising=False)
+    assert sdk.job_config() is None
+
+
+def test_job_config_adds_the_rank_and_keeps_outputs_on_rank_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = {
+        "batch_size": 16,
+        "output_dir": "/out",
+        "distributed": {"output_dir_key": "output_dir"},
+    }
+    monkeypatch.setenv("CORRAL_JOB_CONFIG", json.dumps(config))
+    for key, value in {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(key, value)
+    got = sdk.job_config()
+    assert got is not None
+    assert (got["rank"], got["world_size"], got["is_main_process"]) == (2, 4, False)
+    assert got["output_dir"] == "/out/rank-2"
+    assert got["batch_size"] == 16
+    monkeypatch.setenv("RANK", "0")
+    main = sdk.job_config()
+    assert main is not None and main["output_dir"] == "/out" and main["is_main_process"]

@@ -31,7 +31,7 @@ from corral.sdk._checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from corral.sdk._config import output_dir, scale_config
+from corral.sdk._config import job_config, output_dir, scale_config
 from corral.sdk._dist import (
     MasterNotReadyError,
     barrier,
@@ -67,6 +67,7 @@ __all__ = [
     "is_complete_checkpoint",
     "is_distributed",
     "is_main_process",
+    "job_config",
     "latest_checkpoint",
     "load_checkpoint",
     "output_dir",

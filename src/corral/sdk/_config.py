@@ -140,3 +140,38 @@ def output_dir(path: str | os.PathLike[str]) -> Path | None:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+JOB_CONFIG_ENV = "CORRAL_JOB_CONFIG"
+
+
+def job_config() -> dict[str, Any] | None:
+    """The config a job was submitted with through ``corral serve`` (None without one).
+
+    The server adjusts it once for the whole job when asked (``adjust_config``:
+    batch size / world size, learning rate scaled, distributed metadata under
+    ``distributed``); this adds what differs per rank: ``rank``, ``local_rank``,
+    ``world_size``, ``is_main_process`` and, when the config has an output
+    directory, the rank-0-only rule: other ranks get ``<output_dir>/rank-N`` (a
+    scratch place of their own, so they never overwrite rank 0's outputs).
+    """
+    raw = os.environ.get(JOB_CONFIG_ENV)
+    if not raw:
+        return None
+    import json
+
+    config = json.loads(raw)
+    if not isinstance(config, dict):
+        raise ValueError(f"{JOB_CONFIG_ENV} is not a JSON object")
+    me = info()
+    config.update(
+        rank=me.rank,
+        local_rank=me.local_rank,
+        world_size=me.world_size,
+        is_main_process=me.rank == 0,
+    )
+    meta = config.get("distributed")
+    key = meta.get("output_dir_key", "output_dir") if isinstance(meta, dict) else "output_dir"
+    if me.rank != 0 and isinstance(config.get(key), str) and isinstance(meta, dict):
+        config[key] = os.path.join(config[key], f"rank-{me.rank}")
+    return config

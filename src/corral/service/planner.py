@@ -24,13 +24,14 @@ from corral.errors import Conflict, Invalid
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
 from corral.redact import is_secret, redact_env
+from corral.sdk._config import JOB_CONFIG_ENV, scale_config
 from corral.service.launch import LaunchRequest
 from corral.service.machines import host_spec, ssh_spec
 from corral.service.models import JobRequest, Suggestion
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
 
-CONFIG_ENV = "CORRAL_JOB_CONFIG"
+CONFIG_ENV = JOB_CONFIG_ENV
 """The env var carrying a job's (adjusted) config as JSON to every rank."""
 
 
@@ -183,8 +184,6 @@ def adjusted_config(request: JobRequest, world_size: int) -> dict[str, Any] | No
     config = dict(request.config)
     if not request.adjust_config:
         return config
-    from corral.sdk._config import scale_config
-
     keys = request.config_scaling
     batch, lr = config.get(keys.batch_size_key), config.get(keys.lr_key)
     if batch is None or lr is None:
