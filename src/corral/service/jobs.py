@@ -679,11 +679,12 @@ def _apply(s: Any, job: Job, ev: LoggedEvent, machine_ids: dict[str, str]) -> No
     if kind == "log":
         return
     if kind == "state":
-        job.state = str(data["state"])
+        # the final state is taken from the finished/error event that follows, so the
+        # job stays active (and ingested) until its result is in
+        if str(data["state"]) not in TERMINAL_STATES:
+            job.state = str(data["state"])
         job.reason = str(data.get("reason") or job.reason or "")
         job.attempt = int(data.get("attempt") or job.attempt)
-        if job.state in TERMINAL_STATES:
-            job.ended = job.ended or when
     elif kind == "attempt_started":
         number = int(data["number"])
         job.attempt = number

@@ -189,8 +189,17 @@ def error_event(exc: CorralError) -> dict[str, Any]:
     }
 
 
+_EARLY_STOPS: list[int] = []
+"""SIGTERM/SIGINT received before the job existed (the server stopped it at once)."""
+
+
+def _early_stop(signum: int, _frame: object) -> None:
+    _EARLY_STOPS.append(signum)
+
+
 async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
-    """Run the job, SIGTERM/SIGINT mapped to ``job.stop()``; its exit code."""
+    """Run the job, SIGTERM/SIGINT mapped to ``job.stop()`` (one that came before the
+    job existed stops it before launch); its exit code."""
     try:
         job = request.job()
     except CorralError as exc:
@@ -201,6 +210,8 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, job.stop)
+    for _ in _EARLY_STOPS:
+        job.stop()
     try:
         result = await job.run()
     except CorralError as exc:
@@ -212,6 +223,8 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
 
 def main() -> int:
     """Entry point: the request on stdin, the events in the job dir."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _early_stop)
     request = LaunchRequest.model_validate_json(sys.stdin.buffer.read())
     directory = private_dir(job_dir(request.run_dir, request.job_id))
     write_supervisor(directory, psutil.Process().pid, psutil.Process().create_time())
