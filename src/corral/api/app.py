@@ -12,53 +12,97 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request, Response
-from starlette.middleware.base import BaseHTTPMiddleware
+from fastapi.responses import RedirectResponse
 from starlette.routing import Match
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.api import errors
-from corral.api.auth import OPEN_PATHS, token_matches
+from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, token_matches
 from corral.api.metrics import CONTENT_TYPE, Metrics
 from corral.api.routers import jobs, network, tasks
 from corral.api.services import Services
+from corral.api.sessions import (
+    CSRF_HEADER,
+    SAFE_METHODS,
+    SESSION_COOKIE,
+    Sessions,
+    same_token,
+)
 
 log = logging.getLogger("corral.serve")
 
 
-class TokenMiddleware(BaseHTTPMiddleware):
-    """401 (in the one error shape) for every request without the token, except
-    ``/healthz``; records each request's latency for ``/metrics``."""
+class TokenMiddleware:
+    """Authentication for every request (pure ASGI, so streams pass straight through).
 
-    def __init__(self, app: ASGIApp, token: str, metrics: Metrics) -> None:
-        super().__init__(app)
+    A request is let in with ``Authorization: Bearer <token>``, or with a web
+    session's cookie (:mod:`corral.api.sessions`), in which case a state-changing
+    request to the API must also carry the session's CSRF token (header
+    ``X-CSRF-Token``). Without either: a 401 in the one error shape for the API,
+    a redirect to the login page for a page. ``/healthz``, the login page and the
+    static files are open. Each request's latency goes to ``/metrics``.
+    """
+
+    def __init__(self, app: ASGIApp, token: str, metrics: Metrics, sessions: Sessions) -> None:
+        self.app = app
         self.token = token
         self.metrics = metrics
+        self.sessions = sessions
 
-    async def dispatch(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        if request.url.path not in OPEN_PATHS and not token_matches(
-            request.headers.get("authorization"), self.token
-        ):
-            response: Response = errors.error_response(
+        status = {"code": 500}
+
+        async def timed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+                request = Request(scope)
+                self.metrics.latency.labels(
+                    request.method, _route_of(request), str(status["code"])
+                ).observe(time.perf_counter() - started)
+            await send(message)
+
+        refusal = self._refusal(Request(scope))
+        if refusal is not None:
+            await refusal(scope, receive, timed_send)
+            return
+        await self.app(scope, receive, timed_send)
+
+    def _refusal(self, request: Request) -> Response | None:
+        path = request.url.path
+        if path in OPEN_PATHS or path.startswith(PUBLIC_PREFIXES):
+            return None
+        if token_matches(request.headers.get("authorization"), self.token):
+            return None
+        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        if session is not None:
+            api = path.startswith("/api/") or path == "/metrics"
+            if (
+                api
+                and request.method not in SAFE_METHODS
+                and not same_token(request.headers.get(CSRF_HEADER), session.csrf)
+            ):
+                return errors.error_response(
+                    403, "csrf", "missing or wrong CSRF token (X-CSRF-Token header)"
+                )
+            return None
+        if path.startswith("/api/") or path in ("/metrics", "/openapi.json", "/docs"):
+            return errors.error_response(
                 401,
                 "unauthorized",
                 "a valid bearer token is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        else:
-            response = await call_next(request)
-        route = _route_of(request)
-        self.metrics.latency.labels(request.method, route, str(response.status_code)).observe(
-            time.perf_counter() - started
-        )
-        return response
+        return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
 
 
 def _route_of(request: Request) -> str:
@@ -102,8 +146,11 @@ def create_app(svc: Services, token: str, *, background: bool = True) -> FastAPI
         '`{"error": {"type", "message", "details"}}`.',
         lifespan=lifespan,
     )
+    sessions = Sessions()
     app.state.services = svc
-    app.add_middleware(TokenMiddleware, token=token, metrics=metrics)
+    app.state.sessions = sessions
+    app.state.token = token
+    app.add_middleware(TokenMiddleware, token=token, metrics=metrics, sessions=sessions)
     errors.install(app)
     for module in (network, tasks, jobs):
         app.include_router(module.router)

@@ -16,7 +16,8 @@ from fastapi.security import HTTPBearer
 from corral.errors import ConfigError
 from corral.private import private_dir, write_private
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/login"})
+PUBLIC_PREFIXES = ("/static/",)  # the web page's own JS/CSS: nothing secret
 TOKEN_ENV = "CORRAL_TOKEN"
 
 bearer = HTTPBearer(auto_error=False, description="The token of `corral serve --print-token`.")
