@@ -154,6 +154,10 @@ def create_app(svc: Services, token: str, *, background: bool = True) -> FastAPI
     errors.install(app)
     for module in (network, tasks, jobs):
         app.include_router(module.router)
+    from corral.web import pages
+
+    app.include_router(pages.router)
+    app.mount("/static", pages.static, name="static")
 
     @app.get("/healthz", tags=["server"], summary="Liveness (no token needed)")
     def healthz() -> dict[str, str]:

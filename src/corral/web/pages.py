@@ -1,0 +1,132 @@
+"""Page routes: login/logout and the shells of the machines, new-job, job and jobs
+pages. A page carries nothing but its shell and the session's CSRF token: its data
+comes from the API, fetched by the page's own script with the session cookie."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from corral import __version__
+from corral.api.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+static = StaticFiles(directory=str(HERE / "static"))
+router = APIRouter(include_in_schema=False)
+
+
+def _sessions(request: Request) -> Sessions:
+    found: Sessions = request.app.state.sessions
+    return found
+
+
+def _session(request: Request) -> Session | None:
+    return _sessions(request).get(request.cookies.get(SESSION_COOKIE))
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this server (never another site) after login."""
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    parts = urlsplit(target)
+    return parts.path if not parts.netloc and not parts.scheme else "/"
+
+
+def page(request: Request, name: str, title: str, **context: Any) -> Response:
+    """Render a page shell for the logged-in session."""
+    session = _session(request)
+    if session is None:  # the middleware lets bearer clients in: pages need a session
+        return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
+    return templates.TemplateResponse(
+        request,
+        name,
+        {"title": title, "csrf": session.csrf, "version": __version__, **context},
+    )
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/", error: str = "") -> Response:
+    nonce = _sessions(request).create()[1].csrf  # a fresh random value, not a session
+    response = templates.TemplateResponse(
+        request,
+        "login.html",
+        {
+            "title": "Log in",
+            "login_csrf": nonce,
+            "next": _safe_next(next),
+            "error": error,
+            "version": __version__,
+        },
+    )
+    response.set_cookie(
+        LOGIN_COOKIE,
+        nonce,
+        httponly=True,
+        samesite="strict",
+        secure=_secure(request),
+        path="/login",
+    )
+    return response
+
+
+@router.post("/login")
+def login(
+    request: Request,
+    token: Annotated[str, Form()] = "",
+    csrf_token: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/",
+) -> Response:
+    expected = request.cookies.get(LOGIN_COOKIE) or ""
+    if not expected or not same_token(csrf_token, expected):
+        return RedirectResponse("/login?error=csrf", status_code=303)
+    if not same_token(token.strip(), request.app.state.token):
+        return RedirectResponse(f"/login?error=token&next={_safe_next(next)}", status_code=303)
+    sid, _ = _sessions(request).create()
+    response = RedirectResponse(_safe_next(next), status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE, sid, httponly=True, samesite="strict", secure=_secure(request), path="/"
+    )
+    response.delete_cookie(LOGIN_COOKIE, path="/login")
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, csrf_token: Annotated[str, Form()] = "") -> Response:
+    session = _session(request)
+    if session is None or not same_token(csrf_token, session.csrf):
+        return Response("missing or wrong CSRF token", status_code=403)
+    _sessions(request).end(request.cookies.get(SESSION_COOKIE))
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+@router.get("/", response_class=HTMLResponse)
+def machines_page(request: Request) -> Response:
+    return page(request, "machines.html", "Machines", nav="machines")
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+def new_job_page(request: Request) -> Response:
+    return page(request, "new_job.html", "New job", nav="new")
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request) -> Response:
+    return page(request, "jobs.html", "Jobs and queue", nav="jobs")
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: str) -> Response:
+    return page(request, "job.html", f"Job {job_id}", nav="jobs", job_id=job_id)

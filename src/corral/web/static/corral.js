@@ -1,0 +1,99 @@
+// corral's shared page helpers: the API with the session cookie and CSRF header,
+// live events, formatting. No framework, no build step.
+"use strict";
+
+const corral = (() => {
+  const csrf = () => document.querySelector('meta[name="csrf-token"]')?.content || "";
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      const err = (body && body.error) || {};
+      super(err.message || `HTTP ${status}`);
+      this.status = status;
+      this.type = err.type || "http_error";
+      this.details = err.details || {};
+    }
+  }
+
+  // fetch an API route: JSON in, JSON out; throws ApiError with the server's message
+  async function api(method, path, body) {
+    const init = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
+    if (method !== "GET" && method !== "HEAD") init.headers["X-CSRF-Token"] = csrf();
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(path, init);
+    if (resp.status === 401) { location.href = "/login?next=" + encodeURIComponent(location.pathname); }
+    const text = await resp.text();
+    const data = text ? JSON.parse(text) : null;
+    if (!resp.ok) throw new ApiError(resp.status, data);
+    return data;
+  }
+
+  // a live stream of a job's events: handlers by event kind; resumes by itself
+  function live(path, handlers) {
+    const source = new EventSource(path, { withCredentials: true });
+    for (const [kind, fn] of Object.entries(handlers)) {
+      source.addEventListener(kind, (ev) => fn(JSON.parse(ev.data), ev));
+    }
+    return source;
+  }
+
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  function flash(message, kind = "info") {
+    const box = document.getElementById("flash");
+    if (!box) return;
+    box.replaceChildren(el("p", { class: `flash ${kind}`, text: message }));
+    if (kind !== "error") setTimeout(() => box.replaceChildren(), 6000);
+  }
+
+  const bytes = (n) => {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0; let v = Number(n);
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+    return `${v.toFixed(v < 10 && i ? 1 : 0)} ${units[i]}`;
+  };
+  const pct = (v) => (v === null || v === undefined ? "–" : `${Number(v).toFixed(0)}%`);
+  const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
+  const ago = (t) => {
+    if (!t) return "never";
+    const s = Math.max(0, Date.now() / 1000 - t);
+    if (s < 60) return `${s.toFixed(0)} s ago`;
+    if (s < 3600) return `${(s / 60).toFixed(0)} min ago`;
+    return `${(s / 3600).toFixed(1)} h ago`;
+  };
+  const duration = (s) => {
+    if (s === null || s === undefined) return "–";
+    if (s < 60) return `${s.toFixed(1)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+    return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+  };
+  // a status as a badge: a word and a symbol, never colour alone
+  const SYMBOLS = {
+    online: "●", offline: "✕", busy: "◐", unknown: "?", planned: "○", queued: "⧗",
+    pending: "…", preparing: "…", starting: "▷", running: "▶", stopping: "■",
+    restarting: "↻", succeeded: "✓", failed: "✕", timed_out: "⏱", cancelled: "⊘",
+    lost: "!", exited: "✓", terminated: "■",
+  };
+  const badge = (status) =>
+    el("span", { class: `badge s-${status}` }, `${SYMBOLS[status] || "·"} ${status}`);
+
+  return { api, live, el, flash, bytes, pct, when, ago, duration, badge, csrf, ApiError };
+})();
