@@ -128,6 +128,7 @@ def create_app(svc: Services, token: str, *, background: bool = True) -> FastAPI
                 log.info("job %s: %s", job_id, what)
             running.append(asyncio.create_task(svc.jobs.run_ingest()))
             running.append(asyncio.create_task(svc.tasks.run(svc.settings.schedule_interval)))
+            running.append(asyncio.create_task(svc.machines.run_health_checks()))
         try:
             yield
         finally:

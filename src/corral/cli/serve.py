@@ -132,6 +132,16 @@ def serve(
             rich_help_panel=_M,
         ),
     ] = False,
+    health_interval: Annotated[
+        float,
+        typer.Option(
+            "--health-interval",
+            metavar="SECONDS",
+            min=0,
+            help="Check every machine's health and load this often (0: only when asked).",
+            rich_help_panel=_M,
+        ),
+    ] = 30.0,
 ) -> None:
     """Serve the REST API: machines, planning, dispatch, status, logs, queue.
 
@@ -167,6 +177,7 @@ def serve(
         accept_new_host_keys=accept_new_host_keys,
         insecure_no_host_key_check=insecure_no_host_key_check,
         plugins_dir=Path(plugins_dir).resolve() if plugins_dir else None,
+        health_interval=health_interval,
     )
     app = create_app(Services.build(store, settings), token)
     console = make_console()

@@ -10,6 +10,7 @@ checked). A ``local`` machine is a simulated node on the server's own machine
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Sequence
 
@@ -226,6 +227,19 @@ class MachineService:
             machines = list(s.scalars(select(Machine)).all())
         await self._probe(machines, deadline or self.settings.health_deadline)
         return self.status()
+
+    async def run_health_checks(self) -> None:
+        """Check every machine every ``health_interval`` seconds (the server's
+        background task: status, load and last-seen stay current without a click)."""
+        log = logging.getLogger("corral.serve")
+        while self.settings.health_interval > 0:
+            await asyncio.sleep(self.settings.health_interval)
+            try:
+                await self.health_check()
+            except RuntimeError:
+                return  # the loop's executor is shut down: the server is exiting
+            except Exception:
+                log.exception("background health check failed")  # the next round retries
 
     async def _probe(self, machines: Sequence[Machine], deadline: float) -> None:
         groups: dict[tuple[str | None, str | None, bool], list[Machine]] = {}

@@ -20,6 +20,7 @@ class ServerSettings:
     ping_deadline: float = 10.0
     ingest_interval: float = 0.2
     schedule_interval: float = 1.0
+    health_interval: float = 30.0  # background health checks (load, online); 0: none
 
 
 def new_id(prefix: str) -> str:
