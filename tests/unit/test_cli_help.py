@@ -84,8 +84,11 @@ IDS = [" ".join(("corral", *path)) for path, _ in TREE]
 
 def test_the_tree_has_every_verb() -> None:
     names = {path[0] for path, _ in TREE if path}
-    assert {"run", "plan", "check", "exec", "sync", "logs", "ping", "testbed"} <= names
+    verbs = {"run", "plan", "check", "exec", "sync", "logs", "ping", "serve", "job", "testbed"}
+    assert verbs <= names
     assert ("testbed", "up") in {path for path, _ in TREE}
+    jobs = {path[1] for path, _ in TREE if len(path) == 2 and path[0] == "job"}
+    assert jobs == {"submit", "list", "status", "logs", "stop"}
 
 
 @pytest.mark.parametrize(("path", "command"), TREE, ids=IDS)
