@@ -66,6 +66,8 @@ from corral.store.models import Attempt, Event, Job, Machine, Node, Preference, 
 
 TERMINAL_STATES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 WAITING_STATES = ("planned", "queued")
+FINAL_EVENTS = ("finished", "error", "lost")
+"""The last event of a job's events file."""
 FILE_ALIASES = {
     "result": "result.json",
     "plan": "plan.json",
@@ -472,15 +474,18 @@ class JobManager:
                 more = list(read_events(path, job.events_offset))
                 if not more:
                     _lost(job)
+                    lost = {"kind": "lost", "time": time.time(), "reason": job.reason}
+                    pos = _append_event(path, lost)
                     s.add(
                         Event(
                             job_id=job.id,
-                            pos=job.events_offset,
-                            time=time.time(),
+                            pos=pos,
+                            time=lost["time"],
                             kind="lost",
                             data={"reason": job.reason},
                         )
                     )
+                    job.events_offset = path.stat().st_size if path.exists() else pos
             finished = job.state not in ACTIVE_STATES
         if new or finished:
             self._notify(job_id)
@@ -623,7 +628,7 @@ class JobManager:
             for ev in read_events(path, pos):
                 pos = ev.next_pos
                 yield ev
-                if ev.data.get("kind") in ("finished", "error"):
+                if ev.data.get("kind") in FINAL_EVENTS:
                     ended = True
             if ended:
                 return
@@ -651,14 +656,34 @@ def _rowcount(result: Any) -> int:
 
 
 def prefixed_lines(data: dict[str, Any]) -> list[str]:
-    """A log event's lines, each prefixed ``[host:rank]`` (``[host]`` for the node's own)."""
+    """A log event's lines, each prefixed ``[host:rank]`` (``[host]`` for the node's own).
+
+    A line a progress bar rewrote with ``\r`` shows its last state, and a chunk that
+    ends in ``\r`` (an update without a newline yet) counts as a line."""
     rank = data.get("rank", -1)
     host = data.get("host")
     prefix = f"[{host}:{rank}]" if rank is not None and rank >= 0 else f"[{host}]"
-    text = str(data.get("text", ""))
-    return [f"{prefix} {line}" for line in text.replace("\r\n", "\n").split("\n")[:-1]] or (
-        [f"{prefix} {text.rstrip()}"] if text.strip() else []
-    )
+    text = str(data.get("text", "")).replace("\r\n", "\n")
+    pieces = text.split("\n")
+    if pieces and pieces[-1] == "":
+        pieces.pop()  # the newline that ended the last line
+    out = []
+    for piece in pieces:
+        shown = next((seg for seg in reversed(piece.split("\r")) if seg), "")
+        if shown or not piece:
+            out.append(f"{prefix} {shown}")
+    return out
+
+
+def _append_event(path: Path, data: dict[str, Any]) -> int:
+    """Append one event to an events file whose writer is gone; its offset."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with append_private(path) as fh:
+        pos = fh.seek(0, os.SEEK_END)
+        fh.write(json.dumps(data, separators=(",", ":")).encode() + b"\n")
+    return int(pos)
 
 
 def _lost(job: Job) -> None:
