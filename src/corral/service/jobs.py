@@ -531,17 +531,24 @@ class JobManager:
             query = query.where(Job.task_id == task_id)
         if kind:
             query = query.where(Job.kind == kind)
+        query = query.order_by(Job.created.desc())
+        if not machine:  # page in SQL: never load (and JSON-decode) every job's row
+            with self.store.session() as s:
+                total = s.scalar(select(func.count()).select_from(query.subquery()))
+                page = list(s.scalars(query.offset(offset).limit(limit)).all())
+            return JobList(
+                jobs=[_summary(r) for r in page], total=int(total or 0), limit=limit, offset=offset
+            )
         with self.store.session() as s:
-            rows = list(s.scalars(query.order_by(Job.created.desc())).all())
+            rows = list(s.scalars(query).all())
             names = {m.id: m.name for m in s.scalars(select(Machine))}
-        if machine:
-            rows = [
-                r
-                for r in rows
-                if machine in (r.machine_ids or [])
-                or machine in [names.get(i) for i in (r.machine_ids or [])]
-                or machine in [m.get("name") for m in (r.plan or {}).get("machines", [])]
-            ]
+        rows = [
+            r
+            for r in rows
+            if machine in (r.machine_ids or [])
+            or machine in [names.get(i) for i in (r.machine_ids or [])]
+            or machine in [m.get("name") for m in (r.plan or {}).get("machines", [])]
+        ]
         page = rows[offset : offset + limit]
         return JobList(
             jobs=[_summary(r) for r in page], total=len(rows), limit=limit, offset=offset
