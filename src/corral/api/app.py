@@ -107,7 +107,11 @@ class TokenMiddleware:
 
 def _route_of(request: Request) -> str:
     """The route template (``/api/jobs/{job_id}``), so ids do not explode the labels."""
-    for route in request.app.router.routes:
+    chosen = request.scope.get("route")  # the route the router picked (its path has the prefix)
+    path = getattr(chosen, "path", None)
+    if isinstance(path, str):
+        return path
+    for route in request.app.router.routes:  # refused before routing: match it here
         match, _ = route.matches(request.scope)
         if match is Match.FULL:
             return str(getattr(route, "path", "other"))

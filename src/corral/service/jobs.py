@@ -644,6 +644,20 @@ class JobManager:
                 return
             await self._wait(job_id, 0.25)
 
+    def delete(self, job_id: str) -> JobSummary:
+        """Forget a job that is not active (planned, queued or finished): its rows go,
+        its run dir stays. Conflict while it runs."""
+        row = self.row(job_id)
+        if row.state in ACTIVE_STATES:
+            raise Conflict(
+                f"job {job_id} is {row.state}: stop it before deleting it",
+                details={"job_id": job_id, "status": row.state},
+            )
+        with self.store.session() as s:
+            s.execute(delete(Job).where(Job.id == job_id, Job.state.not_in(ACTIVE_STATES)))
+        self._requests.pop(job_id, None)
+        return _summary(row)
+
     def counts(self) -> dict[str, int]:
         """Jobs by state (for /metrics)."""
         with self.store.session() as s:
@@ -868,6 +882,7 @@ def _summary(r: Job) -> JobSummary:
     return JobSummary(
         job_id=r.id,
         name=(r.request or {}).get("name"),
+        script=(r.request or {}).get("script") or (r.request or {}).get("plugin_name"),
         kind=r.kind,
         status=r.state,
         created=r.created,

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from corral.cluster.model import Cluster
-from corral.errors import Conflict, Invalid, NotFound
+from corral.errors import Conflict, CorralError, Invalid, NotFound
 from corral.fleet.capabilities import MachineHealth, local_health, probe_machines
 from corral.service.launch import HostSpec, SshSpec
 from corral.service.models import MachineIn, MachineOut, NetworkStatus
@@ -263,8 +263,15 @@ class MachineService:
         if machines[0].local:
             return {m.name: local_health(m.name) for m in machines}
         hosts = [host_spec(m).host() for m in machines]
-        ssh = ssh_spec(machines, self.settings).options()
-        transport = transport_for(Cluster(tuple(hosts)), ssh, connect_timeout=deadline)
+        try:
+            ssh = ssh_spec(machines, self.settings).options()
+            ssh.password()  # an unset password variable: these machines are offline
+            transport = transport_for(Cluster(tuple(hosts)), ssh, connect_timeout=deadline)
+        except CorralError as exc:
+            now = time.time()
+            return {
+                m.name: MachineHealth(m.name, False, now, None, {}, {}, str(exc)) for m in machines
+            }
         try:
             return await probe_machines(transport, hosts, deadline=deadline)
         finally:

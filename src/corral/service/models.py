@@ -278,6 +278,7 @@ class JobSummary(BaseModel):
 
     job_id: str
     name: str | None
+    script: str | None
     kind: str
     status: str
     created: float

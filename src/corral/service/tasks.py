@@ -27,6 +27,8 @@ from corral.store import Store
 from corral.store.models import Job, Machine, Preference, Task
 
 PREFERENCES_KEY = "distributed"
+TRANSIENT = ("busy with", "offline", "never health-checked")
+"""Why a selected machine cannot take a job *now*: a queued job waits these out."""
 
 
 def _task_out(t: Task) -> TaskOut:
@@ -175,7 +177,12 @@ class TaskService:
             registered = len(s.scalars(select(Machine.id)).all())
         if request.machine_selection == "auto":
             return request.resource_requirements.num_machines > registered
-        return "unavailable" in exc.info and not exc.info.get("busy")
+        unavailable = exc.info.get("unavailable") or {}
+        return any(
+            not reason.startswith(TRANSIENT)
+            for reasons in unavailable.values()
+            for reason in reasons
+        )
 
     async def run(self, interval: float = 1.0) -> None:
         """Schedule forever: at every ``interval`` and whenever a job ends or is queued."""

@@ -13,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 from corral.api.auth import bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
-from corral.service.models import DistributedJobStatus, JobList
+from corral.service.models import DistributedJobStatus, JobList, JobSummary
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
@@ -39,6 +39,15 @@ def list_jobs(
 @router.get("/{job_id}", responses=ERRORS, summary="A job's status")
 def get_job(job_id: str, svc: Svc) -> DistributedJobStatus:
     return svc.jobs.status(job_id)
+
+
+@router.delete(
+    "/{job_id}",
+    responses=ERRORS,
+    summary="Forget a planned, queued or finished job (its run dir stays)",
+)
+def delete_job(job_id: str, svc: Svc) -> JobSummary:
+    return svc.jobs.delete(job_id)
 
 
 @router.get("/{job_id}/files", responses=ERRORS, summary="The files of a job's run dir")

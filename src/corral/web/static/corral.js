@@ -87,7 +87,7 @@ const corral = (() => {
   };
   // a status as a badge: a word and a symbol, never colour alone
   const SYMBOLS = {
-    online: "●", offline: "✕", busy: "◐", unknown: "?", planned: "○", queued: "⧗",
+    online: "●", offline: "✕", busy: "◐", unknown: "?", planned: "○", queued: "⋯",
     pending: "…", preparing: "…", starting: "▷", running: "▶", stopping: "■",
     restarting: "↻", succeeded: "✓", failed: "✕", timed_out: "⏱", cancelled: "⊘",
     lost: "!", exited: "✓", terminated: "■",
