@@ -196,6 +196,7 @@ def serve(
         markup=False,
         soft_wrap=True,
     )
+    _log_to_stderr()
     try:
         uvicorn.run(
             app,
@@ -208,6 +209,18 @@ def serve(
         )
     finally:
         store.close()
+
+
+def _log_to_stderr() -> None:
+    """The server's own INFO lines (jobs re-attached or lost at start, failures of its
+    background rounds) on stderr."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s corral serve: %(message)s"))
+    logger = logging.getLogger("corral.serve")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def register(app: typer.Typer) -> None:

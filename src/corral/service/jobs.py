@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class JobManager:
         self._stop_sent: set[str] = set()
         self._waiters: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ingesting = threading.Lock()
         self.on_finished: list[Any] = []  # callbacks(job_id) when a job ends (scheduler)
 
     # -- planning ------------------------------------------------------------------------
@@ -456,6 +458,10 @@ class JobManager:
 
     def _ingest(self, job_id: str) -> bool:
         """Apply the job's new events; True when it reached a final state now."""
+        with self._ingesting:  # the background round and a reader may both ask
+            return self._ingest_locked(job_id)
+
+    def _ingest_locked(self, job_id: str) -> bool:
         with self.store.session() as s:
             job = s.get(Job, job_id)
             if job is None or job.state not in ACTIVE_STATES:
@@ -491,10 +497,19 @@ class JobManager:
             self._notify(job_id)
         return finished
 
+    def catch_up(self, job_id: str) -> None:
+        """Ingest an active job's events now, so what is read next includes all the
+        supervisor wrote (the background round may be up to one interval behind)."""
+        with self.store.session() as s:
+            state = s.scalar(select(Job.state).where(Job.id == job_id))
+        if state in ACTIVE_STATES:
+            self._ingest(job_id)
+
     # -- reading -------------------------------------------------------------------------
 
     def status(self, job_id: str) -> DistributedJobStatus:
         """The seed's DistributedJobStatus of a job."""
+        self.catch_up(job_id)
         with self.store.session() as s:
             job = s.get(Job, job_id)
             if job is None:
@@ -634,6 +649,8 @@ class JobManager:
             ended = False
             for ev in read_events(path, pos):
                 pos = ev.next_pos
+                if ev.data.get("kind") in FINAL_EVENTS:  # the status agrees once it is seen
+                    await asyncio.to_thread(self.catch_up, job_id)
                 yield ev
                 if ev.data.get("kind") in FINAL_EVENTS:
                     ended = True

@@ -16,6 +16,7 @@ least ``nproc_per_node`` slots for a CPU job. The reasons say why (not).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,10 +257,13 @@ def launch_request(
             "a job cannot mix local machines and SSH machines",
             details={"machines": [m.name for m in machines]},
         )
+    script = script_of(request, settings)
+    if not os.path.isabs(script) and os.path.isfile(script):
+        script = os.path.abspath(script)  # relative to the server's directory
     return LaunchRequest(
         job_id=job_id,
         run_dir=str(settings.run_dir),
-        script=script_of(request, settings),
+        script=script,
         args=list(request.args),
         launcher=request.launcher,
         python=request.python,
@@ -273,11 +277,20 @@ def launch_request(
         ssh=ssh_spec(machines, settings),
         preflight=request.preflight,
         sync=request.sync,
-        code_dir=request.code_dir,
+        code_dir=request.code_dir or _code_dir(script, request.workdir),
         max_restarts=request.max_restarts,
         checkpoint_dir=request.checkpoint_dir,
         hang_timeout=request.hang_timeout,
     )
+
+
+def _code_dir(script: str, workdir: str | None) -> str | None:
+    """The tree the pre-flight compares with the hosts' when the request names none:
+    the script's directory here (never the server's own directory, which holds its
+    database and nothing of the job's)."""
+    if workdir is not None:
+        return None  # the check finds the tree for --workdir itself
+    return os.path.dirname(script) if os.path.isabs(script) else None
 
 
 def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any]:
