@@ -282,7 +282,7 @@ def test_public_api_is_pinned() -> None:
         [
             "CheckpointWriteError", "DistInfo", "MasterNotReadyError", "barrier", "cleanup",
             "destroy", "enable_stack_dumps", "error_file_path", "resume",
-            "info", "init_distributed", "is_complete_checkpoint", "is_distributed",
+            "info", "init_distributed", "is_complete_checkpoint", "is_distributed", "job_config",
             "is_main_process", "latest_checkpoint", "load_checkpoint", "output_dir",
             "print_distributed_info", "read_error_file", "record", "report", "save_checkpoint",
             "scale_config", "should_save_outputs", "wait_for_master", "write_error_file",

@@ -4,6 +4,7 @@ comes from the API, fetched by the page's own script with the session cookie."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -57,7 +58,9 @@ def page(request: Request, name: str, title: str, **context: Any) -> Response:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request, next: str = "/", error: str = "") -> Response:
-    nonce = _sessions(request).create()[1].csrf  # a fresh random value, not a session
+    # the login form's CSRF nonce: kept while the cookie lives, so a second tab or a
+    # background redirect to /login (a favicon request) does not void an open form
+    nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
     response = templates.TemplateResponse(
         request,
         "login.html",
