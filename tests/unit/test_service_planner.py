@@ -1,0 +1,412 @@
+"""corral.service.planner without a database: machines are store rows built in memory."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.cluster.model import Cluster, Host
+from corral.errors import Conflict, Invalid
+from corral.job.engine import dry_run
+from corral.plan.display import command_lines
+from corral.plan.spec import JobSpec
+from corral.redact import REDACTED
+from corral.service.models import ConfigScaling, JobRequest, ResourceRequirements
+from corral.service.planner import (
+    CONFIG_ENV,
+    Selection,
+    adjusted_config,
+    eligibility,
+    execution_plan,
+    launch_request,
+    score,
+    select_machines,
+    stored_request,
+    suggest,
+)
+from corral.service.settings import ServerSettings
+from corral.store.models import Machine
+
+GIB = 1024  # MiB
+
+
+def machine(
+    name: str,
+    *,
+    status: str = "online",
+    gpus: int = 0,
+    gpu_mib: int | None = None,
+    cpu: float | None = None,
+    mem: float | None = None,
+    slots: int = 2,
+    local: bool = False,
+    last_error: str | None = None,
+) -> Machine:
+    """A machine row as a health check leaves it (never added to a session)."""
+    caps: dict[str, Any] = {"cpus": 8, "gpu_count": gpus}
+    if gpu_mib is not None:
+        caps["gpu_memory_min_mib"] = gpu_mib
+    load: dict[str, Any] = {}
+    if cpu is not None:
+        load["cpu_percent"] = cpu
+    if mem is not None:
+        load["memory_percent"] = mem
+    return Machine(
+        id=f"m-{name}",
+        name=name,
+        address="127.0.0.1" if local else f"{name}.lan",
+        port=None,
+        user=None,
+        key_path=None,
+        password_env=None,
+        slots=slots,
+        labels={},
+        local=local,
+        python=None,
+        created=0.0,
+        status=status,
+        last_error=last_error,
+        capabilities=caps,
+        load=load,
+    )
+
+
+def request(
+    *,
+    num: int = 1,
+    gpus: int = 0,
+    gpu_mem: float = 0,
+    nproc: int | None = None,
+    **extra: Any,
+) -> JobRequest:
+    return JobRequest(
+        script="train.py",
+        nproc_per_node=nproc,
+        resource_requirements=ResourceRequirements(
+            num_machines=num, gpus_per_machine=gpus, min_gpu_memory=gpu_mem
+        ),
+        **extra,
+    )
+
+
+# -- score ---------------------------------------------------------------------------------
+
+
+def test_score_follows_the_documented_formula() -> None:
+    m = machine("a", gpus=4, gpu_mib=16 * GIB, cpu=20.0, mem=40.0)
+    # 10 x 4 free GPUs + 16 GiB + (100 - 20) / 10 + (100 - 40) / 20
+    assert score(m, busy=False) == 40 + 16 + 8 + 3
+    # a busy machine has no free GPU
+    assert score(m, busy=True) == 16 + 8 + 3
+    # +5 when preferred, by name or by id
+    assert score(m, busy=False, preferred=["a"]) == 67 + 5
+    assert score(m, busy=False, preferred=["m-a"]) == 67 + 5
+    assert score(m, busy=False, preferred=["other"]) == 67
+
+
+def test_score_of_a_machine_without_load_figures_assumes_half_load() -> None:
+    m = machine("cpu-only")
+    assert score(m, busy=False) == (100 - 50) / 10 + (100 - 50) / 20
+
+
+def test_score_is_rounded_to_hundredths() -> None:
+    m = machine("a", gpus=1, gpu_mib=1000, cpu=33.3, mem=0.0)
+    value = score(m, busy=False)
+    assert value == round(10 + 1000 / 1024 + 66.7 / 10 + 5, 2)
+
+
+# -- eligibility ---------------------------------------------------------------------------
+
+
+def test_an_online_idle_machine_that_fits_is_eligible() -> None:
+    m = machine("a", gpus=2, gpu_mib=24 * GIB, slots=2)
+    assert eligibility(m, request(gpus=2, gpu_mem=16, nproc=2), []) == []
+
+
+@pytest.mark.parametrize(
+    ("m", "req", "busy", "expected"),
+    [
+        (
+            machine("a", status="offline", last_error="connection refused"),
+            request(),
+            [],
+            "offline: connection refused",
+        ),
+        (machine("a", status="offline"), request(), [], "offline"),
+        (machine("a", status="unknown"), request(), [], "never health-checked"),
+        (machine("a"), request(), ["j-1", "j-2"], "busy with j-1, j-2"),
+        (machine("a", gpus=1), request(gpus=2), [], "1 GPUs, 2 needed"),
+        (
+            machine("a", gpus=2, gpu_mib=16 * GIB),
+            request(gpus=2, gpu_mem=24),
+            [],
+            "16.0 GiB per GPU, 24 needed",
+        ),
+        (machine("a", slots=2), request(nproc=4), [], "2 slots, 4 ranks per node asked"),
+    ],
+    ids=["offline", "offline-no-error", "never-checked", "busy", "gpus", "gpu-memory", "slots"],
+)
+def test_eligibility_names_why_not(
+    m: Machine, req: JobRequest, busy: list[str], expected: str
+) -> None:
+    assert eligibility(m, req, busy) == [expected]
+
+
+def test_eligibility_lists_every_reason() -> None:
+    m = machine("a", status="unknown", gpus=0)
+    reasons = eligibility(m, request(gpus=1), ["j-9"])
+    assert reasons == ["never health-checked", "busy with j-9", "0 GPUs, 1 needed"]
+
+
+def test_slots_do_not_matter_for_a_gpu_job() -> None:
+    m = machine("a", gpus=4, slots=1)
+    assert eligibility(m, request(gpus=4, nproc=8), []) == []
+
+
+# -- suggest / select ----------------------------------------------------------------------
+
+
+def test_suggest_puts_eligible_machines_first_by_score() -> None:
+    machines = [
+        machine("idle", gpus=2, cpu=10.0, mem=10.0),
+        machine("loaded", gpus=2, cpu=90.0, mem=90.0),
+        machine("down", status="offline", gpus=8, cpu=0.0, mem=0.0),
+        machine("busy", gpus=8, cpu=0.0, mem=0.0),
+    ]
+    ranked = suggest(machines, request(gpus=1), {"m-busy": ["j-1"]})
+    assert [s.name for s in ranked] == ["idle", "loaded", "down", "busy"]
+    assert [s.eligible for s in ranked] == [True, True, False, False]
+    assert ranked[0].score > ranked[1].score
+    # an ineligible machine's reasons say why not; an eligible one's why it is good
+    assert ranked[2].reasons == ["offline"]
+    assert ranked[3].reasons == ["busy with j-1"]
+    assert ranked[0].reasons[0].startswith("online")
+    # the highest score of all (8 free GPUs) is still after every eligible machine
+    assert ranked[2].score > ranked[0].score
+
+
+def test_suggest_breaks_ties_by_name() -> None:
+    ranked = suggest([machine("b"), machine("a"), machine("c")], request(), {})
+    assert [s.name for s in ranked] == ["a", "b", "c"]
+
+
+def test_preferred_machines_rank_higher() -> None:
+    machines = [machine("a", cpu=10.0), machine("b", cpu=20.0)]
+    assert suggest(machines, request(), {}, preferred=["b"])[0].name == "b"
+
+
+def test_auto_selection_picks_the_best_eligible_machines() -> None:
+    machines = [
+        machine("slow", cpu=95.0, mem=95.0),
+        machine("fast", cpu=5.0, mem=5.0),
+        machine("mid", cpu=50.0, mem=50.0),
+        machine("off", status="offline", cpu=0.0, mem=0.0),
+    ]
+    sel = select_machines(machines, request(num=2), {})
+    assert [m.name for m in sel.chosen] == ["fast", "mid"]
+    assert set(sel.reasons) == {"m-fast", "m-mid"}
+    assert [s.name for s in sel.rejected] == ["slow", "off"]
+
+
+def test_manual_selection_keeps_the_order_given() -> None:
+    machines = [machine("a", cpu=90.0), machine("b", cpu=10.0)]
+    chosen = [machines[0], machines[1]]
+    sel = select_machines(machines, request(num=2), {}, chosen=chosen)
+    assert [m.name for m in sel.chosen] == ["a", "b"]
+    assert sel.rejected == []
+
+
+def test_manual_selection_of_an_ineligible_machine_is_a_conflict() -> None:
+    machines = [machine("a"), machine("b", status="offline", last_error="timeout")]
+    with pytest.raises(Conflict) as info:
+        select_machines(machines, request(num=2), {}, chosen=machines)
+    assert info.value.status == 409
+    assert info.value.info["unavailable"] == {"b": ["offline: timeout"]}
+    assert [s["name"] for s in info.value.info["suggestions"]] == ["a", "b"]
+    assert "b: offline: timeout" in str(info.value)
+
+
+def test_asking_more_machines_than_available_is_a_conflict_with_suggestions() -> None:
+    machines = [machine("a"), machine("b"), machine("c", status="unknown")]
+    with pytest.raises(Conflict) as info:
+        select_machines(machines, request(num=3), {"m-b": ["j-1"]})
+    details = info.value.info
+    assert details["needed"] == 3
+    assert details["available"] == 1
+    assert details["registered"] == 3
+    suggestions = details["suggestions"]
+    assert [s["name"] for s in suggestions] == ["a", "b", "c"]
+    assert [s["eligible"] for s in suggestions] == [True, False, False]
+    assert set(suggestions[0]) == {"machine_id", "name", "score", "eligible", "reasons"}
+    json.dumps(details)  # the API returns it as is
+    assert "3 machines needed, 1 available" in str(info.value)
+
+
+# -- config --------------------------------------------------------------------------------
+
+
+def config_request(rule: str = "linear", adjust: bool = True, **config: Any) -> JobRequest:
+    return request(
+        config=config,
+        adjust_config=adjust,
+        config_scaling=ConfigScaling(rule=rule),  # type: ignore[arg-type]
+    )
+
+
+def test_adjust_divides_the_batch_and_multiplies_the_lr_by_the_world_size() -> None:
+    config = adjusted_config(config_request(batch_size=64, learning_rate=0.001, epochs=3), 4)
+    assert config is not None
+    assert config["batch_size"] == 16
+    assert config["learning_rate"] == pytest.approx(0.004)
+    assert config["epochs"] == 3
+    dist = config["distributed"]
+    assert dist["world_size"] == 4
+    assert dist["global_batch_size"] == 64
+    assert dist["base_lr"] == pytest.approx(0.001)
+    assert dist["lr_scale"] == pytest.approx(4)
+    assert dist["lr_scale_rule"] == "linear"
+    assert dist["rank0_only_output"] is False
+
+
+def test_adjust_with_the_sqrt_rule() -> None:
+    config = adjusted_config(config_request("sqrt", batch_size=64, learning_rate=0.001), 4)
+    assert config is not None
+    assert config["batch_size"] == 16
+    assert config["learning_rate"] == pytest.approx(0.001 * math.sqrt(4))
+    assert config["distributed"]["lr_scale_rule"] == "sqrt"
+
+
+def test_adjust_marks_rank0_only_output_when_the_config_has_an_output_dir() -> None:
+    config = adjusted_config(config_request(batch_size=8, learning_rate=0.1, output_dir="/out"), 2)
+    assert config is not None
+    assert config["output_dir"] == "/out"
+    assert config["distributed"]["rank0_only_output"] is True
+
+
+def test_adjust_keys_are_configurable() -> None:
+    req = request(
+        config={"bs": 32, "lr": 0.01},
+        adjust_config=True,
+        config_scaling=ConfigScaling(batch_size_key="bs", lr_key="lr"),
+    )
+    config = adjusted_config(req, 2)
+    assert config is not None
+    assert (config["bs"], config["lr"]) == (16, pytest.approx(0.02))
+
+
+@pytest.mark.parametrize(
+    "config", [{"batch_size": 64}, {"learning_rate": 0.1}, {}], ids=["no-lr", "no-batch", "empty"]
+)
+def test_adjust_without_its_keys_is_invalid(config: dict[str, Any]) -> None:
+    with pytest.raises(Invalid) as info:
+        adjusted_config(config_request(**config), 2)
+    assert info.value.status == 422
+    assert info.value.info == {"field": "config"}
+
+
+def test_adjust_with_a_batch_smaller_than_the_world_is_invalid() -> None:
+    with pytest.raises(Invalid):
+        adjusted_config(config_request(batch_size=2, learning_rate=0.1), 4)
+
+
+def test_without_adjust_the_config_is_unchanged() -> None:
+    original = {"batch_size": 64, "learning_rate": 0.001, "nested": {"a": 1}}
+    assert adjusted_config(config_request(adjust=False, **original), 8) == original
+    assert adjusted_config(request(), 8) is None
+
+
+# -- secrets -------------------------------------------------------------------------------
+
+
+def test_stored_request_redacts_secret_env_values() -> None:
+    req = request(
+        env={"HF_TOKEN": "hf_secret", "DB_URL": "postgres://u:pw@h/db", "PLAIN": "visible"},
+        secret_env=["DB_URL"],
+    )
+    stored = stored_request(req)
+    assert stored["env"] == {"HF_TOKEN": REDACTED, "DB_URL": REDACTED, "PLAIN": "visible"}
+    assert stored["secret_env"] == ["DB_URL"]
+    text = json.dumps(stored)
+    assert "hf_secret" not in text
+    assert "pw@h" not in text
+    # the request itself keeps the values (they reach the supervisor only)
+    assert req.env["HF_TOKEN"] == "hf_secret"
+
+
+# -- execution plan ------------------------------------------------------------------------
+
+
+def test_execution_plan_of_two_local_machines_matches_corral_plan(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    machines = [machine("sim1", local=True, slots=2), machine("sim2", local=True, slots=2)]
+    env = {"HF_TOKEN": "hf_very_secret", "MY_PASS_PHRASE": "swordfish", "PLAIN": "1"}
+    req = JobRequest(
+        script=str(script),
+        args=["--steps", "3"],
+        launcher="python",
+        nproc_per_node=2,
+        master_port=29517,
+        env=env,
+        secret_env=["MY_PASS_PHRASE"],
+        config={"batch_size": 8, "learning_rate": 0.1},
+        adjust_config=True,
+        resource_requirements=ResourceRequirements(num_machines=2),
+    )
+    settings = ServerSettings(run_dir=tmp_path / "runs")
+    launch = launch_request("j-test", req, machines, settings)
+    plan = execution_plan(launch, Selection(chosen=machines, reasons={"m-sim1": ["online"]}))
+
+    assert plan["world_size"] == 4
+    assert plan["num_machines"] == 2
+    assert plan["launcher"] == "python"
+    assert plan["master"] == {"host": "sim1", "address": "127.0.0.1", "port": 29517}
+    assert [m["name"] for m in plan["machines"]] == ["sim1", "sim2"]
+    assert plan["machines"][0]["reasons"] == ["online"]
+    assert [n["ranks"] for n in plan["nodes"]] == [[0, 1], [2, 3]]
+    assert plan["config"]["batch_size"] == 2
+    assert plan["config"]["distributed"]["world_size"] == 4
+
+    # the same job as `corral plan` sees it: a spec and a cluster of two local hosts
+    spec = JobSpec(
+        script=str(script),
+        args=("--steps", "3"),
+        launcher="python",
+        job_id="j-test",
+        nproc_per_node=2,
+        master_port=29517,
+        env={**env, CONFIG_ENV: json.dumps(plan["config"], separators=(",", ":"))},
+        secret_env=("MY_PASS_PHRASE",),
+        run_dir=str(tmp_path / "runs"),
+    )
+    cluster = Cluster(
+        (Host("sim1", slots=2, local=True), Host("sim2", slots=2, local=True)), source="test"
+    )
+    printed = [
+        [{"label": c.label, "line": c.line} for c in command_lines(cmd)]
+        for cmd in dry_run(spec, cluster).commands
+    ]
+    assert [n["commands"] for n in plan["nodes"]] == printed
+    assert [len(c) for c in printed] == [2, 2]  # python launcher: one line per rank
+
+    text = json.dumps(plan)
+    assert "hf_very_secret" not in text
+    assert "swordfish" not in text
+    assert plan["env"] == {"HF_TOKEN": REDACTED, "MY_PASS_PHRASE": REDACTED, "PLAIN": "1"}
+    for node in plan["nodes"]:
+        assert node["env"]["HF_TOKEN"] == REDACTED
+        assert node["env"]["MY_PASS_PHRASE"] == REDACTED
+        assert node["env"]["PLAIN"] == "1"
+        assert f"'HF_TOKEN={REDACTED}'" in node["commands"][0]["line"]
+    # the launch request itself (what the supervisor gets over stdin) keeps them
+    assert launch.env["HF_TOKEN"] == "hf_very_secret"
+
+
+def test_a_job_cannot_mix_local_and_ssh_machines(tmp_path: Path) -> None:
+    machines = [machine("sim1", local=True), machine("gpu1")]
+    with pytest.raises(Invalid):
+        launch_request("j-x", request(num=2), machines, ServerSettings(run_dir=tmp_path))
