@@ -47,6 +47,7 @@ DEFAULT_TIMEOUTS = {
     "sync": 420.0,
     "faults": 1200.0,
     "replica": 400.0,
+    "serve": 240.0,
     "web": 180.0,
 }
 
