@@ -27,6 +27,7 @@ from corral.service.prepare import prepare_dependencies
 router = APIRouter(prefix="/api/network", tags=["network"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
 ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "Missing or wrong bearer token (nothing about the resource)."},
     404: {"description": "Unknown machine or job."},
     409: {"description": "Conflicts with the current state (duplicate, busy, too few machines)."},
     422: {"description": "Invalid body or parameter (names the field)."},
