@@ -92,6 +92,7 @@ class LoggedEvent:
     pos: int
     next_pos: int
     data: dict[str, Any]
+    raw: bytes = b""  # the line as written (its JSON, without the newline)
 
 
 def read_events(path: Path, pos: int = 0, *, max_bytes: int = 4 << 20) -> Iterator[LoggedEvent]:
@@ -118,7 +119,7 @@ def read_events(path: Path, pos: int = 0, *, max_bytes: int = 4 << 20) -> Iterat
         except ValueError:
             data = None
         if isinstance(data, dict):
-            yield LoggedEvent(pos + start, pos + end + 1, data)
+            yield LoggedEvent(pos + start, pos + end + 1, data, bytes(line))
         start = end + 1
 
 

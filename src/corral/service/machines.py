@@ -261,7 +261,10 @@ class MachineService:
         self, machines: Sequence[Machine], deadline: float
     ) -> dict[str, MachineHealth]:
         if machines[0].local:
-            return {m.name: local_health(m.name) for m in machines}
+            found = await asyncio.gather(
+                *(asyncio.to_thread(local_health, m.name) for m in machines)
+            )
+            return {h.name: h for h in found}
         hosts = [host_spec(m).host() for m in machines]
         try:
             ssh = ssh_spec(machines, self.settings).options()

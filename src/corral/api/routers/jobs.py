@@ -77,13 +77,13 @@ async def job_events(
         pos = int(last_event_id)
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
+        # the line as the supervisor wrote it (no re-encoding); a client that goes away
+        # ends the stream through sse-starlette's own disconnect watch
         async for ev in svc.jobs.events(job_id, pos):
-            if await request.is_disconnected():
-                return
             yield {
                 "id": str(ev.next_pos),
                 "event": str(ev.data.get("kind", "message")),
-                "data": json.dumps(ev.data, separators=(",", ":")),
+                "data": ev.raw.decode("utf-8", "replace") or json.dumps(ev.data),
             }
 
     return EventSourceResponse(stream(), ping=15)
