@@ -1,0 +1,612 @@
+"""The coordinator's API: :class:`Cluster`, :class:`NodeConfig`, :class:`WorkerHandle`
+and the local :class:`Worker` (synchronous; the work happens on a loop thread,
+see :mod:`corral.actors._runtime`)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import corral
+from corral.actors import _framing as fr
+from corral.actors._runtime import (
+    LoopThread,
+    Mailbox,
+    Output,
+    Supervisor,
+    WorkerSpec,
+    start_all,
+)
+from corral.actors._workfn import describe
+from corral.actors.errors import (
+    ActorError,
+    ActorGroupError,
+    ActorStartError,
+    ActorTimeout,
+    WorkerDied,
+)
+from corral.actors.nccl import NCCLConfig, create_nccl_configs
+from corral.cluster import Cluster as HostCluster
+from corral.cluster import Host, load_cluster
+from corral.errors import ConfigError
+from corral.remote.python import candidates
+from corral.transport.base import Transport
+from corral.transport.choose import transport_for
+from corral.transport.options import SshOptions
+
+WorkFn = Callable[..., Any] | str
+
+#: The port torch.distributed uses by default (SSH clusters, ``master_port=0``).
+DEFAULT_MASTER_PORT = 29500
+#: Seconds the other workers of a group operation get once one has failed.
+GROUP_GRACE = 5.0
+
+_SHELL = (
+    'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m '
+    'corral.actors.worker; fi; done; echo "no python interpreter found (tried: $*)" >&2; exit 127'
+)
+
+
+def worker_argv(python: str | None) -> list[str]:
+    """The command that starts a worker with the first interpreter found on the host."""
+    return ["sh", "-c", _SHELL, "corral-actor", *candidates(python)]
+
+
+@dataclass
+class NodeConfig:
+    """One node: its host (an ssh name or alias), how many workers run there, and
+    optionally the interpreter, extra environment, working directory and network
+    interface. ``base_port`` is accepted for the seed's code and unused: workers
+    talk over their SSH session, no port is opened."""
+
+    host: str
+    num_workers: int = 1
+    base_port: int | None = None
+    python: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    interface: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ConfigError(f"{self.host}: num_workers={self.num_workers}; expected >= 1")
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _raise(error: ActorError) -> Any:
+    raise error.with_traceback(None)
+
+
+class WorkerHandle:
+    """The coordinator's handle on one worker: ``send``, ``recv``, ``poll``,
+    ``alive``, ``host``, ``rank`` (global), ``local_rank``, ``node_rank``, ``pid``,
+    ``restarts``, ``last_report`` (the latest ``corral.sdk.report``) and ``result``
+    (what work_fn returned)."""
+
+    def __init__(self, supervisor: Supervisor, runtime: LoopThread) -> None:
+        self._sup = supervisor
+        self._runtime = runtime
+        self._mailbox = supervisor.mailbox
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else "dead"
+        return f"WorkerHandle(host={self.host!r}, rank={self.rank}, {state})"
+
+    @property
+    def host(self) -> str:
+        """The host's name (as in the hostfile or NodeConfig)."""
+        return self._sup.host
+
+    @property
+    def rank(self) -> int:
+        """Global rank."""
+        return self._sup.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._sup.spec.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self._sup.spec.node_rank
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker process is running."""
+        return self._sup.alive and self._mailbox.dead is None
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's PID on its host."""
+        pid = self._sup.hello.get("pid")
+        return int(pid) if pid is not None else None
+
+    @property
+    def interface(self) -> str | None:
+        """The network interface toward the master (hostfile, else detected)."""
+        found = self._sup.hello.get("interface")
+        return str(found) if found else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times the worker was restarted (``max_restarts``)."""
+        return self._sup.restarts
+
+    @property
+    def restarted(self) -> bool:
+        return self._sup.restarts > 0
+
+    @property
+    def last_report(self) -> dict[str, Any] | None:
+        """The latest ``corral.sdk.report`` of the worker (step, total, metrics)."""
+        return self._sup.last_report
+
+    @property
+    def result(self) -> Any:
+        """What work_fn returned, once it has (else None)."""
+        body = self._sup.result
+        return None if body is None else fr.loads(body)
+
+    # -- messages ---------------------------------------------------------------------
+
+    def send(self, obj: object) -> None:
+        """Send ``obj`` (pickled here) to the worker; raises WorkerDied if it is gone."""
+        self._send_body(fr.dumps(obj))
+
+    def _send_body(self, body: bytes) -> None:
+        if self._mailbox.dead is not None:
+            _raise(self._mailbox.dead)
+        self._runtime.call_soon(self._sup.write, fr.MSG, body)
+
+    def recv(self, timeout: float | None = None) -> Any:
+        """The next message from the worker. Raises RemoteError (work_fn raised),
+        WorkerDied (the process is gone), WorkerRestarted, or ActorTimeout after
+        ``timeout`` seconds."""
+        deadline = _deadline(timeout)
+        with self._mailbox.cond:
+            while not self._mailbox.ready():
+                left = _left(deadline)
+                if left is not None and left <= 0:
+                    raise ActorTimeout(host=self.host, rank=self.rank, timeout=timeout or 0.0)
+                self._mailbox.cond.wait(left)
+            item = self._take()
+        return self._open(item)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Whether :meth:`recv` would return or raise at once (waits up to ``timeout``)."""
+        with self._mailbox.cond:
+            return self._mailbox.cond.wait_for(self._mailbox.ready, timeout)
+
+    def _take(self) -> tuple[str, Any]:
+        """The next item (the caller holds the condition and saw ``ready()``)."""
+        if self._mailbox.items:
+            return self._mailbox.items.popleft()
+        return "raise", self._mailbox.dead
+
+    @staticmethod
+    def _open(item: tuple[str, Any]) -> Any:
+        kind, value = item
+        if kind == "msg":
+            return fr.loads(value)
+        return _raise(value)
+
+
+def _gather(handles: Sequence[WorkerHandle], timeout: float | None, operation: str) -> list[Any]:
+    """One message from each handle, in order; one ActorGroupError naming every
+    worker that failed (after the first failure the rest get :data:`GROUP_GRACE` s)."""
+    if not handles:
+        return []
+    deadline = _deadline(timeout)
+    items: dict[int, tuple[str, Any]] = {}
+    errors: dict[int, ActorError] = {}
+    pending = list(handles)
+    cond = handles[0]._mailbox.cond
+    with cond:
+        while pending:
+            for handle in [h for h in pending if h._mailbox.ready()]:
+                items[handle.rank] = handle._take()
+                pending.remove(handle)
+                if items[handle.rank][0] != "msg":
+                    deadline = min(deadline or float("inf"), time.monotonic() + GROUP_GRACE)
+            left = _left(deadline)
+            if not pending:
+                break
+            if left is not None and left <= 0:
+                for handle in pending:
+                    errors[handle.rank] = ActorTimeout(
+                        host=handle.host, rank=handle.rank, timeout=timeout or GROUP_GRACE
+                    )
+                break
+            cond.wait(left)
+    results: dict[int, Any] = {}
+    for rank, item in items.items():
+        try:
+            results[rank] = WorkerHandle._open(item)
+        except ActorError as exc:
+            errors[rank] = exc
+    if errors:
+        raise ActorGroupError(operation, errors, results)
+    return [results[h.rank] for h in handles]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """Workers on every node, driven from this process.
+
+    ``Cluster(nodes=[NodeConfig(host, num_workers, ...)], ssh=SshOptions(...))`` or
+    :meth:`from_hosts` (a corral hostfile, ``h1,h2`` or ``local:N``). ``local=True``
+    runs every node as local processes. ``master_addr`` defaults to the first
+    node's address, ``master_port`` 0 to a free port (local) or 29500 (SSH). A host
+    that stops answering is declared lost after ``host_timeout`` seconds. Worker
+    stderr goes to this process's stderr as ``[host:rank]`` lines (``echo``) and to
+    ``<run_dir>/actors-<id>/logs/<host>.<rank>.log`` (``run_dir=None``: no files);
+    ``on_report(rank, report)`` is called (on the loop thread) for every
+    ``corral.sdk.report`` of a worker.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeConfig],
+        ssh: SshOptions | None = None,
+        *,
+        local: bool = False,
+        master_addr: str | None = None,
+        master_port: int = 0,
+        host_timeout: float = 15.0,
+        run_dir: str | Path | None = "runs",
+        echo: bool = True,
+        on_report: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        if not nodes:
+            raise ConfigError("no nodes: expected at least one NodeConfig")
+        names = [n.host for n in nodes]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"duplicate hosts in {names}")
+        self.nodes = list(nodes)
+        self.ssh = ssh or SshOptions()
+        self.local = local
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.host_timeout = host_timeout
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.echo = echo
+        self.on_report = on_report
+        self.id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+        self.workers: list[WorkerHandle] = []
+        self._base_hosts: dict[str, Host] = {}
+        self._runtime: LoopThread | None = None
+        self._transport: Transport | None = None
+        self._supervisors: list[Supervisor] = []
+        self._output: Output | None = None
+        self._configs: list[NCCLConfig] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_hosts(
+        cls,
+        hosts: str | Path,
+        workers_per_host: int | None = None,
+        *,
+        ssh: SshOptions | None = None,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        **options: Any,
+    ) -> Cluster:
+        """A cluster from a hostfile (any corral format), ``h1,h2,...`` or ``local:N``;
+        each host runs ``workers_per_host`` workers (default: its slots)."""
+        ssh = ssh or SshOptions()
+        found = load_cluster(str(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
+        nodes = [
+            NodeConfig(
+                host=h.name,
+                num_workers=workers_per_host or h.slots,
+                python=python or h.python,
+                env={**h.env, **(env or {})},
+                workdir=workdir,
+                interface=h.interface,
+            )
+            for h in found.hosts
+        ]
+        cluster = cls(nodes, ssh, local=found.is_local, **options)
+        cluster._base_hosts = {h.name: h for h in found.hosts}
+        return cluster
+
+    def __repr__(self) -> str:
+        layout = ", ".join(f"{n.host}:{n.num_workers}" for n in self.nodes)
+        return f"Cluster({layout}, id={self.id!r})"
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.num_workers for n in self.nodes)
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Where the workers' log files go (None: none are written)."""
+        return None if self.run_dir is None else self.run_dir / f"actors-{self.id}" / "logs"
+
+    def _hosts(self) -> list[Host]:
+        hosts = []
+        for node in self.nodes:
+            base = self._base_hosts.get(node.host) or Host(name=node.host, local=self.local)
+            hosts.append(
+                replace(
+                    base,
+                    slots=node.num_workers,
+                    python=node.python or base.python,
+                    interface=node.interface or base.interface,
+                    env={},
+                )
+            )
+        return hosts
+
+    def _make_transport(self, hosts: Sequence[Host]) -> Transport:
+        transport = transport_for(HostCluster(hosts=tuple(hosts)), self.ssh)
+        if not self.local:  # SSH: a silent host is declared lost after host_timeout
+            from corral.transport.ssh import SshTransport
+
+            if isinstance(transport, SshTransport):
+                transport.keepalive_interval = max(self.host_timeout / 3, 0.5)
+                transport.keepalive_count_max = 3
+        return transport
+
+    def nccl_configs(self) -> list[NCCLConfig]:
+        """The NCCLConfig of every worker (rank order), with the interface each node
+        uses toward the master (hostfile, else detected by the worker at start)."""
+        if not self.workers:
+            return list(self._configs)
+        interfaces = []
+        for node_rank in range(len(self.nodes)):
+            first = next(w for w in self.workers if w.node_rank == node_rank)
+            interfaces.append(first.interface)
+        head = self._configs[0]
+        return create_nccl_configs(
+            head.master_addr,
+            [(n.host, n.num_workers) for n in self.nodes],
+            head.master_port,
+            interfaces=interfaces,
+        )
+
+    # -- start and stop -----------------------------------------------------------------
+
+    def _specs(self, work_fn: WorkFn) -> list[WorkerSpec]:
+        spec = describe(work_fn)
+        hosts = self._hosts()
+        master_addr = self.master_addr or hosts[0].address
+        port = self.master_port or (_free_port() if self.local else DEFAULT_MASTER_PORT)
+        self._configs = create_nccl_configs(
+            master_addr,
+            [(n.host, n.num_workers) for n in self.nodes],
+            port,
+            interfaces=[h.interface for h in hosts],
+        )
+        specs = []
+        by_node = [h for h, n in zip(hosts, self.nodes, strict=True) for _ in range(n.num_workers)]
+        nodes = [n for n in self.nodes for _ in range(n.num_workers)]
+        for config, host, node in zip(self._configs, by_node, nodes, strict=True):
+            env = {
+                **node.env,
+                **config.env(),
+                "CORRAL_ACTOR": "1",
+                "CORRAL_ACTOR_ID": self.id,
+                "PYTHONUNBUFFERED": "1",
+            }
+            init = {
+                "version": corral.__version__,
+                "host": host.name,
+                "rank": config.rank,
+                "local_rank": config.local_rank,
+                "world_size": config.world_size,
+                "local_world_size": config.local_world_size,
+                "node_rank": config.node_rank,
+                "work_fn": spec.to_json(),
+                "workdir": node.workdir,
+                "default_workdir": os.getcwd(),
+                "master_addr": master_addr,
+                "interface": config.interface,
+            }
+            specs.append(
+                WorkerSpec(
+                    host=host,
+                    rank=config.rank,
+                    local_rank=config.local_rank,
+                    node_rank=config.node_rank,
+                    argv=worker_argv(host.python),
+                    env=env,
+                    init=init,
+                )
+            )
+        return specs
+
+    def start(
+        self, work_fn: WorkFn, wait_time: float = 60.0, *, max_restarts: int = 0
+    ) -> list[WorkerHandle]:
+        """Start every worker running ``work_fn(handle)`` and wait (at most
+        ``wait_time`` s) until each is about to run it; the handles in rank order.
+
+        ``work_fn``: a module-level function, ``"module.function"``,
+        ``"module:function"``, ``"path/to/file.py:function"`` or
+        ``"__main__.function"`` (this program's script, loaded on the host without
+        running its ``__main__`` block). A worker that dies is started again up to
+        ``max_restarts`` times (its next ``recv`` raises WorkerRestarted once).
+        Raises ActorStartError naming every worker that did not start (all are
+        stopped then).
+        """
+        with self._lock:
+            if self._runtime is not None:
+                raise ConfigError("this cluster is already started: stop() it first")
+            specs = self._specs(work_fn)
+            runtime = LoopThread(f"corral-actors-{self.id}")
+            output = Output(echo=self.echo, log_dir=self.log_dir)
+            self._runtime, self._output = runtime, output
+        cond = threading.Condition()
+        hosts = [s.host for s in specs]
+
+        async def boot() -> dict[int, ActorError]:
+            self._transport = self._make_transport(hosts)
+            self._supervisors = [
+                Supervisor(
+                    spec,
+                    self._transport,
+                    output,
+                    Mailbox(cond),
+                    max_restarts=max_restarts,
+                    on_report=self.on_report,
+                )
+                for spec in specs
+            ]
+            return await start_all(self._supervisors, wait_time)
+
+        try:
+            failures = runtime.run(boot())
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        if failures:
+            self.stop(grace=0)
+            raise ActorStartError(failures)
+        self.workers = [WorkerHandle(sup, runtime) for sup in self._supervisors]
+        atexit.register(self.stop)
+        return list(self.workers)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Send every worker a stop frame (its ``recv`` raises ``Stopped``), wait up to
+        ``grace`` seconds, then SIGKILL each one's process group; closes the
+        connections. Safe to call twice."""
+        with self._lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is None:
+            return
+        atexit.unregister(self.stop)
+        supervisors, transport = self._supervisors, self._transport
+
+        async def shutdown() -> None:
+            await asyncio.gather(*(s.stop(grace) for s in supervisors), return_exceptions=True)
+            if transport is not None:
+                await transport.close()
+
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError, RuntimeError):
+            runtime.run(shutdown(), timeout=grace + 60)
+        runtime.close()
+        if self._output is not None:
+            self._output.close()
+            self._output = None
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- group operations ----------------------------------------------------------------
+
+    def _started(self) -> list[WorkerHandle]:
+        if not self.workers:
+            raise ConfigError("the cluster is not started: call start() first")
+        return self.workers
+
+    def _broadcast(self, obj: object) -> dict[int, ActorError]:
+        body = fr.dumps(obj)
+        errors: dict[int, ActorError] = {}
+        for handle in self._started():
+            try:
+                handle._send_body(body)
+            except WorkerDied as exc:
+                errors[handle.rank] = exc
+        return errors
+
+    def broadcast(self, obj: object) -> None:
+        """Send ``obj`` (pickled once) to every worker; ActorGroupError names the dead
+        (the others got it)."""
+        if errors := self._broadcast(obj):
+            raise ActorGroupError("broadcast", errors, {})
+
+    def gather(self, timeout: float | None = None) -> list[Any]:
+        """One message from every worker, in rank order. ActorGroupError names every
+        worker that failed (died, raised, or sent nothing within ``timeout``; once
+        one has failed the others get 5 s more) and carries the others' results."""
+        return _gather(self._started(), timeout, "gather")
+
+    def call(self, obj: object, timeout: float | None = None) -> list[Any]:
+        """:meth:`broadcast` ``obj`` and :meth:`gather` the answers, in rank order;
+        one ActorGroupError for every worker that failed either step."""
+        errors = self._broadcast(obj)
+        live = [h for h in self._started() if h.rank not in errors]
+        try:
+            results = _gather(live, timeout, "call")
+        except ActorGroupError as exc:
+            raise ActorGroupError("call", {**errors, **exc.errors}, exc.results) from None
+        if errors:
+            raise ActorGroupError(
+                "call", errors, {h.rank: r for h, r in zip(live, results, strict=True)}
+            )
+        return results
+
+
+class Worker(WorkerHandle):
+    """One worker process on this machine with the handle API (``send``, ``recv``,
+    ``poll``, ``alive``, ...), started like a cluster's: ``Worker(work_fn)``. Code
+    written against it moves to :class:`Cluster` unchanged."""
+
+    def __init__(
+        self,
+        work_fn: WorkFn,
+        *,
+        wait_time: float = 60.0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        python: str | None = None,
+        echo: bool = True,
+        run_dir: str | Path | None = None,
+        max_restarts: int = 0,
+    ) -> None:
+        node = NodeConfig("local", 1, python=python, env=dict(env or {}), workdir=workdir)
+        self.cluster = Cluster([node], local=True, run_dir=run_dir, echo=echo)
+        (handle,) = self.cluster.start(work_fn, wait_time, max_restarts=max_restarts)
+        super().__init__(handle._sup, handle._runtime)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the worker (see :meth:`Cluster.stop`)."""
+        self.cluster.stop(grace)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+__all__ = ["Cluster", "NodeConfig", "Worker", "WorkerHandle", "worker_argv"]

@@ -1,0 +1,416 @@
+"""The coordinator's machinery: one asyncio loop in a background thread that starts
+worker processes through a corral transport and supervises each one.
+
+A :class:`Supervisor` per worker runs its process: it writes the init frame,
+reads frames from the process's stdout into the worker's :class:`Mailbox`,
+streams its stderr as ``[host:rank]`` lines (and to its log file), and notices
+its end at once (stdout EOF, then the exit status or the lost connection), when
+it either restarts the worker (``max_restarts``) or marks the mailbox dead, so
+every waiting and future ``recv`` raises :class:`WorkerDied`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from corral.actors import _framing as fr
+from corral.actors.errors import ActorError, RemoteError, WorkerDied, WorkerRestarted
+from corral.cluster.model import Host
+from corral.errors import CorralError
+from corral.job.logfiles import LogFiles
+from corral.transport.base import NodeProcess, Transport, kill_and_wait
+
+T = TypeVar("T")
+
+TAIL_LINES = 20
+#: Seconds to wait for the exit status once a worker's channel closed.
+EXIT_WAIT = 5.0
+#: Seconds a worker's process group may outlive its channel before it is killed.
+LEFTOVER_WAIT = 0.5
+#: Seconds the rest of a dead worker's stderr may take to arrive.
+STDERR_DRAIN = 1.0
+_CHUNK = 1 << 16
+
+
+class LoopThread:
+    """An asyncio loop running in a daemon thread; the sync API calls into it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (from another thread)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        """Schedule ``fn(*args)`` on the loop (thread-safe, in order)."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def close(self) -> None:
+        """Stop the loop and its thread."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class Output:
+    """Workers' stderr: to the coordinator's stderr as ``[host:rank] line`` (from a
+    thread of its own, so a stalled terminal never stalls supervision) and to
+    ``<log_dir>/<host>.<rank>.log`` (0600)."""
+
+    def __init__(self, *, echo: bool, log_dir: Path | None, stream: IO[str] | None = None) -> None:
+        self.logs = LogFiles(log_dir) if log_dir is not None else None
+        self._stream = stream if stream is not None else sys.stderr
+        self._queue: queue.SimpleQueue[bytes | None] | None = None
+        if echo:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._write, name="corral-echo", daemon=True)
+            self._thread.start()
+
+    def lines(self, host: str, rank: int, data: bytes) -> None:
+        """Whole lines (or a final partial one) of one worker's stderr."""
+        if self.logs is not None:
+            self.logs.write(host, rank, data)
+            self.logs.flush()  # live: tail -f works
+        if self._queue is not None:
+            prefix = f"[{host}:{rank}] ".encode()
+            self._queue.put(b"".join(prefix + line for line in data.splitlines(keepends=True)))
+
+    def _write(self) -> None:
+        assert self._queue is not None
+        buffer = getattr(self._stream, "buffer", None)
+        while (data := self._queue.get()) is not None:
+            if not data.endswith(b"\n"):
+                data += b"\n"
+            with contextlib.suppress(OSError, ValueError):
+                if buffer is not None:
+                    buffer.write(data)
+                    buffer.flush()
+                else:
+                    self._stream.write(data.decode(errors="replace"))
+                    self._stream.flush()
+
+    def close(self) -> None:
+        """Write out what is queued and close the log files."""
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+            self._queue = None
+        if self.logs is not None:
+            self.logs.close()
+
+
+class Mailbox:
+    """What one worker sent, for the coordinator's threads. Items are ``("msg",
+    pickled bytes)`` or ``("raise", error)`` (raised once); ``dead`` is the final
+    error, raised by every ``recv`` once the items are used up. All the mailboxes of
+    one cluster share one condition, so a group operation can wait on all of them."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.cond = cond
+        self.items: collections.deque[tuple[str, Any]] = collections.deque()
+        self.dead: WorkerDied | None = None
+
+    def put(self, kind: str, value: object) -> None:
+        with self.cond:
+            self.items.append((kind, value))
+            self.cond.notify_all()
+
+    def finish(self, error: WorkerDied) -> None:
+        with self.cond:
+            self.dead = error
+            self.cond.notify_all()
+
+    def ready(self) -> bool:
+        """Whether a ``recv`` would return or raise at once (caller holds ``cond``)."""
+        return bool(self.items) or self.dead is not None
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker is: where it runs, its ranks, its command and its init frame."""
+
+    host: Host
+    rank: int
+    local_rank: int
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    init: dict[str, Any] = field(default_factory=dict)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class Supervisor:
+    """Runs and watches one worker process (lives on the loop)."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        transport: Transport,
+        output: Output,
+        mailbox: Mailbox,
+        *,
+        max_restarts: int = 0,
+        on_report: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.output = output
+        self.mailbox = mailbox
+        self.max_restarts = max_restarts
+        self.on_report = on_report
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.proc: NodeProcess | None = None
+        self.hello: dict[str, Any] = {}
+        self.restarts = 0
+        self.alive = False
+        self.stopping = False
+        self.result: bytes | None = None
+        self.last_report: dict[str, Any] | None = None
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.task: asyncio.Task[None] | None = None
+        self._notice: WorkerRestarted | None = None
+
+    @property
+    def host(self) -> str:
+        return self.spec.host.name
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    def start(self) -> None:
+        """Start the process (and restarts) in a task."""
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def write(self, kind: int, body: bytes = b"") -> None:
+        """Send one frame to the current process (dropped when there is none)."""
+        proc = self.proc
+        if proc is None or not self.alive:
+            return
+        if len(body) < _CHUNK:
+            proc.write(fr.header(kind, len(body)) + body)
+        else:
+            proc.write(fr.header(kind, len(body)))
+            proc.write(body)
+
+    async def stop(self, grace: float) -> None:
+        """Ask the worker to stop; SIGKILL its process group after ``grace`` seconds."""
+        self.stopping = True
+        self.write(fr.STOP)
+        if self.task is None:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.task), grace)
+        if not self.task.done() and self.proc is not None:
+            await kill_and_wait(self.proc, EXIT_WAIT)
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self.task), EXIT_WAIT)
+        if not self.task.done():
+            self.task.cancel()
+        if not self.ready.done():
+            self.ready.cancel()
+        if self.mailbox.dead is None:
+            self.mailbox.finish(self._died("stopped by the coordinator", None))
+
+    # -- the process ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            died = await self._run_once()
+            if not self.ready.done():
+                self.ready.set_exception(died)
+            if self.ready.cancelled() or self.ready.exception() is not None:
+                self.mailbox.finish(died)  # never started: start() reports it
+                return
+            clean = died.exit_code == 0
+            if not self.stopping and not clean and self.restarts < self.max_restarts:
+                self.restarts += 1
+                self._notice = WorkerRestarted(died, self.restarts)
+                continue
+            self.mailbox.finish(died)
+            return
+
+    async def _run_once(self) -> WorkerDied:
+        """One process from start to end; what ended it."""
+        spec = self.spec
+        self.tail.clear()
+        try:
+            proc = await self.transport.start(spec.host, spec.argv, env=spec.env)
+        except CorralError as exc:
+            return self._died(f"could not start: {exc}", None)
+        self.proc = proc
+        self.alive = True
+        self.write(fr.INIT, fr.encode_json(spec.init))
+        if self._notice is not None:  # told once the new process takes messages
+            self.mailbox.put("raise", self._notice)
+            self._notice = None
+        pump = asyncio.ensure_future(self._pump_stderr(proc))
+        problem: str | None = None
+        try:
+            await self._read_frames(proc)
+        except (fr.ProtocolError, asyncio.IncompleteReadError, ValueError) as exc:
+            problem = f"unexpected output on the worker's channel ({exc})"
+        except (ConnectionError, OSError) as exc:
+            problem = f"channel error ({exc})"
+        self.alive = False
+        if problem is not None:
+            proc.signal(signal.SIGKILL)
+        code = await self._exit_code(proc)
+        proc.signal(signal.SIGKILL)  # anything left in its process group
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pump), STDERR_DRAIN)
+        pump.cancel()
+        proc.close_stdin()
+        return self._ended(proc, code, problem)
+
+    @staticmethod
+    async def _exit_code(proc: NodeProcess) -> int | None:
+        """The exit status once the channel closed (the worker is gone). What it left
+        in its process group (holding stderr, so delaying the status) is SIGKILLed."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(proc.wait()), LEFTOVER_WAIT)
+        proc.signal(signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(proc.wait()), EXIT_WAIT)
+        await kill_and_wait(proc, EXIT_WAIT)
+        return None
+
+    def _ended(self, proc: NodeProcess, code: int | None, problem: str | None) -> WorkerDied:
+        lost = getattr(proc, "lost", None)
+        if problem is not None:
+            return self._died(problem, code)
+        if lost is not None:
+            return self._died(f"connection to {self.host} lost ({lost.cause or lost})", None, lost)
+        if code is None:
+            return self._died("did not exit after closing its channel (killed)", None)
+        if code < 0:
+            return self._died(f"killed by {_signal_name(code)}", code)
+        if code == 0:
+            why = "stopped" if self.stopping else "work_fn returned"
+            return self._died(f"exited with code 0 ({why})", code)
+        return self._died(f"exited with code {code}", code)
+
+    def _died(self, message: str, code: int | None, lost: Any = None) -> WorkerDied:
+        tail = list(self.tail)
+        last = next((line for line in reversed(tail) if line.strip()), "")
+        if last and code != 0 and lost is None:
+            message = f"{message}: {last.strip()}"
+        return WorkerDied(
+            message,
+            host=self.host,
+            rank=self.rank,
+            exit_code=code if code is not None and code >= 0 else None,
+            signal_name=_signal_name(code) if code is not None and code < 0 else None,
+            lost=str(lost) if lost is not None else None,
+            stderr_tail=tail,
+        )
+
+    async def _read_frames(self, proc: NodeProcess) -> None:
+        while (frame := await fr.read_frame_async(proc.stdout)) is not None:
+            kind, body = frame
+            if kind == fr.MSG:
+                self.mailbox.put("msg", body)
+            elif kind == fr.HELLO:
+                self.hello = fr.decode_json(body)
+            elif kind == fr.READY:
+                if not self.ready.done():
+                    self.ready.set_result(None)
+            elif kind == fr.ERROR:
+                self._remote_error(fr.decode_json(body))
+            elif kind == fr.DONE:
+                self.result = body
+            elif kind == fr.REPORT:
+                self._report(body)
+            else:
+                raise fr.ProtocolError(f"unexpected frame kind {kind} from the worker")
+
+    def _remote_error(self, info: Mapping[str, Any]) -> None:
+        error = RemoteError(
+            host=self.host,
+            rank=self.rank,
+            type_name=str(info.get("type", "Exception")),
+            remote_message=str(info.get("message", "")),
+            traceback=str(info.get("traceback", "")),
+            phase=str(info.get("phase", "run")),
+        )
+        if not self.ready.done():
+            self.ready.set_exception(error)
+        else:
+            self.mailbox.put("raise", error)
+
+    def _report(self, body: bytes) -> None:
+        with contextlib.suppress(ValueError):
+            report = fr.decode_json(body)
+            if isinstance(report, dict):
+                self.last_report = report
+                if self.on_report is not None:
+                    self.on_report(self.rank, report)
+
+    async def _pump_stderr(self, proc: NodeProcess) -> None:
+        pending = b""
+        while chunk := await proc.stderr.read(_CHUNK):
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0 and len(data) < _CHUNK:
+                pending = data
+                continue
+            cut = cut or len(data)
+            self._emit(data[:cut])
+            pending = data[cut:]
+        if pending:
+            self._emit(pending + b"\n")
+
+    def _emit(self, data: bytes) -> None:
+        self.tail.extend(data.decode(errors="replace").splitlines())
+        self.output.lines(self.host, self.rank, data)
+
+
+async def start_all(supervisors: Sequence[Supervisor], wait_time: float) -> dict[int, ActorError]:
+    """Start every worker; the ones not ready within ``wait_time`` (rank -> cause).
+    After the first failure the others get a second to report theirs."""
+    for sup in supervisors:
+        sup.start()
+    pending = {sup.ready for sup in supervisors}
+    done, pending = await asyncio.wait(
+        pending, timeout=wait_time, return_when=asyncio.FIRST_EXCEPTION
+    )
+    if pending and any(f.exception() is not None for f in done):
+        await asyncio.wait(pending, timeout=1.0)
+    failures: dict[int, ActorError] = {}
+    for sup in supervisors:
+        if not sup.ready.done():
+            failures[sup.rank] = ActorError(
+                f"not ready within wait_time={wait_time:g} s", host=sup.host, rank=sup.rank
+            )
+        elif (exc := sup.ready.exception()) is not None:
+            assert isinstance(exc, ActorError)
+            failures[sup.rank] = exc
+    return failures

@@ -1,0 +1,365 @@
+"""corral.actors with real worker processes on this machine (``local:N``).
+
+The work functions live in a module written to ``tmp_path`` (as a user's code
+would be a file of their own); processes are found by the ``CORRAL_ACTOR_ID``
+every worker (and its children) carries in its environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import psutil
+import pytest
+
+from corral.actors import (
+    ActorGroupError,
+    ActorStartError,
+    ActorTimeout,
+    Cluster,
+    NodeConfig,
+    RemoteError,
+    Worker,
+    WorkerDied,
+    WorkerRestarted,
+)
+
+WORK = textwrap.dedent(
+    """
+    import hashlib, os, subprocess, sys, time
+
+    def echo(handle):
+        while True:
+            msg = handle.recv()
+            if msg == "env":
+                keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                        "MASTER_ADDR", "MASTER_PORT", "CORRAL_ACTOR", "NCCL_SOCKET_IFNAME")
+                handle.send({k: os.environ.get(k) for k in keys})
+            elif msg == "pid":
+                handle.send(os.getpid())
+            elif msg == "boom":
+                raise ValueError("boom from rank %d" % handle.rank)
+            elif msg == "child":
+                child = subprocess.Popen(["sleep", "600"])
+                handle.send(child.pid)
+            elif msg == "report":
+                from corral import sdk
+                sdk.report(7, 10, loss=0.5)
+                handle.send("reported")
+            elif isinstance(msg, bytes):
+                handle.send((len(msg), hashlib.sha256(msg).hexdigest(), msg))
+            else:
+                print("got", msg, flush=True)
+                handle.send((handle.rank, msg))
+
+    def silent(handle):
+        time.sleep(600)
+
+    def returns(handle):
+        return {"rank": handle.rank}
+    """
+)
+
+
+def actor_processes(cluster_id: str) -> list[psutil.Process]:
+    """Live processes (not zombies) that carry ``CORRAL_ACTOR_ID=cluster_id``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and (
+                proc.environ().get("CORRAL_ACTOR_ID") == cluster_id
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(cluster_id: str, within: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + within
+    while (left := actor_processes(cluster_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The work module, imported here from ``tmp_path`` (workers load it by its path)."""
+    name = f"actor_work_{os.getpid()}_{int(time.monotonic() * 1e6)}"
+    (tmp_path / f"{name}.py").write_text(WORK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    yield module
+    sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """``local:2`` with 2 workers per node; stopped (and checked empty) afterwards."""
+    c = Cluster.from_hosts("local:2", workers_per_host=2, run_dir=tmp_path / "runs")
+    try:
+        yield c
+    finally:
+        c.stop(grace=1)
+        assert wait_gone(c.id, 10) == []
+
+
+def test_round_trip_ranks_and_env(cluster: Cluster, work: ModuleType, tmp_path: Path) -> None:
+    workers = cluster.start(work.echo, wait_time=60)
+    assert [(w.host, w.rank, w.local_rank, w.node_rank) for w in workers] == [
+        ("local-0", 0, 0, 0),
+        ("local-0", 1, 1, 0),
+        ("local-1", 2, 0, 1),
+        ("local-1", 3, 1, 1),
+    ]
+    assert all(w.alive for w in workers)
+    assert cluster.call("hi", timeout=30) == [(r, "hi") for r in range(4)]
+    envs = cluster.call("env", timeout=30)
+    port = str(cluster.nccl_configs()[0].master_port)
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == str(rank)
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        assert env["NODE_RANK"] == str(rank // 2)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "2")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", port)
+        assert env["CORRAL_ACTOR"] == "1"
+        assert env["NCCL_SOCKET_IFNAME"] == "lo"  # detected toward 127.0.0.1
+    workers[3].send({"n": 1})
+    assert workers[3].recv(timeout=30) == (3, {"n": 1})
+    assert not workers[0].poll()
+    # stderr is streamed to per-worker log files, private to the user
+    log_dir = cluster.log_dir
+    assert log_dir is not None
+    log = log_dir / "local-1.3.log"
+    deadline = time.monotonic() + 10
+    while "got {'n': 1}" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "worker output never reached its log file"
+        time.sleep(0.1)
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_a_100_mb_message_both_ways(work: ModuleType) -> None:
+    payload = os.urandom(1 << 20) * 100
+    with Worker(work.echo) as worker:
+        worker.send(payload)
+        size, digest, back = worker.recv(timeout=120)
+    assert size == len(payload) == 100 << 20
+    assert digest == hashlib.sha256(payload).hexdigest()
+    assert back == payload
+
+
+def test_sigkill_of_a_worker_is_named_at_once_and_stop_leaves_nothing(
+    cluster: Cluster, work: ModuleType
+) -> None:
+    workers = cluster.start(work.echo, wait_time=60)
+    pids = cluster.call("pid", timeout=30)
+    assert [w.pid for w in workers] == pids
+    child = workers[1].send("child") or workers[1].recv(timeout=30)
+    start = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerDied) as info:
+        workers[1].recv(timeout=30)
+    assert time.monotonic() - start < 2.0
+    err = info.value
+    assert (err.host, err.rank, err.signal_name) == ("local-0", 1, "SIGKILL")
+    assert "[local-0:1]" in str(err) and "SIGKILL" in str(err)
+    assert not workers[1].alive
+    with pytest.raises(WorkerDied):  # it stays dead, and sending says so too
+        workers[1].send("x")
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    with pytest.raises(ActorGroupError) as group:
+        cluster.call("again", timeout=30)
+    assert list(group.value.errors) == [1]
+    assert group.value.results == {0: (0, "again"), 2: (2, "again"), 3: (3, "again")}
+    assert "[local-0:1]" in str(group.value)
+    cluster.stop(grace=5)
+    assert wait_gone(cluster.id, 5) == []
+
+
+COORDINATOR = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    from corral.actors import Cluster
+    from {module} import echo
+
+    cluster = Cluster.from_hosts("local:2", workers_per_host=2, run_dir=None)
+    workers = cluster.start(echo, wait_time=60)
+    for w in workers:
+        w.send("child")
+        w.recv(timeout=30)
+    print(cluster.id, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_sigkilled_coordinator_leaves_no_worker(tmp_path: Path, work: ModuleType) -> None:
+    script = tmp_path / "coordinator.py"
+    script.write_text(COORDINATOR.format(module=work.__name__))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        cluster_id = proc.stdout.readline().strip()
+        assert cluster_id, "the coordinator did not start its workers"
+        assert len(actor_processes(cluster_id)) == 8  # 4 workers, 4 children
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_gone(cluster_id, 20) == []
+
+
+def test_an_exception_in_work_fn_is_a_remote_error(cluster: Cluster, work: ModuleType) -> None:
+    workers = cluster.start(work.echo, wait_time=60)
+    workers[2].send("boom")
+    with pytest.raises(RemoteError) as info:
+        workers[2].recv(timeout=30)
+    err = info.value
+    assert (err.host, err.rank, err.type_name) == ("local-1", 2, "ValueError")
+    assert err.remote_message == "boom from rank 2"
+    assert "Traceback (most recent call last)" in err.traceback
+    assert 'raise ValueError("boom from rank %d" % handle.rank)' in err.traceback
+    assert "boom from rank 2" in str(err)
+    with pytest.raises(WorkerDied) as died:
+        workers[2].recv(timeout=30)
+    assert died.value.exit_code == 1
+    assert "ValueError: boom from rank 2" in died.value.stderr_tail
+    assert workers[0].send("ok") is None and workers[0].recv(timeout=30) == (0, "ok")
+
+
+def test_recv_timeout_on_a_silent_worker(work: ModuleType) -> None:
+    with Worker(work.silent) as worker:
+        start = time.monotonic()
+        with pytest.raises(ActorTimeout) as info:
+            worker.recv(timeout=1)
+        assert 0.9 <= time.monotonic() - start < 5
+        assert (info.value.host, info.value.rank) == ("local", 0)
+        assert worker.alive
+
+
+def test_stop_wakes_a_worker_waiting_in_recv(work: ModuleType) -> None:
+    worker = Worker(work.echo)
+    pid = worker.pid
+    start = time.monotonic()
+    worker.stop(grace=30)
+    assert time.monotonic() - start < 10  # it stopped on request, not at the kill
+    assert not worker.alive
+    with pytest.raises(WorkerDied) as info:
+        worker.recv(timeout=1)
+    assert info.value.exit_code == 0
+    assert pid is not None and not psutil.pid_exists(pid)
+
+
+def test_work_fn_forms(tmp_path: Path, work: ModuleType) -> None:
+    name = work.__name__
+    file_form = f"{tmp_path / (name + '.py')}:echo"
+    for form in (work.echo, f"{name}.echo", f"{name}:echo", file_form):
+        with Worker(form, workdir=str(tmp_path), echo=False) as worker:
+            worker.send("x")
+            assert worker.recv(timeout=30) == (0, "x"), form
+
+
+def test_work_fn_return_value_and_clean_exit(work: ModuleType) -> None:
+    worker = Worker(work.returns)
+    with pytest.raises(WorkerDied) as info:
+        worker.recv(timeout=30)
+    assert info.value.exit_code == 0 and "returned" in str(info.value)
+    assert worker.result == {"rank": 0}
+    worker.stop()
+
+
+def test_a_missing_work_fn_fails_start_naming_every_worker(tmp_path: Path) -> None:
+    cluster = Cluster.from_hosts("local:2", run_dir=None, echo=False)
+    with pytest.raises(ActorStartError) as info:
+        cluster.start("no_such_module_xyz.work", wait_time=60)
+    assert sorted(info.value.errors) == [0, 1]
+    assert "[local-0:0]" in str(info.value) and "[local-1:1]" in str(info.value)
+    assert "ModuleNotFoundError" in str(info.value)
+    assert wait_gone(cluster.id, 10) == []
+
+
+def test_restart_after_a_worker_death(work: ModuleType) -> None:
+    with Worker(work.echo, max_restarts=1) as worker:
+        first = worker.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(WorkerRestarted) as info:
+            worker.recv(timeout=30)
+        assert info.value.restarts == 1 and info.value.signal_name == "SIGKILL"
+        assert worker.restarted and worker.restarts == 1
+        worker.send("pid")
+        second = worker.recv(timeout=30)
+        assert second != first and worker.pid == second
+        os.kill(second, signal.SIGKILL)
+        with pytest.raises(WorkerDied) as final:  # the budget is spent
+            worker.recv(timeout=30)
+        assert not isinstance(final.value, WorkerRestarted)
+
+
+def test_sdk_report_reaches_the_coordinator(work: ModuleType) -> None:
+    reports: list[tuple[int, dict[str, object]]] = []
+    cluster = Cluster(
+        [NodeConfig("n0", 1)],
+        local=True,
+        run_dir=None,
+        on_report=lambda rank, r: reports.append((rank, r)),
+    )
+    with cluster:
+        (worker,) = cluster.start(work.echo, wait_time=60)
+        worker.send("report")
+        assert worker.recv(timeout=30) == "reported"
+        deadline = time.monotonic() + 10
+        while worker.last_report is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert worker.last_report is not None
+    assert (worker.last_report["step"], worker.last_report["total"]) == (7, 10)
+    assert worker.last_report["metrics"] == {"loss": 0.5}
+    assert reports and reports[0][0] == 0
+
+
+MAIN_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from dataclasses import dataclass
+    from corral.actors import Cluster
+
+    @dataclass
+    class Point:
+        x: int
+
+    def work(handle):
+        p = handle.recv()
+        handle.send(Point(p.x + handle.rank))
+
+    if __name__ == "__main__":
+        print("main block ran", file=sys.stderr)
+        with Cluster.from_hosts("local:1", workers_per_host=2, run_dir=None) as cluster:
+            cluster.start("__main__.work", wait_time=60)
+            print([p.x for p in cluster.call(Point(40), timeout=60)])
+    """
+)
+
+
+def test_main_function_form_does_not_run_the_main_block(tmp_path: Path) -> None:
+    script = tmp_path / "train_main.py"
+    script.write_text(MAIN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[40, 41]"
+    assert out.stderr.count("main block ran") == 1  # the coordinator's only
