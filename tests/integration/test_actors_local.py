@@ -165,7 +165,8 @@ def test_sigkill_of_a_worker_is_named_at_once_and_stop_leaves_nothing(
     workers = cluster.start(work.echo, wait_time=60)
     pids = cluster.call("pid", timeout=30)
     assert [w.pid for w in workers] == pids
-    child = workers[1].send("child") or workers[1].recv(timeout=30)
+    workers[1].send("child")
+    child = workers[1].recv(timeout=30)
     start = time.monotonic()
     os.kill(pids[1], signal.SIGKILL)
     with pytest.raises(WorkerDied) as info:
@@ -240,7 +241,8 @@ def test_an_exception_in_work_fn_is_a_remote_error(cluster: Cluster, work: Modul
         workers[2].recv(timeout=30)
     assert died.value.exit_code == 1
     assert "ValueError: boom from rank 2" in died.value.stderr_tail
-    assert workers[0].send("ok") is None and workers[0].recv(timeout=30) == (0, "ok")
+    workers[0].send("ok")
+    assert workers[0].recv(timeout=30) == (0, "ok")
 
 
 def test_recv_timeout_on_a_silent_worker(work: ModuleType) -> None:
