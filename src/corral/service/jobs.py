@@ -868,7 +868,7 @@ def _finished(job: Job, data: dict[str, Any], when: float) -> None:
     job.state = str(data.get("state") or result.get("state") or "failed")
     job.exit_code = int(data.get("exit_code") or 0)
     job.ended = float(result.get("ended") or when)
-    job.reason = str(result.get("reason") or job.reason or "")
+    job.reason = str(result.get("reason") or ("" if job.state == "succeeded" else job.reason))
     failures = result.get("failures") or []
     if failures:
         cause = dict(failures[0])

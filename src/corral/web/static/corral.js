@@ -35,7 +35,8 @@ const corral = (() => {
   function live(path, handlers) {
     const source = new EventSource(path, { withCredentials: true });
     for (const [kind, fn] of Object.entries(handlers)) {
-      source.addEventListener(kind, (ev) => fn(JSON.parse(ev.data), ev));
+      // the browser's own connection errors are "error" events too, without data
+      source.addEventListener(kind, (ev) => { if (ev.data !== undefined) fn(JSON.parse(ev.data), ev); });
     }
     return source;
   }
