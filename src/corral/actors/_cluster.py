@@ -427,6 +427,9 @@ class Cluster:
                 "default_workdir": os.getcwd(),
                 "master_addr": master_addr,
                 "interface": config.interface,
+                # SSH: pings every host_timeout/3; a worker silent-for 2x host_timeout exits
+                "heartbeat_every": 0 if self.local else self.host_timeout / 3,
+                "heartbeat_timeout": None if self.local else 2 * self.host_timeout,
             }
             specs.append(
                 WorkerSpec(

@@ -26,6 +26,7 @@ PICKLE_PROTOCOL = 5
 INIT = 1
 MSG = 2
 STOP = 3
+PING = 4  # heartbeat: a worker that hears nothing for its timeout kills itself
 # worker -> coordinator (MSG too)
 HELLO = 10
 READY = 11
@@ -33,7 +34,7 @@ ERROR = 12
 DONE = 13
 REPORT = 14
 
-KINDS = frozenset({INIT, MSG, STOP, HELLO, READY, ERROR, DONE, REPORT})
+KINDS = frozenset({INIT, MSG, STOP, PING, HELLO, READY, ERROR, DONE, REPORT})
 
 
 class ProtocolError(ValueError):

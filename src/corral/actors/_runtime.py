@@ -36,6 +36,8 @@ T = TypeVar("T")
 TAIL_LINES = 20
 #: Seconds to wait for the exit status once a worker's channel closed.
 EXIT_WAIT = 5.0
+#: Seconds between looks at an SSH worker's exit status.
+EXIT_POLL = 0.2
 #: Seconds a worker's process group may outlive its channel before it is killed.
 LEFTOVER_WAIT = 0.5
 #: Seconds the rest of a dead worker's stderr may take to arrive.
@@ -160,6 +162,13 @@ class WorkerSpec:
     init: dict[str, Any] = field(default_factory=dict)
 
 
+async def _exit_status(proc: NodeProcess) -> None:
+    """Returns once ``proc`` reports an exit status before its channel closes (SSH
+    processes do; for others this waits until cancelled)."""
+    while getattr(proc, "returncode", None) is None:
+        await asyncio.sleep(EXIT_POLL)
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -273,14 +282,10 @@ class Supervisor:
             self.mailbox.put("raise", self._notice)
             self._notice = None
         pump = asyncio.ensure_future(self._pump_stderr(proc))
-        problem: str | None = None
-        try:
-            await self._read_frames(proc)
-        except (fr.ProtocolError, asyncio.IncompleteReadError, ValueError) as exc:
-            problem = f"unexpected output on the worker's channel ({exc})"
-        except (ConnectionError, OSError) as exc:
-            problem = f"channel error ({exc})"
+        beat = asyncio.ensure_future(self._heartbeat(float(spec.init.get("heartbeat_every", 0))))
+        problem = await self._read_until_gone(proc)
         self.alive = False
+        beat.cancel()
         if problem is not None:
             proc.signal(signal.SIGKILL)
         code = await self._exit_code(proc)
@@ -290,6 +295,29 @@ class Supervisor:
         pump.cancel()
         proc.close_stdin()
         return self._ended(proc, code, problem)
+
+    async def _read_until_gone(self, proc: NodeProcess) -> str | None:
+        """Read frames until the channel closes, or until shortly after the exit
+        status came (over SSH the channel stays open while the worker's children
+        hold its stderr: they are killed then); a channel problem, if any."""
+        reader = asyncio.ensure_future(self._read_frames(proc))
+        exited = asyncio.ensure_future(_exit_status(proc))
+        await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
+        if not reader.done():
+            await asyncio.wait({reader}, timeout=LEFTOVER_WAIT)
+        if not reader.done():
+            proc.signal(signal.SIGKILL)
+            await asyncio.wait({reader}, timeout=EXIT_WAIT)
+        if not reader.done():
+            reader.cancel()
+            return "the channel stayed open after the worker exited"
+        exc = reader.exception()
+        if isinstance(exc, (fr.ProtocolError, asyncio.IncompleteReadError, ValueError)):
+            return f"unexpected output on the worker's channel ({exc})"
+        if exc is not None:
+            return f"channel error ({exc})"
+        return None
 
     @staticmethod
     async def _exit_code(proc: NodeProcess) -> int | None:
@@ -373,6 +401,12 @@ class Supervisor:
                 self.last_report = report
                 if self.on_report is not None:
                     self.on_report(self.rank, report)
+
+    async def _heartbeat(self, every: float) -> None:
+        """A ping every ``every`` seconds (0: none), so a cut-off worker knows."""
+        while every > 0:
+            await asyncio.sleep(every)
+            self.write(fr.PING)
 
     async def _pump_stderr(self, proc: NodeProcess) -> None:
         pending = b""

@@ -9,8 +9,9 @@ session, or a local pipe): nothing listens on a port. At start it
 * reads the init frame (its ranks, environment, working directory, work_fn),
   answers ``hello``, loads work_fn, answers ``ready`` and runs ``work_fn(handle)``;
 * reads the channel in a thread: messages go to the handle's inbox; at EOF (the
-  coordinator, or its SSH connection, is gone) it SIGKILLs its descendants and
-  its process group, itself included, so a killed coordinator leaves nothing;
+  coordinator, or its SSH connection, is gone), or when the coordinator's
+  heartbeats stop (SSH hosts: a link cut off), it SIGKILLs its descendants and
+  its process group, itself included, so a lost coordinator leaves nothing;
 * serves ``corral.sdk.report`` on an authenticated abstract Unix socket (Linux)
   and forwards each report to the coordinator.
 
@@ -32,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -148,11 +150,28 @@ class CoordinatorHandle:
         return True
 
 
+class _Heard:
+    """When the coordinator was last heard from (any frame)."""
+
+    last = time.monotonic()
+
+
+def _watchdog(timeout: float) -> None:
+    """Kill everything once the coordinator has been silent for ``timeout`` seconds
+    (a host cut off from it: no EOF ever comes)."""
+    while True:
+        time.sleep(min(1.0, timeout / 4))
+        silent = time.monotonic() - _Heard.last
+        if silent > timeout:
+            _kill_everything(f"no heartbeat from the coordinator for {silent:.0f} s")
+
+
 def _read_channel(channel: io.RawIOBase, handle: CoordinatorHandle) -> None:
     """The reader thread: frames to the inbox until EOF, then kill everything."""
     try:
         while True:
             frame = fr.read_frame(channel)
+            _Heard.last = time.monotonic()
             if frame is None:
                 break
             kind, body = frame
@@ -301,6 +320,11 @@ def main() -> int:
         }
         handle._write(fr.HELLO, fr.encode_json(hello))
         reader.start()
+        if info.get("heartbeat_timeout"):
+            _Heard.last = time.monotonic()
+            threading.Thread(
+                target=_watchdog, args=(float(info["heartbeat_timeout"]),), daemon=True
+            ).start()
         work_fn = load(WorkFnSpec.from_json(info["work_fn"]))
     except Exception as exc:
         handle._write(fr.ERROR, _error_body(exc, "start"))
