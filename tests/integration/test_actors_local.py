@@ -1,8 +1,8 @@
 """corral.actors with real worker processes on this machine (``local:N``).
 
 The work functions live in a module written to ``tmp_path`` (as a user's code
-would be a file of their own); processes are found by the ``CORRAL_ACTOR_ID``
-every worker (and its children) carries in its environment.
+would be a file of their own); processes are found by the job id
+every worker (and its children) carries in its environment (``CORRAL_JOB_ID``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from corral.actors import (
     WorkerDied,
     WorkerRestarted,
 )
+
+from .conftest import job_processes, wait_no_job_processes
 
 WORK = textwrap.dedent(
     """
@@ -72,27 +74,6 @@ WORK = textwrap.dedent(
 )
 
 
-def actor_processes(cluster_id: str) -> list[psutil.Process]:
-    """Live processes (not zombies) that carry ``CORRAL_ACTOR_ID=cluster_id``."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and (
-                proc.environ().get("CORRAL_ACTOR_ID") == cluster_id
-            ):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def wait_gone(cluster_id: str, within: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + within
-    while (left := actor_processes(cluster_id)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 @pytest.fixture
 def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The work module, imported here from ``tmp_path`` (workers load it by its path)."""
@@ -112,7 +93,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop(grace=1)
-        assert wait_gone(c.id, 10) == []
+        assert wait_no_job_processes(c.job_id, 10) == []
 
 
 def test_round_trip_ranks_and_env(cluster: Cluster, work: ModuleType, tmp_path: Path) -> None:
@@ -185,7 +166,7 @@ def test_sigkill_of_a_worker_is_named_at_once_and_stop_leaves_nothing(
     assert group.value.results == {0: (0, "again"), 2: (2, "again"), 3: (3, "again")}
     assert "[local-0:1]" in str(group.value)
     cluster.stop(grace=5)
-    assert wait_gone(cluster.id, 5) == []
+    assert wait_no_job_processes(cluster.job_id, 5) == []
 
 
 COORDINATOR = textwrap.dedent(
@@ -200,7 +181,7 @@ COORDINATOR = textwrap.dedent(
     for w in workers:
         w.send("child")
         w.recv(timeout=30)
-    print(cluster.id, flush=True)
+    print(cluster.job_id, flush=True)
     time.sleep(600)
     """
 )
@@ -219,11 +200,11 @@ def test_a_sigkilled_coordinator_leaves_no_worker(tmp_path: Path, work: ModuleTy
         assert proc.stdout is not None
         cluster_id = proc.stdout.readline().strip()
         assert cluster_id, "the coordinator did not start its workers"
-        assert len(actor_processes(cluster_id)) == 8  # 4 workers, 4 children
+        assert len(job_processes(cluster_id)) == 8  # 4 workers, 4 children
     finally:
         proc.kill()
         proc.wait()
-    assert wait_gone(cluster_id, 20) == []
+    assert wait_no_job_processes(cluster_id, 20) == []
 
 
 def test_an_exception_in_work_fn_is_a_remote_error(cluster: Cluster, work: ModuleType) -> None:
@@ -293,7 +274,7 @@ def test_a_missing_work_fn_fails_start_naming_every_worker(tmp_path: Path) -> No
     assert sorted(info.value.errors) == [0, 1]
     assert "[local-0:0]" in str(info.value) and "[local-1:1]" in str(info.value)
     assert "ModuleNotFoundError" in str(info.value)
-    assert wait_gone(cluster.id, 10) == []
+    assert wait_no_job_processes(cluster.job_id, 10) == []
 
 
 def test_restart_after_a_worker_death(work: ModuleType) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import corral
 from corral.actors import _framing as fr
@@ -81,6 +81,27 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ConfigError(f"{self.host}: num_workers={self.num_workers}; expected >= 1")
+
+
+_S = TypeVar("_S", bound="_StopsOnExit")
+
+
+class _StopsOnExit:
+    """``with``: :meth:`stop` on the way out."""
+
+    def stop(self, grace: float = 5.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -253,7 +274,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Cluster:
+class Cluster(_StopsOnExit):
     """Workers on every node, driven from this process.
 
     ``Cluster(nodes=[NodeConfig(host, num_workers, ...)], ssh=SshOptions(...))`` or
@@ -340,13 +361,19 @@ class Cluster:
         return f"Cluster({layout}, id={self.id!r})"
 
     @property
+    def job_id(self) -> str:
+        """``actors-<id>``: every worker's ``CORRAL_JOB_ID`` (so ``corral check`` knows
+        its processes as a corral job's)."""
+        return f"actors-{self.id}"
+
+    @property
     def world_size(self) -> int:
         return sum(n.num_workers for n in self.nodes)
 
     @property
     def log_dir(self) -> Path | None:
         """Where the workers' log files go (None: none are written)."""
-        return None if self.run_dir is None else self.run_dir / f"actors-{self.id}" / "logs"
+        return None if self.run_dir is None else self.run_dir / self.job_id / "logs"
 
     def _hosts(self) -> list[Host]:
         hosts = []
@@ -411,7 +438,7 @@ class Cluster:
                 **node.env,
                 **config.env(),
                 "CORRAL_ACTOR": "1",
-                "CORRAL_ACTOR_ID": self.id,
+                "CORRAL_JOB_ID": self.job_id,
                 "PYTHONUNBUFFERED": "1",
             }
             init = {
@@ -518,17 +545,6 @@ class Cluster:
             self._output.close()
             self._output = None
 
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- group operations ----------------------------------------------------------------
 
     def _started(self) -> list[WorkerHandle]:
@@ -574,7 +590,7 @@ class Cluster:
         return results
 
 
-class Worker(WorkerHandle):
+class Worker(WorkerHandle, _StopsOnExit):
     """One worker process on this machine with the handle API (``send``, ``recv``,
     ``poll``, ``alive``, ...), started like a cluster's: ``Worker(work_fn)``. Code
     written against it moves to :class:`Cluster` unchanged."""
@@ -599,17 +615,6 @@ class Worker(WorkerHandle):
     def stop(self, grace: float = 5.0) -> None:
         """Stop the worker (see :meth:`Cluster.stop`)."""
         self.cluster.stop(grace)
-
-    def __enter__(self) -> Worker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 __all__ = ["Cluster", "NodeConfig", "Worker", "WorkerHandle", "worker_argv"]

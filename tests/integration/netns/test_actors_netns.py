@@ -2,7 +2,7 @@
 
 The work module lives in the shared ``tmp_path`` (every host sees it at the same
 path). Worker processes are found on each host over SSH by the
-``CORRAL_ACTOR_ID`` in their environment (``/proc/*/environ``).
+``CORRAL_JOB_ID`` in their environment (``/proc/*/environ``).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ def ssh(testbed: Testbed, host: str, command: str) -> str:
 
 
 def remote_processes(testbed: Testbed, cluster_id: str) -> dict[str, list[str]]:
-    """PIDs per host whose environment has ``CORRAL_ACTOR_ID=cluster_id`` (asked over SSH)."""
+    """PIDs per host whose environment has ``CORRAL_JOB_ID=cluster_id`` (asked over SSH)."""
     # the testbed's hosts share one PID namespace: keep the processes of this host's netns
     script = (
         "me=$(readlink /proc/self/ns/net); for p in /proc/[0-9]*; do "
-        f"if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx 'CORRAL_ACTOR_ID={cluster_id}' "
+        f"if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx 'CORRAL_JOB_ID={cluster_id}' "
         '&& [ "$(readlink $p/ns/net)" = "$me" ] && [ "$(cut -d" " -f3 $p/stat)" != Z ]; '
         "then echo ${p#/proc/}; fi; done; true"
     )
@@ -112,7 +112,7 @@ def cluster(testbed: Testbed, tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop(grace=2)
-        assert wait_gone(testbed, c.id, 15) == {}
+        assert wait_gone(testbed, c.job_id, 15) == {}
 
 
 def test_round_trip_over_ssh(cluster: Cluster, work: str, testbed: Testbed, tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_sigkill_of_a_remote_worker_and_stop_leaves_nothing(
     for handle in workers:
         handle.send("child")
         handle.recv(timeout=60)
-    assert sum(len(p) for p in remote_processes(testbed, cluster.id).values()) == 8
+    assert sum(len(p) for p in remote_processes(testbed, cluster.job_id).values()) == 8
     victim = workers[2]
     start = time.monotonic()
     ssh(testbed, "tb2", f"kill -KILL {victim.pid}")
@@ -171,7 +171,7 @@ def test_sigkill_of_a_remote_worker_and_stop_leaves_nothing(
     workers[3].send("still here")
     assert workers[3].recv(timeout=60) == (3, "still here")
     cluster.stop(grace=2)
-    assert wait_gone(testbed, cluster.id, 15) == {}
+    assert wait_gone(testbed, cluster.job_id, 15) == {}
 
 
 def test_work_fn_raising_is_a_remote_error(cluster: Cluster, work: str) -> None:
@@ -196,7 +196,7 @@ COORDINATOR = textwrap.dedent(
     for w in cluster.start(work, wait_time=120):
         w.send("child")
         w.recv(timeout=60)
-    print(cluster.id, flush=True)
+    print(cluster.job_id, flush=True)
     sys.stdin.read()
     """
 )
@@ -245,4 +245,4 @@ def test_a_lost_host_is_a_worker_death_and_its_workers_exit(
         cluster.stop(grace=1)
         testbed.repair()
     # cut off, the workers on tb2 stop hearing heartbeats and exit (2 x host_timeout)
-    assert wait_gone(testbed, cluster.id, 30) == {}
+    assert wait_gone(testbed, cluster.job_id, 30) == {}
