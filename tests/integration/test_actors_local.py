@@ -7,6 +7,7 @@ every worker (and its children) carries in its environment (``CORRAL_JOB_ID``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
@@ -182,29 +183,40 @@ COORDINATOR = textwrap.dedent(
         w.send("child")
         w.recv(timeout=30)
     print(cluster.job_id, flush=True)
-    time.sleep(600)
+    sys.stdin.read()
     """
 )
+
+
+@contextlib.contextmanager
+def coordinator(script: Path, *args: str) -> Iterator[str]:
+    """Run a coordinator script that prints its cluster's job id once its workers are
+    up; yields the id, then SIGKILLs the coordinator."""
+    errors = script.with_suffix(".stderr")
+    with errors.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        job_id = proc.stdout.readline().strip()
+        assert job_id, f"the coordinator did not start its workers: {errors.read_text()}"
+        yield job_id
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_sigkilled_coordinator_leaves_no_worker(tmp_path: Path, work: ModuleType) -> None:
     script = tmp_path / "coordinator.py"
     script.write_text(COORDINATOR.format(module=work.__name__))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        cluster_id = proc.stdout.readline().strip()
-        assert cluster_id, "the coordinator did not start its workers"
-        assert len(job_processes(cluster_id)) == 8  # 4 workers, 4 children
-    finally:
-        proc.kill()
-        proc.wait()
-    assert wait_no_job_processes(cluster_id, 20) == []
+    with coordinator(script, str(tmp_path)) as job_id:
+        assert len(job_processes(job_id)) == 8  # 4 workers, 4 children
+    assert wait_no_job_processes(job_id, 20) == []
 
 
 def test_an_exception_in_work_fn_is_a_remote_error(cluster: Cluster, work: ModuleType) -> None:

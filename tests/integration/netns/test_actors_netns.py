@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ from corral.actors import (
 )
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
+
+from ..test_actors_local import coordinator
 
 pytestmark = pytest.mark.netns
 
@@ -207,22 +208,9 @@ def test_a_sigkilled_coordinator_leaves_no_remote_worker(
 ) -> None:
     script = tmp_path / "coordinator.py"
     script.write_text(COORDINATOR)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(testbed.ssh_config), work, str(tmp_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        cluster_id = proc.stdout.readline().strip()
-        assert cluster_id, "the coordinator did not start its workers"
-        assert sum(len(p) for p in remote_processes(testbed, cluster_id).values()) == 8
-    finally:
-        proc.kill()
-        proc.wait()
-    assert wait_gone(testbed, cluster_id, 20) == {}
+    with coordinator(script, str(testbed.ssh_config), work, str(tmp_path)) as job_id:
+        assert sum(len(p) for p in remote_processes(testbed, job_id).values()) == 8
+    assert wait_gone(testbed, job_id, 20) == {}
 
 
 def test_a_lost_host_is_a_worker_death_and_its_workers_exit(
