@@ -49,6 +49,8 @@ WORK = textwrap.dedent(
                 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                         "MASTER_ADDR", "MASTER_PORT", "CORRAL_ACTOR", "NCCL_SOCKET_IFNAME")
                 handle.send({k: os.environ.get(k) for k in keys})
+            elif isinstance(msg, tuple) and msg[0] == "getenv":
+                handle.send(os.environ.get(msg[1]))
             elif msg == "pid":
                 handle.send(os.getpid())
             elif msg == "boom":
@@ -358,3 +360,30 @@ def test_main_function_form_does_not_run_the_main_block(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[40, 41]"
     assert out.stderr.count("main block ran") == 1  # the coordinator's only
+
+
+def test_only_the_asked_environment_reaches_a_worker(
+    work: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_SECRET", "not for workers")
+    with Worker(work.echo, env={"FOO": "bar"}, echo=False) as worker:
+        worker.send(("getenv", "FOO"))
+        assert worker.recv(timeout=30) == "bar"
+        worker.send(("getenv", "CORRAL_TEST_SECRET"))
+        assert worker.recv(timeout=30) is None
+
+
+def test_a_missing_interpreter_fails_start_with_the_reason(work: ModuleType) -> None:
+    with pytest.raises(ActorStartError) as info:
+        Worker(work.echo, python="/nonexistent/python3", echo=False)
+    assert "no python interpreter found (tried: /nonexistent/python3)" in str(info.value)
+    assert "[local:0] exited with code 127" in str(info.value)
+
+
+def test_a_version_mismatch_fails_start(work: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    import corral
+
+    monkeypatch.setattr(corral, "__version__", "0.0.0-other")
+    with pytest.raises(ActorStartError) as info:
+        Worker(work.echo, echo=False)
+    assert "the coordinator 0.0.0-other: install the same version on every host" in str(info.value)

@@ -14,13 +14,13 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from corral.actors import (
     ActorTimeout,
     Cluster,
-    NodeConfig,
     RemoteError,
     WorkerDied,
 )
@@ -97,12 +97,16 @@ def work(tmp_path: Path) -> str:
     return f"{path}:echo"
 
 
-def make_cluster(testbed: Testbed, tmp_path: Path, **options: object) -> Cluster:
-    return Cluster(
-        [NodeConfig(host, 2, workdir=str(tmp_path)) for host in HOSTS],
+def make_cluster(testbed: Testbed, tmp_path: Path, **options: Any) -> Cluster:
+    """tb1 and tb2 with 2 workers each, from a hostfile (two of its styles)."""
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("tb1:2\ntb2 slots=2\n")
+    return Cluster.from_hosts(
+        hostfile,
         ssh=SshOptions(config=str(testbed.ssh_config)),
+        workdir=str(tmp_path),
         run_dir=tmp_path / "runs",
-        **options,  # type: ignore[arg-type]
+        **options,
     )
 
 
