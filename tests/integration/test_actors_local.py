@@ -72,9 +72,24 @@ WORK = textwrap.dedent(
         time.sleep(600)
 
     def returns(handle):
-        return {"rank": handle.rank}
+        detached = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return {"rank": handle.rank, "child": detached.pid}
     """
 )
+
+
+def gone(pid: int, within: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @pytest.fixture
@@ -162,7 +177,7 @@ def test_sigkill_of_a_worker_is_named_at_once_and_stop_leaves_nothing(
     assert not workers[1].alive
     with pytest.raises(WorkerDied):  # it stays dead, and sending says so too
         workers[1].send("x")
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    assert gone(child, 5)
     with pytest.raises(ActorGroupError) as group:
         cluster.call("again", timeout=30)
     assert list(group.value.errors) == [1]
@@ -260,7 +275,7 @@ def test_stop_wakes_a_worker_waiting_in_recv(work: ModuleType) -> None:
     with pytest.raises(WorkerDied) as info:
         worker.recv(timeout=1)
     assert info.value.exit_code == 0
-    assert pid is not None and not psutil.pid_exists(pid)
+    assert pid is not None and gone(pid, 5)
 
 
 def test_work_fn_forms(tmp_path: Path, work: ModuleType) -> None:
@@ -277,7 +292,8 @@ def test_work_fn_return_value_and_clean_exit(work: ModuleType) -> None:
     with pytest.raises(WorkerDied) as info:
         worker.recv(timeout=30)
     assert info.value.exit_code == 0 and "returned" in str(info.value)
-    assert worker.result == {"rank": 0}
+    assert worker.result["rank"] == 0
+    assert gone(worker.result["child"], 10)  # in a session of its own, yet reaped
     worker.stop()
 
 

@@ -169,6 +169,20 @@ async def _exit_status(proc: NodeProcess) -> None:
         await asyncio.sleep(EXIT_POLL)
 
 
+def _lost(proc: NodeProcess) -> Any:
+    """The ConnectionLost of an SSH process whose connection broke (else None)."""
+    return getattr(proc, "lost", None)
+
+
+def _forget(tasks: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
+    def done(task: asyncio.Future[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed best-effort kill is not an error
+
+    return done
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -206,6 +220,8 @@ class Supervisor:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.task: asyncio.Task[None] | None = None
         self._notice: WorkerRestarted | None = None
+        #: Best-effort kills of what dead workers left behind (awaited by stop).
+        self.cleanups: set[asyncio.Future[Any]] = set()
 
     @property
     def host(self) -> str:
@@ -248,6 +264,8 @@ class Supervisor:
             self.ready.cancel()
         if self.mailbox.dead is None:
             self.mailbox.finish(self._died("stopped by the coordinator", None))
+        if self.cleanups:
+            await asyncio.wait(set(self.cleanups), timeout=EXIT_WAIT + 1)
 
     # -- the process ----------------------------------------------------------------
 
@@ -289,12 +307,25 @@ class Supervisor:
         if problem is not None:
             proc.signal(signal.SIGKILL)
         code = await self._exit_code(proc)
-        proc.signal(signal.SIGKILL)  # anything left in its process group
+        self._kill_group(proc)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(pump), STDERR_DRAIN)
         pump.cancel()
         proc.close_stdin()
         return self._ended(proc, code, problem)
+
+    def _kill_group(self, proc: NodeProcess) -> None:
+        """SIGKILL what the worker left in its process group. Once an SSH channel has
+        closed its process cannot be signalled, so ``kill`` runs in a new session
+        (in the background; not on a lost host)."""
+        proc.signal(signal.SIGKILL)
+        run = getattr(self.transport, "run", None)
+        pid = self.hello.get("pid")
+        if not self.spec.host.local and run is not None and pid and _lost(proc) is None:
+            command = f"kill -KILL -- -{int(pid)} 2>/dev/null; true"
+            task = asyncio.ensure_future(run(self.spec.host, command, timeout=EXIT_WAIT))
+            self.cleanups.add(task)
+            task.add_done_callback(_forget(self.cleanups))
 
     async def _read_until_gone(self, proc: NodeProcess) -> str | None:
         """Read frames until the channel closes, or until shortly after the exit
@@ -332,7 +363,7 @@ class Supervisor:
         return None
 
     def _ended(self, proc: NodeProcess, code: int | None, problem: str | None) -> WorkerDied:
-        lost = getattr(proc, "lost", None)
+        lost = _lost(proc)
         if problem is not None:
             return self._died(problem, code)
         if lost is not None:

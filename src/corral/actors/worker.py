@@ -61,16 +61,22 @@ def _prctl(option: int, value: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-def _kill_everything(reason: str) -> None:
-    """SIGKILL every descendant and this process group (this process too); never returns."""
-    with contextlib.suppress(Exception):
-        os.write(2, f"corral actor: {reason}: exiting\n".encode())
+def reap_descendants() -> None:
+    """SIGKILL every process this worker started that is still there (as a child
+    subreaper it inherits orphaned grandchildren, so this finds them too)."""
     with contextlib.suppress(Exception):
         import psutil
 
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+def _kill_everything(reason: str) -> None:
+    """SIGKILL every descendant and this process group (this process too); never returns."""
+    with contextlib.suppress(Exception):
+        os.write(2, f"corral actor: {reason}: exiting\n".encode())
+    reap_descendants()
     if os.getpgrp() == os.getpid():
         with contextlib.suppress(OSError):
             os.killpg(os.getpgrp(), signal.SIGKILL)
@@ -349,5 +355,9 @@ if __name__ == "__main__":
     # run through the importable module, not this __main__ copy, so pickles and
     # isinstance checks see one CoordinatorHandle class
     from corral.actors.worker import main as _main
+    from corral.actors.worker import reap_descendants as _reap
 
-    sys.exit(_main())
+    try:
+        sys.exit(_main())
+    finally:
+        _reap()  # nothing work_fn started outlives the worker

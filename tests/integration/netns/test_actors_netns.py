@@ -45,6 +45,10 @@ WORK = textwrap.dedent(
                              os.environ.get("NCCL_SOCKET_IFNAME"), os.getcwd()))
             elif msg == "child":
                 handle.send(subprocess.Popen(["sleep", "600"]).pid)
+            elif msg == "quiet child":  # holds none of the worker's pipes
+                quiet = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                handle.send(quiet.pid)
             elif msg == "boom":
                 raise KeyError("boom on " + socket.gethostname())
             elif msg == "quiet":
@@ -166,6 +170,8 @@ def test_sigkill_of_a_remote_worker_and_stop_leaves_nothing(
         handle.recv(timeout=60)
     assert sum(len(p) for p in remote_processes(testbed, cluster.job_id).values()) == 8
     victim = workers[2]
+    victim.send("quiet child")
+    victim.recv(timeout=60)
     start = time.monotonic()
     ssh(testbed, "tb2", f"kill -KILL {victim.pid}")
     with pytest.raises(WorkerDied) as info:
@@ -173,6 +179,11 @@ def test_sigkill_of_a_remote_worker_and_stop_leaves_nothing(
     assert time.monotonic() - start < 10
     assert (info.value.host, info.value.rank, info.value.signal_name) == ("tb2", 2, "SIGKILL")
     assert "[tb2:2]" in str(info.value)
+    # what it left (a child on its stderr, one on nothing) goes too; rank 3 lives on
+    deadline = time.monotonic() + 15
+    while len(remote_processes(testbed, cluster.job_id).get("tb2", [])) > 2:
+        assert time.monotonic() < deadline, remote_processes(testbed, cluster.job_id)
+        time.sleep(0.5)
     workers[3].send("still here")
     assert workers[3].recv(timeout=60) == (3, "still here")
     cluster.stop(grace=2)
