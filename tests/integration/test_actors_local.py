@@ -403,3 +403,18 @@ def test_a_version_mismatch_fails_start(work: ModuleType, monkeypatch: pytest.Mo
     with pytest.raises(ActorStartError) as info:
         Worker(work.echo, echo=False)
     assert "the coordinator 0.0.0-other: install the same version on every host" in str(info.value)
+
+
+def test_the_package_example_runs(tmp_path: Path) -> None:
+    import corral.actors
+
+    assert corral.actors.__doc__ is not None
+    example = corral.actors.__doc__.split("```python\n")[1].split("```")[0]
+    (tmp_path / "example.py").write_text(example)
+    out = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    ready, echoed = out.stdout.splitlines()
+    assert ready == str([{"status": "ready", "rank": r} for r in range(4)])
+    assert echoed == str([{"echo": 1}] * 4)

@@ -281,7 +281,9 @@ class Cluster(_StopsOnExit):
     :meth:`from_hosts` (a corral hostfile, ``h1,h2`` or ``local:N``). ``local=True``
     runs every node as local processes. ``master_addr`` defaults to the first
     node's address, ``master_port`` 0 to a free port (local) or 29500 (SSH). A host
-    that stops answering is declared lost after ``host_timeout`` seconds. Worker
+    that stops answering is declared lost after ``host_timeout`` seconds (its
+    workers' ``recv`` raise WorkerDied), and workers that hear no heartbeat from
+    this process for twice that exit, with everything they started. Worker
     stderr goes to this process's stderr as ``[host:rank]`` lines (``echo``) and to
     ``<run_dir>/actors-<id>/logs/<host>.<rank>.log`` (``run_dir=None``: no files);
     ``on_report(rank, report)`` is called (on the loop thread) for every
