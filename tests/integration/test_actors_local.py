@@ -351,6 +351,7 @@ MAIN_SCRIPT = textwrap.dedent(
     import sys
     from dataclasses import dataclass
     from corral.actors import Cluster
+    from corral.transport.options import SshOptions
 
     @dataclass
     class Point:
@@ -362,20 +363,30 @@ MAIN_SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         print("main block ran", file=sys.stderr)
-        with Cluster.from_hosts("local:1", workers_per_host=2, run_dir=None) as cluster:
+        hosts, ssh_config = sys.argv[1], (sys.argv[2:] or [None])[0]
+        ssh = SshOptions(config=ssh_config)
+        with Cluster.from_hosts(hosts, workers_per_host=2, ssh=ssh, run_dir=None) as cluster:
             cluster.start("__main__.work", wait_time=60)
             print([p.x for p in cluster.call(Point(40), timeout=60)])
     """
 )
 
 
-def test_main_function_form_does_not_run_the_main_block(tmp_path: Path) -> None:
-    script = tmp_path / "train_main.py"
+def run_main_script(folder: Path, *args: str) -> str:
+    """Run :data:`MAIN_SCRIPT` (``"__main__.work"``) as a program; its stdout. Its
+    ``__main__`` block must have run once: in the coordinator, never in a worker."""
+    script = folder / "train_main.py"
     script.write_text(MAIN_SCRIPT)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=180
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[40, 41]"
-    assert out.stderr.count("main block ran") == 1  # the coordinator's only
+    assert out.stderr.count("main block ran") == 1
+    return out.stdout.strip()
+
+
+def test_main_function_form_does_not_run_the_main_block(tmp_path: Path) -> None:
+    assert run_main_script(tmp_path, "local:1") == "[40, 41]"
 
 
 def test_only_the_asked_environment_reaches_a_worker(

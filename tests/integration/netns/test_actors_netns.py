@@ -27,7 +27,7 @@ from corral.actors import (
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
 
-from ..test_actors_local import coordinator
+from ..test_actors_local import coordinator, run_main_script
 
 pytestmark = pytest.mark.netns
 
@@ -249,3 +249,8 @@ def test_a_lost_host_is_a_worker_death_and_its_workers_exit(
         testbed.repair()
     # cut off, the workers on tb2 stop hearing heartbeats and exit (2 x host_timeout)
     assert wait_gone(testbed, cluster.job_id, 30) == {}
+
+
+def test_the_main_function_form_over_ssh(testbed: Testbed, tmp_path: Path) -> None:
+    """``"__main__.work"``: the coordinator's script, at the same path on the hosts."""
+    assert run_main_script(tmp_path, "tb1,tb2", str(testbed.ssh_config)) == "[40, 41, 42, 43]"
