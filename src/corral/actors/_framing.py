@@ -69,9 +69,11 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def loads(body: bytes | bytearray | memoryview) -> Any:
-    """Unpickle a user value."""
-    return _Unpickler(io.BytesIO(body)).load()
+def loads(body: bytes | bytearray) -> Any:
+    """Unpickle a user value (without a copy, unless it names ``__mp_main__``)."""
+    if b"__mp_main__" in body:
+        return _Unpickler(io.BytesIO(body)).load()
+    return pickle.loads(body)
 
 
 def encode_json(value: object) -> bytes:
