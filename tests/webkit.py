@@ -3,7 +3,7 @@ browser download.
 
 A test module takes the fixtures it uses as module names (``browser = webkit.browser``):
 
-- ``browser`` (session): one headless Chromium. Without the ``playwright`` package
+- ``browser`` (module): one headless Chromium. Without the ``playwright`` package
   or ``/usr/bin/chromium`` the test is skipped, or fails under ``CI=true``
   (:func:`tests.conftest.missing_dependency`).
 - ``shots``: where the test's screenshots go (kept after the test, unlike the
@@ -61,9 +61,11 @@ class _Shared:
     users = 0
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """Headless Debian chromium driven by Playwright, for the whole test session."""
+    """Headless Debian chromium driven by Playwright, for one test module: stopped at
+    the module's end, because Playwright's sync API keeps an event loop running in
+    the main thread, which would break every later test that calls asyncio.run()."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
