@@ -13,7 +13,14 @@ CorralError
 │   └── ConnectionLost
 ├── CheckFailed            list of failing CheckResults with fix commands
 ├── LaunchError
+│   └── ActorStartError    actors: the workers that did not start, each with its cause
 ├── JobFailed              root cause: host, rank, exit code/signal, stderr tail
+├── ActorError             actors (corral.actors.errors): host, rank of one worker
+│   ├── WorkerDied         exit code or signal, stderr tail (a lost host too)
+│   │   └── WorkerRestarted  ... and was started again (max_restarts)
+│   ├── RemoteError        work_fn raised: remote type, message and traceback
+│   ├── ActorTimeout       recv(timeout=) or a group operation's timeout ran out
+│   └── ActorGroupError    broadcast/gather/call: one error per worker that failed
 └── ServiceError           a request corral serve refuses: HTTP status, type, details
     ├── NotFound           404: unknown machine, job, task or file
     ├── Forbidden          403: a job file outside the job's run dir
