@@ -195,7 +195,7 @@ class WorkerHandle:
     def _send_body(self, body: bytes) -> None:
         if self._mailbox.dead is not None:
             _raise(self._mailbox.dead)
-        self._runtime.call_soon(self._sup.write, fr.MSG, body)
+        self._sup.send(fr.MSG, body)
 
     def recv(self, timeout: float | None = None) -> Any:
         """The next message from the worker. Raises RemoteError (work_fn raised),

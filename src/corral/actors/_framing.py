@@ -4,7 +4,8 @@ The channel is the worker process's stdin (coordinator -> worker) and a private
 copy of its stdout (worker -> coordinator), carried by the SSH session or a
 local pipe, so nothing here listens on a port. User values are pickled
 (:data:`MSG`, :data:`DONE`); control frames carry JSON. The blocking helpers
-are the worker's, :func:`read_frame_async` the coordinator's.
+are the worker's (and the reader thread's of a local worker on the coordinator),
+:func:`read_frame_async` the coordinator's for SSH channels.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import os
 import pickle
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 HEADER = struct.Struct(">QB")
 #: Bodies larger than this are refused as garbage (1 TiB).
@@ -86,10 +87,16 @@ def decode_json(body: bytes | bytearray | memoryview) -> Any:
     return json.loads(bytes(body))
 
 
-# -- blocking I/O (the worker) ----------------------------------------------------------
+# -- blocking I/O (the worker; a local worker's reader thread) ----------------------------
 
 
-def read_exact(stream: io.RawIOBase, size: int) -> bytearray | None:
+class Readable(Protocol):
+    """A blocking byte stream (``io.FileIO``, ``io.BufferedReader``)."""
+
+    def readinto(self, buffer: bytearray | memoryview, /) -> int | None: ...
+
+
+def read_exact(stream: Readable, size: int) -> bytearray | None:
     """Exactly ``size`` bytes from ``stream`` (partial reads are continued); None at EOF
     before the first byte, EOFError at EOF after some."""
     buf = bytearray(size)
@@ -105,7 +112,7 @@ def read_exact(stream: io.RawIOBase, size: int) -> bytearray | None:
     return buf
 
 
-def read_frame(stream: io.RawIOBase) -> tuple[int, bytearray] | None:
+def read_frame(stream: Readable) -> tuple[int, bytearray] | None:
     """The next ``(kind, body)`` from ``stream``; None at a clean EOF."""
     raw = read_exact(stream, HEADER.size)
     if raw is None:

@@ -7,6 +7,11 @@ streams its stderr as ``[host:rank]`` lines (and to its log file), and notices
 its end at once (stdout EOF, then the exit status or the lost connection), when
 it either restarts the worker (``max_restarts``) or marks the mailbox dead, so
 every waiting and future ``recv`` raises :class:`WorkerDied`.
+
+A local worker's pipes skip the loop on the message path (a round trip costs a
+few thread wake-ups, so each hop counts): :meth:`Supervisor.send` writes a small
+frame straight to its stdin from the caller's thread, and a thread of its own
+reads its stdout into the mailbox. SSH channels stay on the loop.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import io
+import os
 import queue
 import signal
 import sys
@@ -43,6 +50,8 @@ LEFTOVER_WAIT = 0.5
 #: Seconds the rest of a dead worker's stderr may take to arrive.
 STDERR_DRAIN = 1.0
 _CHUNK = 1 << 16
+#: Frames of a local worker's reader thread that the loop handles.
+_LOOP_FRAMES = frozenset({fr.HELLO, fr.READY, fr.ERROR, fr.DONE, fr.REPORT})
 
 
 class LoopThread:
@@ -61,10 +70,6 @@ class LoopThread:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
-
-    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
-        """Schedule ``fn(*args)`` on the loop (thread-safe, in order)."""
-        self.loop.call_soon_threadsafe(fn, *args)
 
     def close(self) -> None:
         """Stop the loop and its thread."""
@@ -174,6 +179,76 @@ def _lost(proc: NodeProcess) -> Any:
     return getattr(proc, "lost", None)
 
 
+class _LocalPipes:
+    """A local worker's stdin and stdout, used from threads (see the module doc).
+
+    Writes go to a private duplicate of the stdin pipe (so a descriptor the loop
+    closes is never reused under a writer), only while asyncio's transport has
+    nothing buffered and no frame waits on the loop (the supervisor's lock
+    guards both), so frames keep their order. The stdout pipe is left to the
+    reader thread: the loop's transport is paused, and closed at the end so the
+    process's ``wait()`` returns."""
+
+    def __init__(
+        self, stdin: asyncio.WriteTransport, stdout: asyncio.ReadTransport, fds: tuple[int, int]
+    ) -> None:
+        self.stdin = stdin
+        self.stdout = stdout
+        self.write_fd: int | None = fds[0]
+        self.read_fd = fds[1]
+
+    @classmethod
+    def of(cls, proc: NodeProcess) -> _LocalPipes | None:
+        """The pipes of a local process, before anything was read from its stdout
+        (None for other processes: they stay on the loop)."""
+        inner = getattr(proc, "_proc", None)
+        transport = getattr(inner, "_transport", None)
+        if not isinstance(inner, asyncio.subprocess.Process) or transport is None:
+            return None
+        stdin = transport.get_pipe_transport(0)
+        stdout = transport.get_pipe_transport(1)
+        if not isinstance(stdin, asyncio.WriteTransport) or not isinstance(
+            stdout, asyncio.ReadTransport
+        ):
+            return None
+        if stdin.is_closing() or stdout.is_closing() or len(getattr(proc.stdout, "_buffer", b"")):
+            return None
+        try:
+            write_fd = os.dup(stdin.get_extra_info("pipe").fileno())
+        except OSError:
+            return None
+        try:
+            read_fd = os.dup(stdout.get_extra_info("pipe").fileno())
+        except OSError:
+            os.close(write_fd)
+            return None
+        stdout.pause_reading()
+        return cls(stdin, stdout, (write_fd, read_fd))
+
+    def write_now(self, data: bytes) -> bytes | None:
+        """Write ``data`` if nothing is ahead of it (the caller holds the lock): what
+        is left to write (``data`` itself when nothing could be), ``b""`` when all
+        went out or the worker is gone, None when the transport must take it."""
+        if self.write_fd is None or self.stdin.is_closing():
+            return b""
+        if self.stdin.get_write_buffer_size():
+            return None
+        try:
+            written = os.write(self.write_fd, data)
+        except (BlockingIOError, InterruptedError):
+            return data
+        except OSError:  # the worker is gone: dropped, as the transport would
+            return b""
+        return data[written:]
+
+    def close_writer(self) -> None:
+        """Drop the duplicate of stdin (the caller holds the lock), so closing the
+        transport is the worker's EOF."""
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+
 def _forget(tasks: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
     def done(task: asyncio.Future[Any]) -> None:
         tasks.discard(task)
@@ -222,6 +297,12 @@ class Supervisor:
         self._notice: WorkerRestarted | None = None
         #: Best-effort kills of what dead workers left behind (awaited by stop).
         self.cleanups: set[asyncio.Future[Any]] = set()
+        self._loop = asyncio.get_running_loop()
+        #: Guards writes to the process: taken by the loop and by senders' threads.
+        self._write_lock = threading.Lock()
+        #: Frames handed to the loop and not yet given to the transport.
+        self._queued = 0
+        self._pipes: _LocalPipes | None = None
 
     @property
     def host(self) -> str:
@@ -235,8 +316,43 @@ class Supervisor:
         """Start the process (and restarts) in a task."""
         self.task = asyncio.get_running_loop().create_task(self._run())
 
+    def send(self, kind: int, body: bytes = b"") -> None:
+        """Send one frame to the current process from any thread (dropped when there
+        is none). A small frame to a local worker is written right here when
+        nothing is ahead of it; anything else goes through the loop, in order."""
+        with self._write_lock:
+            if self.proc is None or not self.alive:
+                return
+            if self._pipes is not None and self._queued == 0 and len(body) < _CHUNK:
+                left = self._pipes.write_now(fr.header(kind, len(body)) + body)
+                if left is not None:
+                    if left:  # the rest of a partly written frame goes next
+                        self._queue(None, left)
+                    return
+            self._queue(kind, body)
+
+    def _queue(self, kind: int | None, body: bytes) -> None:
+        """Hand a frame (kind None: raw bytes) to the loop, behind every frame
+        before it (the caller holds the write lock)."""
+        self._queued += 1
+        self._loop.call_soon_threadsafe(self._write_queued, kind, body)
+
+    def _write_queued(self, kind: int | None, body: bytes) -> None:
+        with self._write_lock:
+            self._queued -= 1
+            if kind is None:
+                if self.proc is not None and self.alive:
+                    self.proc.write(body)
+            else:
+                self._write(kind, body)
+
     def write(self, kind: int, body: bytes = b"") -> None:
-        """Send one frame to the current process (dropped when there is none)."""
+        """Send one frame to the current process (on the loop; dropped when there is none)."""
+        with self._write_lock:
+            self._write(kind, body)
+
+    def _write(self, kind: int, body: bytes) -> None:
+        """Give one frame to the transport; the caller holds the write lock."""
         proc = self.proc
         if proc is None or not self.alive:
             return
@@ -293,16 +409,21 @@ class Supervisor:
             proc = await self.transport.start(spec.host, spec.argv, env=spec.env)
         except CorralError as exc:
             return self._died(f"could not start: {exc}", None)
-        self.proc = proc
-        self.alive = True
-        self.write(fr.INIT, fr.encode_json(spec.init))
+        with self._write_lock:  # nothing is sent to the new process before init
+            self.proc = proc
+            self.alive = True
+            self._pipes = _LocalPipes.of(proc)
+            self._write(fr.INIT, fr.encode_json(spec.init))
         if self._notice is not None:  # told once the new process takes messages
             self.mailbox.put("raise", self._notice)
             self._notice = None
         pump = asyncio.ensure_future(self._pump_stderr(proc))
         beat = asyncio.ensure_future(self._heartbeat(float(spec.init.get("heartbeat_every", 0))))
         problem = await self._read_until_gone(proc)
-        self.alive = False
+        with self._write_lock:
+            self.alive = False
+            if self._pipes is not None:
+                self._pipes.close_writer()
         beat.cancel()
         if problem is not None:
             proc.signal(signal.SIGKILL)
@@ -344,7 +465,7 @@ class Supervisor:
             reader.cancel()
             return "the channel stayed open after the worker exited"
         exc = reader.exception()
-        if isinstance(exc, (fr.ProtocolError, asyncio.IncompleteReadError, ValueError)):
+        if isinstance(exc, (fr.ProtocolError, asyncio.IncompleteReadError, EOFError, ValueError)):
             return f"unexpected output on the worker's channel ({exc})"
         if exc is not None:
             return f"channel error ({exc})"
@@ -393,23 +514,74 @@ class Supervisor:
         )
 
     async def _read_frames(self, proc: NodeProcess) -> None:
+        pipes = self._pipes
+        if pipes is not None:
+            await self._read_frames_in_thread(pipes)
+            return
         while (frame := await fr.read_frame_async(proc.stdout)) is not None:
-            kind, body = frame
-            if kind == fr.MSG:
-                self.mailbox.put("msg", body)
-            elif kind == fr.HELLO:
-                self.hello = fr.decode_json(body)
-            elif kind == fr.READY:
-                if not self.ready.done():
-                    self.ready.set_result(None)
-            elif kind == fr.ERROR:
-                self._remote_error(fr.decode_json(body))
-            elif kind == fr.DONE:
-                self.result = body
-            elif kind == fr.REPORT:
-                self._report(body)
+            self._frame(*frame)
+
+    async def _read_frames_in_thread(self, pipes: _LocalPipes) -> None:
+        """A local worker's frames, read by a thread: messages straight into the
+        mailbox, the rest through the loop (in order); returns at EOF."""
+        done: asyncio.Future[None] = self._loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
             else:
-                raise fr.ProtocolError(f"unexpected frame kind {kind} from the worker")
+                done.set_exception(error)
+
+        def on_loop(kind: int, body: bytearray) -> None:
+            try:
+                self._frame(kind, body)
+            except Exception as exc:  # a broken control frame ends the reading
+                settle(exc)
+
+        def read() -> None:
+            error: BaseException | None = None
+            try:
+                os.set_blocking(pipes.read_fd, True)
+                with io.FileIO(pipes.read_fd, "rb", closefd=True) as raw:
+                    stream = io.BufferedReader(raw, _CHUNK)
+                    while (frame := fr.read_frame(stream)) is not None:
+                        kind, body = frame
+                        if kind == fr.MSG:
+                            self.mailbox.put("msg", body)
+                        elif kind in _LOOP_FRAMES:
+                            self._loop.call_soon_threadsafe(on_loop, kind, body)
+                        else:
+                            raise fr.ProtocolError(f"unexpected frame kind {kind} from the worker")
+            except BaseException as exc:  # handed to the loop, which judges it
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=read, name=f"corral-actor-{self.rank}", daemon=True).start()
+        try:
+            await done
+        finally:
+            pipes.stdout.close()  # its EOF for the transport (the thread has its own fd)
+
+    def _frame(self, kind: int, body: bytes | bytearray) -> None:
+        """One frame from the worker (on the loop)."""
+        if kind == fr.MSG:
+            self.mailbox.put("msg", body)
+        elif kind == fr.HELLO:
+            self.hello = fr.decode_json(body)
+        elif kind == fr.READY:
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif kind == fr.ERROR:
+            self._remote_error(fr.decode_json(body))
+        elif kind == fr.DONE:
+            self.result = bytes(body)
+        elif kind == fr.REPORT:
+            self._report(body)
+        else:
+            raise fr.ProtocolError(f"unexpected frame kind {kind} from the worker")
 
     def _remote_error(self, info: Mapping[str, Any]) -> None:
         error = RemoteError(
@@ -425,7 +597,7 @@ class Supervisor:
         else:
             self.mailbox.put("raise", error)
 
-    def _report(self, body: bytes) -> None:
+    def _report(self, body: bytes | bytearray) -> None:
         with contextlib.suppress(ValueError):
             report = fr.decode_json(body)
             if isinstance(report, dict):
