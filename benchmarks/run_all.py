@@ -49,6 +49,7 @@ DEFAULT_TIMEOUTS = {
     "replica": 400.0,
     "serve": 240.0,
     "web": 180.0,
+    "actors": 400.0,
 }
 
 
