@@ -58,6 +58,14 @@ WORK = textwrap.dedent(
             elif msg == "child":
                 child = subprocess.Popen(["sleep", "600"])
                 handle.send(child.pid)
+            elif msg == "forge":  # another process on the host, without the token
+                import socket
+                name = os.environ["CORRAL_CONTROL"].split("@", 1)[1]
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect("\\0" + name)
+                    s.sendall(b"auth wrong-token\\n")
+                    s.sendall(b'{"kind": "progress", "step": 666, "total": 667}\\n')
+                handle.send("forged")
             elif msg == "report":
                 from corral import sdk
                 sdk.report(7, 10, loss=0.5)
@@ -335,6 +343,8 @@ def test_sdk_report_reaches_the_coordinator(work: ModuleType) -> None:
     )
     with cluster:
         (worker,) = cluster.start(work.echo, wait_time=60)
+        worker.send("forge")
+        assert worker.recv(timeout=30) == "forged"
         worker.send("report")
         assert worker.recv(timeout=30) == "reported"
         deadline = time.monotonic() + 10
@@ -344,6 +354,8 @@ def test_sdk_report_reaches_the_coordinator(work: ModuleType) -> None:
     assert (worker.last_report["step"], worker.last_report["total"]) == (7, 10)
     assert worker.last_report["metrics"] == {"loss": 0.5}
     assert reports and reports[0][0] == 0
+    # the report sent without the token never reached the coordinator
+    assert all(r.get("step") != 666 for _, r in reports), reports
 
 
 MAIN_SCRIPT = textwrap.dedent(

@@ -31,6 +31,7 @@ import queue
 import secrets
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -213,6 +214,9 @@ class _ReportServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        if not _same_user(conn):  # an abstract socket has no file mode: check the peer
+            conn.close()
+            return
         with conn, conn.makefile("rb") as lines:
             first = lines.readline().strip()
             expected = b"auth " + self.token.encode()
@@ -221,6 +225,16 @@ class _ReportServer:
             for line in lines:
                 if line.startswith(b"{"):
                     self._forward(line.strip())
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the peer of ``conn`` runs as this worker's user (SO_PEERCRED)."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return bool(uid == os.getuid())
 
 
 def _detect_interface(master_addr: str) -> str | None:
