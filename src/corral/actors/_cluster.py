@@ -12,6 +12,7 @@ import secrets
 import socket
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -86,11 +87,12 @@ class NodeConfig:
 _S = TypeVar("_S", bound="_StopsOnExit")
 
 
-class _StopsOnExit:
+class _StopsOnExit(ABC):
     """``with``: :meth:`stop` on the way out."""
 
+    @abstractmethod
     def stop(self, grace: float = 5.0) -> None:
-        raise NotImplementedError
+        """Ask the worker(s) to finish, wait up to ``grace`` seconds, then kill."""
 
     def __enter__(self: _S) -> _S:
         return self

@@ -49,6 +49,7 @@ import math
 import os
 import shutil
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -347,7 +348,7 @@ def _choose_step(
     return None
 
 
-class TrainingBackend:
+class TrainingBackend(ABC):
     """What both backends share: the step loop, clipping, schedule, checkpoints.
 
     ``optimizer`` is an optimizer factory (called with the wrapped parameters)
@@ -404,8 +405,9 @@ class TrainingBackend:
 
     # -- subclass hooks -------------------------------------------------------------
 
+    @abstractmethod
     def _wrap(self, model: nn.Module) -> nn.Module:
-        raise NotImplementedError
+        """The model wrapped for this backend (DDP, or FSDP2's sharded module)."""
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
