@@ -12,6 +12,7 @@ half-written event.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +75,28 @@ class EventWriter:
         """Append ``event`` (the :data:`~corral.job.events.Subscriber` signature)."""
         self.write(event_json(event))
 
-    def write(self, data: dict[str, Any]) -> None:
-        """Append one JSON object as one line."""
+    def write(self, data: dict[str, Any]) -> int:
+        """Append one JSON object as one line; the byte offset where it starts."""
         line = json.dumps(data, separators=(",", ":"), default=str).encode() + b"\n"
+        pos = os.fstat(self._fh.fileno()).st_size
         self._fh.write(line)
         self._fh.flush()
+        return pos
 
     def close(self) -> None:
         """Close the file."""
         self._fh.close()
+
+
+def append_event(path: Path, data: dict[str, Any]) -> int:
+    """Append one event to a job's events file whose writer is gone (the server's
+    ``lost``); the byte offset where it starts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = EventWriter(path)
+    try:
+        return writer.write(data)
+    finally:
+        writer.close()
 
 
 @dataclass(frozen=True)

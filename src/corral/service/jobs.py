@@ -39,7 +39,7 @@ from sqlalchemy import delete, func, select, update
 from corral.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.job.resolve import new_job_id
 from corral.private import append_private, private_dir
-from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
+from corral.service.eventlog import EVENTS_FILE, LoggedEvent, append_event, read_events
 from corral.service.launch import LaunchRequest, job_dir
 from corral.service.machines import ACTIVE_STATES, MachineService, busy_machines
 from corral.service.models import (
@@ -481,7 +481,7 @@ class JobManager:
                 if not more:
                     _lost(job)
                     lost = {"kind": "lost", "time": time.time(), "reason": job.reason}
-                    pos = _append_event(path, lost)
+                    pos = append_event(path, lost)
                     s.add(
                         Event(
                             job_id=job.id,
@@ -675,18 +675,6 @@ class JobManager:
         self._requests.pop(job_id, None)
         return _summary(row)
 
-    def counts(self) -> dict[str, int]:
-        """Jobs by state (for /metrics)."""
-        with self.store.session() as s:
-            return {
-                k: int(v) for k, v in s.execute(select(Job.state, func.count()).group_by(Job.state))
-            }
-
-    def delete_events(self, job_id: str) -> None:
-        """Forget a job's structured events (tests, retention)."""
-        with self.store.session() as s:
-            s.execute(delete(Event).where(Event.job_id == job_id))
-
 
 def _rowcount(result: Any) -> int:
     """Rows an UPDATE changed."""
@@ -711,17 +699,6 @@ def prefixed_lines(data: dict[str, Any]) -> list[str]:
         if shown or not piece:
             out.append(f"{prefix} {shown}")
     return out
-
-
-def _append_event(path: Path, data: dict[str, Any]) -> int:
-    """Append one event to an events file whose writer is gone; its offset."""
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with append_private(path) as fh:
-        pos = fh.seek(0, os.SEEK_END)
-        fh.write(json.dumps(data, separators=(",", ":")).encode() + b"\n")
-    return int(pos)
 
 
 def _lost(job: Job) -> None:

@@ -24,7 +24,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.cluster.model import Cluster, Host
-from corral.errors import CheckFailed, ConfigError, CorralError, LaunchError
+from corral.errors import ConfigError, CorralError
 from corral.job.engine import Job
 from corral.job.options import (
     CheckpointPolicy,
@@ -177,8 +177,6 @@ def job_dir(run_dir: str | Path, job_id: str) -> Path:
 def error_event(exc: CorralError) -> dict[str, Any]:
     """The ``error`` event of a job that could not start, and its exit code."""
     code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_LAUNCH
-    if isinstance(exc, CheckFailed | LaunchError):
-        code = EXIT_LAUNCH
     return {
         "kind": "error",
         "time": time.time(),

@@ -331,7 +331,7 @@ def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any
         ],
         "rejected": [s.model_dump() for s in selection.rejected],
         "nodes": nodes,
-        "config": None if config_json is None else _loads(config_json),
+        "config": None if config_json is None else json.loads(config_json),
         "env": redact_env(
             {k: v for k, v in launch.env.items() if k != CONFIG_ENV}, launch.secret_env
         ),
@@ -344,10 +344,6 @@ def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any
     }
 
 
-def _loads(text: str) -> Any:
-    return json.loads(text)
-
-
 def stored_request(request: JobRequest) -> dict[str, Any]:
     """The request as stored and returned: secret env values redacted."""
     data = request.model_dump(mode="json")
@@ -358,8 +354,3 @@ def stored_request(request: JobRequest) -> dict[str, Any]:
 def has_secrets(request: JobRequest) -> bool:
     """Whether the request carries a secret env value (kept only in memory)."""
     return any(is_secret(k, request.secret_env) for k in request.env)
-
-
-def world_size_hint(nproc: int | None, machines: Sequence[Machine]) -> int:
-    """Ranks a job will have on ``machines``."""
-    return sum(nproc or m.slots for m in machines)
