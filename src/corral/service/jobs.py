@@ -469,10 +469,7 @@ class JobManager:
             path = Path(job.run_dir) / EVENTS_FILE
             alive = _alive(job.supervisor_pid, job.supervisor_started)
             new = list(read_events(path, job.events_offset))
-            names = {
-                m.name: m.id
-                for m in s.scalars(select(Machine).where(Machine.id.in_(job.machine_ids or [])))
-            }
+            names = _machine_ids(job)
             for ev in new:
                 _apply(s, job, ev, names)
                 job.events_offset = ev.next_pos
@@ -701,6 +698,11 @@ def prefixed_lines(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _machine_ids(job: Job) -> dict[str, str]:
+    """Host name -> machine id of the job's planned machines."""
+    return {m["name"]: m["id"] for m in (job.plan or {}).get("machines", [])}
+
+
 def _lost(job: Job) -> None:
     job.state = "lost"
     job.reason = (
@@ -897,7 +899,7 @@ def _status(
     for r in ranks:
         by_host.setdefault(r.host, []).append(r)
     plan_nodes = (job.plan or {}).get("nodes", [])
-    machine_by_name = {m["name"]: m["id"] for m in (job.plan or {}).get("machines", [])}
+    machine_by_name = _machine_ids(job)
     out: list[NodeStatus] = []
     if nodes:
         for n in nodes:
