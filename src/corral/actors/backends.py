@@ -43,6 +43,7 @@ Checkpoints use ``torch.distributed.checkpoint`` on the sharded state dict
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -62,6 +63,7 @@ from torch import nn
 
 from corral.errors import ConfigError
 from corral.sdk import info, init_distributed
+from corral.sdk._dist import collect_garbage_at_exit
 
 __all__ = [
     "BackendConfig",
@@ -382,6 +384,7 @@ class TrainingBackend(ABC):
         self.loss_fn = loss_fn
         self.checkpoint_dir = Path(checkpoint_dir)
         self._owns_group = _ensure_process_group(config)
+        collect_garbage_at_exit()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = _pick_device(config)
@@ -620,6 +623,11 @@ class TrainingBackend(ABC):
         if self._closed:
             return
         self._closed = True
+        # Free the DDP/FSDP wrapper (a reference cycle) now: collected at interpreter exit
+        # instead, its reducer can abort the process ("terminate called without an active
+        # exception") once the group is gone.
+        self.model = self.module
+        gc.collect()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -86,6 +86,7 @@ def master_index(cluster: Cluster, master_addr: str) -> int:
 
 
 def _validate(spec: JobSpec, cluster: Cluster) -> str:
+    world = sum(_procs_per_node(spec, h) for h in cluster.hosts)
     if spec.launcher not in LAUNCHERS:
         raise ConfigError(
             f"unknown launcher {spec.launcher!r}; choose one of {', '.join(LAUNCHERS)}",
@@ -93,6 +94,14 @@ def _validate(spec: JobSpec, cluster: Cluster) -> str:
         )
     if cluster.size == 0:
         raise ConfigError("the cluster has no hosts", option="--hosts")
+    if spec.workload_weights and (
+        len(spec.workload_weights) != world or any(w <= 0 for w in spec.workload_weights)
+    ):
+        raise ConfigError(
+            f"{len(spec.workload_weights)} workload weights for {world} ranks: one positive "
+            "weight per rank is needed (re-run corral calibrate on this cluster)",
+            option="--calibration",
+        )
     if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
         raise ConfigError(
             f"must be at least 1 (got {spec.nproc_per_node})", option="--nproc-per-node"
@@ -132,6 +141,12 @@ def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict
         env["CORRAL_CHECKPOINT_DIR"] = spec.checkpoint_dir
         if spec.replicate_checkpoints:
             env["CORRAL_CHECKPOINT_REPLICA"] = "wait"
+    if spec.workload_weights:
+        env["CORRAL_WORKLOAD_WEIGHTS"] = ",".join(f"{w:.6g}" for w in spec.workload_weights)
+    if spec.qos:
+        env["CORRAL_QOS"] = spec.qos
+    if spec.shared_data_path:
+        env["CORRAL_SHARED_DATA_PATH"] = spec.shared_data_path
     env["MASTER_ADDR"] = master_addr
     env["MASTER_PORT"] = str(spec.master_port)
     env["NNODES"] = str(0)  # replaced below; keeps a stable key order

@@ -43,9 +43,17 @@ class JobSpec:
     secret_env: tuple[str, ...] = ()
     """Keys of ``env`` whose values are secret besides the ones named like secrets
     (``--secret-env``); see :mod:`corral.redact`."""
+    shared_data_path: str | None = None
+    """A path every host must see as the same filesystem (``--shared-data-path``)."""
+    workload_weights: tuple[float, ...] = ()
+    """One weight per global rank, in rank order (``--calibration``): exported as
+    ``CORRAL_WORKLOAD_WEIGHTS``; empty = a uniform split."""
+    qos: str | None = None
+    """macOS QoS class every rank applies at start (``--qos``), ``CORRAL_QOS``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "workload_weights", tuple(self.workload_weights))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "secret_env", tuple(self.secret_env))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import socket
 import sys
@@ -123,6 +125,7 @@ def init_distributed(
         f"Initializing distributed process group: rank={me.rank}, "
         f"world_size={me.world_size}, timeout={pg_timeout}"
     )
+    collect_garbage_at_exit()
     dist.init_process_group(
         backend=backend,
         init_method="env://",
@@ -131,6 +134,22 @@ def init_distributed(
         world_size=me.world_size,
     )
     return True
+
+
+_COLLECT_REGISTERED = False
+
+
+def collect_garbage_at_exit() -> None:
+    """Run a garbage collection at exit, before the interpreter tears itself down (once).
+
+    A DDP wrapper is a reference cycle. Left to the interpreter's final collection, its
+    reducer can abort the process after the group is gone (SIGABRT, "terminate called
+    without an active exception"), turning a finished rank into a failed one.
+    """
+    global _COLLECT_REGISTERED
+    if not _COLLECT_REGISTERED:
+        _COLLECT_REGISTERED = True
+        atexit.register(gc.collect)
 
 
 def barrier() -> None:
@@ -146,6 +165,7 @@ def cleanup() -> None:
     if _initialized():
         import torch.distributed as dist
 
+        gc.collect()  # unreachable DDP wrappers go while their group still exists
         dist.destroy_process_group()
 
 
