@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import sys
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
@@ -44,7 +44,14 @@ from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
 from corral.job.summary import print_finished
 from corral.plan.display import command_lines, node_env
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, LAUNCHERS, JobSpec
+from corral.plan.spec import (
+    DEFAULT_MASTER_PORT,
+    DEFAULT_RDZV_TIMEOUT,
+    LAUNCHERS,
+    MLX_BACKENDS,
+    JobSpec,
+    Launcher,
+)
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.remote.python import candidates
@@ -56,7 +63,7 @@ LauncherOpt = Annotated[
     str,
     typer.Option(
         "--launcher",
-        metavar="torchrun|python",
+        metavar="|".join(LAUNCHERS),
         envvar="CORRAL_LAUNCHER",
         help=f"How ranks are started: {'|'.join(LAUNCHERS)}.",
         rich_help_panel=_L,
@@ -193,6 +200,27 @@ RdzvTimeoutOpt = Annotated[
         metavar="SECONDS",
         envvar="CORRAL_RDZV_TIMEOUT",
         help="Seconds to wait for every node to join and the master to accept connections.",
+        rich_help_panel=_L,
+    ),
+]
+MlxBackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--mlx-backend",
+        metavar="|".join(MLX_BACKENDS),
+        envvar="CORRAL_MLX_BACKEND",
+        help="MLX's distributed backend (--launcher mlx).",
+        rich_help_panel=_L,
+    ),
+]
+SharedDataPathOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shared-data-path",
+        metavar="PATH",
+        envvar="CORRAL_SHARED_DATA_PATH",
+        help="A path every host must see as the same filesystem (checked before the "
+        "launch; exported to ranks as CORRAL_SHARED_DATA_PATH).",
         rich_help_panel=_L,
     ),
 ]
@@ -390,6 +418,8 @@ def _spec(
     run_dir: str,
     rdzv_timeout: float,
     job_id: str | None,
+    mlx_backend: str = "ring",
+    shared_data_path: str | None = None,
 ) -> JobSpec:
     """The JobSpec of SCRIPT [ARGS] and the LAUNCH options."""
     if not command:
@@ -399,11 +429,18 @@ def _spec(
             f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}",
             option="--launcher",
         )
+    if mlx_backend not in MLX_BACKENDS:
+        raise ConfigError(
+            f"unknown MLX backend {mlx_backend!r}; choose one of {', '.join(MLX_BACKENDS)}",
+            option="--mlx-backend",
+        )
     script, *args = command
     return JobSpec(
         script=script,
         args=tuple(args),
-        launcher="torchrun" if launcher == "torchrun" else "python",
+        launcher=cast(Launcher, launcher),
+        mlx_backend=mlx_backend,
+        shared_data_path=shared_data_path,
         job_id=job_id or new_job_id(),
         python=python,
         nproc_per_node=parse_nproc(nproc_per_node, cluster),
@@ -471,6 +508,8 @@ def run(
     grace: GraceOpt = 10.0,
     rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
     job_id: JobIdOpt = None,
+    mlx_backend: MlxBackendOpt = "ring",
+    shared_data_path: SharedDataPathOpt = None,
     no_preflight: NoPreflightOpt = False,
     smoke_test: SmokeTestOpt = False,
     min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
@@ -539,6 +578,8 @@ def run(
         run_dir=run_dir,
         rdzv_timeout=rdzv_timeout,
         job_id=job_id,
+        mlx_backend=mlx_backend,
+        shared_data_path=shared_data_path,
     )
     job = Job(spec, cluster, ssh=ssh, **policies)  # type: ignore[arg-type]
     output = TerminalOutput(
@@ -571,6 +612,8 @@ def plan(
     run_dir: RunDirOpt = "runs",
     rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
     job_id: JobIdOpt = None,
+    mlx_backend: MlxBackendOpt = "ring",
+    shared_data_path: SharedDataPathOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Print the exact per-node command and environment `corral run` would use (dry run).
@@ -596,6 +639,8 @@ def plan(
         run_dir=run_dir,
         rdzv_timeout=rdzv_timeout,
         job_id=job_id,
+        mlx_backend=mlx_backend,
+        shared_data_path=shared_data_path,
     )
     prepared = dry_run(spec, cluster)
     if as_json:

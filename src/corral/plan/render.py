@@ -7,6 +7,7 @@ resolved before planning by the runtime.
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import os
 import posixpath
@@ -200,6 +201,13 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 *spec.args,
             )
             env["CORRAL_STREAMS"] = "socket"
+        elif spec.launcher == "mlx":
+            # lazy: the MLX planner is only loaded for MLX jobs
+            mlx = importlib.import_module("corral.plan.mlx")
+            mlx_argv, mlx_ranks = mlx.plan_mlx_node(
+                spec, host, node_rank, nproc, rank_base, world, python, env
+            )
+            argv, ranks = tuple(mlx_argv), tuple(mlx_ranks)
         else:
             argv = (python, "-u", "-m", WORKER_MODULE, spec.script, *spec.args)
             env["WORLD_SIZE"] = str(world)

@@ -10,8 +10,9 @@ from typing import Any, Literal
 from corral.cluster.model import Host
 from corral.redact import redact_env
 
-Launcher = Literal["torchrun", "python"]
-LAUNCHERS: tuple[str, ...] = ("torchrun", "python")
+Launcher = Literal["torchrun", "python", "mlx"]
+LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "mlx")
+MLX_BACKENDS: tuple[str, ...] = ("ring", "mpi", "jaccl")
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_RDZV_TIMEOUT = 300.0
@@ -50,6 +51,8 @@ class JobSpec:
     ``CORRAL_WORKLOAD_WEIGHTS``; empty = a uniform split."""
     qos: str | None = None
     """macOS QoS class every rank applies at start (``--qos``), ``CORRAL_QOS``."""
+    mlx_backend: str = "ring"
+    """MLX's distributed backend for the ``mlx`` launcher (``--mlx-backend``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
