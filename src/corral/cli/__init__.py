@@ -8,7 +8,18 @@ import typer
 
 # Each module exposes ``register(app)``. Modules not yet present are skipped only
 # while the package is being assembled; the test of the public CLI pins the list.
-_VERB_MODULES = ("run", "check", "exec", "sync", "logs", "ping", "serve", "job", "testbed")
+_VERB_MODULES = (
+    "run",
+    "check",
+    "exec",
+    "sync",
+    "logs",
+    "ping",
+    "serve",
+    "job",
+    "testbed",
+    "calibrate",
+)
 
 
 def register_all(app: typer.Typer) -> None:

@@ -24,6 +24,7 @@ sdk.cleanup()
 
 from __future__ import annotations
 
+from corral.sdk._calibrate import calibrating
 from corral.sdk._checkpoint import (
     CheckpointWriteError,
     is_complete_checkpoint,
@@ -58,6 +59,7 @@ __all__ = [
     "DistInfo",
     "MasterNotReadyError",
     "barrier",
+    "calibrating",
     "cleanup",
     "destroy",
     "enable_stack_dumps",

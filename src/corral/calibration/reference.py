@@ -1,0 +1,105 @@
+"""corral's built-in calibration workload: training steps of a reference model.
+
+Run on every rank by ``corral calibrate`` when no script is given (the
+coordinator never imports this module: it needs torch). Each rank trains its
+own copy of a small MLP on a fixed random batch (forward, loss, backward, SGD
+step; no process group, so no rank waits for another) and reports the examples
+it processed through ``sdk.report(step, examples=n)`` about four times a
+second, until corral stops it (or ``--max-seconds`` pass). The model is sized
+to the device: wider and with a bigger batch on a GPU, where a small one would
+only measure kernel-launch overhead. Also runs by hand::
+
+    python -m corral.calibration.reference --max-seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+try:
+    from corral import sdk
+except ImportError:  # a host whose corral is not importable from this path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from corral import sdk
+
+#: (width, depth, batch) per device kind.
+SIZES = {"cpu": (512, 3, 64), "mps": (2048, 4, 256), "cuda": (4096, 4, 512)}
+REPORT_EVERY = 0.25
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (default: this host's cores over its ranks)",
+    )
+    parser.add_argument("--max-seconds", type=float, default=3600.0)
+    return parser.parse_args(argv)
+
+
+def _device(torch: Any) -> Any:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local % torch.cuda.device_count())
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _sync(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train until stopped, reporting examples; prints the overall rate at the end."""
+    args = _args(argv)
+    import torch
+    from torch import nn
+
+    me = sdk.info()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, me.local_world_size))
+    torch.set_num_threads(threads)
+    device = _device(torch)
+    width, depth, batch = SIZES[device.type]
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, width, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    loss_fn = nn.CrossEntropyLoss()
+    started = last = time.monotonic()
+    step = pending = 0
+    while True:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        step += 1
+        pending += batch
+        now = time.monotonic()
+        if now - last >= REPORT_EVERY:
+            _sync(torch, device)
+            sdk.report(step, examples=pending)
+            pending, last = 0, time.monotonic()
+            if last - started >= args.max_seconds:
+                break
+    rate = step * batch / (time.monotonic() - started)
+    print(f"rank {me.rank} ({device.type}, {threads} threads): {rate:.1f} examples/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""A calibration's per-rank figures mapped onto the ranks a run plans (pure).
+
+:func:`resolve_weights` gives one weight per planned rank, in the planner's
+order: host by host as the cluster lists them, then by local rank on each host
+(the global rank order of the ``python`` launcher; torchrun assigns global ranks
+at its rendezvous, see ``docs/heterogeneous.md``). Hosts are matched by name
+(or address); the weights are renormalised over the planned ranks, so a run on
+some of the measured hosts keeps their relative speeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from corral.calibration.model import OPTION, Calibration, RankRate, load_calibration
+from corral.calibration.weights import shares
+from corral.cluster.model import Cluster, Host
+from corral.errors import ConfigError
+
+__all__ = ["planned_ranks", "resolve_weights", "weights_from_rates"]
+
+
+def planned_ranks(cluster: Cluster, nproc_per_node: int | None) -> list[tuple[Host, int]]:
+    """``(host, local_rank)`` of every rank the planner makes, in its order."""
+    return [
+        (host, local)
+        for host in cluster.hosts
+        for local in range(nproc_per_node if nproc_per_node is not None else host.slots)
+    ]
+
+
+def _host_ranks(calibration: Calibration, host: Host) -> list[RankRate]:
+    for name in (host.name, host.address):
+        found = calibration.host_ranks(name)
+        if found:
+            return found
+    return []
+
+
+def _rerun(cluster: Cluster, nproc: int | None) -> str:
+    hosts = cluster.source or ",".join(h.name for h in cluster.hosts)
+    extra = f" --nproc-per-node {nproc}" if nproc is not None else ""
+    return f"re-run `corral calibrate --hosts {hosts}{extra}`"
+
+
+def weights_from_rates(
+    rates: Mapping[tuple[str, int], float], cluster: Cluster, nproc_per_node: int | None
+) -> tuple[float, ...]:
+    """Weights of the planned ranks from ``(host name, local rank) -> examples/s``
+    (within noise: even); a planned rank without a rate is a ConfigError."""
+    missing = [
+        f"{host.name}:{local}"
+        for host, local in planned_ranks(cluster, nproc_per_node)
+        if (host.name, local) not in rates
+    ]
+    if missing:
+        raise ConfigError(
+            f"no throughput for {', '.join(missing)}; {_rerun(cluster, nproc_per_node)}",
+            option=OPTION,
+        )
+    values = [rates[(h.name, local)] for h, local in planned_ranks(cluster, nproc_per_node)]
+    split, _ = shares(values)
+    return tuple(round(w, 6) for w in split)
+
+
+def resolve_weights(
+    calibration_file: str | Path | Calibration,
+    cluster: Cluster,
+    nproc_per_node: int | None,
+) -> tuple[float, ...]:
+    """One weight per planned rank (summing to 1) from a calibration file (or a
+    loaded :class:`Calibration`), for ``JobSpec.workload_weights``.
+
+    ConfigError (option ``--calibration``) when the file is missing or invalid, a
+    host of the cluster was not measured, or it ran another number of ranks than
+    planned; the message names the host and the ``corral calibrate`` to run.
+    """
+    calibration = (
+        calibration_file
+        if isinstance(calibration_file, Calibration)
+        else load_calibration(calibration_file)
+    )
+    rates: dict[tuple[str, int], float] = {}
+    for host in cluster.hosts:
+        measured = _host_ranks(calibration, host)
+        planned = nproc_per_node if nproc_per_node is not None else host.slots
+        if not measured:
+            raise ConfigError(
+                f"host {host.name} is not in the calibration (measured: "
+                f"{', '.join(calibration.hosts)}); {_rerun(cluster, nproc_per_node)}",
+                option=OPTION,
+            )
+        if len(measured) != planned:
+            raise ConfigError(
+                f"host {host.name} ran {len(measured)} rank(s) in the calibration but this "
+                f"run plans {planned} there; {_rerun(cluster, planned)}",
+                option=OPTION,
+            )
+        for index, rank in enumerate(measured):
+            rates[(host.name, index)] = rank.examples_per_s
+    return weights_from_rates(rates, cluster, nproc_per_node)
