@@ -19,6 +19,7 @@ _VERB_MODULES = (
     "job",
     "testbed",
     "calibrate",
+    "k8s",
 )
 
 
