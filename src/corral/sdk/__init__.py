@@ -32,6 +32,7 @@ from corral.sdk._checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from corral.sdk._chunks import Chunk, chunks
 from corral.sdk._config import job_config, output_dir, scale_config
 from corral.sdk._dist import (
     MasterNotReadyError,
@@ -50,16 +51,23 @@ from corral.sdk._env import (
     should_save_outputs,
 )
 from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
+from corral.sdk._krum import krum_hook
+from corral.sdk._qos import set_qos
 from corral.sdk._report import report
 from corral.sdk._resume import resume
+from corral.sdk._sampler import WeightedDistributedSampler
 from corral.sdk._stacks import enable_stack_dumps
+from corral.sdk._weights import local_batch_size, loss_scale, workload_weights
 
 __all__ = [
     "CheckpointWriteError",
+    "Chunk",
     "DistInfo",
     "MasterNotReadyError",
+    "WeightedDistributedSampler",
     "barrier",
     "calibrating",
+    "chunks",
     "cleanup",
     "destroy",
     "enable_stack_dumps",
@@ -70,8 +78,11 @@ __all__ = [
     "is_distributed",
     "is_main_process",
     "job_config",
+    "krum_hook",
     "latest_checkpoint",
     "load_checkpoint",
+    "local_batch_size",
+    "loss_scale",
     "output_dir",
     "print_distributed_info",
     "read_error_file",
@@ -80,7 +91,9 @@ __all__ = [
     "resume",
     "save_checkpoint",
     "scale_config",
+    "set_qos",
     "should_save_outputs",
     "wait_for_master",
+    "workload_weights",
     "write_error_file",
 ]

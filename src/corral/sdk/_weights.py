@@ -1,0 +1,170 @@
+"""Proportional workload split: each rank's weight, batch size and loss factor.
+
+``corral run --calibration`` exports one weight per global rank, in rank
+order, as ``CORRAL_WORKLOAD_WEIGHTS`` (comma-separated, e.g.
+``0.333333,0.666667``). A rank with twice the weight gets twice the examples
+per step, so a fast host is not paced by a slow one at the all-reduce.
+
+DDP averages the ranks' gradients with equal weight. With unequal per-rank
+batches ``b_i`` (summing to the global batch ``B``), rank ``i``'s mean loss
+multiplied by :func:`loss_scale` ``= world * b_i / B`` makes that average
+exactly the gradient of the mean loss over the whole global batch, as with a
+uniform split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+from corral.sdk._env import info
+
+__all__ = [
+    "WEIGHTS_ENV",
+    "apportion",
+    "batch_sizes",
+    "local_batch_size",
+    "loss_scale",
+    "parse_weights",
+    "resolve_weights",
+    "workload_weights",
+]
+
+WEIGHTS_ENV = "CORRAL_WORKLOAD_WEIGHTS"
+
+
+def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
+    """Parse a comma-separated weight list and normalise it to sum to 1.
+
+    Raises ValueError naming :data:`WEIGHTS_ENV` when an entry is not a finite
+    positive number or the count differs from ``world_size`` (when given).
+    """
+    parts = [p.strip() for p in raw.split(",")]
+    values: list[float] = []
+    for position, part in enumerate(parts):
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"{WEIGHTS_ENV}={raw!r}: entry {position} ({part!r}) is not a positive number"
+            )
+        values.append(value)
+    if world_size is not None and len(values) != world_size:
+        raise ValueError(
+            f"{WEIGHTS_ENV}={raw!r} has {len(values)} weights for a world size of "
+            f"{world_size}: one per global rank, in rank order"
+        )
+    total = math.fsum(values)
+    return tuple(v / total for v in values)
+
+
+def workload_weights(env: Mapping[str, str] | None = None) -> tuple[float, ...] | None:
+    """Every rank's share of the work (summing to 1, rank order), or None when the
+    job has no proportional split (``CORRAL_WORKLOAD_WEIGHTS`` unset or empty).
+
+    The count must match ``WORLD_SIZE`` (ValueError otherwise).
+    """
+    e = os.environ if env is None else env
+    raw = e.get(WEIGHTS_ENV, "").strip()
+    if not raw:
+        return None
+    return parse_weights(raw, info(e).world_size)
+
+
+def apportion(total: int, weights: Sequence[float], minimum: int = 1) -> tuple[int, ...]:
+    """Split the integer ``total`` in proportion to ``weights`` by largest remainder.
+
+    The parts sum exactly to ``total`` and each is at least ``minimum`` (0 or
+    1). Ties go to the lower index; a part below ``minimum`` takes one from the
+    largest part (lowest index first). Deterministic: exact rational arithmetic.
+    """
+    if minimum not in (0, 1):
+        raise ValueError(f"minimum must be 0 or 1, got {minimum}")
+    if not weights or any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise ValueError(f"weights must be positive numbers, got {list(weights)}")
+    if total < minimum * len(weights):
+        raise ValueError(
+            f"cannot split {total} into {len(weights)} parts of at least {minimum} each"
+        )
+    exact = [Fraction(w) for w in weights]
+    whole = sum(exact)
+    quotas = [total * w / whole for w in exact]
+    parts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(parts)), key=lambda i: (parts[i] - quotas[i], i))
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    for i, part in enumerate(parts):
+        if part < minimum:
+            donor = max(range(len(parts)), key=lambda j: (parts[j], -j))
+            parts[donor] -= 1
+            parts[i] += 1
+    return tuple(parts)
+
+
+def resolve_weights(weights: Sequence[float] | None, world: int) -> tuple[float, ...]:
+    """``weights``, else ``CORRAL_WORKLOAD_WEIGHTS``, else uniform: one positive
+    weight per rank of ``world`` (ValueError otherwise), normalised to sum to 1."""
+    if weights is None:
+        raw = os.environ.get(WEIGHTS_ENV, "").strip()
+        return parse_weights(raw, world) if raw else (1.0 / world,) * world
+    if len(weights) != world or any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise ValueError(
+            f"{len(weights)} workload weights {list(weights)} for a world size of {world}: "
+            "one positive number per rank"
+        )
+    total = math.fsum(weights)
+    return tuple(w / total for w in weights)
+
+
+def batch_sizes(
+    global_batch: int,
+    weights: Sequence[float] | None = None,
+    world_size: int | None = None,
+) -> tuple[int, ...]:
+    """Every rank's batch size: integers >= 1, summing exactly to ``global_batch``,
+    proportional to the weights (default ``CORRAL_WORKLOAD_WEIGHTS``, else uniform)."""
+    world = info().world_size if world_size is None else world_size
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int):
+        raise ValueError(f"global_batch must be an integer, got {global_batch!r}")
+    if global_batch < world:
+        raise ValueError(
+            f"global batch {global_batch} is smaller than the world size {world}: "
+            "every rank needs at least one example per step"
+        )
+    return apportion(global_batch, resolve_weights(weights, world))
+
+
+def local_batch_size(
+    global_batch: int,
+    weights: Sequence[float] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> int:
+    """This rank's share of ``global_batch`` (see :func:`batch_sizes`)."""
+    me = info()
+    sizes = batch_sizes(global_batch, weights, me.world_size if world_size is None else world_size)
+    return sizes[me.rank if rank is None else rank]
+
+
+def loss_scale(
+    global_batch: int | None = None,
+    weights: Sequence[float] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> float:
+    """The factor for this rank's mean loss: ``world * b_i / B``.
+
+    With ``global_batch`` it is exact for the batch sizes of :func:`batch_sizes`;
+    without, it is ``world * w_i`` (exact when ``B * w_i`` are integers). 1.0
+    without weights and a uniform split.
+    """
+    me = info()
+    world = me.world_size if world_size is None else world_size
+    index = me.rank if rank is None else rank
+    if global_batch is not None:
+        return world * batch_sizes(global_batch, weights, world)[index] / global_batch
+    return world * resolve_weights(weights, world)[index]

@@ -1,0 +1,180 @@
+"""corral.sdk.chunks: the seed's boundaries, progress, state file and resume after a crash."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import weakref
+from pathlib import Path
+
+import pytest
+
+from corral import sdk
+from corral.sdk._resume import CHECKPOINT_DIR_ENV
+
+pytestmark = pytest.mark.usefixtures("clean_dist_env")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_checkpoint_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CHECKPOINT_DIR_ENV, raising=False)
+    monkeypatch.delenv("CORRAL_CONTROL", raising=False)
+
+
+def spans(chunks: list[sdk.Chunk]) -> list[tuple[int, int]]:
+    return [(c.start, c.stop) for c in chunks]
+
+
+def test_50000_examples_turn_chunking_on(capsys: pytest.CaptureFixture[str]) -> None:
+    got = list(sdk.chunks(50_000))
+    assert got == [sdk.Chunk(0, 1, 0, 50_000, chunked=True)]
+    out = capsys.readouterr().out
+    assert "chunking enabled: 1 chunks of 50,000 examples" in out
+    assert "chunk 1/1 (100%) done" in out
+
+
+def test_49999_examples_turn_it_off(capsys: pytest.CaptureFixture[str]) -> None:
+    got = list(sdk.chunks(49_999))
+    assert got == [sdk.Chunk(0, 1, 0, 49_999, chunked=False)]
+    assert len(got[0]) == 49_999 and got[0].range == range(49_999)
+    out = capsys.readouterr().out
+    assert "below the chunking threshold (49,999 < 50,000 examples): chunking disabled" in out
+    assert "chunk 1/1" not in out
+
+
+@pytest.mark.parametrize("n", [0, -1, -50_000])
+def test_no_examples_is_an_error(n: int) -> None:
+    with pytest.raises(ValueError, match=f"n_examples must be a positive integer, got {n}"):
+        list(sdk.chunks(n))
+
+
+@pytest.mark.parametrize("size", [0, -5, 2.5, True])
+def test_a_bad_chunk_size_is_an_error(size: object) -> None:
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        list(sdk.chunks(10, size))  # type: ignore[arg-type]
+
+
+def test_ranges_cover_the_dataset_with_a_short_last_chunk(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    got = list(sdk.chunks(100_001))
+    assert spans(got) == [(0, 50_000), (50_000, 100_000), (100_000, 100_001)]
+    assert [(c.index, c.total) for c in got] == [(0, 3), (1, 3), (2, 3)]
+    out = capsys.readouterr().out
+    for line in ("chunk 1/3 (33%) done", "chunk 2/3 (66%) done", "chunk 3/3 (100%) done"):
+        assert line in out
+    assert spans(list(sdk.chunks(10, 4))) == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_progress_goes_only_to_rank_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert len(list(sdk.chunks(10, 5))) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_completion_is_recorded_and_a_finished_pass_yields_nothing(tmp_path: Path) -> None:
+    assert len(list(sdk.chunks(10, 4, checkpoint_dir=tmp_path))) == 3
+    state = json.loads((tmp_path / "chunks.json").read_text())
+    assert state == {"n_examples": 10, "chunk_size": 4, "total": 3, "done": 3}
+    assert list(sdk.chunks(10, 4, checkpoint_dir=tmp_path)) == []
+    assert len(list(sdk.chunks(10, 4, checkpoint_dir=tmp_path, name="epoch-2"))) == 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_an_interrupted_chunk_is_done_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(tmp_path))  # corral run --checkpoint-dir
+    seen: list[int] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        for chunk in sdk.chunks(10, 2):
+            if chunk.index == 3:
+                raise RuntimeError("boom")
+            seen.append(chunk.index)
+    assert seen == [0, 1, 2]
+    assert json.loads((tmp_path / "chunks.json").read_text())["done"] == 3
+    capsys.readouterr()
+    assert [c.index for c in sdk.chunks(10, 2)] == [3, 4]
+    assert "chunks 1-3 of 5 already done" in capsys.readouterr().out
+
+
+def test_leaving_the_loop_early_does_not_mark_the_chunk_done(tmp_path: Path) -> None:
+    for chunk in sdk.chunks(10, 5, checkpoint_dir=tmp_path):
+        assert chunk.index == 0
+        break
+    assert not (tmp_path / "chunks.json").exists()
+
+
+def test_a_state_file_of_another_dataset_is_refused(tmp_path: Path) -> None:
+    list(sdk.chunks(10, 4, checkpoint_dir=tmp_path))
+    with pytest.raises(ValueError, match=r"this run has .*'n_examples': 12.*pass another name="):
+        list(sdk.chunks(12, 4, checkpoint_dir=tmp_path))
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read chunk state"):
+        list(sdk.chunks(12, 4, checkpoint_dir=tmp_path, name="broken"))
+    with pytest.raises(ValueError, match="must be a plain file name"):
+        list(sdk.chunks(12, 4, checkpoint_dir=tmp_path, name="../x"))
+
+
+CRASHING = """
+import os, sys
+sys.path.insert(0, {src!r})
+from corral import sdk
+for chunk in sdk.chunks(7, 2, checkpoint_dir={ckpt!r}):
+    print("train", chunk.index, chunk.start, chunk.stop, flush=True)
+    if chunk.index == 2 and os.environ.get("CRASH"):
+        os._exit(9)  # no cleanup, no exception handling: a killed process
+"""
+
+
+def test_a_crashed_process_resumes_at_the_first_unfinished_chunk(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(CRASHING.format(src=str(ROOT / "src"), ckpt=str(tmp_path / "ck")))
+    )
+    env = {"PATH": "/usr/bin:/bin", "CRASH": "1"}
+    first = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert first.returncode == 9, first.stderr
+    assert [ln for ln in first.stdout.splitlines() if ln.startswith("train")] == [
+        "train 0 0 2",
+        "train 1 2 4",
+        "train 2 4 6",
+    ]
+    env.pop("CRASH")
+    second = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 0, second.stderr
+    assert [ln for ln in second.stdout.splitlines() if ln.startswith("train")] == [
+        "train 2 4 6",
+        "train 3 6 7",
+    ]
+    assert "resuming at chunk 3" in second.stdout
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cycle collector frees it
+
+
+def test_memory_is_freed_between_chunks() -> None:
+    refs: list[weakref.ref[_Node]] = []
+    gc.disable()
+    try:
+        for chunk in sdk.chunks(4, 2):
+            if chunk.index == 0:
+                refs.append(weakref.ref(_Node()))
+                assert refs[0]() is not None  # kept alive by its cycle, no collector running
+            else:
+                assert refs[0]() is None  # collected at the chunk boundary
+    finally:
+        gc.enable()
