@@ -14,7 +14,11 @@ corral needs around it:
 * the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed
   torchrun or agent never leaves ranks behind;
 * once the script is done, torch's C++ static destructors are skipped (they
-  can abort a finished process, see ``_exit_without_static_destructors``).
+  can abort a finished process, see ``_exit_without_static_destructors``);
+* with ``CORRAL_ACCELERATE=1`` (``--launcher accelerate``, the harness) Accelerate's
+  env is prepared and a world size other than the plan's refused
+  (:mod:`corral.harness.accelerate`); with ``CORRAL_HARNESS`` the script runs under
+  the plugin harness (:mod:`corral.harness.plugin`).
 """
 
 from __future__ import annotations
@@ -82,16 +86,41 @@ def error_file(node_dir: str, attempt: str, rank: int) -> str:
     return os.path.join(node_dir, "errors", f"attempt-{attempt}-rank-{rank}.json")
 
 
+_HARNESS_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "harness", "plugin.py")
+
+
 def _trim_traceback(exc: BaseException) -> None:
-    """Drop this wrapper's and runpy's frames so the traceback starts in the script."""
+    """Drop the wrappers' frames (this one's, the harness's, runpy's and importlib's)
+    so the traceback starts in the script."""
     tb = exc.__traceback__
-    here = os.path.abspath(__file__)
+    wrappers = {os.path.abspath(__file__), os.path.abspath(_HARNESS_FILE)}
     while tb is not None and tb.tb_next is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if os.path.abspath(filename) != here and "runpy" not in filename:
+        if (
+            os.path.abspath(filename) not in wrappers
+            and "runpy" not in filename
+            and not filename.startswith("<frozen importlib")
+        ):
             break
         tb = tb.tb_next
     exc.__traceback__ = tb
+
+
+def _run_script(script: str) -> None:
+    """Run ``script`` as ``__main__`` (``sys.argv`` already set), with Accelerate's
+    rank setup and under the plugin harness when the plan asks for them."""
+    env = os.environ
+    if env.get("CORRAL_ACCELERATE") == "1":
+        from corral.harness.accelerate import prepare
+
+        prepare(env)
+    mode = env.get("CORRAL_HARNESS")
+    if mode:
+        from corral.harness.plugin import run
+
+        run(script, mode)
+    else:
+        runpy.run_path(script, run_name="__main__")
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -100,6 +129,23 @@ def _exit_code(exc: SystemExit) -> int:
     if isinstance(exc.code, int):
         return exc.code & 0xFF  # what the OS reports: sys.exit(-1) is 255, 256 is 0
     print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _report_exception(exc: BaseException) -> int:
+    """Print what killed the script (a setup refusal: its message alone; anything
+    else: the traceback from the script's frame on), write the error file; 1."""
+    from corral.harness.accelerate import SetupError
+
+    _trim_traceback(exc)
+    if isinstance(exc, SetupError):
+        print(f"corral: {exc}", file=sys.stderr)
+    else:
+        traceback.print_exception(exc)
+    with contextlib.suppress(Exception):
+        from corral.sdk import write_error_file
+
+        write_error_file(exc)
     return 1
 
 
@@ -125,22 +171,23 @@ def main(argv: list[str]) -> int:
             print(f"corral: cannot reach the node agent at {control}: {exc}", file=sys.stderr)
     if node_dir:
         _enable_stack_dumps(node_dir, rank)
+    if env.get("CORRAL_MLX_BACKEND"):  # --launcher mlx: MLX's hostfile and group first
+        from corral.agent.mlx_env import prepare
+
+        refused = prepare(env)
+        if refused is not None:
+            _report_exit(control, rank, refused)
+            return refused
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        runpy.run_path(script, run_name="__main__")
+        _run_script(script)
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:
-        _trim_traceback(exc)
-        traceback.print_exception(exc)
-        code = 1
-        with contextlib.suppress(Exception):
-            from corral.sdk import write_error_file
-
-            write_error_file(exc)
+        code = _report_exception(exc)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()

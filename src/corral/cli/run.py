@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Annotated, cast
 
 import typer
@@ -31,6 +32,7 @@ from corral.cluster import load_cluster
 from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError
+from corral.harness.config import harness_target, read_config
 from corral.job.engine import Job, dry_run
 from corral.job.events import Checked
 from corral.job.options import (
@@ -43,18 +45,23 @@ from corral.job.options import (
 from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
 from corral.job.summary import print_finished
-from corral.plan.display import command_lines, node_env
+from corral.plan.display import command_lines, node_env, reference_line
+from corral.plan.launchers import validate_launcher
 from corral.plan.spec import (
     DEFAULT_MASTER_PORT,
     DEFAULT_RDZV_TIMEOUT,
     LAUNCHERS,
+    LR_SCALING,
     MLX_BACKENDS,
+    NODE_LAUNCHERS,
+    HarnessMode,
     JobSpec,
     Launcher,
 )
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.remote.python import candidates
+from corral.sdk._config import JOB_CONFIG_ENV
 from corral.transport.options import SshOptions
 
 _L = "Launch"
@@ -221,6 +228,57 @@ SharedDataPathOpt = Annotated[
         envvar="CORRAL_SHARED_DATA_PATH",
         help="A path every host must see as the same filesystem (checked before the "
         "launch; exported to ranks as CORRAL_SHARED_DATA_PATH).",
+        rich_help_panel=_L,
+    ),
+]
+CommandTemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--command-template",
+        metavar="TEMPLATE",
+        envvar="CORRAL_COMMAND_TEMPLATE",
+        help="--launcher command: the command every node runs (through bash -c), with "
+        "{node_rank} {nnodes} {nproc_per_node} {world_size} {master_addr} {master_port} "
+        "{host} {job_id} {nccl_interface} {gloo_interface} filled in, shell-quoted.",
+        rich_help_panel=_L,
+    ),
+]
+TagsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tags",
+        metavar="MODEL",
+        help="--launcher madengine: the model tags (madengine run --tags).",
+        rich_help_panel=_L,
+    ),
+]
+AdditionalArgsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--additional-args",
+        metavar="ARGS",
+        help="--launcher madengine: more arguments for madengine run (shell syntax).",
+        rich_help_panel=_L,
+    ),
+]
+HarnessOpt = Annotated[
+    bool,
+    typer.Option(
+        "--harness",
+        help="Run an unmodified plugin (-- PLUGIN_DIR_OR_SCRIPT --config_file FILE ...) "
+        "in distributed mode: an Accelerator for it, its JSON config adjusted to the "
+        "world size (batch / world, learning rate scaled, rank-0 outputs).",
+        rich_help_panel=_L,
+    ),
+]
+LrScalingOpt = Annotated[
+    str,
+    typer.Option(
+        "--lr-scaling",
+        metavar="|".join(LR_SCALING),
+        envvar="CORRAL_LR_SCALING",
+        help="--harness: the config's learning rate times the world size (linear), its "
+        "square root (sqrt), or unchanged (none).",
         rich_help_panel=_L,
     ),
 ]
@@ -399,6 +457,17 @@ SecretEnvOpt = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class LaunchChoices:
+    """The launcher-specific options of ``run`` and ``plan``."""
+
+    command_template: str | None = None
+    tags: str | None = None
+    additional_args: str | None = None
+    harness: bool = False
+    lr_scaling: str = "linear"
+
+
 def _spec(
     cluster: Cluster,
     command: list[str] | None,
@@ -420,9 +489,11 @@ def _spec(
     job_id: str | None,
     mlx_backend: str = "ring",
     shared_data_path: str | None = None,
+    launch: LaunchChoices | None = None,
 ) -> JobSpec:
     """The JobSpec of SCRIPT [ARGS] and the LAUNCH options."""
-    if not command:
+    launch = launch or LaunchChoices()
+    if not command and launcher not in NODE_LAUNCHERS:
         raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
     if launcher not in LAUNCHERS:
         raise ConfigError(
@@ -434,13 +505,26 @@ def _spec(
             f"unknown MLX backend {mlx_backend!r}; choose one of {', '.join(MLX_BACKENDS)}",
             option="--mlx-backend",
         )
-    script, *args = command
-    return JobSpec(
+    script, *args = command or [""]
+    harness: HarnessMode | None = None
+    config: str | None = None
+    if launch.harness:
+        if not script:
+            raise ConfigError("needs -- PLUGIN_DIR_OR_SCRIPT [ARGS...]", option="--harness")
+        harness, script = harness_target(script)
+        config = read_config(args)
+    spec = JobSpec(
         script=script,
         args=tuple(args),
         launcher=cast(Launcher, launcher),
         mlx_backend=mlx_backend,
         shared_data_path=shared_data_path,
+        command_template=launch.command_template,
+        madengine_tags=launch.tags,
+        madengine_args=launch.additional_args,
+        harness=harness,
+        harness_config=config,
+        lr_scaling=launch.lr_scaling,
         job_id=job_id or new_job_id(),
         python=python,
         nproc_per_node=parse_nproc(nproc_per_node, cluster),
@@ -456,6 +540,8 @@ def _spec(
         rdzv_timeout=rdzv_timeout,
         run_dir=run_dir,
     )
+    validate_launcher(spec)  # before resolve() rewrites the script's path
+    return spec
 
 
 def _show_checked(event: Checked, console: Console) -> None:
@@ -510,6 +596,11 @@ def run(
     job_id: JobIdOpt = None,
     mlx_backend: MlxBackendOpt = "ring",
     shared_data_path: SharedDataPathOpt = None,
+    command_template: CommandTemplateOpt = None,
+    tags: TagsOpt = None,
+    additional_args: AdditionalArgsOpt = None,
+    harness: HarnessOpt = False,
+    lr_scaling: LrScalingOpt = "linear",
     no_preflight: NoPreflightOpt = False,
     smoke_test: SmokeTestOpt = False,
     min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
@@ -580,6 +671,7 @@ def run(
         job_id=job_id,
         mlx_backend=mlx_backend,
         shared_data_path=shared_data_path,
+        launch=LaunchChoices(command_template, tags, additional_args, harness, lr_scaling),
     )
     job = Job(spec, cluster, ssh=ssh, **policies)  # type: ignore[arg-type]
     output = TerminalOutput(
@@ -614,6 +706,11 @@ def plan(
     job_id: JobIdOpt = None,
     mlx_backend: MlxBackendOpt = "ring",
     shared_data_path: SharedDataPathOpt = None,
+    command_template: CommandTemplateOpt = None,
+    tags: TagsOpt = None,
+    additional_args: AdditionalArgsOpt = None,
+    harness: HarnessOpt = False,
+    lr_scaling: LrScalingOpt = "linear",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Print the exact per-node command and environment `corral run` would use (dry run).
@@ -641,14 +738,17 @@ def plan(
         job_id=job_id,
         mlx_backend=mlx_backend,
         shared_data_path=shared_data_path,
+        launch=LaunchChoices(command_template, tags, additional_args, harness, lr_scaling),
     )
     prepared = dry_run(spec, cluster)
     if as_json:
-        doc = {
+        doc: dict[str, object] = {
             "job_id": prepared.spec.job_id,
             "launcher": prepared.spec.launcher,
             "nodes": [c.to_json(redact=True) for c in prepared.commands],
         }
+        if prepared.spec.harness:
+            doc["harness"] = {"mode": prepared.spec.harness, "config": _adjusted(prepared)}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     console = make_console(stderr=False)
@@ -659,6 +759,12 @@ def plan(
             f"python3 above is resolved per host at launch: {tried} (or pass --python)",
             style="dim",
         )
+
+
+def _adjusted(prepared: Prepared) -> dict[str, object] | None:
+    """The harness's config as the plan adjusted it (None without one)."""
+    raw = prepared.commands[0].env.get(JOB_CONFIG_ENV) if prepared.commands else None
+    return None if raw is None else dict(json.loads(raw))
 
 
 def print_plan(prepared: Prepared, console: Console) -> None:
@@ -687,6 +793,25 @@ def print_plan(prepared: Prepared, console: Console) -> None:
         for run in command_lines(cmd):
             console.print(f"node {cmd.node_rank} {run.label}:", style="bold", markup=False)
             console.print(run.line, markup=False, soft_wrap=True)
+        reference = reference_line(cmd)
+        if reference is not None:
+            console.print(
+                f"node {cmd.node_rank} as {spec.launcher} would start it (for reference; "
+                "corral starts the ranks above itself, so each rank's exit code is its own):",
+                style="bold",
+                markup=False,
+            )
+            console.print(reference, markup=False, soft_wrap=True)
+    config = _adjusted(prepared)
+    if config is not None:
+        console.print(
+            f"\nharness config (--config_file adjusted for {prepared.world_size} ranks; "
+            "rank, local_rank, is_main_process and, for ranks other than 0, "
+            "output_dir/rank-N are added on each rank):",
+            style="bold",
+            markup=False,
+        )
+        console.print(json.dumps(config, indent=2), markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

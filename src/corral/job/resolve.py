@@ -25,7 +25,7 @@ from corral.agent.probe import try_bind
 from corral.cluster.model import Cluster
 from corral.errors import ConfigError, LaunchError
 from corral.plan.render import plan_job
-from corral.plan.spec import LAUNCHERS, JobSpec, NodeCommand
+from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 def resolve(spec: JobSpec, cluster: Cluster, *, dry_run: bool = False) -> JobSpec:
     """Validate ``spec`` for ``cluster`` and resolve what this machine can resolve."""
-    if not spec.script:
+    if not spec.script and spec.launcher not in NODE_LAUNCHERS:
         raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
     if spec.launcher not in LAUNCHERS:
         raise ConfigError(
@@ -138,9 +138,10 @@ def resolve(spec: JobSpec, cluster: Cluster, *, dry_run: bool = False) -> JobSpe
             raise ConfigError(f"{key} is not passed with --env", option="--secret-env")
     changes: dict[str, object] = {"run_dir": os.path.abspath(spec.run_dir)}
     if cluster.is_local:
-        if not os.path.isfile(spec.script):
+        if spec.script and not os.path.isfile(spec.script):
             raise ConfigError(f"script {spec.script} not found (looked in {os.getcwd()})")
-        changes["script"] = os.path.abspath(spec.script)
+        if spec.script:
+            changes["script"] = os.path.abspath(spec.script)
         if not dry_run:
             if spec.master_port == 0:
                 changes["master_port"] = free_port()

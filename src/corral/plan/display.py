@@ -11,10 +11,28 @@ from corral.plan.spec import NodeCommand
 from corral.redact import redact_env
 
 
+_DOUBLE_QUOTE_SPECIAL = frozenset('"$`\\!')
+
+
+def quote(word: str) -> str:
+    """``word`` as one shell word: :func:`shlex.quote`, except that a word holding
+    single quotes (and nothing double quotes would expand) is double-quoted, so a
+    Python literal such as madengine's context reads as the user would type it."""
+    quoted = shlex.quote(word)
+    if quoted == word or "'" not in word or _DOUBLE_QUOTE_SPECIAL & set(word):
+        return quoted
+    return f'"{word}"'
+
+
+def join(argv: Sequence[str]) -> str:
+    """``argv`` as one shell line (see :func:`quote`)."""
+    return " ".join(quote(w) for w in argv)
+
+
 def shell_line(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
     """``cd CWD && env K=V ... ARGV`` as one shell-quoted line."""
     assigns = [f"{k}={v}" for k, v in env.items()]
-    return f"cd {shlex.quote(cwd)} && " + shlex.join(["env", *assigns, *argv])
+    return f"cd {shlex.quote(cwd)} && " + join(["env", *assigns, *argv])
 
 
 @dataclass(frozen=True)
@@ -43,3 +61,9 @@ def command_lines(cmd: NodeCommand) -> list[CommandLine]:
         CommandLine(cmd.node_rank, cmd.host.name, label, shell_line(cmd.cwd, run_env, cmd.argv))
         for label, run_env in runs
     ]
+
+
+def reference_line(cmd: NodeCommand) -> str | None:
+    """The launcher's own command the node's processes stand for (``accelerate
+    launch ...``), shown for reference: corral starts the ranks itself."""
+    return join(cmd.reference_argv) if cmd.reference_argv else None

@@ -9,12 +9,29 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import json
 import os
 import posixpath
+from typing import Any, cast
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
-from corral.plan.spec import LAUNCHERS, JobSpec, NodeCommand, RankProcess
+from corral.plan.launchers import (
+    NodeFacts,
+    accelerate_reference,
+    command_argv,
+    madengine_argv,
+    validate_launcher,
+)
+from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand, RankProcess
+from corral.sdk._config import JOB_CONFIG_ENV, ScaleRule, adjust_config
+
+HARNESS_ENV = "CORRAL_HARNESS"
+"""Set on every rank of a ``--harness`` job: ``plugin`` or ``script``."""
+ACCELERATE_ENV = "CORRAL_ACCELERATE"
+"""Set (``1``) on ranks that run Accelerate code: the worker prepares Accelerate's
+env (``ACCELERATE_USE_CPU`` on a host without a GPU) and refuses a world size
+other than the plan's."""
 
 WORKER_MODULE = "corral.agent.worker"
 
@@ -107,8 +124,9 @@ def _validate(spec: JobSpec, cluster: Cluster) -> str:
         raise ConfigError(
             f"must be at least 1 (got {spec.nproc_per_node})", option="--nproc-per-node"
         )
-    if not spec.script:
+    if not spec.script and spec.launcher not in NODE_LAUNCHERS:
         raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
+    validate_launcher(spec)
     if not 0 <= spec.master_port <= 65535:
         raise ConfigError(f"{spec.master_port} is not a TCP port", option="--master-port")
     for key in spec.env:
@@ -158,6 +176,33 @@ def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict
     return env
 
 
+def harness_config(spec: JobSpec, world: int) -> dict[str, Any] | None:
+    """The plugin's config adjusted for ``world`` ranks (None without one)."""
+    if spec.harness is None or spec.harness_config is None:
+        return None
+    try:
+        config = json.loads(spec.harness_config)
+        if not isinstance(config, dict):
+            raise ValueError("it is not a JSON object")
+        rule = cast(ScaleRule, spec.lr_scaling)
+        return adjust_config(config, world, rule=rule, require=False)
+    except ValueError as exc:
+        raise ConfigError(
+            f"cannot adjust the plugin's config: {exc}", option="--config_file"
+        ) from exc
+
+
+def _rank_processes(rank_base: int, nproc: int) -> tuple[RankProcess, ...]:
+    return tuple(
+        RankProcess(
+            rank=rank_base + local,
+            local_rank=local,
+            env={"RANK": str(rank_base + local), "LOCAL_RANK": str(local)},
+        )
+        for local in range(nproc)
+    )
+
+
 def _fmt_seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -169,6 +214,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
     per_node = [_procs_per_node(spec, h) for h in cluster.hosts]
     world = sum(per_node)
     master_node = master_index(cluster, master_addr)
+    config = harness_config(spec, world)
     commands: list[NodeCommand] = []
     rank_base = 0
     for node_rank, host in enumerate(cluster.hosts):
@@ -176,13 +222,31 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
         python = host.python or spec.python or "python3"
         env = _base_env(spec, host, attempt, master_addr)
         env["NNODES"] = str(nnodes)
+        facts = NodeFacts(
+            node_rank=node_rank,
+            nnodes=nnodes,
+            nproc_per_node=nproc,
+            world_size=world,
+            master_addr=master_addr,
+            master_port=spec.master_port,
+            host=host.name,
+            job_id=spec.job_id,
+            nccl_interface=env.get("NCCL_SOCKET_IFNAME", ""),
+            gloo_interface=env.get("GLOO_SOCKET_IFNAME", ""),
+        )
+        if spec.harness is not None:
+            env[HARNESS_ENV] = spec.harness
+            env[ACCELERATE_ENV] = "1"
+            if config is not None:
+                env[JOB_CONFIG_ENV] = json.dumps(config, separators=(",", ":"))
         ranks: tuple[RankProcess, ...] = ()
+        reference: tuple[str, ...] = ()
         if spec.launcher == "torchrun":
             rdzv_conf = (
                 f"join_timeout={_fmt_seconds(spec.rdzv_timeout)},read_timeout=60,"
                 f"is_host={1 if node_rank == master_node else 0}"
             )
-            argv = (
+            argv: tuple[str, ...] = (
                 python,
                 "-m",
                 "torch.distributed.run",
@@ -201,11 +265,22 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 *spec.args,
             )
             env["CORRAL_STREAMS"] = "socket"
+        elif spec.launcher in NODE_LAUNCHERS:
+            # one process per node that starts the ranks itself (like torchrun); a
+            # corral worker it starts reports its rank over the control socket
+            if spec.launcher == "command":
+                assert spec.command_template is not None  # validated
+                argv = command_argv(spec.command_template, facts)
+            else:
+                argv = madengine_argv(spec, facts)
+            env["NODE_RANK"] = str(node_rank)
+            env["CORRAL_STREAMS"] = "socket"
         elif spec.launcher == "mlx":
             # lazy: the MLX planner is only loaded for MLX jobs
             mlx = importlib.import_module("corral.plan.mlx")
+            peers = [(h.address, n) for h, n in zip(cluster.hosts, per_node, strict=True)]
             mlx_argv, mlx_ranks = mlx.plan_mlx_node(
-                spec, host, node_rank, nproc, rank_base, world, python, env
+                spec, host, node_rank, nproc, rank_base, world, python, env, peers=peers
             )
             argv, ranks = tuple(mlx_argv), tuple(mlx_ranks)
         else:
@@ -213,14 +288,10 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
             env["WORLD_SIZE"] = str(world)
             env["LOCAL_WORLD_SIZE"] = str(nproc)
             env["NODE_RANK"] = str(node_rank)
-            ranks = tuple(
-                RankProcess(
-                    rank=rank_base + local,
-                    local_rank=local,
-                    env={"RANK": str(rank_base + local), "LOCAL_RANK": str(local)},
-                )
-                for local in range(nproc)
-            )
+            ranks = _rank_processes(rank_base, nproc)
+            if spec.launcher == "accelerate":
+                env[ACCELERATE_ENV] = "1"
+                reference = accelerate_reference(spec, facts)
         commands.append(
             NodeCommand(
                 host=host,
@@ -234,6 +305,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 master_port=spec.master_port,
                 hosts_master=node_rank == master_node,
                 secret_env=spec.secret_env,
+                reference_argv=reference,
             )
         )
         rank_base += nproc

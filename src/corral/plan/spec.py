@@ -10,9 +10,14 @@ from typing import Any, Literal
 from corral.cluster.model import Host
 from corral.redact import redact_env
 
-Launcher = Literal["torchrun", "python", "mlx"]
-LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "mlx")
+Launcher = Literal["torchrun", "python", "accelerate", "mlx", "command", "madengine"]
+LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "accelerate", "mlx", "command", "madengine")
+NODE_LAUNCHERS: tuple[str, ...] = ("command", "madengine")
+"""Launchers whose one process per node is the whole command (no SCRIPT): it starts
+the ranks itself, like torchrun."""
 MLX_BACKENDS: tuple[str, ...] = ("ring", "mpi", "jaccl")
+LR_SCALING: tuple[str, ...] = ("linear", "sqrt", "none")
+HarnessMode = Literal["plugin", "script"]
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_RDZV_TIMEOUT = 300.0
@@ -53,6 +58,20 @@ class JobSpec:
     """macOS QoS class every rank applies at start (``--qos``), ``CORRAL_QOS``."""
     mlx_backend: str = "ring"
     """MLX's distributed backend for the ``mlx`` launcher (``--mlx-backend``)."""
+    command_template: str | None = None
+    """The ``command`` launcher's per-node command (``--command-template``)."""
+    madengine_tags: str | None = None
+    """The ``madengine`` launcher's model tags (``--tags``)."""
+    madengine_args: str | None = None
+    """Extra words for ``madengine run`` in shell syntax (``--additional-args``)."""
+    harness: HarnessMode | None = None
+    """Run ``script`` through the plugin harness (``--harness``): ``plugin`` (a
+    plugin directory's ``main.py``, imported as ``main``) or ``script``."""
+    harness_config: str | None = None
+    """The plugin's JSON config (its ``--config_file``) as read on this machine; each
+    attempt's plan adjusts it to that attempt's world size."""
+    lr_scaling: str = "linear"
+    """How the harness scales the config's learning rate with the world size."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
@@ -94,9 +113,13 @@ class NodeCommand:
     master_port: int = 0
     hosts_master: bool = False
     secret_env: tuple[str, ...] = ()  # extra secret keys (JobSpec.secret_env)
+    reference_argv: tuple[str, ...] = ()
+    """The launcher's own command these processes stand for (``accelerate launch
+    ...``): shown by ``corral plan`` for reference, never run."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "secret_env", tuple(self.secret_env))
+        object.__setattr__(self, "reference_argv", tuple(self.reference_argv))
         object.__setattr__(self, "argv", tuple(self.argv))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "ranks", tuple(self.ranks))
@@ -109,7 +132,7 @@ class NodeCommand:
         def env(values: Mapping[str, str]) -> dict[str, str]:
             return redact_env(values, self.secret_env) if redact else dict(values)
 
-        return {
+        doc: dict[str, Any] = {
             "host": self.host.name,
             "address": self.host.address,
             "node_rank": self.node_rank,
@@ -125,3 +148,6 @@ class NodeCommand:
             "hosts_master": self.hosts_master,
             "secret_env": list(self.secret_env),
         }
+        if self.reference_argv:
+            doc["reference_argv"] = list(self.reference_argv)
+        return doc

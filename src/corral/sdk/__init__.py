@@ -24,6 +24,7 @@ sdk.cleanup()
 
 from __future__ import annotations
 
+from corral.sdk._accelerate import get_accelerator
 from corral.sdk._calibrate import calibrating
 from corral.sdk._checkpoint import (
     CheckpointWriteError,
@@ -72,6 +73,7 @@ __all__ = [
     "destroy",
     "enable_stack_dumps",
     "error_file_path",
+    "get_accelerator",
     "info",
     "init_distributed",
     "is_complete_checkpoint",

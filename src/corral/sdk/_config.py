@@ -129,6 +129,58 @@ def scale_config(
     return out
 
 
+def adjust_config(
+    config: Mapping[str, Any],
+    world_size: int,
+    *,
+    rule: ScaleRule = "linear",
+    batch_size_key: str = "batch_size",
+    lr_key: str = "learning_rate",
+    output_dir_key: str = "output_dir",
+    require: bool = True,
+) -> dict[str, Any]:
+    """A whole job's config adjusted once for ``world_size`` (the seed's adjustments,
+    used by ``corral serve`` and the plugin harness): the batch divided by the world
+    size, the learning rate scaled by it (:func:`scale_config` with
+    ``scale_by="world_size"``), and the distributed metadata under ``distributed``
+    (which :func:`job_config` reads on each rank for the rank-0-only output rule).
+
+    With ``require`` a missing batch size or learning rate is a ``ValueError`` (as
+    is a bad value); without it, what is missing is left alone.
+    """
+    out = dict(config)
+    batch, lr = out.get(batch_size_key), out.get(lr_key)
+    if require and (batch is None or lr is None):
+        raise ValueError(f"needs config[{batch_size_key!r}] and config[{lr_key!r}]")
+    meta: dict[str, Any] = {"world_size": world_size}
+    if batch is not None:
+        scaled = scale_config(
+            {}, batch_size=batch, lr=1.0, rule=rule, scale_by="world_size", world_size=world_size
+        )
+        out[batch_size_key] = scaled["batch_size"]
+        meta["global_batch_size"] = scaled["global_batch_size"]
+    if lr is not None:
+        # with no batch size, a global batch of one example per rank: the factor is
+        # the world size's (linear), its square root or 1, as with one
+        scaled = scale_config(
+            {},
+            batch_size=batch if batch is not None else world_size,
+            lr=lr,
+            rule=rule,
+            scale_by="world_size",
+            world_size=world_size,
+        )
+        out[lr_key] = scaled["lr"]
+        meta.update(
+            base_lr=scaled["base_lr"],
+            lr_scale=scaled["lr_scale"],
+            lr_scale_rule=scaled["lr_scale_rule"],
+        )
+    meta.update(output_dir_key=output_dir_key, rank0_only_output=output_dir_key in out)
+    out["distributed"] = meta
+    return out
+
+
 def output_dir(path: str | os.PathLike[str]) -> Path | None:
     """Create ``path`` on global rank 0 and return it; return None on every other rank.
 

@@ -25,7 +25,7 @@ from corral.errors import Conflict, Invalid
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
 from corral.redact import is_secret, redact_env
-from corral.sdk._config import JOB_CONFIG_ENV, scale_config
+from corral.sdk._config import JOB_CONFIG_ENV, adjust_config
 from corral.service.launch import LaunchRequest
 from corral.service.machines import host_spec, ssh_spec
 from corral.service.models import JobRequest, Suggestion
@@ -186,35 +186,17 @@ def adjusted_config(request: JobRequest, world_size: int) -> dict[str, Any] | No
     if not request.adjust_config:
         return config
     keys = request.config_scaling
-    batch, lr = config.get(keys.batch_size_key), config.get(keys.lr_key)
-    if batch is None or lr is None:
-        raise Invalid(
-            f"adjust_config needs config[{keys.batch_size_key!r}] and config[{keys.lr_key!r}]",
-            details={"field": "config"},
-        )
     try:
-        scaled = scale_config(
-            {},
-            batch_size=batch,
-            lr=lr,
+        return adjust_config(
+            config,
+            world_size,
             rule=keys.rule,
-            scale_by="world_size",
-            world_size=world_size,
+            batch_size_key=keys.batch_size_key,
+            lr_key=keys.lr_key,
+            output_dir_key=keys.output_dir_key,
         )
     except ValueError as exc:
         raise Invalid(f"config: {exc}", details={"field": "config"}) from exc
-    config[keys.batch_size_key] = scaled["batch_size"]
-    config[keys.lr_key] = scaled["lr"]
-    config["distributed"] = {
-        "world_size": world_size,
-        "global_batch_size": scaled["global_batch_size"],
-        "base_lr": scaled["base_lr"],
-        "lr_scale": scaled["lr_scale"],
-        "lr_scale_rule": scaled["lr_scale_rule"],
-        "output_dir_key": keys.output_dir_key,
-        "rank0_only_output": keys.output_dir_key in config,
-    }
-    return config
 
 
 def script_of(request: JobRequest, settings: ServerSettings) -> str:
