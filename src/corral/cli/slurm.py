@@ -1,0 +1,400 @@
+"""``corral slurm render|submit``: the job as a Slurm batch script, printed or submitted."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from corral.cli.run import (
+    CheckpointOpt,
+    EnvOpt,
+    GlooOpt,
+    LauncherOpt,
+    MasterPortOpt,
+    MaxRestartsOpt,
+    NcclOpt,
+    RdzvTimeoutOpt,
+    RunDirOpt,
+    ScriptArg,
+    SecretEnvOpt,
+    WorkdirOpt,
+)
+from corral.console import make_console
+from corral.deploy.slurm import (
+    DEFAULT_DIST_TIMEOUT,
+    SlurmJob,
+    env_items,
+    forwarded_keys,
+    render_slurm,
+    sbatch_argv,
+)
+from corral.errors import ConfigError, LaunchError
+from corral.job.resolve import new_job_id
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
+from corral.private import private_dir, write_private
+
+_S = "Slurm"
+SBATCH_TIMEOUT = 120.0
+"""Seconds ``sbatch`` may take (it retries while slurmctld does not answer)."""
+
+NodesOpt = Annotated[
+    int,
+    typer.Option(
+        "--nodes", metavar="N", help="Nodes to allocate (one task each).", rich_help_panel=_S
+    ),
+]
+GpusOpt = Annotated[
+    int,
+    typer.Option(
+        "--gpus-per-node",
+        metavar="G",
+        help="GPUs per node (0: a CPU job); also the default ranks per node.",
+        rich_help_panel=_S,
+    ),
+]
+CpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--cpus-per-task",
+        metavar="C",
+        help="CPUs for each node's task, shared by its ranks (default: one per rank).",
+        rich_help_panel=_S,
+    ),
+]
+PartitionOpt = Annotated[
+    str | None,
+    typer.Option("--partition", metavar="P", help="Slurm partition(s).", rich_help_panel=_S),
+]
+AccountOpt = Annotated[
+    str | None,
+    typer.Option("--account", metavar="A", help="Slurm account to charge.", rich_help_panel=_S),
+]
+TimeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--time",
+        metavar="HH:MM:SS",
+        help="Time limit of each attempt (also D-HH:MM:SS or minutes).",
+        rich_help_panel=_S,
+    ),
+]
+JobNameOpt = Annotated[
+    str,
+    typer.Option(
+        "--job-name",
+        metavar="NAME",
+        help="Slurm job name; output goes to NAME-JOBID.out and NAME-JOBID.err.",
+        rich_help_panel=_S,
+    ),
+]
+OutputDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--output-dir",
+        metavar="DIR",
+        help="Directory of the .out/.err files (default: the job's working directory). "
+        "It must exist on the first node.",
+        rich_help_panel=_S,
+    ),
+]
+SbatchOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sbatch-option",
+        metavar="OPTION",
+        help="An extra #SBATCH line, such as --mem=64G or --exclusive (repeatable).",
+        rich_help_panel=_S,
+    ),
+]
+DistTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--dist-timeout",
+        metavar="SECONDS",
+        help="Process-group init and collective timeout, exported as CORRAL_DIST_TIMEOUT.",
+        rich_help_panel=_S,
+    ),
+]
+SlurmPythonOpt = Annotated[
+    str,
+    typer.Option(
+        "--python",
+        metavar="PATH",
+        envvar="CORRAL_PYTHON",
+        help="Interpreter on the nodes (its torchrun is used).",
+        rich_help_panel="Launch",
+    ),
+]
+SlurmNprocOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nproc-per-node",
+        metavar="N|auto",
+        envvar="CORRAL_NPROC_PER_NODE",
+        help="Ranks per node: N, or 'auto' (one per GPU). Default: --gpus-per-node, else 1.",
+        rich_help_panel="Launch",
+    ),
+]
+
+
+def _nproc(value: str | None, gpus: int) -> int | None:
+    if value is None:
+        return None
+    if value == "auto":
+        return gpus or 1
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
+        ) from None
+
+
+def _job(
+    command: list[str] | None,
+    *,
+    launcher: str,
+    nodes: int,
+    gpus_per_node: int,
+    cpus_per_task: int | None,
+    partition: str | None,
+    account: str | None,
+    time: str | None,
+    job_name: str,
+    output_dir: str | None,
+    sbatch_option: list[str] | None,
+    dist_timeout: float,
+    python: str,
+    nproc_per_node: str | None,
+    master_port: int,
+    workdir: str | None,
+    env: list[str] | None,
+    secret_env: list[str] | None,
+    nccl_interface: str | None,
+    gloo_interface: str | None,
+    checkpoint_dir: str | None,
+    rdzv_timeout: float,
+    max_restarts: int,
+) -> SlurmJob:
+    """The SlurmJob of SCRIPT [ARGS] and the options."""
+    if not command:
+        raise ConfigError("no script given: corral slurm render [OPTIONS] -- SCRIPT [ARGS...]")
+    if launcher != "torchrun":
+        raise ConfigError(
+            f"launcher {launcher!r} is not available on Slurm: each node runs torchrun",
+            option="--launcher",
+        )
+    written, bare = env_items(env or [])
+    script, *args = command
+    return SlurmJob(
+        script=script,
+        args=tuple(args),
+        nodes=nodes,
+        nproc_per_node=_nproc(nproc_per_node, gpus_per_node),
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        account=account,
+        time=time,
+        job_name=job_name,
+        python=python,
+        workdir=workdir,
+        output_dir=output_dir,
+        env=written,
+        forward_env=bare,
+        secret_env=tuple(secret_env or ()),
+        master_port=master_port,
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        rdzv_timeout=rdzv_timeout,
+        dist_timeout=dist_timeout,
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        sbatch_options=tuple(sbatch_option or ()),
+    )
+
+
+def render(
+    nodes: NodesOpt,
+    command: ScriptArg = None,
+    gpus_per_node: GpusOpt = 0,
+    cpus_per_task: CpusOpt = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    time: TimeOpt = None,
+    job_name: JobNameOpt = "corral",
+    output_dir: OutputDirOpt = None,
+    sbatch_option: SbatchOpt = None,
+    dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
+    launcher: LauncherOpt = "torchrun",
+    python: SlurmPythonOpt = "python3",
+    nproc_per_node: SlurmNprocOpt = None,
+    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
+    workdir: WorkdirOpt = None,
+    env: EnvOpt = None,
+    secret_env: SecretEnvOpt = None,
+    nccl_interface: NcclOpt = None,
+    gloo_interface: GlooOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
+    max_restarts: MaxRestartsOpt = 0,
+) -> None:
+    """Print the sbatch script that runs SCRIPT with torchrun on every node of a Slurm job.
+
+    One task per node, c10d rendezvous on the first node, NODE_RANK from SLURM_NODEID.
+    The job is requeued after a failure while --max-restarts allows, and each attempt
+    resumes from --checkpoint-dir. A bare --env K is not written into the script: submit
+    it with sbatch --export=K (corral slurm submit does), as secrets must be.
+    """
+    job = _job(
+        command,
+        launcher=launcher,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        account=account,
+        time=time,
+        job_name=job_name,
+        output_dir=output_dir,
+        sbatch_option=sbatch_option,
+        dist_timeout=dist_timeout,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_port=master_port,
+        workdir=workdir,
+        env=env,
+        secret_env=secret_env,
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        checkpoint_dir=checkpoint_dir,
+        rdzv_timeout=rdzv_timeout,
+        max_restarts=max_restarts,
+    )
+    sys.stdout.write(render_slurm(job))
+
+
+def _sbatch(job: SlurmJob, path: Path) -> str:
+    """Run sbatch on the script at ``path``; the Slurm job id."""
+    missing = [key for key in forwarded_keys(job) if key not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not set here: a bare --env K forwards this shell's value",
+            option="--env",
+        )
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise LaunchError(
+            "sbatch not found on PATH: run this on a Slurm login node (or install Slurm's "
+            "client, Debian: slurm-client), or print the script with corral slurm render"
+        )
+    argv = [sbatch, *sbatch_argv(job, str(path))[1:]]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SBATCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"sbatch did not answer within {SBATCH_TIMEOUT:g}s") from None
+    except OSError as exc:
+        raise LaunchError(f"sbatch could not be run: {exc}") from exc
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        why = lines[-1] if lines else "no output"
+        raise LaunchError(f"sbatch refused the job (exit {done.returncode}): {why}")
+    job_id = done.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise LaunchError(f"sbatch printed no job id: {done.stdout.strip()!r}")
+    return job_id
+
+
+def submit(
+    nodes: NodesOpt,
+    command: ScriptArg = None,
+    gpus_per_node: GpusOpt = 0,
+    cpus_per_task: CpusOpt = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    time: TimeOpt = None,
+    job_name: JobNameOpt = "corral",
+    output_dir: OutputDirOpt = None,
+    sbatch_option: SbatchOpt = None,
+    dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
+    run_dir: RunDirOpt = "runs",
+    launcher: LauncherOpt = "torchrun",
+    python: SlurmPythonOpt = "python3",
+    nproc_per_node: SlurmNprocOpt = None,
+    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
+    workdir: WorkdirOpt = None,
+    env: EnvOpt = None,
+    secret_env: SecretEnvOpt = None,
+    nccl_interface: NcclOpt = None,
+    gloo_interface: GlooOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
+    max_restarts: MaxRestartsOpt = 0,
+) -> None:
+    """Render the sbatch script (as corral slurm render) and submit it; prints the job id.
+
+    The script is written to runs/ID/job.sbatch, readable by you only, and submitted with
+    sbatch --parsable. Only what you asked for reaches the job: sbatch --export=NONE, or
+    --export=K1,K2 for the bare --env keys, whose values sbatch takes from this shell.
+    """
+    job = _job(
+        command,
+        launcher=launcher,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        account=account,
+        time=time,
+        job_name=job_name,
+        output_dir=output_dir,
+        sbatch_option=sbatch_option,
+        dist_timeout=dist_timeout,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_port=master_port,
+        workdir=workdir,
+        env=env,
+        secret_env=secret_env,
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        checkpoint_dir=checkpoint_dir,
+        rdzv_timeout=rdzv_timeout,
+        max_restarts=max_restarts,
+    )
+    text = render_slurm(job)
+    folder = private_dir(Path(run_dir) / new_job_id())
+    path = folder / "job.sbatch"
+    write_private(path, text)
+    slurm_id = _sbatch(job, path.resolve())
+    write_private(folder / "slurm-job-id", slurm_id + "\n")
+    out = Path(output_dir or workdir or ".") / f"{job_name}-{slurm_id}"
+    console = make_console()
+    console.print(
+        f"submitted Slurm job {slurm_id} ({path}); output: {out}.out and {out}.err "
+        f"on the first node; follow it with squeue -j {slurm_id}",
+        markup=False,
+        soft_wrap=True,
+    )
+    sys.stdout.write(slurm_id + "\n")
+
+
+slurm_app = typer.Typer(
+    name="slurm",
+    help="Run the job on a Slurm cluster: render or submit an sbatch script.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``slurm`` group (render, submit) to ``app``."""
+    ctx = {"allow_interspersed_args": False}
+    slurm_app.command("render", context_settings=ctx)(render)
+    slurm_app.command("submit", context_settings=ctx)(submit)
+    app.add_typer(slurm_app, name="slurm")

@@ -1,0 +1,395 @@
+"""Render a corral job as a Slurm batch script (pure, no I/O).
+
+One Slurm task per node (``srun --ntasks-per-node=1``), each running torchrun
+with c10d rendezvous on the allocation's first node (``scontrol show hostnames
+"$SLURM_JOB_NODELIST" | head -n1``, reached at its Slurm ``NodeAddr``), explicit
+rendezvous and process-group timeouts, ``NODE_RANK=$SLURM_NODEID`` and the
+NCCL/GLOO interfaces asked for. Nodes other than the first wait, up to the
+rendezvous timeout, until the master's port accepts connections, and exit with
+:data:`MASTER_NOT_READY_EXIT` naming what failed when it does not.
+
+Restarts: the job is ``--requeue``-able (node failure, preemption), and after a
+failed run with attempts left (``--max-restarts``) the script requeues itself.
+Every attempt sees ``CORRAL_ATTEMPT=$SLURM_RESTART_COUNT`` and
+``CORRAL_CHECKPOINT_DIR``, so ``corral.sdk.resume()`` continues from the last
+checkpoint.
+
+Secret values are never written into the script: a secret key must be given
+bare (``--env HF_TOKEN``) and is forwarded from the submitter's environment at
+submit time (``sbatch --export=HF_TOKEN``, see :func:`sbatch_argv`); the script
+checks it arrived.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from corral.errors import ConfigError
+from corral.plan.render import CONTRACT_VARS
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
+from corral.redact import is_secret
+
+__all__ = [
+    "DEFAULT_DIST_TIMEOUT",
+    "MASTER_NOT_READY_EXIT",
+    "SlurmJob",
+    "env_items",
+    "forwarded_keys",
+    "render_slurm",
+    "sbatch_argv",
+]
+
+DEFAULT_DIST_TIMEOUT = 1800.0
+"""Seconds for process-group init and each collective (``CORRAL_DIST_TIMEOUT``)."""
+MASTER_NOT_READY_EXIT = 3
+"""Exit code of a node whose master never accepted connections."""
+READ_TIMEOUT = 60
+"""torchrun's c10d ``read_timeout`` (seconds), as ``corral run`` uses."""
+_PORT_BASE, _PORT_SPAN = 20000, 40000
+"""``--master-port 0``: a port derived from the Slurm job id in [20000, 60000)."""
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_WORD = re.compile(r"^[A-Za-z0-9_.-]+$")
+_PARTITIONS = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+# Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
+
+# Set by the script on every node; --env may not override them.
+_RENDERED_VARS = (
+    *CONTRACT_VARS,
+    "CORRAL_CHECKPOINT_DIR",
+    "CORRAL_RDZV_TIMEOUT",
+    "CORRAL_DIST_TIMEOUT",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A corral job as one Slurm batch job: what to run and what to ask Slurm for."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    nodes: int = 1
+    nproc_per_node: int | None = None
+    """Ranks per node; default: ``gpus_per_node``, else 1."""
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    """CPUs of each node's task (all its ranks); default: one per rank."""
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    job_name: str = "corral"
+    python: str = "python3"
+    workdir: str | None = None
+    output_dir: str | None = None
+    """Where Slurm writes ``<job-name>-<job-id>.out``/``.err`` (default: the job's
+    working directory); it must exist on the first node."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """``--env K=V``: written into the script (never a secret)."""
+    forward_env: tuple[str, ...] = ()
+    """Bare ``--env K``: taken from the submitter's environment at submit time."""
+    secret_env: tuple[str, ...] = ()
+    """Keys secret although not named like secrets (``--secret-env``)."""
+    master_port: int = DEFAULT_MASTER_PORT
+    """0: a port derived from the Slurm job id (jobs sharing a node do not collide)."""
+    nccl_interface: str | None = None
+    gloo_interface: str | None = None
+    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    dist_timeout: float = DEFAULT_DIST_TIMEOUT
+    max_restarts: int = 0
+    checkpoint_dir: str | None = None
+    sbatch_options: tuple[str, ...] = ()
+    """Extra ``#SBATCH`` lines as written (``--mem=64G``, ``--exclusive``, ...)."""
+
+    def __post_init__(self) -> None:
+        for name in ("args", "forward_env", "secret_env", "sbatch_options"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    @property
+    def ranks_per_node(self) -> int:
+        """``nproc_per_node``, else one rank per GPU, else 1."""
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return self.gpus_per_node or 1
+
+
+def forwarded_keys(job: SlurmJob) -> list[str]:
+    """The keys ``sbatch --export`` forwards from the submitter's environment."""
+    return list(dict.fromkeys(job.forward_env))
+
+
+def sbatch_argv(job: SlurmJob, script_path: str) -> list[str]:
+    """``sbatch --parsable`` for the rendered script at ``script_path``.
+
+    Only what the job asked for reaches it: ``--export=NONE`` (Slurm's own
+    ``SLURM_*`` variables and the user's login basics such as ``HOME``), or
+    ``--export=K1,K2`` for the bare ``--env`` keys, whose values sbatch reads from
+    its own environment, so they never appear in an argument or a file of ours.
+    """
+    keys = forwarded_keys(job)
+    export = ",".join(keys) if keys else "NONE"
+    return ["sbatch", "--parsable", f"--export={export}", script_path]
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _positive(value: int | None, option: str, least: int = 1) -> None:
+    if value is not None and value < least:
+        raise ConfigError(f"must be at least {least} (got {value})", option=option)
+
+
+def _header_value(value: str | None, option: str) -> None:
+    """A value written into an ``#SBATCH`` line: one word (sbatch splits on blanks)."""
+    if value is not None and (not value or any(c.isspace() for c in value)):
+        raise ConfigError(
+            f"{value!r} cannot be written into an #SBATCH line: it must be one word without blanks",
+            option=option,
+        )
+
+
+def _validate(job: SlurmJob) -> None:
+    if not job.script:
+        raise ConfigError("no script given: corral slurm render [OPTIONS] -- SCRIPT [ARGS...]")
+    _positive(job.nodes, "--nodes")
+    _positive(job.gpus_per_node, "--gpus-per-node", least=0)
+    _positive(job.ranks_per_node, "--nproc-per-node")
+    _positive(job.cpus_per_task, "--cpus-per-task")
+    _positive(job.max_restarts, "--max-restarts", least=0)
+    for value, option, pattern in (
+        (job.partition, "--partition", _PARTITIONS),
+        (job.account, "--account", _WORD),
+        (job.job_name, "--job-name", _WORD),
+    ):
+        if value is not None and not pattern.match(value):
+            raise ConfigError(
+                f"{value!r} is not a Slurm name: use letters, digits, '_', '.' and '-'",
+                option=option,
+            )
+    if job.time is not None and not _TIME.match(job.time):
+        raise ConfigError(
+            f"{job.time!r} is not a Slurm time limit: HH:MM:SS, D-HH:MM:SS or minutes",
+            option="--time",
+        )
+    _header_value(job.workdir, "--workdir")
+    _header_value(job.output_dir, "--output-dir")
+    for option_line in job.sbatch_options:
+        if not option_line.startswith("-") or "\n" in option_line or "\r" in option_line:
+            raise ConfigError(
+                f"{option_line!r} is not an sbatch option (such as --mem=64G)",
+                option="--sbatch-option",
+            )
+    if not job.python.strip() or "\n" in job.python:
+        raise ConfigError(f"{job.python!r} cannot name an interpreter", option="--python")
+    if not (job.master_port == 0 or 1 <= job.master_port <= 65535):
+        raise ConfigError(
+            f"{job.master_port} is not a TCP port (0: derived from the Slurm job id)",
+            option="--master-port",
+        )
+    for option, seconds in (
+        ("--rdzv-timeout", job.rdzv_timeout),
+        ("--dist-timeout", job.dist_timeout),
+    ):
+        if not seconds > 0:
+            raise ConfigError(f"must be positive (got {seconds:g})", option=option)
+    _validate_env(job)
+
+
+def _validate_env(job: SlurmJob) -> None:
+    for key in [*job.env, *job.forward_env]:
+        if not _ENV_NAME.match(key):
+            raise ConfigError(f"{key!r} is not a valid environment variable name", option="--env")
+        if key in _RENDERED_VARS:
+            raise ConfigError(
+                f"{key} is set by corral for every node and cannot be overridden", option="--env"
+            )
+    for key in job.env:
+        if is_secret(key, job.secret_env):
+            raise ConfigError(
+                f"{key} is secret: its value would be written into the batch script. Give it "
+                f"bare (--env {key}): corral slurm submit forwards it from this shell's "
+                "environment with sbatch --export",
+                option="--env",
+            )
+        if key in job.forward_env:
+            raise ConfigError(f"{key} is given both bare and with a value", option="--env")
+
+
+def _header(job: SlurmJob) -> list[str]:
+    name = job.job_name
+    out = f"{job.output_dir.rstrip('/')}/" if job.output_dir else ""
+    lines = [
+        f"--job-name={name}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={job.cpus_per_task or job.ranks_per_node}",
+    ]
+    if job.gpus_per_node:
+        lines.append(f"--gpus-per-node={job.gpus_per_node}")
+    if job.partition:
+        lines.append(f"--partition={job.partition}")
+    if job.account:
+        lines.append(f"--account={job.account}")
+    if job.time:
+        lines.append(f"--time={job.time}")
+    if job.workdir:
+        lines.append(f"--chdir={job.workdir}")
+    lines += [
+        "--requeue",
+        "--open-mode=append",
+        f"--output={out}%x-%j.out",
+        f"--error={out}%x-%j.err",
+        *job.sbatch_options,
+    ]
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def _environment(job: SlurmJob) -> list[str]:
+    q = shlex.quote
+    if job.master_port:
+        port = str(job.master_port)
+    else:
+        port = f'"$(( {_PORT_BASE} + SLURM_JOB_ID % {_PORT_SPAN} ))"'
+    lines = [
+        "# the attempt: Slurm counts requeues (node failure, preemption, the requeue below)",
+        'export CORRAL_JOB_ID="slurm-${SLURM_JOB_ID}"',
+        'export CORRAL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"',
+    ]
+    if job.checkpoint_dir:
+        lines.append(f"export CORRAL_CHECKPOINT_DIR={q(job.checkpoint_dir)}")
+    lines += [
+        "",
+        "# rendezvous on the allocation's first node, at the address Slurm itself uses for it",
+        'MASTER_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+        'MASTER_ADDR="$(scontrol show node -o "$MASTER_NODE" '
+        "| sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')\" || true",
+        'export MASTER_ADDR="${MASTER_ADDR:-$MASTER_NODE}"',
+        f"export MASTER_PORT={port}",
+        'export NNODES="$SLURM_JOB_NUM_NODES"',
+        f"export CORRAL_RDZV_TIMEOUT={_seconds(job.rdzv_timeout)}",
+        f"export CORRAL_DIST_TIMEOUT={_seconds(job.dist_timeout)}",
+    ]
+    if job.nccl_interface:
+        lines.append(f"export NCCL_SOCKET_IFNAME={q(job.nccl_interface)}")
+    if job.gloo_interface:
+        lines.append(f"export GLOO_SOCKET_IFNAME={q(job.gloo_interface)}")
+    if job.env:
+        lines += ["", "# --env"]
+        lines += [f"export {key}={q(value)}" for key, value in job.env.items()]
+    keys = forwarded_keys(job)
+    if keys:
+        lines += [
+            "",
+            "# forwarded from the submitter's environment (sbatch --export), never written here",
+        ]
+        lines += [
+            f': "${{{key}:?{key} was not forwarded: submit with sbatch --export={",".join(keys)}}}"'
+            for key in keys
+        ]
+    return lines
+
+
+def _node_step(job: SlurmJob) -> list[str]:
+    """The script every node's task runs (``bash -c``); SCRIPT ARGS are its ``"$@"``."""
+    rdzv_conf = (
+        "join_timeout=${CORRAL_RDZV_TIMEOUT},"
+        f"read_timeout={READ_TIMEOUT},is_host=$(( NODE_RANK == 0 ? 1 : 0 ))"
+    )
+    return [
+        "NODE_STEP=$(cat <<'CORRAL_NODE'",
+        "set -euo pipefail",
+        'export NODE_RANK="$SLURM_NODEID"',
+        'if [ "$NODE_RANK" -ne 0 ]; then',
+        "  deadline=$(( SECONDS + ${CORRAL_RDZV_TIMEOUT%.*} ))",
+        '  until (exec 3<>"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; do',
+        '    if [ "$SECONDS" -ge "$deadline" ]; then',
+        '      why="refuses connections: did node 0 start torchrun?"',
+        '      getent hosts "$MASTER_ADDR" >/dev/null || why="does not resolve"',
+        '      echo "[corral] node $NODE_RANK: master $MASTER_ADDR:$MASTER_PORT $why'
+        ' (waited ${CORRAL_RDZV_TIMEOUT}s)" >&2',
+        f"      exit {MASTER_NOT_READY_EXIT}",
+        "    fi",
+        "    sleep 1",
+        "  done",
+        "fi",
+        f"exec {shlex.quote(job.python)} -m torch.distributed.run \\",
+        f'  --nnodes="$NNODES" --nproc-per-node={job.ranks_per_node} \\',
+        '  --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
+        '  --rdzv-id="$CORRAL_JOB_ID-a$CORRAL_ATTEMPT" \\',
+        f'  --rdzv-conf="{rdzv_conf}" \\',
+        '  --max-restarts=0 "$@"',
+        "CORRAL_NODE",
+        ")",
+    ]
+
+
+def _launch(job: SlurmJob) -> list[str]:
+    q = shlex.quote
+    srun = [
+        "srun",
+        "--export=ALL",
+        '--nodes="$SLURM_JOB_NUM_NODES"',
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={job.cpus_per_task or job.ranks_per_node}",
+    ]
+    if job.gpus_per_node:
+        srun.append(f"--gpus-per-node={job.gpus_per_node}")
+    srun += ["--kill-on-bad-exit=1", 'bash -c "$NODE_STEP" corral-node "${TRAIN[@]}"']
+    checkpoint = " from $CORRAL_CHECKPOINT_DIR" if job.checkpoint_dir else " from the start"
+    return [
+        f"TRAIN=({' '.join(q(word) for word in (job.script, *job.args))})",
+        f"MAX_RESTARTS={job.max_restarts}",
+        'echo "[corral] job $CORRAL_JOB_ID attempt $CORRAL_ATTEMPT: $NNODES nodes x '
+        f'{job.ranks_per_node} ranks, master $MASTER_ADDR:$MASTER_PORT" >&2',
+        "status=0",
+        " \\\n  ".join(srun) + " || status=$?",
+        'if [ "$status" -ne 0 ] && [ "$CORRAL_ATTEMPT" -lt "$MAX_RESTARTS" ]; then',
+        '  echo "[corral] attempt $CORRAL_ATTEMPT failed (exit $status): requeueing job '
+        "$SLURM_JOB_ID, restart $(( CORRAL_ATTEMPT + 1 )) of $MAX_RESTARTS resumes"
+        f'{checkpoint}" >&2',
+        '  if scontrol requeue "$SLURM_JOB_ID"; then',
+        "    sleep 300  # Slurm ends this attempt and queues the next",
+        "  fi",
+        "fi",
+        'exit "$status"',
+    ]
+
+
+def render_slurm(job: SlurmJob) -> str:
+    """The batch script for ``job``; ConfigError names the option at fault."""
+    _validate(job)
+    ranks = job.nodes * job.ranks_per_node
+    sections = [
+        [
+            "#!/bin/bash",
+            f"# corral: {shlex.quote(job.script)} on {job.nodes} node(s) x "
+            f"{job.ranks_per_node} rank(s) = {ranks} rank(s), torchrun c10d rendezvous",
+            *_header(job),
+            "set -euo pipefail",
+        ],
+        _environment(job),
+        _node_step(job),
+        _launch(job),
+    ]
+    return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def env_items(items: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``--env`` values split into ``K=V`` pairs (written) and bare keys (forwarded)."""
+    written: dict[str, str] = {}
+    bare: list[str] = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep:
+            written[key] = value
+        else:
+            bare.append(key)
+    return written, tuple(bare)
