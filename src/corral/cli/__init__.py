@@ -20,6 +20,7 @@ _VERB_MODULES = (
     "testbed",
     "calibrate",
     "k8s",
+    "slurm",
 )
 
 
