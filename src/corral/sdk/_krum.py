@@ -18,9 +18,13 @@ distance matrix per bucket.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 __all__ = ["KrumHook", "check_krum", "krum_aggregate", "krum_hook", "krum_select"]
+
+
+_PARAMS = ("state", "bucket")
 
 
 def _torch() -> Any:
@@ -78,6 +82,12 @@ class KrumHook:
         check_krum(2 * f + 3, f, None)  # f itself; n and m are checked against the group
         self.f, self.m = f, m
         self.selected: list[int] = []
+        # DDP reads a hook's __name__, and refuses annotations that are not torch's own
+        # classes (ours are strings, torch being optional): show it an unannotated one
+        self.__name__ = self.__qualname__ = "krum_hook"
+        self.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in _PARAMS]
+        )
         dist = _torch().distributed
         if dist.is_available() and dist.is_initialized():
             check_krum(dist.get_world_size(), f, m)
