@@ -76,6 +76,18 @@ LauncherOpt = Annotated[
         rich_help_panel=_L,
     ),
 ]
+RunLauncherOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--launcher",
+        metavar="|".join(LAUNCHERS),
+        envvar="CORRAL_LAUNCHER",
+        help=f"How ranks are started: {'|'.join(LAUNCHERS)}. Default: torchrun "
+        "(accelerate with --harness). See docs/launchers.md.",
+        show_default=False,
+        rich_help_panel=_L,
+    ),
+]
 PythonOpt = Annotated[
     str | None,
     typer.Option(
@@ -578,7 +590,7 @@ def run(
     ssh_config: SshConfigOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
-    launcher: LauncherOpt = "torchrun",
+    launcher: RunLauncherOpt = None,
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
     master_addr: MasterAddrOpt = None,
@@ -654,7 +666,7 @@ def run(
     spec = _spec(
         cluster,
         command,
-        launcher=launcher,
+        launcher=launcher or ("accelerate" if harness else "torchrun"),
         python=python,
         nproc_per_node=nproc_per_node,
         master_addr=master_addr,
@@ -690,7 +702,7 @@ def plan(
     hosts: HostsOpt = None,
     ssh_user: SshUserOpt = None,
     ssh_port: SshPortOpt = None,
-    launcher: LauncherOpt = "torchrun",
+    launcher: RunLauncherOpt = None,
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
     master_addr: MasterAddrOpt = None,
@@ -721,7 +733,7 @@ def plan(
     spec = _spec(
         cluster,
         command,
-        launcher=launcher,
+        launcher=launcher or ("accelerate" if harness else "torchrun"),
         python=python,
         nproc_per_node=nproc_per_node,
         master_addr=master_addr,

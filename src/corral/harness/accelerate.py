@@ -39,6 +39,20 @@ def has_gpu() -> bool:
     return bool(xpu is not None and xpu.is_available())
 
 
+def _cpu_threads(env: MutableMapping[str, str]) -> None:
+    """What Accelerate does on a CPU rank when ``OMP_NUM_THREADS`` is unset (the
+    physical cores shared by the node's ranks), without its warning on every rank."""
+    if env.get("OMP_NUM_THREADS"):
+        return
+    import psutil
+    import torch
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    threads = max(1, cores // max(1, int(env.get("LOCAL_WORLD_SIZE") or "1")))
+    env["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def mismatch_message(
     seen: int, expected: int, where: str, detail: str, env: Mapping[str, str]
 ) -> str:
@@ -88,6 +102,7 @@ def prepare(env: MutableMapping[str, str] | None = None) -> None:
     try:
         if USE_CPU not in env and not has_gpu():
             env[USE_CPU] = "1"
+            _cpu_threads(env)
         install_guard(expected, where, env)
     except ImportError as exc:
         import sys
