@@ -11,6 +11,7 @@ from typing import Any
 
 from corral.checks.gather import HostFacts
 from corral.checks.reference import CodeReference
+from corral.checks.shared_probe import SharedProbe
 from corral.cluster.model import Cluster, Host
 from corral.sync.fingerprint import Manifest
 from corral.transport.options import SshOptions
@@ -46,6 +47,7 @@ class ChecklistOptions:
     connect_timeout: float = 10.0
     sync: dict[str, Any] | None = None  # what `--sync` / `--sync-script` did in this run
     job_id: str | None = None  # the job this pre-flight is for: its processes are not stale
+    shared_data_path: str | None = None  # must be one filesystem on every host (seed 003)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class CheckContext:
     local_script_sha256: str | None = None
     reference: CodeReference | None = None  # which tree here the hosts must match
     ignores: tuple[str, ...] = ()  # extra ignores both sides' manifests were walked with
+    shared_data: SharedProbe | None = None  # the hosts' answers about --shared-data-path
 
     @property
     def is_local(self) -> bool:

@@ -20,6 +20,7 @@ from corral.checks import (
     consistency,
     hardware,
     network,
+    shared_data,
     software,
     stale,
     sync_status,
@@ -28,6 +29,7 @@ from corral.checks.context import CheckContext, ChecklistOptions
 from corral.checks.gather import GatherRequest, gather
 from corral.checks.reference import resolve
 from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
+from corral.checks.shared_probe import SharedProbe, probe_shared
 from corral.cluster.model import Cluster
 from corral.plan.render import master_index
 from corral.sync.fingerprint import Manifest, build_manifest, file_digest
@@ -41,6 +43,7 @@ CHECK_NAMES = (
     "code",
     "network",
     "checkpoint",
+    "shared_data",  # only with --shared-data-path
     "clock",
     "stale",
     "collective",
@@ -155,6 +158,13 @@ async def _smoke(ctx: CheckContext, transport: Transport, port: int) -> CheckRes
     return result
 
 
+async def _shared(tp: Transport, opts: ChecklistOptions) -> SharedProbe | None:
+    """The hosts' answers about ``--shared-data-path`` (None without one)."""
+    if not opts.shared_data_path:
+        return None
+    return await probe_shared(tp, opts.cluster, opts.shared_data_path, opts.python)
+
+
 def _skipped(name: str, cluster: Cluster, why: str) -> CheckResult:
     return CheckResult.from_hosts(
         name, {h.name: HostCheck(Status.SKIP, why) for h in cluster.hosts}, summary=why
@@ -206,8 +216,10 @@ async def run_checklist(
         t0 = time.perf_counter()
         asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
         local = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
-        facts_map, (manifest, script_hash) = await asyncio.gather(
-            gather(tp, asked, request, master=master, python=opts.python), local
+        facts_map, (manifest, script_hash), shared = await asyncio.gather(
+            gather(tp, asked, request, master=master, python=opts.python),
+            local,
+            _shared(tp, opts),
         )
         if cluster.is_local:
             only = facts_map[cluster.hosts[0].name]
@@ -224,6 +236,7 @@ async def run_checklist(
             local_script_sha256=script_hash,
             reference=reference,
             ignores=ignores,
+            shared_data=shared,
         )
         results = [_timed(m.check, ctx) for m in (connectivity, hardware, software)]
         code = _timed(consistency.check, ctx)
@@ -231,7 +244,10 @@ async def run_checklist(
         if opts.exclude_divergent and code.status is Status.FAIL:
             excluded = _exclude(ctx, code)
         results.append(code)
-        results += [_timed(m.check, ctx) for m in (network, checkpoint, clock, stale)]
+        results += [_timed(m.check, ctx) for m in (network, checkpoint)]
+        if shared is not None:
+            results.append(_timed(shared_data.check, ctx))
+        results += [_timed(m.check, ctx) for m in (clock, stale)]
         if opts.smoke:
             t1 = time.perf_counter()
             listener = facts_map[master.name].facts.get("listener") or {}

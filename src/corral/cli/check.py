@@ -19,6 +19,7 @@ import typer
 from corral.checks.context import DEFAULT_MIN_FREE_GB, DEFAULT_SMOKE_TIMEOUT, ChecklistOptions
 from corral.checks.render import print_report
 from corral.checks.runner import run_checklist
+from corral.checks.shared_data import validate_path
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,
@@ -44,6 +45,7 @@ from corral.cli.run import (
     NprocOpt,
     PythonOpt,
     RunDirOpt,
+    SharedDataPathOpt,
     ThresholdOpt,
     WorkdirOpt,
 )
@@ -104,6 +106,7 @@ def checklist_options(
     smoke: bool,
     smoke_timeout: float,
     connect_timeout: float,
+    shared_data_path: str | None = None,
 ) -> ChecklistOptions:
     """Validated ChecklistOptions from the command line."""
     if launcher not in LAUNCHERS:
@@ -119,6 +122,7 @@ def checklist_options(
         raise ConfigError(f"must be >= 0 (got {min_free_gb:g})", option="--min-free-gb")
     if not 0 <= master_port <= 65535:
         raise ConfigError(f"{master_port} is not a TCP port", option="--master-port")
+    validate_path(shared_data_path)
     cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
     return ChecklistOptions(
         cluster=cluster,
@@ -140,6 +144,7 @@ def checklist_options(
         smoke=smoke,
         smoke_timeout=smoke_timeout,
         connect_timeout=connect_timeout,
+        shared_data_path=shared_data_path,
     )
 
 
@@ -167,6 +172,7 @@ def check(
     consistency_threshold: ThresholdOpt = 1.0,
     exclude_divergent: ExcludeOpt = False,
     code_dir: CodeDirOpt = None,
+    shared_data_path: SharedDataPathOpt = None,
     smoke: Annotated[
         bool,
         typer.Option(
@@ -184,7 +190,8 @@ def check(
 ) -> None:
     """Run the pre-flight checklist on every host: connectivity, hardware, software
     versions, code consistency, network (master port, reachability, interfaces),
-    checkpoint dir, clock skew, stale processes, a collective smoke test, sync status.
+    checkpoint dir, clock skew, stale processes, a collective smoke test, sync status;
+    with --shared-data-path, that the path is one filesystem on every host.
 
     Exit 0 when no check failed, 1 when one did, 2 for bad options.
     """
@@ -217,6 +224,7 @@ def check(
         smoke=smoke,
         smoke_timeout=smoke_timeout,
         connect_timeout=connect_timeout,
+        shared_data_path=shared_data_path,
     )
     outcome = asyncio.run(run_checklist(opts, run_dir=run_dir))
     report = outcome.report

@@ -6,7 +6,8 @@ the launch: hosts dropped by ``--exclude-divergent`` leave the cluster, and the
 interface each host routes to the master on becomes its
 ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` unless one was given. The
 collective smoke test costs a torch import per rank, so it runs only with
-``--smoke-test``.
+``--smoke-test``. A ``spec.shared_data_path`` (``--shared-data-path``) adds the
+shared data check: the path must be one filesystem on every host.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from corral.checks.context import ChecklistOptions
 from corral.checks.result import ChecklistReport
 from corral.checks.runner import ChecklistOutcome, run_checklist
+from corral.checks.shared_data import validate_path
 from corral.cluster.model import Cluster
 from corral.errors import CheckFailed
 from corral.job.options import CheckPolicy
@@ -55,6 +57,7 @@ def checklist_options(
         smoke=policy.smoke_test,
         sync=sync,
         job_id=spec.job_id,
+        shared_data_path=validate_path(spec.shared_data_path),
     )
 
 

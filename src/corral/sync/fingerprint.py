@@ -35,6 +35,7 @@ DEFAULT_IGNORES = (
     ".ruff_cache/",
     "/checkpoints/",  # training output at the top of a tree is not code
     ".corral-write-test-*",  # the pre-flight's probe of a checkpoint dir inside the tree
+    ".corral-shared-check-*",  # the pre-flight's marker in a shared data path inside it
 )
 MAX_FILES = 100_000
 _CHUNK = 1 << 20
