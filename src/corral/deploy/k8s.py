@@ -401,7 +401,7 @@ def _service(spec: JobSpec, target: K8sTarget) -> dict[str, Any]:
 def _job(spec: JobSpec, target: K8sTarget) -> dict[str, Any]:
     rules: list[dict[str, Any]] = [
         # an evicted or preempted pod is replaced without using up a restart
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     ]
     if target.fail_exit_codes:
         rules.insert(

@@ -145,6 +145,8 @@ def _api_errors(api: K8sApi, what: str) -> Iterator[None]:
         raise ConnectError(
             "cannot reach the Kubernetes API server", host=api.server, cause=str(reason)
         ) from exc
+    except ValueError as exc:  # an answer the client's models cannot read
+        raise LaunchError(f"cannot {what}: unexpected answer from {api.server}: {exc}") from exc
 
 
 class _Missing(CorralError):
@@ -156,17 +158,23 @@ def _name(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return str(obj.get("kind")), str(meta.get("name")), str(meta.get("namespace") or "default")
 
 
+def _discard(response: Any) -> None:
+    """Read and release a raw response whose object corral does not need."""
+    response.read()
+    response.release_conn()
+
+
 def _create(api: K8sApi, obj: Mapping[str, Any]) -> None:
     kind, name, namespace = _name(obj)
+    create = (
+        api.core.create_namespaced_service if kind == "Service" else api.batch.create_namespaced_job
+    )
     with _api_errors(api, f"create {kind.lower()} {name} in namespace {namespace}"):
-        if kind == "Service":
-            api.core.create_namespaced_service(
-                namespace, body=dict(obj), _request_timeout=REQUEST_TIMEOUT
+        _discard(
+            create(
+                namespace, body=dict(obj), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
             )
-        else:
-            api.batch.create_namespaced_job(
-                namespace, body=dict(obj), _request_timeout=REQUEST_TIMEOUT
-            )
+        )
 
 
 def _remove(api: K8sApi, kind: str, name: str, namespace: str) -> bool:
@@ -174,16 +182,18 @@ def _remove(api: K8sApi, kind: str, name: str, namespace: str) -> bool:
     try:
         with _api_errors(api, f"delete {kind.lower()} {name} in namespace {namespace}"):
             if kind == "Service":
-                api.core.delete_namespaced_service(
-                    name, namespace, _request_timeout=REQUEST_TIMEOUT
+                response = api.core.delete_namespaced_service(
+                    name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
                 )
             else:
-                api.batch.delete_namespaced_job(
+                response = api.batch.delete_namespaced_job(
                     name,
                     namespace,
                     propagation_policy="Background",  # the API's default orphans the pods
+                    _preload_content=False,
                     _request_timeout=REQUEST_TIMEOUT,
                 )
+            _discard(response)
     except _Missing:
         return False
     return True
@@ -337,7 +347,7 @@ def _stream(api: K8sApi, namespace: str, pod: Any, out: Sink, note: Sink) -> Non
                 container=_container(pod),
                 follow=True,
                 _preload_content=False,
-                _request_timeout=(REQUEST_TIMEOUT, None),  # no read timeout: a quiet rank
+                # no timeout: a rank may be quiet for hours; the Job's end closes the stream
             )
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             pending = ""
