@@ -150,11 +150,8 @@ class _Collector:
         if not isinstance(examples, int | float) or examples < 0 or self.stopping:
             return
         busy = event.metrics.get("busy")
-        self.samples[event.rank].append(
-            Sample(
-                event.time, float(examples), float(busy) if isinstance(busy, int | float) else None
-            )
-        )
+        busy_s = float(busy) if isinstance(busy, int | float) else None
+        self.samples[event.rank].append(Sample(event.time, float(examples), busy_s))
         if self.window_start is None and all(self.samples.values()):
             self.window_start = event.time
             loop = asyncio.get_running_loop()
@@ -211,8 +208,10 @@ def _failure(result: JobResult) -> JobFailed:
     root = result.root_cause
     if root is None:
         return JobFailed(f"the calibration job ended {result.state.value}: {result.reason}")
+    lines = (root.traceback or "").splitlines() or list(root.stderr_tail)
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
     return JobFailed(
-        f"the calibration job failed: {root.message}",
+        f"the calibration job failed: {root.message}" + (f": {last}" if last else ""),
         host=root.host,
         rank=root.rank,
         exit_code=root.code,

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from corral.checks.result import ChecklistReport
@@ -204,6 +204,9 @@ class Job:
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
         self._task: asyncio.Task[JobResult] | None = None
+        #: Called with the next attempt's spec and cluster before a restart is planned;
+        #: returns the spec to plan (e.g. re-weighed, see corral.calibration.drift).
+        self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
 
     # -- the API ------------------------------------------------------------------------
 
@@ -545,6 +548,8 @@ class Job:
             spec = dataclasses.replace(spec, master_addr=None)  # its host is gone
         # the port the user asked for (0: any free one, picked again)
         spec = resolve(dataclasses.replace(spec, master_port=self._requested_port), cluster)
+        if self.before_restart is not None:
+            spec = self.before_restart(spec, cluster)
         nxt = plan_attempt(spec, cluster, number)
         if cluster.is_local:
             return nxt, {}

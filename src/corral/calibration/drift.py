@@ -1,0 +1,277 @@
+"""Live throughput against the calibration: drift warnings and rebalanced weights.
+
+A :class:`DriftMonitor` subscribes to a running job (``job.subscribe(monitor.on_event)``)
+that was launched with workload weights (``JobSpec.workload_weights``). From the
+``examples`` of every rank's progress reports over the last ``window`` seconds it
+computes each rank's live examples/s and its share of the job's total, and
+compares that share with the rank's weight: when they differ by more than
+``threshold`` (20%) it emits a warning (a :class:`~corral.job.events.Message`
+through ``emit``, normally ``job.emit``), once per excursion.
+
+What the live rate means: under DDP every rank waits for the slowest at each
+all-reduce, so ``examples`` alone make every rank's share equal its weight
+(each processes its batch per step, in lockstep). A rank that also reports
+``busy`` (seconds it spent computing since its previous report, e.g. the
+forward pass, which waits for no other rank) is measured in examples per busy
+second: its real speed, and a slowed rank shows up. Without ``busy`` the
+monitor still catches ranks that run at their own pace.
+
+:meth:`DriftMonitor.respec` is the engine's ``before_restart`` hook: the next
+attempt's weights follow its ranks (hosts dropped by a restart included) and,
+with ``rebalance=True``, are recomputed from the live rates (``--rebalance``).
+Weights are fixed for an attempt (they travel in the ranks' environment), so a
+rebalance takes effect at the next restart; :meth:`DriftMonitor.live_calibration`
+gives a calibration file of the live rates for the next ``corral run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+
+from corral.calibration.model import Calibration
+from corral.calibration.resolve import planned_ranks, weights_from_rates
+from corral.calibration.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
+from corral.cluster.model import Cluster
+from corral.errors import ConfigError
+from corral.job.events import AttemptStarted, JobEvent, Level, Message, Progress
+from corral.plan.spec import JobSpec
+
+__all__ = ["DRIFT_THRESHOLD", "Drift", "DriftMonitor"]
+
+DRIFT_THRESHOLD = 0.20
+WINDOW = 60.0
+#: Seconds of reports a rank needs before it is judged (its warm-up).
+MIN_SECONDS = 10.0
+CHECK_EVERY = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift:
+    """One rank's live share against its weight."""
+
+    rank: int
+    host: str
+    expected: float
+    live: float
+
+    @property
+    def ratio(self) -> float:
+        """Live over expected minus one: -0.3 is 30% below its share."""
+        return self.live / self.expected - 1.0
+
+
+class DriftMonitor:
+    """Watches a job's live throughput per rank (a :class:`~corral.job.events.Subscriber`)."""
+
+    def __init__(
+        self,
+        weights: Sequence[float],
+        cluster: Cluster,
+        nproc_per_node: int | None,
+        *,
+        emit: Callable[[JobEvent], None] | None = None,
+        rebalance: bool = False,
+        threshold: float = DRIFT_THRESHOLD,
+        window: float = WINDOW,
+        min_seconds: float = MIN_SECONDS,
+        check_every: float = CHECK_EVERY,
+    ) -> None:
+        if not threshold > 0:
+            raise ConfigError(f"must be more than 0 (got {threshold:g})", option="--rebalance")
+        self.weights = tuple(weights)
+        self.cluster = cluster
+        self.nproc_per_node = nproc_per_node
+        self.emit = emit
+        self.rebalance = rebalance
+        self.threshold = threshold
+        self.window = window
+        self.min_seconds = min_seconds
+        self.check_every = check_every
+        self.job_id = ""
+        self.attempt = 0
+        self.plan = planned_ranks(cluster, nproc_per_node)
+        self.samples: dict[int, deque[Sample]] = {}
+        self.hosts: dict[int, str] = {}
+        self.first: dict[int, float] = {}
+        self.drifting: dict[int, Drift] = {}
+        self._checked = float("-inf")
+
+    # -- events ---------------------------------------------------------------------------
+
+    def on_event(self, event: JobEvent) -> None:
+        """Feed one job event (Progress reports; AttemptStarted resets the ranks)."""
+        self.job_id = event.job_id
+        if isinstance(event, AttemptStarted):
+            self._new_attempt(event)
+            return
+        if not isinstance(event, Progress):
+            return
+        examples = event.metrics.get("examples")
+        if not isinstance(examples, int | float) or examples < 0:
+            return
+        busy = event.metrics.get("busy")
+        busy_s = float(busy) if isinstance(busy, int | float) and busy >= 0 else None
+        samples = self.samples.setdefault(event.rank, deque())
+        samples.append(Sample(event.time, float(examples), busy_s))
+        self.hosts[event.rank] = event.host
+        self.first.setdefault(event.rank, event.time)
+        while samples and samples[0].time < event.time - self.window:
+            samples.popleft()
+        if event.time - self._checked >= self.check_every:
+            self._checked = event.time
+            self.check(event.time)
+
+    def _new_attempt(self, event: AttemptStarted) -> None:
+        self.attempt = event.number
+        known = {h.name: h for h in self.cluster.hosts}
+        hosts = [known[name] for name in event.hosts if name in known]
+        self.plan = planned_ranks(Cluster(tuple(hosts)), self.nproc_per_node)
+        self.samples.clear()
+        self.hosts.clear()
+        self.first.clear()
+        self.drifting.clear()
+        self._checked = float("-inf")
+
+    def _say(self, text: str, level: Level) -> None:
+        if self.emit is None:
+            return
+        message = Message(job_id=self.job_id, text=text, level=level)
+        try:
+            asyncio.get_running_loop().call_soon(self.emit, message)
+        except RuntimeError:  # no loop: called from a plain thread or a test
+            self.emit(message)
+
+    # -- live rates -----------------------------------------------------------------------
+
+    def live_rates(self, now: float | None = None) -> dict[int, Rate]:
+        """Every rank's rate over the window, once it reported for ``min_seconds``."""
+        rates: dict[int, Rate] = {}
+        for rank, samples in self.samples.items():
+            if not samples:
+                continue
+            latest = samples[-1].time if now is None else now
+            if latest - self.first[rank] < self.min_seconds:
+                continue
+            rate = rate_of(list(samples), samples[0].time)
+            if rate is not None:
+                rates[rank] = rate
+        return rates
+
+    def drifts(self, now: float | None = None) -> list[Drift]:
+        """Each measured rank's live share of the measured ranks' examples/s against
+        its weight's share of theirs (ranks without a weight are left out)."""
+        rates = {r: rate for r, rate in self.live_rates(now).items() if r < len(self.weights)}
+        if len(rates) < 2:
+            return []
+        total_live = sum(r.examples_per_s for r in rates.values())
+        total_weight = sum(self.weights[r] for r in rates)
+        return [
+            Drift(
+                rank=r,
+                host=self.hosts[r],
+                expected=self.weights[r] / total_weight,
+                live=rate.examples_per_s / total_live,
+            )
+            for r, rate in sorted(rates.items())
+        ]
+
+    def check(self, now: float | None = None) -> list[Drift]:
+        """Warn about ranks that crossed the threshold (and say when one is back);
+        returns the ranks drifting now."""
+        current = {d.rank: d for d in self.drifts(now) if abs(d.ratio) > self.threshold}
+        for rank, drift in current.items():
+            if rank not in self.drifting:
+                where = "below" if drift.ratio < 0 else "above"
+                then = (
+                    "the next restart uses weights from the live rates (--rebalance)"
+                    if self.rebalance
+                    else "pass --rebalance to re-weigh at a restart, or re-run corral calibrate"
+                )
+                self._say(
+                    f"throughput drift: rank {rank} ({drift.host}) runs {abs(drift.ratio):.0%} "
+                    f"{where} its calibrated share (live {drift.live:.3f} of the job's "
+                    f"examples/s, weight {drift.expected:.3f}); {then}",
+                    "warning",
+                )
+        for rank in set(self.drifting) - set(current):
+            self._say(
+                f"throughput drift: rank {rank} ({self.drifting[rank].host}) is back within "
+                f"{self.threshold:.0%} of its calibrated share",
+                "info",
+            )
+        self.drifting = current
+        return list(current.values())
+
+    # -- rebalancing ----------------------------------------------------------------------
+
+    def _local_rates(self) -> dict[tuple[str, int], float]:
+        """Live examples/s by (host, local rank): a host's ranks in global rank order
+        (torchrun and corral give a node consecutive ranks in local rank order)."""
+        by_host: dict[str, list[int]] = {}
+        for rank in sorted(self.hosts):
+            by_host.setdefault(self.hosts[rank], []).append(rank)
+        rates = self.live_rates()
+        out: dict[tuple[str, int], float] = {}
+        for host, ranks in by_host.items():
+            for local, rank in enumerate(ranks):
+                if rank in rates:
+                    out[(host, local)] = rates[rank].examples_per_s
+        return out
+
+    def rebalanced_weights(self, cluster: Cluster | None = None) -> tuple[float, ...] | None:
+        """Weights from the live rates for ``cluster``'s ranks (default: the monitor's);
+        None when some planned rank has no live rate yet."""
+        target = cluster or self.cluster
+        try:
+            return weights_from_rates(self._local_rates(), target, self.nproc_per_node)
+        except ConfigError:
+            return None
+
+    def _remapped(self, cluster: Cluster) -> tuple[float, ...]:
+        """The current weights of the ranks ``cluster`` still plans, renormalised."""
+        current = dict(zip(((h.name, local) for h, local in self.plan), self.weights, strict=False))
+        return weights_from_rates(current, cluster, self.nproc_per_node)
+
+    def respec(self, spec: JobSpec, cluster: Cluster) -> JobSpec:
+        """The ``before_restart`` hook: ``spec`` with the next attempt's weights."""
+        if not spec.workload_weights:
+            return spec
+        weights = self.rebalanced_weights(cluster) if self.rebalance else None
+        if weights is not None:
+            self._say(
+                "rebalanced workload weights from the live rates for the next attempt: "
+                + ", ".join(f"{w:.3f}" for w in weights),
+                "info",
+            )
+        else:
+            weights = self._remapped(cluster)
+        self.weights = weights
+        return dataclasses.replace(spec, workload_weights=weights)
+
+    def live_calibration(self) -> Calibration | None:
+        """A calibration of the live rates (``workload: live``), for ``corral run
+        --calibration``; None before every rank of the attempt has a rate."""
+        rates = self.live_rates()
+        if not rates or set(rates) != set(range(len(self.plan))):
+            return None
+        by_host: dict[str, list[int]] = {}
+        for rank in sorted(rates):
+            by_host.setdefault(self.hosts[rank], []).append(rank)
+        measured = [
+            MeasuredRank(host=host, rank=rank, local_rank=local, rate=rates[rank])
+            for host, ranks in by_host.items()
+            for local, rank in enumerate(ranks)
+        ]
+        return build_calibration(
+            measured,
+            hosts=list(dict.fromkeys(h.name for h, _ in self.plan)),
+            job_id=self.job_id,
+            seconds=max(r.seconds for r in rates.values()),
+            script=None,
+            workload="live",
+            when=datetime.now(timezone.utc),
+        )
