@@ -1,0 +1,89 @@
+"""``--launcher mlx`` on ``local:2`` (2 ranks each): MLX's ring over loopback, a
+failing rank's own exit code, and a backend this host does not have."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+
+from .conftest import REPO, run_corral, wait_no_job_processes
+
+EXAMPLE = str(REPO / "examples" / "mlx_all_sum.py")
+
+
+@pytest.fixture(autouse=True)
+def _mlx() -> None:
+    require("mlx.core", "the mlx extra: make setup")
+
+
+def mlx_run_args(run_dir: Path, job: str, cluster: list[str]) -> list[str]:
+    """``corral run`` options for an MLX job on ``cluster`` (a fresh master port)."""
+    return [
+        "run",
+        *cluster,
+        "--launcher",
+        "mlx",
+        "--master-port",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--job-id",
+        job,
+        "--grace",
+        "5",
+    ]
+
+
+def assert_all_sum(stdout: str, hosts: list[str], per_host: int = 2) -> None:
+    """Every rank printed the right all_sum, under its own ``[host:rank]`` prefix."""
+    world = len(hosts) * per_host
+    expected = world * (world + 1) // 2
+    for rank in range(world):
+        line = f"[{hosts[rank // per_host]}:{rank}] rank {rank}/{world} all_sum={expected} "
+        assert re.search(rf"^{re.escape(line)}expected={expected}$", stdout, re.M), (rank, stdout)
+
+
+def assert_rank_failed_alone(result: subprocess.CompletedProcess[str], job: str, host: str) -> None:
+    """Rank 2 on ``host`` exited 7: the job's code, the root cause, nothing left."""
+    assert result.returncode == 7, result.stderr[-4000:]
+    assert f"root cause: rank 2 on {host} exited with code 7" in result.stderr, result.stderr
+    assert f"[{host}:2] rank 2 fails with exit code 7" in result.stdout
+    assert not wait_no_job_processes(job, within=30)
+
+
+def test_all_sum_over_four_ranks_on_two_local_nodes(run_dir: Path, tmp_path: Path) -> None:
+    args = mlx_run_args(run_dir, "mlx-sum", ["--hosts", "local:2", "--nproc-per-node", "2"])
+    result = run_corral(*args, "--", EXAMPLE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_all_sum(result.stdout, ["local-0", "local-1"])
+    # each rank's copy of MLX's hostfile is the plan's ring: ports per global rank
+    hostfile = run_dir / "mlx-sum" / "nodes" / "local-1" / "mlx" / "hostfile-attempt-0-rank-3.json"
+    ring = [entry for rank in json.loads(hostfile.read_text()) for entry in rank]
+    assert len(ring) == len(set(ring)) == 4 and all(e.startswith("127.0.0.1:") for e in ring)
+
+
+def test_a_failing_rank_fails_the_job_with_its_own_code(run_dir: Path, tmp_path: Path) -> None:
+    args = mlx_run_args(run_dir, "mlx-exit7", ["--hosts", "local:2", "--nproc-per-node", "2"])
+    result = run_corral(*args, "--", EXAMPLE, "--fail-rank", "2", cwd=tmp_path)
+    assert_rank_failed_alone(result, "mlx-exit7", "local-1")
+
+
+def test_a_backend_missing_on_the_hosts_is_refused_by_name(run_dir: Path, tmp_path: Path) -> None:
+    mx = require("mlx.core")
+    if mx.distributed.is_available("jaccl"):
+        pytest.skip("jaccl is available on this machine: nothing to refuse")
+    args = mlx_run_args(run_dir, "mlx-jaccl", ["--hosts", "local:2", "--nproc-per-node", "1"])
+    result = run_corral(
+        *args, "--mlx-backend", "jaccl", "--env", "MLX_IBV_DEVICES=/nonexistent.json",
+        "--", EXAMPLE, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "MLX's jaccl backend is not available on local-" in result.stderr
+    assert "all_sum" not in result.stdout  # no rank ran the script
+    assert not wait_no_job_processes("mlx-jaccl", within=30)
