@@ -58,6 +58,9 @@ _PARTITIONS = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
 
+# Each rank's command: NODE_RANK is the node's rank as the rendezvous assigned it.
+_RANK_WRAPPER = shlex.quote('export NODE_RANK="$GROUP_RANK"; exec "$0" "$@"')
+
 # Set by the script on every node; --env may not override them.
 _RENDERED_VARS = (
     *CONTRACT_VARS,
@@ -299,6 +302,7 @@ def _environment(job: SlurmJob) -> list[str]:
 
 def _node_step(job: SlurmJob) -> list[str]:
     """The script every node's task runs (``bash -c``); SCRIPT ARGS are its ``"$@"``."""
+    python = shlex.quote(job.python)
     rdzv_conf = (
         "join_timeout=${CORRAL_RDZV_TIMEOUT},"
         f"read_timeout={READ_TIMEOUT},is_host=$(( NODE_RANK == 0 ? 1 : 0 ))"
@@ -320,12 +324,15 @@ def _node_step(job: SlurmJob) -> list[str]:
         "    sleep 1",
         "  done",
         "fi",
-        f"exec {shlex.quote(job.python)} -m torch.distributed.run \\",
+        "# c10d numbers the nodes as they join: each rank's NODE_RANK is torchrun's",
+        "# GROUP_RANK for it, so RANK = NODE_RANK * nproc + LOCAL_RANK holds",
+        f"exec {python} -m torch.distributed.run \\",
         f'  --nnodes="$NNODES" --nproc-per-node={job.ranks_per_node} \\',
         '  --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
         '  --rdzv-id="$CORRAL_JOB_ID-a$CORRAL_ATTEMPT" \\',
         f'  --rdzv-conf="{rdzv_conf}" \\',
-        '  --max-restarts=0 "$@"',
+        "  --max-restarts=0 --no-python \\",
+        f'  bash -c {_RANK_WRAPPER} {python} -u "$@"',
         "CORRAL_NODE",
         ")",
     ]
