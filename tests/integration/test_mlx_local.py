@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import require
 
 from .conftest import REPO, run_corral, wait_no_job_processes
+from .test_local_jobs import _common
 
 EXAMPLE = str(REPO / "examples" / "mlx_all_sum.py")
 
@@ -22,22 +23,9 @@ def _mlx() -> None:
     require("mlx.core", "the mlx extra: make setup")
 
 
-def mlx_run_args(run_dir: Path, job: str, cluster: list[str]) -> list[str]:
-    """``corral run`` options for an MLX job on ``cluster`` (a fresh master port)."""
-    return [
-        "run",
-        *cluster,
-        "--launcher",
-        "mlx",
-        "--master-port",
-        "0",
-        "--run-dir",
-        str(run_dir),
-        "--job-id",
-        job,
-        "--grace",
-        "5",
-    ]
+def mlx_run_args(run_dir: Path, job: str, hosts: str = "local:2", nproc: int = 2) -> list[str]:
+    """``corral run`` options for an MLX job (a fresh master port)."""
+    return [*_common(run_dir, job, hosts=hosts, nproc=nproc), "--launcher", "mlx"]
 
 
 def assert_all_sum(stdout: str, hosts: list[str], per_host: int = 2) -> None:
@@ -58,7 +46,7 @@ def assert_rank_failed_alone(result: subprocess.CompletedProcess[str], job: str,
 
 
 def test_all_sum_over_four_ranks_on_two_local_nodes(run_dir: Path, tmp_path: Path) -> None:
-    args = mlx_run_args(run_dir, "mlx-sum", ["--hosts", "local:2", "--nproc-per-node", "2"])
+    args = mlx_run_args(run_dir, "mlx-sum")
     result = run_corral(*args, "--", EXAMPLE, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_all_sum(result.stdout, ["local-0", "local-1"])
@@ -69,7 +57,7 @@ def test_all_sum_over_four_ranks_on_two_local_nodes(run_dir: Path, tmp_path: Pat
 
 
 def test_a_failing_rank_fails_the_job_with_its_own_code(run_dir: Path, tmp_path: Path) -> None:
-    args = mlx_run_args(run_dir, "mlx-exit7", ["--hosts", "local:2", "--nproc-per-node", "2"])
+    args = mlx_run_args(run_dir, "mlx-exit7")
     result = run_corral(*args, "--", EXAMPLE, "--fail-rank", "2", cwd=tmp_path)
     assert_rank_failed_alone(result, "mlx-exit7", "local-1")
 
@@ -78,7 +66,7 @@ def test_a_backend_missing_on_the_hosts_is_refused_by_name(run_dir: Path, tmp_pa
     mx = require("mlx.core")
     if mx.distributed.is_available("jaccl"):
         pytest.skip("jaccl is available on this machine: nothing to refuse")
-    args = mlx_run_args(run_dir, "mlx-jaccl", ["--hosts", "local:2", "--nproc-per-node", "1"])
+    args = mlx_run_args(run_dir, "mlx-jaccl", nproc=1)
     result = run_corral(
         *args, "--mlx-backend", "jaccl", "--env", "MLX_IBV_DEVICES=/nonexistent.json",
         "--", EXAMPLE, cwd=tmp_path,

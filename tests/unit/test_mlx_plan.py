@@ -11,40 +11,20 @@ from pathlib import Path
 import pytest
 
 from corral.agent import mlx_env
-from corral.cluster import Cluster, Host, load_cluster, parse_hostfile_text
+from corral.cluster import Cluster, Host, load_cluster
 from corral.errors import ConfigError
 from corral.plan.mlx import ring_hostfile
 from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec
 from tests.conftest import require
+from tests.unit.test_plan import GOLDEN, _plan_json, _remote
+from tests.unit.test_plan import _spec as _plan_spec
 
-GOLDEN = Path(__file__).parent / "golden"
-
-HOSTFILE = """\
-node1:2 interface=eth1
-node2 slots=2 env.DATA=/data/shared
-"""
 RING = [["node1:29501"], ["node1:29502"], ["node2:29503"], ["node2:29504"]]
 
 
-def _remote() -> Cluster:
-    return parse_hostfile_text(HOSTFILE, "hosts.txt")
-
-
 def _spec(**kw: object) -> JobSpec:
-    base: dict[str, object] = dict(
-        script="train.py",
-        args=("--lr", "0.1", "a b"),
-        launcher="mlx",
-        job_id="job-1",
-        python="/opt/py/bin/python",
-        workdir="/srv/code",
-        env={"WANDB_MODE": "offline"},
-        run_dir="/var/runs",
-        rdzv_timeout=120.0,
-    )
-    base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
+    return _plan_spec(**{"launcher": "mlx", **kw})
 
 
 CASES = {
@@ -59,7 +39,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_golden(case: str) -> None:
     spec, cluster = CASES[case]()
-    got = [c.to_json() for c in plan_job(spec, cluster)]
+    got = _plan_json(spec, cluster)
     path = GOLDEN / f"plan_{case}.json"
     if os.environ.get("CORRAL_UPDATE_GOLDEN") == "1":
         path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.netns
 HOSTS = ["tb1", "tb2"]
 
 
-def _cluster(testbed: Testbed, tmp_path: Path) -> list[str]:
+def _args(testbed: Testbed, tmp_path: Path, run_dir: Path, job: str) -> list[str]:
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("".join(f"{name} slots=2\n" for name in HOSTS))
-    return ["--hosts", str(hostfile), "--ssh-config", str(testbed.ssh_config)]
+    hostfile.write_text("".join(f"{name}\n" for name in HOSTS))
+    args = mlx_run_args(run_dir, job, hosts=str(hostfile), nproc=2)
+    return [*args, "--ssh-config", str(testbed.ssh_config)]
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def _mlx() -> None:
 def test_all_sum_over_four_ranks_on_two_hosts(
     testbed: Testbed, run_dir: Path, tmp_path: Path
 ) -> None:
-    args = mlx_run_args(run_dir, "mlx-ssh-sum", _cluster(testbed, tmp_path))
+    args = _args(testbed, tmp_path, run_dir, "mlx-ssh-sum")
     result = run_corral(*args, "--", EXAMPLE, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_all_sum(result.stdout, HOSTS)
@@ -41,6 +42,6 @@ def test_all_sum_over_four_ranks_on_two_hosts(
 def test_a_failing_rank_fails_the_job_with_its_code_and_leaves_nothing(
     healthy_testbed: Testbed, run_dir: Path, tmp_path: Path
 ) -> None:
-    args = mlx_run_args(run_dir, "mlx-ssh-exit7", _cluster(healthy_testbed, tmp_path))
+    args = _args(healthy_testbed, tmp_path, run_dir, "mlx-ssh-exit7")
     result = run_corral(*args, "--", EXAMPLE, "--fail-rank", "2", cwd=tmp_path)
     assert_rank_failed_alone(result, "mlx-ssh-exit7", "tb2")
