@@ -59,6 +59,7 @@ def test_every_rank_is_started_by_corral_with_mlx_env_and_the_ring_hostfile() ->
         assert cmd.env["WORLD_SIZE"] == "4" and cmd.env["LOCAL_WORLD_SIZE"] == "2"
         assert cmd.env["NODE_RANK"] == str(cmd.node_rank)
         assert "MLX_HOSTFILE" not in cmd.env  # the rank writes it (planning is pure)
+        assert not cmd.hosts_master  # nothing listens at the master port: no probe
     ranks = [(r.rank, r.local_rank, dict(r.env)) for c in commands for r in c.ranks]
     assert ranks == [
         (g, g % 2, {"RANK": str(g), "LOCAL_RANK": str(g % 2), "MLX_RANK": str(g)}) for g in range(4)

@@ -303,7 +303,8 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 ranks=ranks,
                 master_addr=master_addr,
                 master_port=spec.master_port,
-                hosts_master=node_rank == master_node,
+                # MLX has no endpoint at the master port to probe (its ring uses the ports after)
+                hosts_master=node_rank == master_node and spec.launcher != "mlx",
                 secret_env=spec.secret_env,
                 reference_argv=reference,
             )
