@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -15,7 +17,6 @@ from corral.cli.run import (
     EnvOpt,
     GlooOpt,
     JobIdOpt,
-    LauncherOpt,
     MasterPortOpt,
     MaxRestartsOpt,
     NcclOpt,
@@ -28,7 +29,13 @@ from corral.cli.run import (
     WorkdirOpt,
 )
 from corral.console import make_console
-from corral.deploy.k8s import DEFAULT_DIST_TIMEOUT, K8sTarget, render_k8s, to_yaml
+from corral.deploy.k8s import (
+    DEFAULT_DIST_TIMEOUT,
+    K8S_LAUNCHERS,
+    K8sTarget,
+    render_k8s,
+    to_yaml,
+)
 from corral.errors import ConfigError
 from corral.job.resolve import new_job_id
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec, Launcher
@@ -136,6 +143,17 @@ ContextOpt = Annotated[
         metavar="NAME",
         help="Kubeconfig context (default: current).",
         rich_help_panel=_K,
+    ),
+]
+LauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        metavar="|".join(K8S_LAUNCHERS),
+        envvar="CORRAL_LAUNCHER",
+        help="How each pod starts its ranks: torchrun (--nproc-per-node ranks), or "
+        "python (the script itself, one rank per pod).",
+        rich_help_panel="Launch",
     ),
 ]
 JobArg = Annotated[str, typer.Argument(metavar="JOB", help="The job id (the Job's name).")]
@@ -291,9 +309,23 @@ def _load(path: str) -> list[dict[str, Any]]:
     return objects
 
 
+def _with_job_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` taking, after its own options, every option of :func:`render` but
+    ``-o`` (typer reads the function's ``__signature__``); they arrive as ``**job``."""
+    own = [
+        p
+        for p in inspect.signature(command, eval_str=True).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    shared = inspect.signature(render, eval_str=True).parameters
+    job = [p for name, p in shared.items() if name != "output"]
+    command.__signature__ = inspect.Signature([*own, *job])  # type: ignore[attr-defined]
+    return command
+
+
 @k8s_app.command("apply", context_settings={"allow_interspersed_args": False})
+@_with_job_options
 def apply(
-    command: ScriptArg = None,
     file: Annotated[
         str | None,
         typer.Option(
@@ -305,48 +337,25 @@ def apply(
     ] = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
-    image: ImageOpt = None,
-    nodes: NodesOpt = 1,
-    gpus_per_node: GpusOpt = 0,
-    namespace: NamespaceOpt = "default",
-    k8s_secret: SecretOpt = None,
-    shm_size: ShmOpt = None,
-    pvc: PvcOpt = None,
-    fail_exit_code: FailCodeOpt = None,
-    dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
-    launcher: LauncherOpt = "torchrun",
-    python: PythonOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
-    workdir: WorkdirOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    timeout: TimeoutOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    job_id: JobIdOpt = None,
-    max_restarts: MaxRestartsOpt = 0,
+    **job: Any,
 ) -> None:
     """Create the job on the cluster: what `corral k8s render` prints, or -f FILE."""
     from corral.deploy import k8s_client
 
-    options = {k: v for k, v in locals().items() if k not in ("file", "kubeconfig", "context")}
     if file is not None:
-        if command:
+        if job["command"]:
             raise ConfigError("give either -f FILE or -- SCRIPT [ARGS...], not both", option="-f")
         objects = _load(file)
     else:
-        objects = _render(**options)[0]
+        objects = _render(**job)[0]
     api = k8s_client.connect(kubeconfig, context)
     created = k8s_client.apply(api, objects)
-    job = next((o["metadata"]["name"] for o in objects if o.get("kind") == "Job"), None)
+    name = next((o["metadata"]["name"] for o in objects if o.get("kind") == "Job"), None)
     ns = next(iter({(o.get("metadata") or {}).get("namespace") or "default" for o in objects}))
     console = make_console()
     console.print(f"created {', '.join(created)} in namespace {ns}", markup=False)
-    if job:
-        console.print(f"follow it: corral k8s logs {job} -f -n {ns}", style="dim", markup=False)
+    if name:
+        console.print(f"follow it: corral k8s logs {name} -f -n {ns}", style="dim", markup=False)
 
 
 @k8s_app.command("logs")
