@@ -4,8 +4,11 @@ failing rank's own exit code, and a backend this host does not have."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +78,28 @@ def test_a_backend_missing_on_the_hosts_is_refused_by_name(run_dir: Path, tmp_pa
     assert "MLX's jaccl backend is not available on local-" in result.stderr
     assert "all_sum" not in result.stdout  # no rank ran the script
     assert not wait_no_job_processes("mlx-jaccl", within=30)
+
+
+def test_a_ring_that_never_forms_ends_the_rank_after_the_init_timeout(tmp_path: Path) -> None:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "RANK": "0",
+        "MLX_RANK": "0",
+        "WORLD_SIZE": "2",  # rank 1 never starts
+        "CORRAL_MLX_BACKEND": "ring",
+        "CORRAL_MLX_HOSTS": json.dumps([[f"127.0.0.1:{port}"] for port in ports]),
+        "CORRAL_MLX_INIT_TIMEOUT": "2",
+        "CORRAL_NODE_DIR": str(tmp_path),
+    }
+    code = "import os, sys; from corral.agent.mlx_env import prepare; sys.exit(prepare(os.environ))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Timeout (0:00:02)!" in result.stderr
+    assert "in wait_for_mlx_peers" in result.stderr
