@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from corral.plan.spec import NodeCommand
 from corral.redact import redact_env
 
-
 _DOUBLE_QUOTE_SPECIAL = frozenset('"$`\\!')
 
 
