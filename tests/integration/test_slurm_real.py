@@ -22,6 +22,7 @@ from tests.slurmcluster import job_state, slurm_cluster
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 TOKEN = "s3cret value,with comma"
+ARGS = ("--tag", "it's $HOME `x`", "")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 TRAIN = """\
@@ -35,6 +36,8 @@ me = sdk.info()
 total = torch.tensor([float(me.rank)])
 dist.all_reduce(total)
 secret = os.environ.get("CORRAL_TEST_TOKEN") == {token!r}
+if me.rank == 0:
+    print(f"argv {{sys.argv[1:]!r}}", flush=True)
 print(f"rank {{me.rank}}/{{me.world_size}} node {{me.node_rank}} attempt {{me.attempt}} "
       f"sum {{total.item():g}} secret {{secret}}", flush=True)
 state = sdk.resume()
@@ -68,7 +71,7 @@ def test_submit_requeues_and_resumes_on_real_slurm(tmp_path: Path) -> None:
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--max-restarts", "1",
             "--master-port", "0", "--rdzv-timeout", "120", "--job-name", "ctest",
             "--env", "CORRAL_TEST_TOKEN", "--env", "GREETING=hello world",
-            "--run-dir", str(tmp_path / "runs"), "--", "train.py",
+            "--run-dir", str(tmp_path / "runs"), "--", "train.py", *ARGS,
             cwd=tmp_path, timeout=150, env={**env, "CORRAL_TEST_TOKEN": TOKEN},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -90,6 +93,7 @@ def test_submit_requeues_and_resumes_on_real_slurm(tmp_path: Path) -> None:
     for attempt in (0, 1):
         lines = re.findall(rf"rank (\d)/4 node (\d) attempt {attempt} sum 6 secret True", out)
         assert sorted(lines) == [("0", "0"), ("1", "0"), ("2", "1"), ("3", "1")], out
+    assert out.count(f"argv {list(ARGS)!r}") == 2, out  # rank 0, each attempt
     assert out.count("attempt 0 starts at step 0") == 4, out
     assert out.count("attempt 1 starts at step 1") == 4, out
     assert f"[corral] resuming from {tmp_path / 'ckpt' / 'ckpt-00000001.pt'} (step 1)" in out

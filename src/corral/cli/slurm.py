@@ -46,7 +46,7 @@ SBATCH_TIMEOUT = 120.0
 NodesOpt = Annotated[
     int,
     typer.Option(
-        "--nodes", metavar="N", help="Nodes to allocate (one task each).", rich_help_panel=_S
+        "--nodes", metavar="N", help="Nodes to allocate, one task each.", rich_help_panel=_S
     ),
 ]
 GpusOpt = Annotated[
@@ -221,8 +221,8 @@ def _job(
 
 
 def render(
-    nodes: NodesOpt,
     command: ScriptArg = None,
+    nodes: NodesOpt = 1,
     gpus_per_node: GpusOpt = 0,
     cpus_per_task: CpusOpt = None,
     partition: PartitionOpt = None,
@@ -280,8 +280,8 @@ def render(
     sys.stdout.write(render_slurm(job))
 
 
-def _sbatch(job: SlurmJob, path: Path) -> str:
-    """Run sbatch on the script at ``path``; the Slurm job id."""
+def _find_sbatch(job: SlurmJob) -> str:
+    """sbatch's path, once the bare ``--env`` keys it forwards are known to be set here."""
     missing = [key for key in forwarded_keys(job) if key not in os.environ]
     if missing:
         raise ConfigError(
@@ -294,6 +294,11 @@ def _sbatch(job: SlurmJob, path: Path) -> str:
             "sbatch not found on PATH: run this on a Slurm login node (or install Slurm's "
             "client, Debian: slurm-client), or print the script with corral slurm render"
         )
+    return sbatch
+
+
+def _sbatch(job: SlurmJob, sbatch: str, path: Path) -> str:
+    """Run sbatch on the script at ``path``; the Slurm job id."""
     argv = [sbatch, *sbatch_argv(job, str(path))[1:]]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SBATCH_TIMEOUT)
@@ -312,8 +317,8 @@ def _sbatch(job: SlurmJob, path: Path) -> str:
 
 
 def submit(
-    nodes: NodesOpt,
     command: ScriptArg = None,
+    nodes: NodesOpt = 1,
     gpus_per_node: GpusOpt = 0,
     cpus_per_task: CpusOpt = None,
     partition: PartitionOpt = None,
@@ -369,10 +374,11 @@ def submit(
         max_restarts=max_restarts,
     )
     text = render_slurm(job)
+    sbatch = _find_sbatch(job)
     folder = private_dir(Path(run_dir) / new_job_id())
     path = folder / "job.sbatch"
     write_private(path, text)
-    slurm_id = _sbatch(job, path.resolve())
+    slurm_id = _sbatch(job, sbatch, path.resolve())
     write_private(folder / "slurm-job-id", slurm_id + "\n")
     out = Path(output_dir or workdir or ".") / f"{job_name}-{slurm_id}"
     console = make_console()
