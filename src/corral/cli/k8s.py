@@ -14,7 +14,6 @@ import yaml
 
 from corral.cli.run import (
     CheckpointOpt,
-    EnvOpt,
     GlooOpt,
     JobIdOpt,
     MasterPortOpt,
@@ -24,7 +23,6 @@ from corral.cli.run import (
     PythonOpt,
     RdzvTimeoutOpt,
     ScriptArg,
-    SecretEnvOpt,
     TimeoutOpt,
     WorkdirOpt,
 )
@@ -143,6 +141,26 @@ ContextOpt = Annotated[
         metavar="NAME",
         help="Kubeconfig context (default: current).",
         rich_help_panel=_K,
+    ),
+]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env",
+        metavar="K=V",
+        help="K=V set in every pod (repeatable); a bare K is read from the --k8s-secret "
+        "Secret (its key K), so its value never appears in the YAML.",
+        rich_help_panel="Launch",
+    ),
+]
+SecretEnvOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--secret-env",
+        metavar="KEY",
+        help="An env key read from the --k8s-secret Secret although its name does not say "
+        "it is secret (names with TOKEN, SECRET, PASSWORD or KEY always are). Repeatable.",
+        rich_help_panel="Launch",
     ),
 ]
 LauncherOpt = Annotated[
