@@ -132,6 +132,7 @@ def _finish(pods: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
     return done
 
 
+@pytest.mark.slow
 def test_two_pods_rendezvous_through_the_rendered_entrypoint(tmp_path: Path) -> None:
     objects = _render(tmp_path, "torchrun", nodes=2, nproc=2)
     pods = [start_pod(objects, 1, tmp_path, MASTER_ADDR="127.0.0.1")]
@@ -148,6 +149,7 @@ def test_two_pods_rendezvous_through_the_rendered_entrypoint(tmp_path: Path) -> 
     assert "is ready" in err1 and "waiting" not in err0
 
 
+@pytest.mark.slow
 def test_the_python_launcher_runs_one_rank_per_pod_with_its_exit_code(tmp_path: Path) -> None:
     objects = _render(tmp_path, "python", nodes=2, nproc=1)
     pods = [start_pod(objects, i, tmp_path, MASTER_ADDR="127.0.0.1", FAIL_RANK="1") for i in (0, 1)]
