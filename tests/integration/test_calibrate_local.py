@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,13 @@ from corral.job.options import CheckPolicy, RestartPolicy, SupervisionPolicy
 from corral.plan.spec import JobSpec
 from tests.conftest import require_torch
 
-from .conftest import run_corral, wait_no_job_processes
+from .conftest import (
+    corral_argv,
+    job_processes,
+    run_corral,
+    wait_for_output,
+    wait_no_job_processes,
+)
 
 # Rank processes of node 1 (local-1) step half as fast as those of node 0, by sleeping:
 # rates that do not depend on how busy this machine's CPUs are.
@@ -206,3 +215,34 @@ def test_rebalance_applies_live_weights_at_the_restart(tmp_path: Path) -> None:
     plan = json.loads((tmp_path / "runs" / "rebalance1" / "plan.json").read_text())
     env = plan["nodes"][0]["env"]
     assert env["CORRAL_WORKLOAD_WEIGHTS"] == "0.666667,0.333333"
+
+
+def test_bad_seconds_is_one_error_line(tmp_path: Path) -> None:
+    code, out, err = _calibrate(tmp_path, "cal-bad", "--seconds", "0")
+    assert code == 2 and out == ""
+    assert err.strip() == "error: --seconds: must be 1 to 3600 (got 0)"
+
+
+def test_ctrl_c_stops_every_rank_and_saves_nothing(tmp_path: Path) -> None:
+    script = _script(tmp_path, "paced.py", PACED)
+    runs = tmp_path / "runs"
+    argv = corral_argv(
+        "calibrate", "--hosts", "local:2", "--run-dir", str(runs), "--job-id", "cal-int",
+        "--seconds", "120", "--", script,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for_output(proc, r"\[local-1:1\] |launcher python", timeout=60)
+        deadline = time.monotonic() + 30
+        while len(job_processes("cal-int")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not wait_no_job_processes("cal-int", within=15)
+    assert not (runs / "cal-int" / "calibration.json").exists()
+    assert not (runs / "calibration-latest.json").exists()

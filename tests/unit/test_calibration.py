@@ -28,7 +28,8 @@ from corral.calibration.weights import (
 )
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, JobFailed
-from corral.job.events import AttemptStarted, JobEvent, Message, Progress
+from corral.job.events import AttemptStarted, Finished, JobEvent, Message, Progress
+from corral.job.states import JobState
 from corral.plan.spec import JobSpec
 
 
@@ -370,3 +371,25 @@ def test_respec_rebalances_or_remaps_for_the_next_attempt() -> None:
     live = monitor.live_calibration()
     assert live is not None and live.workload == "live"
     assert resolve_weights(live, cluster, None) == pytest.approx((0.25, 0.25, 0.5), abs=0.01)
+
+
+def test_the_live_calibration_is_saved_when_the_job_ends(tmp_path: Path) -> None:
+    said: list[JobEvent] = []
+    target = tmp_path / "runs" / "j" / "calibration-live.json"
+    monitor = DriftMonitor(
+        (0.5, 0.5), _cluster("h0", "h1"), None, emit=said.append, min_seconds=1, save_to=target
+    )
+    monitor.on_event(AttemptStarted(job_id="j", number=0, hosts=["h0", "h1"], world_size=2))
+    _stream(monitor, 20, {0: 1.0, 1: 0.5})
+    monitor.on_event(Finished(job_id="j", state=JobState.SUCCEEDED, exit_code=0, result=None))
+    live = load_calibration(target)
+    assert live.workload == "live" and live.hosts == ["h0", "h1"]
+    assert live.weights() == pytest.approx((2 / 3, 1 / 3), abs=0.01)
+    assert any(isinstance(e, Message) and str(target) in e.text for e in said)
+
+
+def test_nothing_is_saved_without_live_rates(tmp_path: Path) -> None:
+    target = tmp_path / "live.json"
+    monitor = DriftMonitor((0.5, 0.5), _cluster("h0", "h1"), None, save_to=target)
+    monitor.on_event(Finished(job_id="j", state=JobState.FAILED, exit_code=1, result=None))
+    assert not target.exists()

@@ -31,13 +31,14 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 
-from corral.calibration.model import Calibration
+from corral.calibration.model import Calibration, save_calibration
 from corral.calibration.resolve import planned_ranks, weights_from_rates
 from corral.calibration.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster
 from corral.errors import ConfigError
-from corral.job.events import AttemptStarted, JobEvent, Level, Message, Progress
+from corral.job.events import AttemptStarted, Finished, JobEvent, Level, Message, Progress
 from corral.plan.spec import JobSpec
 
 __all__ = ["DRIFT_THRESHOLD", "Drift", "DriftMonitor"]
@@ -79,6 +80,7 @@ class DriftMonitor:
         window: float = WINDOW,
         min_seconds: float = MIN_SECONDS,
         check_every: float = CHECK_EVERY,
+        save_to: str | Path | None = None,
     ) -> None:
         if not threshold > 0:
             raise ConfigError(f"must be more than 0 (got {threshold:g})", option="--rebalance")
@@ -91,6 +93,7 @@ class DriftMonitor:
         self.window = window
         self.min_seconds = min_seconds
         self.check_every = check_every
+        self.save_to = None if save_to is None else Path(save_to)
         self.job_id = ""
         self.attempt = 0
         self.plan = planned_ranks(cluster, nproc_per_node)
@@ -107,6 +110,9 @@ class DriftMonitor:
         self.job_id = event.job_id
         if isinstance(event, AttemptStarted):
             self._new_attempt(event)
+            return
+        if isinstance(event, Finished):
+            self._save()
             return
         if not isinstance(event, Progress):
             return
@@ -136,14 +142,20 @@ class DriftMonitor:
         self.drifting.clear()
         self._checked = float("-inf")
 
-    def _say(self, text: str, level: Level) -> None:
+    def _say(self, text: str, level: Level, *, now: bool = False) -> None:
+        """Emit a message: after the event being handled (``now``: at once, for the
+        end of a job, when no later turn of the loop may come)."""
         if self.emit is None:
             return
         message = Message(job_id=self.job_id, text=text, level=level)
         try:
-            asyncio.get_running_loop().call_soon(self.emit, message)
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: called from a plain thread or a test
+            loop = None
+        if loop is None or now:
             self.emit(message)
+        else:
+            loop.call_soon(self.emit, message)
 
     # -- live rates -----------------------------------------------------------------------
 
@@ -251,6 +263,27 @@ class DriftMonitor:
             weights = self._remapped(cluster)
         self.weights = weights
         return dataclasses.replace(spec, workload_weights=weights)
+
+    def _save(self) -> None:
+        """At the end of the job: the live calibration to ``save_to`` (when every rank
+        of the last attempt has a rate), announced in a message."""
+        if self.save_to is None:
+            return
+        live = self.live_calibration()
+        if live is None:
+            return
+        try:
+            save_calibration(live, self.save_to)
+        except OSError as exc:
+            why = f"cannot save the live calibration to {self.save_to}: {exc}"
+            self._say(why, "warning", now=True)
+            return
+        self._say(
+            f"live throughput saved to {self.save_to} (corral run --calibration "
+            f"{self.save_to} uses it)",
+            "info",
+            now=True,
+        )
 
     def live_calibration(self) -> Calibration | None:
         """A calibration of the live rates (``workload: live``), for ``corral run

@@ -68,8 +68,8 @@ JsonOpt = Annotated[
 OutputOpt = Annotated[
     str | None,
     typer.Option(
-        "-o",
         "--output",
+        "-o",
         metavar="FILE",
         help="Also save the calibration file here.",
     ),
