@@ -252,31 +252,7 @@ def render(
     resumes from --checkpoint-dir. A bare --env K is not written into the script: submit
     it with sbatch --export=K (corral slurm submit does), as secrets must be.
     """
-    job = _job(
-        command,
-        launcher=launcher,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        partition=partition,
-        account=account,
-        time=time,
-        job_name=job_name,
-        output_dir=output_dir,
-        sbatch_option=sbatch_option,
-        dist_timeout=dist_timeout,
-        python=python,
-        nproc_per_node=nproc_per_node,
-        master_port=master_port,
-        workdir=workdir,
-        env=env,
-        secret_env=secret_env,
-        nccl_interface=nccl_interface,
-        gloo_interface=gloo_interface,
-        checkpoint_dir=checkpoint_dir,
-        rdzv_timeout=rdzv_timeout,
-        max_restarts=max_restarts,
-    )
+    job = _job(**locals())  # every parameter of this command, by name
     sys.stdout.write(render_slurm(job))
 
 
@@ -348,31 +324,9 @@ def submit(
     sbatch --parsable. Only what you asked for reaches the job: sbatch --export=NONE, or
     --export=K1,K2 for the bare --env keys, whose values sbatch takes from this shell.
     """
-    job = _job(
-        command,
-        launcher=launcher,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        partition=partition,
-        account=account,
-        time=time,
-        job_name=job_name,
-        output_dir=output_dir,
-        sbatch_option=sbatch_option,
-        dist_timeout=dist_timeout,
-        python=python,
-        nproc_per_node=nproc_per_node,
-        master_port=master_port,
-        workdir=workdir,
-        env=env,
-        secret_env=secret_env,
-        nccl_interface=nccl_interface,
-        gloo_interface=gloo_interface,
-        checkpoint_dir=checkpoint_dir,
-        rdzv_timeout=rdzv_timeout,
-        max_restarts=max_restarts,
-    )
+    options = dict(locals())  # every parameter of this command, by name
+    run_dir = options.pop("run_dir")
+    job = _job(**options)
     text = render_slurm(job)
     sbatch = _find_sbatch(job)
     folder = private_dir(Path(run_dir) / new_job_id())

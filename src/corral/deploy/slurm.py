@@ -122,6 +122,11 @@ class SlurmJob:
             return self.nproc_per_node
         return self.gpus_per_node or 1
 
+    @property
+    def cpus(self) -> int:
+        """CPUs of each node's task: ``cpus_per_task``, else one per rank."""
+        return self.cpus_per_task or self.ranks_per_node
+
 
 def forwarded_keys(job: SlurmJob) -> list[str]:
     """The keys ``sbatch --export`` forwards from the submitter's environment."""
@@ -227,24 +232,21 @@ def _validate_env(job: SlurmJob) -> None:
 
 
 def _header(job: SlurmJob) -> list[str]:
-    name = job.job_name
     out = f"{job.output_dir.rstrip('/')}/" if job.output_dir else ""
+    optional = (
+        ("--gpus-per-node", job.gpus_per_node or None),
+        ("--partition", job.partition),
+        ("--account", job.account),
+        ("--time", job.time),
+        ("--chdir", job.workdir),
+    )
     lines = [
-        f"--job-name={name}",
+        f"--job-name={job.job_name}",
         f"--nodes={job.nodes}",
         "--ntasks-per-node=1",
-        f"--cpus-per-task={job.cpus_per_task or job.ranks_per_node}",
+        f"--cpus-per-task={job.cpus}",
+        *(f"{flag}={value}" for flag, value in optional if value is not None),
     ]
-    if job.gpus_per_node:
-        lines.append(f"--gpus-per-node={job.gpus_per_node}")
-    if job.partition:
-        lines.append(f"--partition={job.partition}")
-    if job.account:
-        lines.append(f"--account={job.account}")
-    if job.time:
-        lines.append(f"--time={job.time}")
-    if job.workdir:
-        lines.append(f"--chdir={job.workdir}")
     lines += [
         "--requeue",
         "--open-mode=append",
@@ -345,7 +347,7 @@ def _launch(job: SlurmJob) -> list[str]:
         "--export=ALL",
         '--nodes="$SLURM_JOB_NUM_NODES"',
         "--ntasks-per-node=1",
-        f"--cpus-per-task={job.cpus_per_task or job.ranks_per_node}",
+        f"--cpus-per-task={job.cpus}",
     ]
     if job.gpus_per_node:
         srun.append(f"--gpus-per-node={job.gpus_per_node}")
