@@ -241,6 +241,25 @@ def test_master_timeout_raises_before_init(
 
 
 @pytest.mark.torch
+def test_timeouts_default_to_the_rendered_env(
+    monkeypatch: pytest.MonkeyPatch, fake_init: list[dict[str, Any]]
+) -> None:
+    """k8s/Slurm renders export CORRAL_DIST_TIMEOUT and CORRAL_RDZV_TIMEOUT; the SDK uses them."""
+    port = closed_port()
+    dist_env(monkeypatch, 1, port)
+    monkeypatch.setenv("CORRAL_DIST_TIMEOUT", "1800")
+    monkeypatch.setenv("CORRAL_RDZV_TIMEOUT", "0.3")
+    with pytest.raises(sdk.MasterNotReadyError, match=r"0\.3"):
+        sdk.init_distributed()  # the master wait used CORRAL_RDZV_TIMEOUT, not 1800 s
+    dist_env(monkeypatch, 0, port)
+    assert sdk.init_distributed() is True
+    assert fake_init[-1]["timeout"] == timedelta(seconds=1800)
+    monkeypatch.setenv("CORRAL_DIST_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="CORRAL_DIST_TIMEOUT='soon'"):
+        sdk.init_distributed()
+
+
+@pytest.mark.torch
 def test_missing_master_env_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, fake_init: list[dict[str, Any]]
 ) -> None:

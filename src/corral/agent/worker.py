@@ -171,6 +171,15 @@ def main(argv: list[str]) -> int:
             print(f"corral: cannot reach the node agent at {control}: {exc}", file=sys.stderr)
     if node_dir:
         _enable_stack_dumps(node_dir, rank)
+    if env.get("CORRAL_QOS"):  # --qos: the macOS QoS class, before the script's threads
+        from corral.sdk._qos import apply_qos_from_env
+
+        try:
+            apply_qos_from_env(env)
+        except ValueError as exc:
+            print(f"corral: {exc}", file=sys.stderr)
+            _report_exit(control, rank, 2)
+            return 2
     if env.get("CORRAL_MLX_BACKEND"):  # --launcher mlx: MLX's hostfile and group first
         from corral.agent.mlx_env import prepare
 

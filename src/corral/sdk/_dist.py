@@ -51,6 +51,17 @@ def _seconds(value: timedelta | float, name: str) -> float:
     return seconds
 
 
+def _env_seconds(name: str) -> float | None:
+    """A positive number of seconds from ``$name``; None when unset; ValueError when bad."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return _seconds(float(raw), name)
+    except ValueError:
+        raise ValueError(f"${name}={raw!r} is not a positive number of seconds") from None
+
+
 def wait_for_master(host: str, port: int, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
     """Block until ``host:port`` accepts a TCP connection, or raise :class:`MasterNotReadyError`.
 
@@ -85,7 +96,7 @@ def wait_for_master(host: str, port: int, timeout: timedelta | float = DEFAULT_T
 
 def init_distributed(
     backend: str = "auto",
-    timeout: timedelta | float = DEFAULT_TIMEOUT,
+    timeout: timedelta | float | None = None,
     master_timeout: timedelta | float | None = None,
 ) -> bool:
     """Initialise ``torch.distributed`` from the environment; return whether a group is up.
@@ -98,7 +109,15 @@ def init_distributed(
     ``init_method="env://"`` and ``timeout``. ``backend="auto"`` picks ``nccl``
     when CUDA is available (and selects the ``LOCAL_RANK`` device), else ``gloo``.
     Calling it again once the group is up returns True without doing anything.
+
+    Defaults when not given: ``timeout`` from ``$CORRAL_DIST_TIMEOUT`` (set by the
+    Kubernetes and Slurm renders), else 300 s; ``master_timeout`` from
+    ``$CORRAL_RDZV_TIMEOUT``, else ``timeout``.
     """
+    if timeout is None:
+        timeout = _env_seconds("CORRAL_DIST_TIMEOUT") or DEFAULT_TIMEOUT
+    if master_timeout is None:
+        master_timeout = _env_seconds("CORRAL_RDZV_TIMEOUT")
     me = info()
     if me.world_size <= 1:
         return False
