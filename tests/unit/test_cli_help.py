@@ -85,8 +85,12 @@ IDS = [" ".join(("corral", *path)) for path, _ in TREE]
 def test_the_tree_has_every_verb() -> None:
     names = {path[0] for path, _ in TREE if path}
     verbs = {"run", "plan", "check", "exec", "sync", "logs", "ping", "serve", "job", "testbed"}
+    verbs |= {"calibrate", "k8s", "slurm"}
     assert verbs <= names
-    assert ("testbed", "up") in {path for path, _ in TREE}
+    paths = {path for path, _ in TREE}
+    assert ("testbed", "up") in paths
+    assert {("k8s", v) for v in ("render", "apply", "logs", "delete")} <= paths
+    assert {("slurm", "render"), ("slurm", "submit")} <= paths
     jobs = {path[1] for path, _ in TREE if len(path) == 2 and path[0] == "job"}
     assert jobs == {"submit", "list", "status", "logs", "stop"}
 
