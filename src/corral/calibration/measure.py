@@ -28,7 +28,7 @@ from corral.calibration.model import Calibration, save_calibration
 from corral.calibration.resolve import planned_ranks, resolve_weights
 from corral.calibration.weights import MeasuredRank, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster, Host
-from corral.errors import JobFailed, LaunchError
+from corral.errors import ConfigError, JobFailed, LaunchError
 from corral.job.engine import Job
 from corral.job.events import JobEvent, Progress, Subscriber
 from corral.job.options import CheckPolicy, SupervisionPolicy
@@ -79,8 +79,6 @@ class CalibrateOptions:
     """torch threads per rank of the reference workload (default: cores / ranks)."""
 
     def __post_init__(self) -> None:
-        from corral.errors import ConfigError
-
         if not 1 <= self.seconds <= 3600:
             raise ConfigError(f"must be 1 to 3600 (got {self.seconds:g})", option="--seconds")
         if self.threads is not None and self.threads < 1:
@@ -192,12 +190,12 @@ class _Collector:
         return out
 
 
-def _silent_error(collector: _Collector, seconds: float) -> JobFailed:
+def _silent_error(collector: _Collector) -> JobFailed:
     silent = collector.silent()
     names = ", ".join(f"{collector.ranks[r][0]}:{r}" for r in silent)
     host, _ = collector.ranks[silent[0]]
     return JobFailed(
-        f"no examples reported by {names} within {seconds:g} s: the script must call "
+        f"no examples reported by {names}: the script must call "
         "sdk.report(step, examples=N) for each step (see sdk.calibrating())",
         host=host,
         rank=silent[0],
@@ -326,7 +324,7 @@ class Calibrator:
         if not collector.stopping and result.state == JobState.FAILED:
             raise _failure(result)
         if collector.silent():
-            raise _silent_error(collector, self.options.seconds + START_BUDGET)
+            raise _silent_error(collector)
         if not collector.stopping and result.state != JobState.SUCCEEDED:
             raise _failure(result)
         calibration = build_calibration(
