@@ -13,6 +13,15 @@ Checkpoints go to ``--checkpoint-dir`` (default: ``$CORRAL_CHECKPOINT_DIR``, whi
 ``--checkpoint-every`` steps, by rank 0; a rerun resumes from the newest complete
 one, and says so when that one already reached ``--steps``. ``--fail-at-step``
 and friends inject a failure, to exercise a supervisor's teardown and restart.
+
+With ``CORRAL_WORKLOAD_WEIGHTS`` (``corral run --calibration``) the global batch
+is split in proportion to the ranks' weights (``sdk.WeightedDistributedSampler``,
+the same number of steps on every rank) and each rank's loss is multiplied by
+``sdk.loss_scale``, so the update is the one of the uniform split. Under
+``corral calibrate`` (``CORRAL_CALIBRATE=1``) every rank trains on its own, with
+no process group, DDP or checkpoints, so each runs at its own speed. Every step
+reports the examples it processed (``examples=``) and the seconds of its forward
+pass (``busy=``, compute that waits for no other rank) for throughput figures.
 """
 
 from __future__ import annotations
@@ -106,7 +115,9 @@ def make_model() -> nn.Module:
 
 
 def batches(
-    loader: DataLoader[Any], sampler: DistributedSampler[Any], start: int
+    loader: DataLoader[Any],
+    sampler: DistributedSampler[Any] | sdk.WeightedDistributedSampler,
+    start: int,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless batches, resuming at global step ``start`` (epoch and position)."""
     per_epoch = len(loader)
@@ -146,6 +157,41 @@ def hang_forever() -> None:
         time.sleep(3600)
 
 
+def make_loader(
+    data: TensorDataset,
+    me: sdk.DistInfo,
+    cfg: dict[str, Any],
+    weights: tuple[float, ...] | None,
+    seed: int,
+) -> tuple[DistributedSampler[Any] | sdk.WeightedDistributedSampler, DataLoader[Any], float]:
+    """This rank's sampler, loader and loss factor: the uniform split, or the weighted one."""
+    if weights is None:
+        uniform: DistributedSampler[Any] = DistributedSampler(
+            data, num_replicas=me.world_size, rank=me.rank, shuffle=True, seed=seed, drop_last=True
+        )
+        loader = DataLoader(data, batch_size=cfg["batch_size"], sampler=uniform, drop_last=True)
+        return uniform, loader, 1.0
+    global_batch = cfg["global_batch_size"]
+    sampler = sdk.WeightedDistributedSampler(
+        data,
+        num_replicas=me.world_size,
+        rank=me.rank,
+        weights=weights,
+        shuffle=True,
+        seed=seed,
+        drop_last=True,
+        global_batch=global_batch,
+    )
+    scale = sdk.loss_scale(global_batch, weights)  # every step is a full one (drop_last)
+    print(
+        f"rank {me.rank}: weighted split, weight {weights[me.rank]:.4f}, batch "
+        f"{sampler.batch_size} of {global_batch}, {sampler.num_steps} steps per epoch, "
+        f"loss x{scale:.4f}",
+        flush=True,
+    )
+    return sampler, DataLoader(data, batch_sampler=sampler.batch_sampler()), scale
+
+
 @sdk.record
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
@@ -153,22 +199,25 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     me = sdk.info()
     sdk.print_distributed_info()
-    distributed = sdk.init_distributed()
+    calibrating = sdk.calibrating()  # corral calibrate: each rank alone, at its own speed
+    distributed = False if calibrating else sdk.init_distributed()
+    if calibrating:
+        args.checkpoint_dir, args.checkpoint_every = None, 0  # a measurement, not a run
+    weights = sdk.workload_weights()
     cfg = sdk.scale_config(
         batch_size=args.batch_size,
         lr=args.lr,
         rule=args.lr_rule,
         base_batch_size=args.base_batch_size,
+        # a weighted split uses the global batch exactly; the LR follows it alone
+        world_size=1 if weights else None,
     )
 
     # init_distributed already selected this rank's GPU when there are GPUs.
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     data = make_dataset(args.seed)
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        data, num_replicas=me.world_size, rank=me.rank, shuffle=True, seed=args.seed, drop_last=True
-    )
-    loader = DataLoader(data, batch_size=cfg["batch_size"], sampler=sampler, drop_last=True)
+    sampler, loader, scale = make_loader(data, me, cfg, weights, args.seed)
 
     model = make_model().to(device)  # same seed everywhere; DDP broadcasts rank 0's anyway
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
@@ -213,12 +262,14 @@ def main(argv: list[str] | None = None) -> None:
             inject_failure(args, me.rank, step)
         x, y = (t.to(device) for t in next(stream))
         optimizer.zero_grad(set_to_none=True)
+        began = time.perf_counter()
         loss = loss_fn(net(x), y)
-        loss.backward()
+        busy = time.perf_counter() - began  # the forward pass waits for no other rank
+        (loss * scale).backward()  # scale: 1, or this rank's weighted-split factor
         optimizer.step()
         value = loss.item()
         window.append(value)
-        sdk.report(step, args.steps, loss=value)
+        sdk.report(step, args.steps, loss=value, examples=len(x), busy=busy)
         if me.rank == 0 and (step % args.log_every == 0 or step in (start + 1, args.steps)):
             mean = sum(window) / len(window)
             print(f"step {step}/{args.steps} loss {mean:.4f}", flush=True)

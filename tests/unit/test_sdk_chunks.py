@@ -139,26 +139,26 @@ def test_a_crashed_process_resumes_at_the_first_unfinished_chunk(tmp_path: Path)
     script.write_text(
         textwrap.dedent(CRASHING.format(src=str(ROOT / "src"), ckpt=str(tmp_path / "ck")))
     )
-    env = {"PATH": "/usr/bin:/bin", "CRASH": "1"}
-    first = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert first.returncode == 9, first.stderr
-    assert [ln for ln in first.stdout.splitlines() if ln.startswith("train")] == [
-        "train 0 0 2",
-        "train 1 2 4",
-        "train 2 4 6",
-    ]
-    env.pop("CRASH")
-    second = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert second.returncode == 0, second.stderr
-    assert [ln for ln in second.stdout.splitlines() if ln.startswith("train")] == [
-        "train 2 4 6",
-        "train 3 6 7",
-    ]
-    assert "resuming at chunk 3" in second.stdout
+
+    def run(**env: str) -> tuple[int, list[str], str]:
+        """Exit code, the chunks trained and stdout of one run of the script."""
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        trained = [ln for ln in proc.stdout.splitlines() if ln.startswith("train")]
+        return proc.returncode, trained, proc.stdout + proc.stderr
+
+    code, trained, out = run(CRASH="1")
+    assert code == 9, out
+    assert trained == ["train 0 0 2", "train 1 2 4", "train 2 4 6"]
+    code, trained, out = run()
+    assert code == 0, out
+    assert trained == ["train 2 4 6", "train 3 6 7"]
+    assert "resuming at chunk 3" in out
 
 
 class _Node:
