@@ -147,9 +147,9 @@ class _Collector:
         examples = event.metrics.get("examples")
         if not isinstance(examples, int | float) or examples < 0 or self.stopping:
             return
-        busy = event.metrics.get("busy")
-        busy_s = float(busy) if isinstance(busy, int | float) else None
-        self.samples[event.rank].append(Sample(event.time, float(examples), busy_s))
+        # ranks run alone here: the time between reports is the real cost of a step
+        # (a ``busy`` figure, part of a step, is for the drift monitor's lockstep runs)
+        self.samples[event.rank].append(Sample(event.time, float(examples)))
         if self.window_start is None and all(self.samples.values()):
             self.window_start = event.time
             loop = asyncio.get_running_loop()
