@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,7 @@ import pytest
 
 from corral import sdk
 from corral.sdk._resume import CHECKPOINT_DIR_ENV
+from tests.conftest import require
 
 pytestmark = pytest.mark.usefixtures("clean_dist_env")
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,3 +181,39 @@ def test_memory_is_freed_between_chunks() -> None:
                 assert refs[0]() is None  # collected at the chunk boundary
     finally:
         gc.enable()
+
+
+def _agreeing_rank(rank: int, tmp: str, port: int) -> None:
+    """One rank of a 2-rank gloo group whose hosts recorded different progress."""
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    own = Path(tmp, f"host{rank}")  # host-local checkpoint directories
+    result: dict[str, object] = {"first": [c.index for c in sdk.chunks(10, 2, checkpoint_dir=own)]}
+    try:
+        list(sdk.chunks(10, 2, checkpoint_dir=own, name="mismatch"))
+    except ValueError as exc:
+        result["error"] = str(exc)
+    dist.destroy_process_group()
+    Path(tmp, f"{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.torch
+def test_ranks_agree_on_the_lowest_unfinished_chunk(tmp_path: Path) -> None:
+    torch_mp = require("torch.multiprocessing")
+    state = {"n_examples": 10, "chunk_size": 2, "total": 5}
+    for rank, done in ((0, 3), (1, 1)):  # the crash came between the two hosts' records
+        (tmp_path / f"host{rank}").mkdir()
+        (tmp_path / f"host{rank}" / "chunks.json").write_text(json.dumps({**state, "done": done}))
+    other = {**state, "n_examples": 12, "done": 1}
+    (tmp_path / "host1" / "mismatch.json").write_text(json.dumps(other))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch_mp.spawn(_agreeing_rank, args=(str(tmp_path), port), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    assert [r["first"] for r in results] == [[1, 2, 3, 4], [1, 2, 3, 4]]
+    for r in results:  # both ranks raise, naming the rank whose state file is wrong
+        assert r["error"].startswith("rank 1: chunk state "), r
