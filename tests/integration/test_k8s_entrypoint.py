@@ -144,6 +144,8 @@ def test_two_pods_rendezvous_through_the_rendered_entrypoint(tmp_path: Path) -> 
     ranks = [line.split() for line in (out0 + out1).splitlines() if line.startswith("rank ")]
     assert sorted(r[1] for r in ranks) == ["0/4", "1/4", "2/4", "3/4"]
     assert sorted(r[3] for r in ranks) == ["0", "0", "1", "1"]
+    # each rank's NODE_RANK is the node c10d put it on: RANK = NODE_RANK * 2 + LOCAL_RANK
+    assert all(int(r[1].split("/")[0]) // 2 == int(r[3]) for r in ranks), ranks
     assert {" ".join(r[4:]) for r in ranks} == {"sum 6 token True arg $(not-expanded)"}
     assert "corral: waiting up to 120s for 127.0.0.1" in err1
     assert "is ready" in err1 and "waiting" not in err0

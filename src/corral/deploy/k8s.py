@@ -311,6 +311,9 @@ def _env(spec: JobSpec, target: K8sTarget, nproc: int) -> list[dict[str, Any]]:
     return env
 
 
+_RANK_WRAPPER = shlex.quote('export NODE_RANK="$GROUP_RANK"; exec "$0" "$@"')
+
+
 def _entrypoint(spec: JobSpec, target: K8sTarget, nproc: int) -> str:
     """The container's ``sh -c`` script; the user's SCRIPT ARGS are its ``"$@"``."""
     python = shlex.quote(spec.python or "python3")
@@ -324,7 +327,10 @@ def _entrypoint(spec: JobSpec, target: K8sTarget, nproc: int) -> str:
             f"  --rdzv-id={spec.job_id} \\\n"
             '  --rdzv-conf="join_timeout=${CORRAL_RDZV_TIMEOUT},'
             f'read_timeout={READ_TIMEOUT},is_host=${{is_host}}" \\\n'
-            f'  --max-restarts={spec.max_restarts} "$@"\n'
+            f"  --max-restarts={spec.max_restarts} --no-python \\\n"
+            # c10d numbers nodes as they join (not by pod index): each rank's NODE_RANK is
+            # torchrun's GROUP_RANK for it, so RANK = NODE_RANK * nproc + LOCAL_RANK holds
+            f'  sh -c {_RANK_WRAPPER} {python} -u "$@"\n'
         )
     return (
         "set -eu\n"
