@@ -176,20 +176,36 @@ class DriftMonitor:
     def drifts(self, now: float | None = None) -> list[Drift]:
         """Each measured rank's live share of the measured ranks' examples/s against
         its weight's share of theirs (ranks without a weight are left out)."""
-        rates = {r: rate for r, rate in self.live_rates(now).items() if r < len(self.weights)}
+        # weights are per (host, local rank): torchrun numbers ranks at its rendezvous
+        planned = dict(zip(((h.name, local) for h, local in self.plan), self.weights, strict=False))
+        keys = self._rank_keys()
+        weight = {r: planned[keys[r]] for r in keys if keys[r] in planned}
+        rates = {r: rate for r, rate in self.live_rates(now).items() if r in weight}
         if len(rates) < 2:
             return []
         total_live = sum(r.examples_per_s for r in rates.values())
-        total_weight = sum(self.weights[r] for r in rates)
+        total_weight = sum(weight[r] for r in rates)
         return [
             Drift(
                 rank=r,
                 host=self.hosts[r],
-                expected=self.weights[r] / total_weight,
+                expected=weight[r] / total_weight,
                 live=rate.examples_per_s / total_live,
             )
             for r, rate in sorted(rates.items())
         ]
+
+    def _rank_keys(self) -> dict[int, tuple[str, int]]:
+        """(host, local rank) of every reporting rank: a host's ranks in global rank
+        order (torchrun and corral give a node consecutive ranks in local rank order)."""
+        by_host: dict[str, list[int]] = {}
+        for rank in sorted(self.hosts):
+            by_host.setdefault(self.hosts[rank], []).append(rank)
+        return {
+            rank: (host, local)
+            for host, ranks in by_host.items()
+            for local, rank in enumerate(ranks)
+        }
 
     def check(self, now: float | None = None) -> list[Drift]:
         """Warn about ranks that crossed the threshold (and say when one is back);
@@ -223,16 +239,12 @@ class DriftMonitor:
     def _local_rates(self) -> dict[tuple[str, int], float]:
         """Live examples/s by (host, local rank): a host's ranks in global rank order
         (torchrun and corral give a node consecutive ranks in local rank order)."""
-        by_host: dict[str, list[int]] = {}
-        for rank in sorted(self.hosts):
-            by_host.setdefault(self.hosts[rank], []).append(rank)
         rates = self.live_rates()
-        out: dict[tuple[str, int], float] = {}
-        for host, ranks in by_host.items():
-            for local, rank in enumerate(ranks):
-                if rank in rates:
-                    out[(host, local)] = rates[rank].examples_per_s
-        return out
+        return {
+            key: rates[rank].examples_per_s
+            for rank, key in self._rank_keys().items()
+            if rank in rates
+        }
 
     def rebalanced_weights(self, cluster: Cluster | None = None) -> tuple[float, ...] | None:
         """Weights from the live rates for ``cluster``'s ranks (default: the monitor's);

@@ -32,6 +32,7 @@ from corral.cli.common import (
 )
 from corral.cli.run import EnvOpt, JobIdOpt, NprocOpt, PythonOpt, RunDirOpt, ScriptArg, WorkdirOpt
 from corral.cluster import load_cluster
+from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.job.events import Finished, JobEvent, Message, Subscriber
 from corral.job.output import TerminalOutput
@@ -143,6 +144,32 @@ async def _drive(calibrator: Calibrator) -> CalibrationRun:
             loop.remove_signal_handler(signum)
 
 
+def run_calibration(
+    cluster: Cluster,
+    options: CalibrateOptions,
+    ssh: SshOptions,
+    console: Console,
+    *,
+    to_stderr: bool = False,
+) -> CalibrationRun:
+    """Measure ``cluster`` with the job's output on the terminal (``corral calibrate``
+    and ``corral run --calibration auto``); Ctrl-C exits 130."""
+    calibrator = Calibrator(cluster, options, ssh=ssh)
+    terminal = TerminalOutput(
+        [h.name for h in cluster.hosts], stream=sys.stderr.buffer if to_stderr else None
+    )
+    calibrator.subscribe(_subscriber(calibrator, terminal, console))
+    try:
+        run = asyncio.run(_drive(calibrator))
+    except Exception:
+        terminal.close()
+        if calibrator.interrupted:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise
+    terminal.close()
+    return run
+
+
 def calibrate(
     command: ScriptArg = None,
     hosts: HostsOpt = None,
@@ -193,20 +220,8 @@ def calibrate(
         job_id=job_id,
         threads=threads,
     )
-    calibrator = Calibrator(cluster, options, ssh=ssh)
     console = make_console(stderr=as_json)
-    terminal = TerminalOutput(
-        [h.name for h in cluster.hosts], stream=sys.stderr.buffer if as_json else None
-    )
-    calibrator.subscribe(_subscriber(calibrator, terminal, console))
-    try:
-        run = asyncio.run(_drive(calibrator))
-    except Exception:
-        terminal.close()
-        if calibrator.interrupted:
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        raise
-    terminal.close()
+    run = run_calibration(cluster, options, ssh, console, to_stderr=as_json)
     saved = [run.path, run.latest]
     if output:
         saved.append(save_calibration(run.calibration, Path(output)))

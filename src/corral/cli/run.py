@@ -6,7 +6,8 @@ import asyncio
 import json
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
@@ -62,6 +63,7 @@ from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.remote.python import candidates
 from corral.sdk._config import JOB_CONFIG_ENV
+from corral.sdk._qos import QOS_CLASSES
 from corral.transport.options import SshOptions
 
 _L = "Launch"
@@ -294,6 +296,49 @@ LrScalingOpt = Annotated[
         rich_help_panel=_L,
     ),
 ]
+HETERO_PANEL = "Heterogeneous clusters"
+CalibrationOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--calibration",
+        metavar="FILE|auto",
+        envvar="CORRAL_CALIBRATION",
+        help="Split the work in proportion to each rank's measured throughput: a file "
+        "from `corral calibrate` (same hosts and ranks), or 'auto' to run the built-in "
+        "calibration first. Ranks read their weight with the SDK "
+        "(sdk.WeightedDistributedSampler, sdk.local_batch_size, sdk.loss_scale).",
+        rich_help_panel=HETERO_PANEL,
+    ),
+]
+CalibrationSecondsOpt = Annotated[
+    float,
+    typer.Option(
+        "--calibration-seconds",
+        metavar="SECONDS",
+        envvar="CORRAL_CALIBRATION_SECONDS",
+        help="How long --calibration auto measures (as corral calibrate --seconds).",
+        rich_help_panel=HETERO_PANEL,
+    ),
+]
+RebalanceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rebalance",
+        help="With --calibration: at each restart, re-weigh the ranks from their live "
+        "throughput (sdk.report(step, examples=N)) instead of the calibration.",
+        rich_help_panel=HETERO_PANEL,
+    ),
+]
+QosOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--qos",
+        metavar="|".join(QOS_CLASSES),
+        envvar="CORRAL_QOS",
+        help="macOS QoS class of every rank (pthread_set_qos_class_self_np; no effect elsewhere).",
+        rich_help_panel=HETERO_PANEL,
+    ),
+]
 JobIdOpt = Annotated[
     str | None,
     typer.Option("--job-id", help="Job id (default: generated, time-based).", rich_help_panel=_L),
@@ -478,6 +523,7 @@ class LaunchChoices:
     additional_args: str | None = None
     harness: bool = False
     lr_scaling: str = "linear"
+    qos: str | None = None
 
 
 def _spec(
@@ -552,8 +598,60 @@ def _spec(
         rdzv_timeout=rdzv_timeout,
         run_dir=run_dir,
     )
+    if launch.qos is not None and launch.qos not in QOS_CLASSES:
+        raise ConfigError(
+            f"unknown QoS class {launch.qos!r}; choose one of {', '.join(QOS_CLASSES)}",
+            option="--qos",
+        )
     validate_launcher(spec)  # before resolve() rewrites the script's path
-    return spec
+    return replace(spec, qos=launch.qos) if launch.qos else spec
+
+
+def _weighted(
+    spec: JobSpec,
+    cluster: Cluster,
+    calibration: str | None,
+    console: Console,
+    *,
+    ssh: SshOptions | None,
+    seconds: float = 30.0,
+) -> JobSpec:
+    """``spec`` with the ranks' workload weights from ``--calibration FILE|auto``
+    (``auto``: calibrate now; without ``ssh``, i.e. in a dry run, it is only noted)."""
+    if not calibration:
+        return spec
+    from corral.calibration.model import Calibration
+    from corral.calibration.resolve import planned_ranks, resolve_weights
+
+    source: str | Calibration = calibration
+    if calibration == "auto":
+        if ssh is None:
+            console.print(
+                "--calibration auto: the weights are measured at launch (the built-in "
+                "calibration on these hosts); `corral calibrate` shows them now",
+                style="dim",
+                markup=False,
+            )
+            return spec
+        from corral.calibration.measure import CalibrateOptions
+        from corral.cli.calibrate import print_calibration, run_calibration
+
+        options = CalibrateOptions(
+            seconds=seconds,
+            nproc_per_node=spec.nproc_per_node,
+            python=spec.python,
+            env=dict(spec.env),
+            run_dir=spec.run_dir,
+        )
+        measured = run_calibration(cluster, options, ssh, console)
+        print_calibration(measured.calibration, console)
+        source = measured.calibration
+    weights = resolve_weights(source, cluster, spec.nproc_per_node)
+    ranks = planned_ranks(cluster, spec.nproc_per_node)
+    pairs = zip(ranks, weights, strict=True)
+    shown = ", ".join(f"{h.name}:{local} {w:.3f}" for (h, local), w in pairs)
+    console.print(f"workload weights (host:local rank): {shown}", markup=False)
+    return replace(spec, workload_weights=weights)
 
 
 def _show_checked(event: Checked, console: Console) -> None:
@@ -613,6 +711,10 @@ def run(
     additional_args: AdditionalArgsOpt = None,
     harness: HarnessOpt = False,
     lr_scaling: LrScalingOpt = "linear",
+    calibration: CalibrationOpt = None,
+    calibration_seconds: CalibrationSecondsOpt = 30.0,
+    rebalance: RebalanceOpt = False,
+    qos: QosOpt = None,
     no_preflight: NoPreflightOpt = False,
     smoke_test: SmokeTestOpt = False,
     min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
@@ -683,9 +785,27 @@ def run(
         job_id=job_id,
         mlx_backend=mlx_backend,
         shared_data_path=shared_data_path,
-        launch=LaunchChoices(command_template, tags, additional_args, harness, lr_scaling),
+        launch=LaunchChoices(command_template, tags, additional_args, harness, lr_scaling, qos),
+    )
+    if rebalance and not calibration:
+        raise ConfigError("needs --calibration FILE|auto", option="--rebalance")
+    spec = _weighted(
+        spec, cluster, calibration, make_console(stderr=False), ssh=ssh, seconds=calibration_seconds
     )
     job = Job(spec, cluster, ssh=ssh, **policies)  # type: ignore[arg-type]
+    if spec.workload_weights:
+        from corral.calibration.drift import DriftMonitor
+
+        monitor = DriftMonitor(
+            spec.workload_weights,
+            cluster,
+            spec.nproc_per_node,
+            emit=job.emit,
+            rebalance=rebalance,
+            save_to=Path(spec.run_dir, spec.job_id, "calibration-live.json"),
+        )
+        job.subscribe(monitor.on_event)
+        job.before_restart = monitor.respec
     output = TerminalOutput(
         [h.name for h in cluster.hosts], on_finish=print_finished, on_checked=_show_checked
     )
@@ -723,6 +843,8 @@ def plan(
     additional_args: AdditionalArgsOpt = None,
     harness: HarnessOpt = False,
     lr_scaling: LrScalingOpt = "linear",
+    calibration: CalibrationOpt = None,
+    qos: QosOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Print the exact per-node command and environment `corral run` would use (dry run).
@@ -750,8 +872,9 @@ def plan(
         job_id=job_id,
         mlx_backend=mlx_backend,
         shared_data_path=shared_data_path,
-        launch=LaunchChoices(command_template, tags, additional_args, harness, lr_scaling),
+        launch=LaunchChoices(command_template, tags, additional_args, harness, lr_scaling, qos),
     )
+    spec = _weighted(spec, cluster, calibration, make_console(stderr=as_json), ssh=None)
     prepared = dry_run(spec, cluster)
     if as_json:
         doc: dict[str, object] = {
@@ -759,6 +882,8 @@ def plan(
             "launcher": prepared.spec.launcher,
             "nodes": [c.to_json(redact=True) for c in prepared.commands],
         }
+        if prepared.spec.workload_weights:
+            doc["workload_weights"] = list(prepared.spec.workload_weights)
         if prepared.spec.harness:
             doc["harness"] = {"mode": prepared.spec.harness, "config": _adjusted(prepared)}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

@@ -265,6 +265,10 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 *spec.args,
             )
             env["CORRAL_STREAMS"] = "socket"
+            if spec.workload_weights:  # ranks are numbered at the rendezvous, not here:
+                # the SDK finds its own weight by plan node and exchanges them
+                env["CORRAL_PLAN_NODE"] = str(node_rank)
+                env["CORRAL_PLAN_NPROCS"] = ",".join(str(n) for n in per_node)
         elif spec.launcher in NODE_LAUNCHERS:
             # one process per node that starts the ranks itself (like torchrun); a
             # corral worker it starts reports its rank over the control socket

@@ -62,17 +62,65 @@ def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
     return tuple(v / total for v in values)
 
 
+PLAN_NODE_ENV = "CORRAL_PLAN_NODE"
+"""Under torchrun: this node's index in corral's plan (the order of the weights)."""
+PLAN_NPROCS_ENV = "CORRAL_PLAN_NPROCS"
+"""Under torchrun: every plan node's rank count, comma-separated."""
+
+_by_rank_cache: dict[str, tuple[float, ...]] = {}
+
+
 def workload_weights(env: Mapping[str, str] | None = None) -> tuple[float, ...] | None:
     """Every rank's share of the work (summing to 1, rank order), or None when the
     job has no proportional split (``CORRAL_WORKLOAD_WEIGHTS`` unset or empty).
 
-    The count must match ``WORLD_SIZE`` (ValueError otherwise).
+    The count must match ``WORLD_SIZE`` (ValueError otherwise). corral's plan
+    lists the weights per host; under torchrun the global ranks are numbered at
+    the rendezvous instead, so there every rank's weight is exchanged once with
+    an all-gather: the process group must be up (``sdk.init_distributed()``).
     """
     e = os.environ if env is None else env
     raw = e.get(WEIGHTS_ENV, "").strip()
     if not raw:
         return None
-    return parse_weights(raw, info(e).world_size)
+    in_plan_order = parse_weights(raw, info(e).world_size)
+    node = e.get(PLAN_NODE_ENV, "").strip()
+    if not node:  # ranks numbered by corral: rank order is plan order
+        return in_plan_order
+    key = f"{raw}|{node}|{e.get(PLAN_NPROCS_ENV, '')}|{e.get('RANK', '')}"
+    if key not in _by_rank_cache:
+        _by_rank_cache[key] = _exchange(in_plan_order, e)
+    return _by_rank_cache[key]
+
+
+def _own_weight(plan_weights: Sequence[float], env: Mapping[str, str]) -> float:
+    """This rank's weight: its plan node's block of the plan-order list, at LOCAL_RANK."""
+    try:
+        node = int(env[PLAN_NODE_ENV])
+        nprocs = [int(n) for n in env[PLAN_NPROCS_ENV].split(",")]
+        local = int(env.get("LOCAL_RANK", "0"))
+        return plan_weights[sum(nprocs[:node]) + local]
+    except (KeyError, ValueError, IndexError):
+        raise ValueError(
+            f"{PLAN_NODE_ENV}={env.get(PLAN_NODE_ENV)!r} / {PLAN_NPROCS_ENV}="
+            f"{env.get(PLAN_NPROCS_ENV)!r} do not locate this rank in {WEIGHTS_ENV}"
+        ) from None
+
+
+def _exchange(plan_weights: Sequence[float], env: Mapping[str, str]) -> tuple[float, ...]:
+    """The weights in torch's rank order: each rank contributes its own (all-gather)."""
+    import torch.distributed as dist
+
+    own = _own_weight(plan_weights, env)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            f"{WEIGHTS_ENV}: under torchrun the global ranks are numbered at the "
+            "rendezvous, so the weights are matched to ranks through the process group: "
+            "call sdk.init_distributed() before reading them"
+        )
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, own)
+    return tuple(float(w) for w in gathered)  # type: ignore[arg-type]
 
 
 def apportion(total: int, weights: Sequence[float], minimum: int = 1) -> tuple[int, ...]:
@@ -110,7 +158,12 @@ def resolve_weights(weights: Sequence[float] | None, world: int) -> tuple[float,
     weight per rank of ``world`` (ValueError otherwise), normalised to sum to 1."""
     if weights is None:
         raw = os.environ.get(WEIGHTS_ENV, "").strip()
-        return parse_weights(raw, world) if raw else (1.0 / world,) * world
+        if not raw:
+            return (1.0 / world,) * world
+        if not os.environ.get(PLAN_NODE_ENV):
+            return parse_weights(raw, world)
+        weights = workload_weights()  # torchrun: matched to ranks through the group
+        assert weights is not None
     if len(weights) != world or any(not math.isfinite(w) or w <= 0 for w in weights):
         raise ValueError(
             f"{len(weights)} workload weights {list(weights)} for a world size of {world}: "
