@@ -48,6 +48,8 @@ class ChecklistOptions:
     sync: dict[str, Any] | None = None  # what `--sync` / `--sync-script` did in this run
     job_id: str | None = None  # the job this pre-flight is for: its processes are not stale
     shared_data_path: str | None = None  # must be one filesystem on every host (seed 003)
+    harness: bool = False  # --harness: Accelerate must be there whatever the launcher
+    command_template: str | None = None  # --launcher command: its first word is looked for
 
 
 @dataclass

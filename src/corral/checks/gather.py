@@ -59,6 +59,7 @@ class GatherRequest:
     master_port: int | None = None
     connect_timeout: float = 5.0
     job_id: str | None = None  # its processes are not stale
+    binaries: tuple[str, ...] = ()  # executables to look for besides the launcher's own
 
     def params(self, listen: bool) -> dict[str, Any]:
         """The JSON arguments of one host's session."""
@@ -72,6 +73,7 @@ class GatherRequest:
             "master_addr": self.master_addr,
             "listen_port": self.master_port if listen else None,
             "job_id": self.job_id,
+            "binaries": list(self.binaries),
         }
 
 

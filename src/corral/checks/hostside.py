@@ -32,12 +32,19 @@ import uuid
 from typing import Any
 
 _SIOCGIFADDR = 0x8915
+#: The executables a launcher runs on a host. ``accelerate`` and ``mlx`` need none:
+#: corral starts their ranks itself (their modules are checked, see :data:`MODULES`);
+#: ``command`` runs whatever its template names (the coordinator asks for that word).
 _LAUNCHER_BINARIES = {
     "torchrun": ("torchrun",),
     "python": (),
-    "accelerate": ("accelerate",),
-    "mlx": ("mlx.launch",),
+    "accelerate": (),
+    "mlx": (),
+    "command": (),
+    "madengine": ("madengine",),
 }
+#: Modules whose presence for the interpreter is reported (found, never imported).
+MODULES = ("accelerate", "mlx.core")
 _NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
 
@@ -99,13 +106,37 @@ def torch_build() -> dict[str, Any]:
     return info
 
 
-def software(pkgs: dict[str, str], launcher: str) -> dict[str, Any]:
-    """Versions that must agree across hosts, and the launcher binaries found."""
+def importable(name: str) -> bool:
+    """Whether this interpreter finds module ``name`` (dotted: each package on the way)
+    on ``sys.path``, without importing it (namespace packages count, as for imports)."""
+    parts = name.split(".")
+    path: list[str] | None = None
+    for depth in range(len(parts)):
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), path)
+        except (ImportError, ValueError):
+            return False
+        if spec is None:
+            return False
+        if depth < len(parts) - 1:
+            if not spec.submodule_search_locations:
+                return False
+            path = list(spec.submodule_search_locations)
+    return True
+
+
+def software(
+    pkgs: dict[str, str], launcher: str, extra_binaries: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Versions that must agree across hosts, the launcher binaries found (and
+    ``extra_binaries``: the first word of a command template) and the modules of
+    :data:`MODULES` found."""
     torch = torch_build()
     nccl = next((pkgs[d] for d in _NCCL_DISTS if d in pkgs), None)
     bindir = os.path.dirname(sys.executable)
     search = os.pathsep.join([bindir, os.environ.get("PATH", "")])
-    binaries = {b: shutil.which(b, path=search) for b in _LAUNCHER_BINARIES.get(launcher, ())}
+    wanted = dict.fromkeys([*_LAUNCHER_BINARIES.get(launcher, ()), *extra_binaries])
+    binaries = {b: shutil.which(b, path=search) for b in wanted}
     return {
         "python": ".".join(str(v) for v in sys.version_info[:3]),
         "python_executable": sys.executable,
@@ -117,6 +148,8 @@ def software(pkgs: dict[str, str], launcher: str) -> dict[str, Any]:
         # PathFinder: sys.path only (the modules shipped with this script are no install)
         "corral_importable": importlib.machinery.PathFinder.find_spec("corral") is not None,
         "binaries": binaries,
+        "modules": {m: importable(m) for m in MODULES},
+        "platform": sys.platform,
     }
 
 
@@ -515,7 +548,9 @@ def facts(params: dict[str, Any], listener: dict[str, Any] | None) -> dict[str, 
     result: dict[str, Any] = {
         "event": "facts",
         "hostname": socket.gethostname(),
-        "software": software(pkgs, params.get("launcher") or "torchrun"),
+        "software": software(
+            pkgs, params.get("launcher") or "torchrun", params.get("binaries") or ()
+        ),
         "packages": pkgs,
         "hardware": hardware(),
         "workdir": {

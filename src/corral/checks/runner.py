@@ -126,8 +126,11 @@ def _exclude(ctx: CheckContext, code: CheckResult) -> list[str]:
 
 
 async def _smoke(ctx: CheckContext, transport: Transport, port: int) -> CheckResult:
-    from corral.checks.smoke import smoke_test
+    from corral.checks.smoke import skipped_without_torch, smoke_test
 
+    skipped = skipped_without_torch(ctx)
+    if skipped is not None:
+        return skipped
     opts = ctx.options
     detected = network.interfaces(ctx)
     env: dict[str, dict[str, str]] = {}
@@ -208,6 +211,7 @@ async def run_checklist(
         master_port=opts.master_port,
         connect_timeout=min(opts.connect_timeout, 5.0),
         job_id=opts.job_id,
+        binaries=software.extra_binaries(opts),
     )
     own_transport = transport is None
     tp = transport or transport_for(opts.cluster, opts.ssh, connect_timeout=opts.connect_timeout)

@@ -33,6 +33,12 @@ Two sides live here:
   never joined and stops the test at once; after ``deadline`` plus a small
   margin every runner is closed, signalled and waited for, so nothing stays.
 
+Launchers that need no torch (``mlx``): the test runs torch.distributed, so on
+such a job it runs only where every host has torch; otherwise
+:func:`skipped_without_torch` turns it into a warning naming the hosts without
+torch (MLX's own group is checked by every rank before its script runs, with a
+timeout: see docs/launchers.md).
+
 Bandwidth follows the NCCL-tests convention: ``algbw = bytes / time`` of one
 all-reduce, ``busbw = algbw * 2 (n - 1) / n`` for ``n`` ranks.
 """
@@ -59,13 +65,22 @@ from corral.errors import CorralError, TransportError
 from corral.remote.python import candidates
 
 if TYPE_CHECKING:
+    from corral.checks.context import CheckContext
     from corral.cluster.model import Host
     from corral.transport.base import NodeProcess, Transport
 
-__all__ = ["CHECK_NAME", "runner_argv", "smoke_test"]
+__all__ = [
+    "CHECK_NAME",
+    "TORCHLESS_LAUNCHERS",
+    "runner_argv",
+    "skipped_without_torch",
+    "smoke_test",
+]
 
 CHECK_NAME = "collective"
 MODULE = "corral.checks.smoke"
+#: Launchers whose jobs do not need torch (the smoke test does).
+TORCHLESS_LAUNCHERS = ("mlx",)
 
 #: The coordinator waits this long past the deadline for the runners' reports.
 MARGIN = 5.0
@@ -826,6 +841,39 @@ def _report(smoke: _Smoke, seconds: float, backend: str, size_bytes: int) -> Che
         summary = f"all-reduce across {world} ranks failed on {', '.join(n for n, _ in failing)}"
     return CheckResult.from_hosts(
         CHECK_NAME, verdicts, summary=summary, error=error, fix_command=fix, data=data
+    )
+
+
+def skipped_without_torch(ctx: CheckContext) -> CheckResult | None:
+    """The smoke test's result when it cannot run: a launcher that needs no torch
+    (:data:`TORCHLESS_LAUNCHERS`) on hosts without torch, which the test needs. A
+    warning naming those hosts (the launch is not blocked); None when it can run."""
+    launcher = ctx.options.launcher
+    if launcher not in TORCHLESS_LAUNCHERS:
+        return None
+    without = [
+        f.host.name for f in ctx.answered() if not (f.facts.get("software") or {}).get("torch")
+    ]
+    if not without:
+        return None
+    named = ", ".join(without)
+    why = (
+        f"skipped: the collective smoke test runs torch.distributed and torch is not "
+        f"installed on {named}; --launcher {launcher} does not need torch (each rank checks "
+        f"its own {launcher.upper()} group before the script runs)"
+    )
+    hosts = {
+        h.name: HostCheck(Status.WARN, "torch not installed: smoke test skipped")
+        if h.name in without
+        else HostCheck(Status.SKIP, f"smoke test skipped (no torch on {named})")
+        for h in ctx.cluster.hosts
+    }
+    return CheckResult.from_hosts(
+        CHECK_NAME,
+        hosts,
+        summary=f"skipped: no torch on {named} (--launcher {launcher} needs none)",
+        warning=why,
+        data={"skipped": "no torch", "hosts_without_torch": without},
     )
 
 

@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from corral.checks.result import ChecklistReport
@@ -58,10 +59,11 @@ from corral.job.result import EXIT_INTERRUPTED, JobResult
 from corral.job.states import JobMachine, JobState, NodeState
 from corral.job.supervisor import Supervisor
 from corral.plan.render import master_index
-from corral.plan.spec import JobSpec
+from corral.plan.spec import NODE_LAUNCHERS, JobSpec
 from corral.private import private_dir, write_private
 from corral.recovery.keeper import CheckpointKeeper
 from corral.recovery.restart import AttemptLog, decide
+from corral.redact import REDACTED, is_secret
 from corral.transport.base import NodeProcess, Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
@@ -74,10 +76,50 @@ def dry_run(spec: JobSpec, cluster: Cluster) -> Prepared:
     return plan_attempt(resolve(spec, cluster, dry_run=True), cluster)
 
 
+# NAME=value, the value up to the end of its shell word (quoted parts included)
+_ASSIGNMENT = re.compile(
+    r"""(?<![\w.])([A-Za-z_][A-Za-z0-9_]*)=((?:"[^"]*"|'[^']*'|[^\s;&|<>()"'`])+)"""
+)
+_MIN_SECRET = 4  # shorter secret env values are not searched for in command words
+
+
+def redact_words(words: Sequence[str], spec: JobSpec) -> list[str]:
+    """``words`` as recorded: the value of every ``NAME=value`` whose name is a secret
+    (see :mod:`corral.redact`) and every secret ``--env`` value replaced by
+    :data:`~corral.redact.REDACTED`."""
+    values = [
+        v for k, v in spec.env.items() if len(v) >= _MIN_SECRET and is_secret(k, spec.secret_env)
+    ]
+
+    def assignment(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return f"{name}={REDACTED}" if is_secret(name, spec.secret_env) else match.group(0)
+
+    out = []
+    for word in words:
+        for value in values:
+            word = word.replace(value, REDACTED)
+        out.append(_ASSIGNMENT.sub(assignment, word))
+    return out
+
+
+def job_command(prepared: Prepared) -> list[str]:
+    """The job's command as ``job.json`` records it: SCRIPT ARGS, or for a launcher
+    that runs its own command per node (``command``, ``madengine``) node 0's
+    rendered command; redacted (:func:`redact_words`)."""
+    spec = prepared.spec
+    if spec.launcher in NODE_LAUNCHERS and prepared.commands:
+        return redact_words(prepared.commands[0].argv, spec)
+    return redact_words([spec.script, *spec.args], spec)
+
+
 def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
     """What ``corral logs`` needs later to find the job's hosts again (no secrets:
-    the SSH password is never known here, only the name of its variable)."""
-    return {
+    the SSH password is never known here, only the name of its variable), and the
+    command (per host too for ``command``/``madengine``: each node's differs)."""
+    spec = prepared.spec
+    per_node = spec.launcher in NODE_LAUNCHERS
+    doc: dict[str, Any] = {
         "job_id": prepared.spec.job_id,
         "hosts": [
             {
@@ -88,6 +130,7 @@ def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
                 "local": c.host.local,
                 "python": c.host.python,
                 "node_dir": c.env.get("CORRAL_NODE_DIR"),
+                **({"argv": redact_words(c.argv, spec)} if per_node else {}),
             }
             for c in prepared.commands
         ],
@@ -102,8 +145,11 @@ def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
             "insecure_no_host_key_check": ssh.insecure_no_host_key_check,
         },
         "launcher": prepared.spec.launcher,
-        "command": [prepared.spec.script, *prepared.spec.args],
+        "command": job_command(prepared),
     }
+    if spec.command_template is not None:
+        doc["command_template"] = redact_words([spec.command_template], spec)[0]
+    return doc
 
 
 def plan_json(prepared: Prepared) -> dict[str, Any]:

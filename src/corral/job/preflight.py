@@ -58,6 +58,8 @@ def checklist_options(
         sync=sync,
         job_id=spec.job_id,
         shared_data_path=validate_path(spec.shared_data_path),
+        harness=spec.harness is not None,
+        command_template=spec.command_template,
     )
 
 

@@ -77,6 +77,7 @@ class NodeRun:
     agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
     detail: str = ""
     got_exit_event: bool = False
+    exit_code: int | None = None  # the node process's own code (node_exit: torchrun, a command)
     clock_offset: float = 0.0  # coordinator clock minus the host's clock
     watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
     stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)

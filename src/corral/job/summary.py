@@ -31,7 +31,11 @@ STATE_LABEL = {NodeState.TERMINATED: "stopped"}
 
 
 def _exit_text(node: NodeRun) -> str:
+    """The ranks' exit codes (signal names), or with no rank known (a ``command`` or
+    ``madengine`` node, a torchrun that failed before its ranks) the node's own."""
     codes = sorted({r.code for r in node.ranks.values() if r.exited}, key=lambda c: (c is None, c))
+    if not codes and not node.ranks and node.exit_code is not None:
+        codes = [node.exit_code]
     if not codes:
         return "-"
     parts = []

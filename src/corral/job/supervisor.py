@@ -336,6 +336,7 @@ class Supervisor:
         elif name == "node_exit":
             node.got_exit_event = True
             code = int(event.get("code") or 0)
+            node.exit_code = code
             if (
                 code
                 and not node.failed
@@ -638,9 +639,10 @@ class Supervisor:
                 loop.add_signal_handler(signum, self.interrupt)
         self._set_state(JobState.STARTING)
         try:
-            master = self.nodes[0].command
+            # no node hosts a master endpoint for some launchers (MLX): nothing to wait for
+            master = next((n.command for n in self.nodes if n.command.hosts_master), None)
             await asyncio.gather(*(self._start_node(n) for n in self.nodes))
-            if not self.machine.stopping:
+            if master is not None and not self.machine.stopping:
                 what = "torchrun's rendezvous endpoint" if self.require_master else "master"
                 self._say(
                     f"Waiting for {what} {master.master_addr}:{master.master_port}...", "detail"
