@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibration.drift import DriftMonitor
-from corral.calibration.model import load_calibration
+from corral.calibrate.drift import DriftMonitor
+from corral.calibrate.model import load_calibration
 from corral.cluster import load_cluster
 from corral.job.engine import Job
 from corral.job.events import JobEvent, LogLines, Message

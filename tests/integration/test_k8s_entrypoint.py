@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from corral.deploy.k8s import MASTER_NOT_READY_EXIT, K8sTarget, render_k8s
+from corral.k8s.render import MASTER_NOT_READY_EXIT, K8sTarget, render_k8s
 from corral.plan.spec import JobSpec
 from tests.conftest import require_torch
 

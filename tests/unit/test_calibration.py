@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibration.drift import DriftMonitor
-from corral.calibration.measure import REFERENCE, CalibrateOptions, _Collector, _shell_writer
-from corral.calibration.model import Calibration, load_calibration, save_calibration
-from corral.calibration.resolve import planned_ranks, resolve_weights
-from corral.calibration.weights import (
+from corral.calibrate.drift import DriftMonitor
+from corral.calibrate.measure import REFERENCE, CalibrateOptions, _Collector, _shell_writer
+from corral.calibrate.model import Calibration, load_calibration, save_calibration
+from corral.calibrate.resolve import planned_ranks, resolve_weights
+from corral.calibrate.weights import (
     NOISE_RATIO,
     MeasuredRank,
     Rate,

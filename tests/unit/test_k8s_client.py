@@ -23,7 +23,7 @@ import yaml
 
 from corral.cli import main as cli_main
 from corral.cli.main import _register
-from corral.deploy.k8s import COMPLETION_INDEX, K8sTarget, render_k8s, to_yaml
+from corral.k8s.render import COMPLETION_INDEX, K8sTarget, render_k8s, to_yaml
 from corral.plan.spec import JobSpec
 from tests.conftest import require
 

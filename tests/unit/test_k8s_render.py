@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from corral.cli import main as cli_main
 from corral.cli.main import _register, app
-from corral.deploy.k8s import (
+from corral.errors import ConfigError
+from corral.k8s.render import (
     COMPLETION_INDEX,
     CONTAINER,
     JOB_LABEL,
@@ -26,7 +27,6 @@ from corral.deploy.k8s import (
     secret_keys,
     to_yaml,
 )
-from corral.errors import ConfigError
 from corral.plan.spec import JobSpec
 from tests.conftest import require
 
@@ -443,7 +443,7 @@ def _pod(name: str, index: str | None, *, label: bool = False) -> Any:
 
 
 def test_log_lines_are_prefixed_pod_and_rank() -> None:
-    from corral.deploy.k8s_client import log_prefix, pod_rank, prefixed_lines
+    from corral.k8s.client import log_prefix, pod_rank, prefixed_lines
 
     pod = _pod("train-1-1-x7k2p", "1")
     assert pod_rank(pod) == "1"

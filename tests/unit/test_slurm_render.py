@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from corral.cli import main as cli_main
 from corral.cli.main import _register, app
-from corral.deploy.slurm import MASTER_NOT_READY_EXIT, SlurmJob, render_slurm, sbatch_argv
 from corral.errors import ConfigError
+from corral.slurm.render import MASTER_NOT_READY_EXIT, SlurmJob, render_slurm, sbatch_argv
 
 _register()
 GOLDEN = Path(__file__).parent / "golden" / "slurm"

@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from corral.calibration.measure import (
+from corral.calibrate.measure import (
     DEFAULT_SECONDS,
     CalibrateOptions,
     CalibrationRun,
     Calibrator,
 )
-from corral.calibration.model import Calibration, CalibrationFile, save_calibration
+from corral.calibrate.model import Calibration, CalibrationFile, save_calibration
 from corral.cli.common import (
     AcceptNewHostKeysOpt,
     HostsOpt,

@@ -27,15 +27,15 @@ from corral.cli.run import (
     WorkdirOpt,
 )
 from corral.console import make_console
-from corral.deploy.k8s import (
+from corral.errors import ConfigError
+from corral.job.resolve import new_job_id
+from corral.k8s.render import (
     DEFAULT_DIST_TIMEOUT,
     K8S_LAUNCHERS,
     K8sTarget,
     render_k8s,
     to_yaml,
 )
-from corral.errors import ConfigError
-from corral.job.resolve import new_job_id
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec, Launcher
 
 _K = "Kubernetes"
@@ -358,7 +358,7 @@ def apply(
     **job: Any,
 ) -> None:
     """Create the job on the cluster: what `corral k8s render` prints, or -f FILE."""
-    from corral.deploy import k8s_client
+    from corral.k8s import client as k8s_client
 
     if file is not None:
         if job["command"]:
@@ -388,7 +388,7 @@ def logs(
     context: ContextOpt = None,
 ) -> None:
     """Print every pod's log, each line prefixed [pod:rank] (rank = completion index)."""
-    from corral.deploy import k8s_client
+    from corral.k8s import client as k8s_client
 
     api = k8s_client.connect(kubeconfig, context)
     lock = threading.Lock()
@@ -425,7 +425,7 @@ def delete(
     context: ContextOpt = None,
 ) -> None:
     """Delete the Job (its pods with it) and its Service."""
-    from corral.deploy import k8s_client
+    from corral.k8s import client as k8s_client
 
     api = k8s_client.connect(kubeconfig, context)
     gone = k8s_client.delete(api, namespace, job)

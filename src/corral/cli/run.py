@@ -620,8 +620,8 @@ def _weighted(
     (``auto``: calibrate now; without ``ssh``, i.e. in a dry run, it is only noted)."""
     if not calibration:
         return spec
-    from corral.calibration.model import Calibration
-    from corral.calibration.resolve import planned_ranks, resolve_weights
+    from corral.calibrate.model import Calibration
+    from corral.calibrate.resolve import planned_ranks, resolve_weights
 
     source: str | Calibration = calibration
     if calibration == "auto":
@@ -633,7 +633,7 @@ def _weighted(
                 markup=False,
             )
             return spec
-        from corral.calibration.measure import CalibrateOptions
+        from corral.calibrate.measure import CalibrateOptions
         from corral.cli.calibrate import print_calibration, run_calibration
 
         options = CalibrateOptions(
@@ -794,7 +794,7 @@ def run(
     )
     job = Job(spec, cluster, ssh=ssh, **policies)  # type: ignore[arg-type]
     if spec.workload_weights:
-        from corral.calibration.drift import DriftMonitor
+        from corral.calibrate.drift import DriftMonitor
 
         monitor = DriftMonitor(
             spec.workload_weights,

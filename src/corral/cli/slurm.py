@@ -26,7 +26,11 @@ from corral.cli.run import (
     WorkdirOpt,
 )
 from corral.console import make_console
-from corral.deploy.slurm import (
+from corral.errors import ConfigError, LaunchError
+from corral.job.resolve import new_job_id
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
+from corral.private import private_dir, write_private
+from corral.slurm.render import (
     DEFAULT_DIST_TIMEOUT,
     SlurmJob,
     env_items,
@@ -34,10 +38,6 @@ from corral.deploy.slurm import (
     render_slurm,
     sbatch_argv,
 )
-from corral.errors import ConfigError, LaunchError
-from corral.job.resolve import new_job_id
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
-from corral.private import private_dir, write_private
 
 _S = "Slurm"
 SBATCH_TIMEOUT = 120.0

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from corral.calibration.model import load_calibration
-from corral.calibration.resolve import resolve_weights
+from corral.calibrate.model import load_calibration
+from corral.calibrate.resolve import resolve_weights
 from corral.cluster import load_cluster
 from corral.testbed import Testbed
 from tests.conftest import missing_dependency, require_torch

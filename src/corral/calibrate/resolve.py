@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from corral.calibration.model import OPTION, Calibration, RankRate, load_calibration
-from corral.calibration.weights import shares
+from corral.calibrate.model import OPTION, Calibration, RankRate, load_calibration
+from corral.calibrate.weights import shares
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
 

@@ -22,8 +22,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from corral.deploy.k8s import COMPLETION_INDEX, CONTAINER
 from corral.errors import ConfigError, ConnectError, CorralError, LaunchError
+from corral.k8s.render import COMPLETION_INDEX, CONTAINER
 
 __all__ = [
     "DEFAULT_KUBECONFIG",

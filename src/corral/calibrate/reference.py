@@ -9,7 +9,7 @@ second, until corral stops it (or ``--max-seconds`` pass). The model is sized
 to the device: wider and with a bigger batch on a GPU, where a small one would
 only measure kernel-launch overhead. Also runs by hand::
 
-    python -m corral.calibration.reference --max-seconds 10
+    python -m corral.calibrate.reference --max-seconds 10
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 :class:`Calibrator` runs one job (``python`` launcher: corral starts each rank
 itself, so each rank is known by host and local rank) with
 ``CORRAL_CALIBRATE=1`` on every rank: the user's script, or the built-in
-reference workload (:mod:`corral.calibration.reference`). It collects the
+reference workload (:mod:`corral.calibrate.reference`). It collects the
 ``examples`` of every rank's progress reports; once every rank has reported, it
 lets the job run ``seconds`` more, then stops it (the engine's teardown: nothing
 is left on any host). The first :data:`WARMUP_FRACTION` of that window is
-warm-up, not counted. The result is a :class:`~corral.calibration.model.Calibration`,
+warm-up, not counted. The result is a :class:`~corral.calibrate.model.Calibration`,
 saved as ``<run_dir>/<job-id>/calibration.json`` and ``<run_dir>/calibration-latest.json``.
 
 On SSH hosts the reference workload is first written to
@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from corral.calibration.model import Calibration, save_calibration
-from corral.calibration.resolve import planned_ranks, resolve_weights
-from corral.calibration.weights import MeasuredRank, Sample, build_calibration, rate_of
+from corral.calibrate.model import Calibration, save_calibration
+from corral.calibrate.resolve import planned_ranks, resolve_weights
+from corral.calibrate.weights import MeasuredRank, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, JobFailed, LaunchError
 from corral.job.engine import Job

@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from corral.calibration.model import Calibration, save_calibration
-from corral.calibration.resolve import planned_ranks, weights_from_rates
-from corral.calibration.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
+from corral.calibrate.model import Calibration, save_calibration
+from corral.calibrate.resolve import planned_ranks, weights_from_rates
+from corral.calibrate.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster
 from corral.errors import ConfigError
 from corral.job.events import AttemptStarted, Finished, JobEvent, Level, Message, Progress

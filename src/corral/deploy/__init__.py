@@ -1,1 +1,0 @@
-"""Render and drive corral jobs on the engines users grow into: Kubernetes and Slurm."""
