@@ -11,6 +11,7 @@ OpenSSH sshd; the rest of the filesystem (the Python environment included) is sh
 
 from __future__ import annotations
 
+from corral.testbed._cgroup import CpuQuota
 from corral.testbed._model import DEFAULT_SUBNET, SRV_DIR
 from corral.testbed._system import check_requirements, missing_requirements
 from corral.testbed._testbed import (
@@ -27,6 +28,7 @@ from corral.testbed._testbed import (
 __all__ = [
     "DEFAULT_SUBNET",
     "SRV_DIR",
+    "CpuQuota",
     "DownResult",
     "HostStatus",
     "Testbed",

@@ -761,6 +761,19 @@ class Testbed:
             pids = [p for p in pids if p not in own]
         return pids
 
+    def sshd_pid(self, host: str) -> int:
+        """The pid of ``host``'s sshd listener (e.g. for :class:`corral.testbed.CpuQuota`:
+        every SSH session on the host descends from it). LaunchError when it is not
+        running."""
+        h = self._require().host(host)
+        if h.sshd is None or not sysx.is_ours(h.sshd):
+            raise LaunchError(
+                "its sshd is not running (Testbed.start_sshd starts it again, or run "
+                f"`corral testbed down{self._dir_flag()}` and `up`)",
+                host=host,
+            )
+        return h.sshd.pid
+
     def cut_link(self, host: str) -> None:
         """Cut ``host`` off the network both ways (its bridge-side veth goes down)."""
         h = self._require().host(host)

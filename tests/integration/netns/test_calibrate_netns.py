@@ -4,20 +4,18 @@ ranks included): the calibration must show that host slower by about the quota."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from corral.calibrate.model import load_calibration
 from corral.calibrate.resolve import resolve_weights
 from corral.cluster import load_cluster
-from corral.testbed import Testbed
+from corral.testbed import CpuQuota, Testbed
 from tests.conftest import missing_dependency, require_torch
 
 from ..conftest import run_corral, wait_no_job_processes
@@ -25,74 +23,6 @@ from ..conftest import run_corral, wait_no_job_processes
 pytestmark = pytest.mark.netns
 
 QUOTA = 0.5  # of one CPU
-PERIOD_US = 100_000
-V2_ROOT = Path("/sys/fs/cgroup")
-V1_CPU = Path("/sys/fs/cgroup/cpu")
-
-
-class CpuQuota:
-    """A cgroup limited to ``quota`` of one CPU (None: no limit), given the largest CPU
-    weight so that what else runs on this machine does not slow its processes (cgroup
-    v2 ``cpu.max``/``cpu.weight``, or v1's CFS quota and shares where the cpu
-    controller is only mounted as v1); removed by :meth:`close` after its processes
-    are moved back where they came from."""
-
-    def __init__(self, name: str, quota: float | None) -> None:
-        limit = None if quota is None else int(quota * PERIOD_US)
-        if "cpu" in _read(V2_ROOT / "cgroup.controllers").split():
-            if "cpu" not in _read(V2_ROOT / "cgroup.subtree_control").split():
-                (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
-            self.parent = V2_ROOT
-            self.path = V2_ROOT / name
-            self.path.mkdir()
-            (self.path / "cpu.weight").write_text("10000")
-            if limit is not None:
-                (self.path / "cpu.max").write_text(f"{limit} {PERIOD_US}")
-        elif (V1_CPU / "cpu.cfs_quota_us").exists():
-            self.parent = V1_CPU
-            self.path = V1_CPU / name
-            self.path.mkdir()
-            (self.path / "cpu.shares").write_text("262144")
-            if limit is not None:
-                (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (self.path / "cpu.cfs_quota_us").write_text(str(limit))
-        else:
-            raise OSError("no cgroup cpu controller (v2 cgroup.controllers or v1 cpu)")
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (its children inherit the cgroup)."""
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def pids(self) -> list[int]:
-        """Processes in the cgroup."""
-        return [int(p) for p in _read(self.path / "cgroup.procs").split()]
-
-    def close(self) -> None:
-        """Move every process back to the parent cgroup and remove this one."""
-        for pid in self.pids():
-            with contextlib.suppress(OSError):
-                (self.parent / "cgroup.procs").write_text(str(pid))
-        self.path.rmdir()
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _sshd(testbed: Testbed, host: str) -> int:
-    """The pid of ``host``'s sshd listener."""
-    found = []
-    for pid in testbed.pids_on(host, include_daemons=True):
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            parent = proc.parent()
-            if proc.name() == "sshd" and (parent is None or parent.name() != "sshd"):
-                found.append(pid)
-    assert len(found) == 1, (host, found)
-    return found[0]
 
 
 @pytest.fixture
@@ -105,7 +35,7 @@ def slowed_tb2(healthy_testbed: Testbed) -> Iterator[CpuQuota]:
         for host, quota in (("tb1", None), ("tb2", QUOTA)):
             group = CpuQuota(f"corral-test-{os.getpid()}-{host}", quota)
             groups.append(group)
-            group.add(_sshd(healthy_testbed, host))
+            group.add(healthy_testbed.sshd_pid(host))
     except OSError as exc:
         for group in groups:
             group.close()
@@ -158,7 +88,7 @@ def test_a_host_at_half_cpu_measures_about_half_as_fast(
         shipped = list(healthy_testbed.host_path(host, "/root/.corral/calibrate").glob("*.py"))
         assert len(shipped) == 1 and shipped[0].stat().st_mode & 0o077 == 0, shipped
     assert not wait_no_job_processes("cal-netns", within=30)
-    sshd = _sshd(healthy_testbed, "tb2")
+    sshd = healthy_testbed.sshd_pid("tb2")
     deadline = time.monotonic() + 15
     while slowed_tb2.pids() != [sshd] and time.monotonic() < deadline:
         time.sleep(0.2)
