@@ -305,6 +305,9 @@ def test_public_api_is_pinned() -> None:
             "is_main_process", "latest_checkpoint", "load_checkpoint", "output_dir",
             "print_distributed_info", "read_error_file", "record", "report", "save_checkpoint",
             "scale_config", "should_save_outputs", "wait_for_master", "write_error_file",
+            # heterogeneous clusters, accelerate
+            "Chunk", "WeightedDistributedSampler", "calibrating", "chunks", "get_accelerator",
+            "krum_hook", "local_batch_size", "loss_scale", "set_qos", "workload_weights",
         ]
     )  # fmt: skip
     for name in sdk.__all__:
