@@ -352,6 +352,71 @@ def test_stopping_a_planned_job_cancels_it(api: Api) -> None:
     assert_error(api.dispatch("nope"), 404, "not_found")
 
 
+def test_a_command_job_runs_its_template_on_every_machine(api: Api) -> None:
+    for name in ("sim1", "sim2"):
+        api.add_machine(name)
+    template = "echo node {node_rank} of {nnodes} on {host} with {world_size} ranks"
+    status = api.run(
+        launcher="command",
+        command_template=template,
+        nproc_per_node=1,
+        machine_selection="manual",
+        selected_machines=["sim1", "sim2"],
+        resource_requirements={"num_machines": 2},
+    )
+    assert status["status"] == "succeeded", status
+    assert status["exit_code"] == 0
+    output = api.client.get(f"/api/network/local_job_output/{status['job_id']}").json()
+    lines = output["lines"]
+    assert "[sim1] node 0 of 2 on sim1 with 2 ranks" in lines
+    assert "[sim2] node 1 of 2 on sim2 with 2 ranks" in lines
+    listed = api.client.get("/api/jobs").json()["jobs"][0]
+    assert listed["script"] == template
+    record = api.client.get(f"/api/network/local_job_file/{status['job_id']}/job")
+    assert json.loads(record.text)["command"][:2] == ["bash", "-c"]
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "mlx"])
+def test_accelerate_and_mlx_jobs_are_planned(api: Api, launcher: str) -> None:
+    api.add_machine("sim1")
+    planned = api.plan(script=api.script(), launcher=launcher, nproc_per_node=2)
+    assert planned.status_code == 200, planned.text
+    plan = planned.json()["execution_plan"]
+    assert plan["launcher"] == launcher and plan["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"launcher": "command"}, "command_template", "needs a command_template"),
+        (
+            {"launcher": "command", "command_template": "echo {rank}"},
+            "command_template",
+            "unknown placeholder {rank}",
+        ),
+        (
+            {"launcher": "command", "command_template": "echo hi", "script": "t.py"},
+            "script",
+            "takes no script",
+        ),
+        ({"command_template": "echo hi", "script": "t.py"}, "command_template", "command only"),
+    ],
+)
+def test_command_job_mistakes_are_422_naming_the_field(
+    api: Api, body: dict[str, Any], field: str, says: str
+) -> None:
+    api.add_machine("sim1")
+    r = api.plan(**body)
+    assert assert_error(r, 422, "invalid") == {"field": field}
+    assert says in r.json()["error"]["message"]
+    assert api.total_jobs() == 0
+
+
+def test_an_unknown_launcher_is_422_naming_the_field(api: Api) -> None:
+    details = assert_error(api.plan(script="t.py", launcher="madengine"), 422, "invalid")
+    assert details["fields"][0]["field"] == "body.launcher"
+
+
 # -- a finished job's output, files and events -------------------------------------------
 
 

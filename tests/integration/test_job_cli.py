@@ -268,6 +268,55 @@ def test_plan_only_prints_the_commands_and_starts_nothing(server: Server) -> Non
     assert dropped.stdout.strip() == f"job {job_id} cancelled before it started"
 
 
+def test_submit_a_command_template(server: Server) -> None:
+    template = "echo node {node_rank} of {nnodes} on {host}; exit 4"
+    args = ("--launcher", "command", "--command-template", template, "--no-preflight")
+    result = server.job("submit", *args, "-f")
+    assert result.returncode == 4, result.stderr
+    assert "[sim1] node 0 of 1 on sim1" in result.stdout.splitlines()
+    assert "launcher command" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ("--launcher", "command", "--", STEPS),
+            "error: --launcher: --launcher command runs its --command-template on every "
+            f"machine and takes no SCRIPT (got {STEPS!r} after --); put the script in the "
+            "template",
+        ),
+        (
+            ("--launcher", "command"),
+            "error: --command-template: --launcher command needs --command-template 'TEMPLATE'",
+        ),
+        (
+            ("--command-template", "echo hi", *OK),
+            "error: --command-template: applies to --launcher command only",
+        ),
+        (
+            ("--launcher", "madengine", *OK),
+            "error: --launcher: unknown launcher 'madengine'; choose one of torchrun, python, "
+            "accelerate, mlx, command",
+        ),
+        (
+            ("--launcher", "command", "--command-template", "echo {rank}"),
+            "error: command_template: unknown placeholder {rank}; the placeholders are "
+            "{node_rank} {nnodes} {nproc_per_node} {world_size} {master_addr} {master_port} "
+            "{host} {job_id} {nccl_interface} {gloo_interface} (write {{ and }} for a literal "
+            "brace, e.g. ${{VAR}} for ${VAR})",
+        ),
+    ],
+)
+def test_submit_launch_mistakes_are_one_line(
+    server: Server, args: tuple[str, ...], error: str
+) -> None:
+    result = server.job("submit", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == error
+    assert result.stdout == ""
+
+
 def test_a_wrong_token_is_one_line(server: Server) -> None:
     result = server.job("list", CORRAL_TOKEN="wrong")
     assert result.returncode != 0

@@ -410,3 +410,82 @@ def test_a_job_cannot_mix_local_and_ssh_machines(tmp_path: Path) -> None:
     machines = [machine("sim1", local=True), machine("gpu1")]
     with pytest.raises(Invalid):
         launch_request("j-x", request(num=2), machines, ServerSettings(run_dir=tmp_path))
+
+
+# -- launchers ------------------------------------------------------------------------------
+
+
+def _plan_for(tmp_path: Path, **fields: Any) -> dict[str, Any]:
+    machines = [machine("sim1", local=True, slots=2), machine("sim2", local=True, slots=2)]
+    req = JobRequest(
+        nproc_per_node=2,
+        master_port=29531,
+        resource_requirements=ResourceRequirements(num_machines=2),
+        **fields,
+    )
+    launch = launch_request("j-l", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
+    assert launch.spec().launcher == req.launcher
+    return execution_plan(launch, Selection(chosen=machines))
+
+
+def test_a_command_job_is_planned_from_its_template(tmp_path: Path) -> None:
+    template = "echo {node_rank} of {nnodes} on {host} > out-{node_rank}.txt"
+    plan = _plan_for(tmp_path, launcher="command", command_template=template)
+    assert plan["launcher"] == "command" and plan["script"] == ""
+    assert plan["command_template"] == template
+    lines = [n["commands"][-1]["line"] for n in plan["nodes"]]
+    assert "echo 0 of 2 on sim1 > out-0.txt" in lines[0]
+    assert "echo 1 of 2 on sim2 > out-1.txt" in lines[1]
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "mlx"])
+def test_accelerate_and_mlx_jobs_need_no_extra_field(tmp_path: Path, launcher: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    plan = _plan_for(tmp_path, launcher=launcher, script=str(script))
+    assert plan["launcher"] == launcher and plan["world_size"] == 4
+    assert [n["ranks"] for n in plan["nodes"]] == [[0, 1], [2, 3]]
+    env = plan["nodes"][1]["env"]
+    assert ("CORRAL_ACCELERATE" if launcher == "accelerate" else "CORRAL_MLX_BACKEND") in env
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"launcher": "command"}, "command_template", "launcher command needs a command_template"),
+        (
+            {"launcher": "command", "command_template": "echo {rank}"},
+            "command_template",
+            "command_template: unknown placeholder {rank}",
+        ),
+        (
+            {"launcher": "command", "command_template": "echo {", "script": None},
+            "command_template",
+            "cannot parse the template",
+        ),
+        (
+            {"launcher": "command", "command_template": "echo hi", "script": "train.py"},
+            "script",
+            "takes no script",
+        ),
+        (
+            {"launcher": "python", "command_template": "echo hi", "script": "train.py"},
+            "command_template",
+            "applies to launcher command only",
+        ),
+    ],
+)
+def test_command_launch_mistakes_name_their_field(
+    tmp_path: Path, fields: dict[str, Any], field: str, says: str
+) -> None:
+    with pytest.raises(Invalid) as err:
+        _plan_for(tmp_path, **fields)
+    assert err.value.info == {"field": field}
+    assert says in err.value.message
+
+
+def test_an_unknown_launcher_is_refused_by_the_model() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="launcher"):
+        JobRequest(script="t.py", launcher="madengine")  # type: ignore[arg-type]

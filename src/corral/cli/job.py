@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,9 +34,9 @@ from rich.text import Text
 
 from corral.cli.run import (
     CheckpointOpt,
+    CommandTemplateOpt,
     EnvOpt,
     HangTimeoutOpt,
-    LauncherOpt,
     MaxRestartsOpt,
     NoPreflightOpt,
     PythonOpt,
@@ -60,6 +60,7 @@ from corral.job.events import (
 from corral.job.output import TerminalOutput, format_progress, say
 from corral.job.result import Failure
 from corral.job.summary import root_cause_text
+from corral.service.models import ServiceLauncher
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 TERMINAL_STATES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
@@ -84,6 +85,19 @@ _EVENT_TYPES: dict[str, type[JobEvent]] = {
 
 _C = "Server"
 _L = "Launch"
+SUBMIT_LAUNCHERS: tuple[str, ...] = get_args(ServiceLauncher)
+"""The launchers a job of ``corral serve`` can use (its ``JobRequest.launcher``)."""
+SubmitLauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        metavar="|".join(SUBMIT_LAUNCHERS),
+        envvar="CORRAL_LAUNCHER",
+        help=f"How ranks are started: {'|'.join(SUBMIT_LAUNCHERS)} (command: "
+        "--command-template, no SCRIPT). See docs/launchers.md.",
+        rich_help_panel=_L,
+    ),
+]
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -607,6 +621,7 @@ def _request(
     workdir: str | None,
     python: str | None,
     max_restarts: int,
+    command_template: str | None = None,
     checkpoint_dir: str | None,
     hang_timeout: float | None,
     timeout: float | None,
@@ -618,15 +633,32 @@ def _request(
     """The body of ``/distributed/plan`` for the submit options."""
     from corral.job.resolve import parse_env
 
-    if not command:
-        raise ConfigError("no script given: corral job submit [OPTIONS] -- SCRIPT [ARGS...]")
-    script, *args = command
-    if not os.path.isabs(script) and os.path.isfile(script) and _is_loopback(server):
-        script = os.path.abspath(script)  # the server runs here: the same file
-    if launcher not in ("torchrun", "python"):
+    if launcher not in SUBMIT_LAUNCHERS:
         raise ConfigError(
-            f"unknown launcher {launcher!r}; choose torchrun or python", option="--launcher"
+            f"unknown launcher {launcher!r}; choose one of {', '.join(SUBMIT_LAUNCHERS)}",
+            option="--launcher",
         )
+    if command_template is not None and launcher != "command":
+        raise ConfigError("applies to --launcher command only", option="--command-template")
+    if launcher == "command":
+        if command:
+            raise ConfigError(
+                f"--launcher command runs its --command-template on every machine and takes "
+                f"no SCRIPT (got {command[0]!r} after --); put the script in the template",
+                option="--launcher",
+            )
+        if not command_template:
+            raise ConfigError(
+                "--launcher command needs --command-template 'TEMPLATE'",
+                option="--command-template",
+            )
+        script, args = None, []
+    elif not command:
+        raise ConfigError("no script given: corral job submit [OPTIONS] -- SCRIPT [ARGS...]")
+    else:
+        script, *args = command
+        if not os.path.isabs(script) and os.path.isfile(script) and _is_loopback(server):
+            script = os.path.abspath(script)  # the server runs here: the same file
     selected = list(machine or [])
     if selected and machines is not None and machines != len(selected):
         raise ConfigError(
@@ -638,7 +670,6 @@ def _request(
     if gpus_per_machine is not None:
         requirements["gpus_per_machine"] = gpus_per_machine
     body: dict[str, Any] = {
-        "script": script,
         "args": args,
         "launcher": launcher,
         "resource_requirements": requirements,
@@ -650,6 +681,8 @@ def _request(
         "adjust_config": adjust_config,
     }
     optional = {
+        "script": script,
+        "command_template": command_template,
         "name": name,
         "nproc_per_node": nproc_per_node,
         "workdir": workdir,
@@ -769,7 +802,8 @@ def submit(
             rich_help_panel=_L,
         ),
     ] = None,
-    launcher: LauncherOpt = "torchrun",
+    launcher: SubmitLauncherOpt = "torchrun",
+    command_template: CommandTemplateOpt = None,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
     workdir: WorkdirOpt = None,
@@ -830,6 +864,7 @@ def submit(
         gpus_per_machine=gpus_per_machine,
         nproc_per_node=nproc_per_node,
         launcher=launcher,
+        command_template=command_template,
         env=env,
         secret_env=secret_env,
         workdir=workdir,

@@ -878,7 +878,9 @@ def _summary(r: Job) -> JobSummary:
     return JobSummary(
         job_id=r.id,
         name=(r.request or {}).get("name"),
-        script=(r.request or {}).get("script") or (r.request or {}).get("plugin_name"),
+        script=(r.request or {}).get("script")
+        or (r.request or {}).get("plugin_name")
+        or (r.request or {}).get("command_template"),
         kind=r.kind,
         status=r.state,
         created=r.created,

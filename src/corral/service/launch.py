@@ -38,6 +38,7 @@ from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, JobSpec
 from corral.private import private_dir
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.service.eventlog import EVENTS_FILE, EventWriter, write_supervisor
+from corral.service.models import ServiceLauncher
 from corral.transport.options import SshOptions
 
 EXIT_CONFIG = 2
@@ -98,7 +99,8 @@ class LaunchRequest(BaseModel):
     run_dir: str
     script: str
     args: list[str] = Field(default_factory=list)
-    launcher: str = "torchrun"
+    launcher: ServiceLauncher = "torchrun"
+    command_template: str | None = None
     python: str | None = None
     nproc_per_node: int | None = None
     master_addr: str | None = None
@@ -130,7 +132,8 @@ class LaunchRequest(BaseModel):
         return JobSpec(
             script=self.script,
             args=tuple(self.args),
-            launcher="torchrun" if self.launcher == "torchrun" else "python",
+            launcher=self.launcher,
+            command_template=self.command_template,
             job_id=self.job_id,
             python=self.python,
             nproc_per_node=self.nproc_per_node,

@@ -15,6 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+ServiceLauncher = Literal["torchrun", "python", "accelerate", "mlx", "command"]
+"""The launchers a served job can use (see docs/launchers.md); ``command`` runs
+``command_template`` on every machine instead of a script."""
 
 
 class _Body(BaseModel):
@@ -182,7 +185,19 @@ class JobRequest(_Body):
     secret_env: list[str] = Field(
         default_factory=list, description="env keys whose values are secret."
     )
-    launcher: Literal["torchrun", "python"] = "torchrun"
+    launcher: ServiceLauncher = Field(
+        "torchrun",
+        description="How ranks are started: torchrun, python, accelerate, mlx (MLX's ring "
+        "backend), or command (command_template on every machine, no script).",
+    )
+    command_template: str | None = Field(
+        None,
+        min_length=1,
+        max_length=8192,
+        description="launcher command: the command each machine runs (bash -c) with "
+        "{node_rank} {nnodes} {nproc_per_node} {world_size} {master_addr} {master_port} "
+        "{host} {job_id} {nccl_interface} {gloo_interface} filled in, shell-quoted.",
+    )
     nproc_per_node: int | None = Field(None, ge=1, le=1024)
     resource_requirements: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements()

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.errors import Conflict, Invalid
+from corral.errors import ConfigError, Conflict, Invalid
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
+from corral.plan.launchers import template_fields
 from corral.redact import is_secret, redact_env
 from corral.sdk._config import JOB_CONFIG_ENV, adjust_config
 from corral.service.launch import LaunchRequest
@@ -199,8 +200,42 @@ def adjusted_config(request: JobRequest, world_size: int) -> dict[str, Any] | No
         raise Invalid(f"config: {exc}", details={"field": "config"}) from exc
 
 
+def _command_launch(request: JobRequest) -> None:
+    """``launcher: command`` has a valid ``command_template`` and no script; any other
+    launcher has no template (Invalid naming the field)."""
+    if request.launcher != "command":
+        if request.command_template is not None:
+            raise Invalid(
+                f"command_template applies to launcher command only (launcher is "
+                f"{request.launcher})",
+                details={"field": "command_template"},
+            )
+        return
+    for name in ("script", "plugin_name"):
+        if getattr(request, name):
+            raise Invalid(
+                f"launcher command runs command_template on every machine and takes no {name} "
+                "(put the script in the template)",
+                details={"field": name},
+            )
+    if not request.command_template:
+        raise Invalid(
+            "launcher command needs a command_template", details={"field": "command_template"}
+        )
+    try:
+        template_fields(request.command_template)
+    except ConfigError as exc:
+        raise Invalid(
+            f"command_template: {exc.message}", details={"field": "command_template"}
+        ) from exc
+
+
 def script_of(request: JobRequest, settings: ServerSettings) -> str:
-    """The script to run: ``script``, or ``<plugins_dir>/<plugin_name>/main.py``."""
+    """The script to run: ``script``, or ``<plugins_dir>/<plugin_name>/main.py``; empty
+    for ``launcher: command`` (its ``command_template`` is the whole command)."""
+    _command_launch(request)
+    if request.launcher == "command":
+        return ""
     if request.script and request.plugin_name:
         raise Invalid("give script or plugin_name, not both", details={"field": "script"})
     if request.script:
@@ -248,6 +283,7 @@ def launch_request(
         script=script,
         args=list(request.args),
         launcher=request.launcher,
+        command_template=request.command_template,
         python=request.python,
         nproc_per_node=nproc,
         master_port=request.master_port,
@@ -300,6 +336,7 @@ def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any
         "launcher": prepared.spec.launcher,
         "script": launch.script,
         "args": launch.args,
+        "command_template": launch.command_template,
         "world_size": prepared.world_size,
         "num_machines": len(selection.chosen),
         "master": {

@@ -18,7 +18,8 @@
 
   function nameOf(job) {
     const task = job.task_id ? tasks.get(job.task_id) : null;
-    const script = task && task.request ? task.request.script || task.request.plugin_name : null;
+    const req = task && task.request;
+    const script = req ? req.script || req.plugin_name || req.command_template : null;
     const name = job.name || (task && task.name);
     if (!name && !script) return el("span", { class: "muted" }, job.kind);
     return [name ? el("strong", {}, name) : null,
@@ -103,7 +104,7 @@
       return el("tr", { "data-task": t.id },
         el("td", {}, el("strong", {}, t.name)),
         el("td", {}, t.kind),
-        el("td", {}, el("code", {}, [req.script || req.plugin_name || "–", ...(req.args || [])].join(" "))),
+        el("td", {}, el("code", {}, [req.script || req.plugin_name || req.command_template || "–", ...(req.args || [])].join(" "))),
         el("td", {}, machinesOf({ task_id: t.id })),
         el("td", {}, when(t.created)),
         el("td", {}, el("button", { type: "button", class: "secondary queue-task", "data-action": "queue",

@@ -20,6 +20,13 @@
 
   const distributed = () => $("distributed").checked;
   const manual = () => $("selection-manual").checked;
+  const commandLaunch = () => $("launcher").value === "command";
+
+  // launcher command: a template instead of a script and its arguments
+  function syncLauncher() {
+    for (const node of form.querySelectorAll(".only-command")) node.hidden = !commandLaunch();
+    for (const node of form.querySelectorAll(".not-command")) node.hidden = commandLaunch();
+  }
 
   function syncMode() {
     for (const node of form.querySelectorAll(".only-distributed")) node.hidden = !distributed();
@@ -47,7 +54,7 @@
   // server field paths (body.resource_requirements.num_machines, request.script...) -> input ids
   const FIELD_IDS = {
     script: "script", plugin_name: "script", name: "name", args: "args", env: "env",
-    launcher: "launcher", num_machines: "num_machines", gpus_per_machine: "gpus_per_machine",
+    launcher: "launcher", command_template: "command_template", num_machines: "num_machines", gpus_per_machine: "gpus_per_machine",
     nproc_per_node: "nproc_per_node", min_gpu_memory: "min_gpu_memory", max_restarts: "max_restarts",
     checkpoint_dir: "checkpoint_dir", hang_timeout: "hang_timeout", config: "config",
     config_scaling: "config_rule", rule: "config_rule", adjust_config: "adjust_config",
@@ -174,8 +181,6 @@
   // the JobRequest of the form (throws FormError on what the form itself can tell)
   function buildRequest() {
     const request = {
-      script: text("script"),
-      args: $("args").value.split("\n").map((a) => a.replace(/\r$/, "")).filter((a) => a.trim() !== ""),
       env: parseEnv(),
       launcher: $("launcher").value,
       resource_requirements: {
@@ -188,7 +193,16 @@
       config_scaling: { rule: $("config_rule").value },
       preflight: $("preflight").checked,
     };
-    if (!request.script) throw new FormError("script", "A job needs a script.");
+    if (commandLaunch()) {
+      request.command_template = text("command_template");
+      if (!request.command_template) {
+        throw new FormError("command_template", "The command launcher needs a command template.");
+      }
+    } else {
+      request.script = text("script");
+      request.args = $("args").value.split("\n").map((a) => a.replace(/\r$/, "")).filter((a) => a.trim() !== "");
+      if (!request.script) throw new FormError("script", "A job needs a script.");
+    }
     if (text("name")) request.name = text("name");
     const nproc = number("nproc_per_node", { optional: true });
     if (nproc !== undefined) request.nproc_per_node = nproc;
@@ -315,7 +329,9 @@
         kv("Job", el("span", { class: "mono", "data-field": "job_id" }, answer.job_id)),
         kv("Status", badge(answer.status)),
         kv("Launcher", p.launcher),
-        kv("Script", el("code", {}, [p.script, ...(p.args || [])].join(" "))),
+        p.command_template
+          ? kv("Command template", el("code", {}, p.command_template))
+          : kv("Script", el("code", {}, [p.script, ...(p.args || [])].join(" "))),
         kv("World size", String(p.world_size)),
         kv("Master", el("span", { "data-field": "master" }, `${master.host || "?"} — ${master.address || "?"}${port}`)),
         kv("Fault tolerance", faultText(p.fault_tolerance || {})),
@@ -407,7 +423,7 @@
   $("queue").addEventListener("click", () => act(async () => {
     const request = buildRequest();
     const task = await api("POST", "/api/tasks", {
-      name: request.name || request.script,
+      name: request.name || request.script || request.command_template.slice(0, 255),
       kind: distributed() ? "distributed" : "single",
       request,
     });
@@ -444,6 +460,8 @@
   form.addEventListener("change", edited);
 
   $("distributed").addEventListener("change", () => { syncMode(); suggestSoon(); });
+  $("launcher").addEventListener("change", syncLauncher);
+  syncLauncher();
   for (const radio of form.querySelectorAll('input[name="machine_selection"]')) radio.addEventListener("change", syncMode);
   for (const id of ["num_machines", "gpus_per_machine", "min_gpu_memory", "nproc_per_node"]) $(id).addEventListener("input", suggestSoon);
   $("picker-list").addEventListener("change", syncPickerCount);
