@@ -1,31 +1,19 @@
 """The new-job page with the launchers beyond torchrun/python, in real headless
-Chromium against a real ``corral serve`` (one local machine): the command launcher
+Chromium against a real ``corral serve`` (one local machine, local1): the command launcher
 swaps the script for a template, the plan shows it, and the launched job runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from tests import webkit
-from tests.serverlib import LiveServer, live_server, wait_status
+from tests.e2e import test_web_auth
+from tests.serverlib import LiveServer, wait_status
 from tests.webkit import Shots, login, open_page
 
 browser = webkit.browser  # fixtures
 shots = webkit.shots
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server with one local machine, checked."""
-    with live_server(tmp_path_factory.mktemp("web-launchers")) as srv:
-        with srv.client() as client:
-            made = client.post("/api/network/machines", json={"name": "sim1", "local": True})
-            assert made.status_code == 201, made.text
-            assert client.post("/api/network/health-check").status_code == 200
-        yield srv
+server = test_web_auth.server  # a server with one local machine, local1, checked
 
 
 def test_the_launcher_select_offers_every_served_launcher(
@@ -70,9 +58,11 @@ def test_a_command_job_from_the_form(browser: Any, shots: Shots, server: LiveSer
         page.fill("#command_template", template)
         page.click("#plan")
         plan = page.locator("#plan-view")
-        plan.locator("[data-node=sim1]").wait_for()
+        plan.locator("[data-node=local1]").wait_for()
         assert template in plan.inner_text()
-        assert "echo node 0 of 1 on sim1" in plan.locator("[data-node=sim1] pre.cmd").inner_text()
+        assert (
+            "echo node 0 of 1 on local1" in plan.locator("[data-node=local1] pre.cmd").inner_text()
+        )
         job_id = str(plan.get_attribute("data-job-id"))
         shots.take(page, "command-plan")
         with page.expect_navigation(url=f"**/jobs/{job_id}"):
@@ -81,4 +71,4 @@ def test_a_command_job_from_the_form(browser: Any, shots: Shots, server: LiveSer
         done = wait_status(client, job_id, ["succeeded", "failed", "lost", "cancelled"], 90)
         assert done["status"] == "succeeded", done
         output = client.get(f"/api/network/local_job_output/{job_id}").json()
-        assert "[sim1] node 0 of 1 on sim1" in output["lines"]
+        assert "[local1] node 0 of 1 on local1" in output["lines"]
