@@ -251,7 +251,7 @@ class Job:
         self._stops = 0
         self._task: asyncio.Task[JobResult] | None = None
         #: Called with the next attempt's spec and cluster before a restart is planned;
-        #: returns the spec to plan (e.g. re-weighed, see corral.calibration.drift).
+        #: returns the spec to plan (e.g. re-weighed, see corral.calibrate.drift).
         self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
 
     # -- the API ------------------------------------------------------------------------
