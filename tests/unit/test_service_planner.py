@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from corral.calibrate.model import Calibration, RankRate, save_calibration
 from corral.cluster.model import Cluster, Host
 from corral.errors import Conflict, Invalid
 from corral.job.engine import dry_run
@@ -489,3 +491,183 @@ def test_an_unknown_launcher_is_refused_by_the_model() -> None:
 
     with pytest.raises(ValidationError, match="launcher"):
         JobRequest(script="t.py", launcher="madengine")  # type: ignore[arg-type]
+
+
+# -- workload weights ------------------------------------------------------------------------
+
+
+def calibration_file(path: Path, rates: dict[str, list[float]]) -> Path:
+    """A calibration (as ``corral calibrate`` saves it) of ``host -> examples/s`` per
+    local rank; the e2e tests make theirs with it too."""
+    total = sum(sum(r) for r in rates.values())
+    ranks = []
+    for host, per_rank in rates.items():
+        for local, rate in enumerate(per_rank):
+            ranks.append(
+                RankRate(
+                    rank=len(ranks),
+                    host=host,
+                    local_rank=local,
+                    examples_per_s=rate,
+                    share=rate / total,
+                    examples=rate * 10,
+                    seconds=10.0,
+                    reports=20,
+                )
+            )
+    calibration = Calibration(
+        measured_performance={h: sum(r) for h, r in rates.items()},
+        workload_distribution={h: sum(r) / total for h, r in rates.items()},
+        calibration_notes="made by the test",
+        when=datetime(2026, 11, 24, tzinfo=timezone.utc),
+        job_id="calibrate-test",
+        seconds=10.0,
+        hosts=list(rates),
+        ranks=ranks,
+    )
+    return save_calibration(calibration, path)
+
+
+def _weighted_plan(tmp_path: Path, machines: list[Machine], **fields: Any) -> dict[str, Any]:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    req = JobRequest(
+        script=str(script),
+        launcher="python",
+        master_port=29533,
+        resource_requirements=ResourceRequirements(num_machines=len(machines)),
+        **fields,
+    )
+    launch = launch_request("j-w", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
+    return execution_plan(launch, Selection(chosen=machines))
+
+
+def test_a_calibration_file_weighs_every_planned_rank(tmp_path: Path) -> None:
+    machines = [machine("sim1", local=True, slots=2), machine("sim2", local=True, slots=2)]
+    cal = calibration_file(tmp_path / "cal.json", {"sim1": [300.0, 300.0], "sim2": [100.0, 100.0]})
+    plan = _weighted_plan(tmp_path, machines, calibration=str(cal), nproc_per_node=2)
+    assert plan["workload_weights"] == [
+        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.375},
+        {"host": "sim1", "node_rank": 0, "local_rank": 1, "weight": 0.375},
+        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.125},
+        {"host": "sim2", "node_rank": 1, "local_rank": 1, "weight": 0.125},
+    ]
+    assert plan["rebalance"] is False
+    # every rank gets them in its environment, as corral run hands them over
+    for node in plan["nodes"]:
+        assert node["env"]["CORRAL_WORKLOAD_WEIGHTS"] == "0.375,0.375,0.125,0.125"
+
+
+def test_a_calibration_of_more_hosts_is_renormalised_over_the_chosen_ones(tmp_path: Path) -> None:
+    machines = [machine("sim2", local=True, slots=1), machine("sim3", local=True, slots=1)]
+    rates = {"sim1": [500.0], "sim2": [300.0], "sim3": [100.0]}
+    cal = calibration_file(tmp_path / "cal.json", rates)
+    plan = _weighted_plan(tmp_path, machines, calibration=str(cal), rebalance=True)
+    assert [(w["host"], w["weight"]) for w in plan["workload_weights"]] == [
+        ("sim2", 0.75),
+        ("sim3", 0.25),
+    ]
+    assert plan["rebalance"] is True
+
+
+def test_ssh_machines_match_a_calibration_by_address(tmp_path: Path) -> None:
+    # `corral calibrate --hosts gpu1.lan,gpu2.lan` names the hosts by address
+    machines = [machine("gpu1", slots=1), machine("gpu2", slots=1)]
+    cal = calibration_file(tmp_path / "cal.json", {"gpu1.lan": [200.0], "gpu2.lan": [100.0]})
+    req = request(num=2, calibration=str(cal))
+    launch = launch_request("j-a", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
+    assert launch.workload_weights == [round(2 / 3, 6), round(1 / 3, 6)]
+    assert launch.spec().workload_weights == tuple(launch.workload_weights)
+
+
+def test_workload_weights_given_directly_are_normalised(tmp_path: Path) -> None:
+    machines = [machine("sim1", local=True, slots=1), machine("sim2", local=True, slots=1)]
+    plan = _weighted_plan(tmp_path, machines, workload_weights=[3, 1])
+    assert [w["weight"] for w in plan["workload_weights"]] == [0.75, 0.25]
+
+
+def test_an_even_job_has_no_weights(tmp_path: Path) -> None:
+    machines = [machine("sim1", local=True, slots=1)]
+    plan = _weighted_plan(tmp_path, machines)
+    assert plan["workload_weights"] is None
+    assert "CORRAL_WORKLOAD_WEIGHTS" not in plan["nodes"][0]["env"]
+
+
+@pytest.mark.parametrize(
+    ("rates", "fields", "field", "says"),
+    [
+        (None, {}, "calibration", "calibration: calibration file"),
+        ({"sim1": [1.0, 1.0]}, {}, "calibration", "host sim2 is not in the calibration"),
+        (
+            {"sim1": [1.0], "sim2": [2.0]},
+            {},
+            "calibration",
+            "host sim1 ran 1 rank(s) in the calibration but this run plans 2",
+        ),
+        (
+            {"sim1": [1.0, 1.0], "sim2": [2.0, 2.0]},
+            {"workload_weights": [1.0, 2.0]},
+            "calibration",
+            "not both",
+        ),
+    ],
+    ids=["missing-file", "unmeasured-host", "other-rank-count", "both"],
+)
+def test_a_calibration_that_does_not_fit_is_invalid_naming_the_field(
+    tmp_path: Path,
+    rates: dict[str, list[float]] | None,
+    fields: dict[str, Any],
+    field: str,
+    says: str,
+) -> None:
+    machines = [machine("sim1", local=True, slots=2), machine("sim2", local=True, slots=2)]
+    path = tmp_path / "cal.json"
+    if rates is not None:
+        calibration_file(path, rates)
+    with pytest.raises(Invalid) as err:
+        _weighted_plan(tmp_path, machines, calibration=str(path), nproc_per_node=2, **fields)
+    assert err.value.info == {"field": field}
+    assert says in err.value.message
+    if rates is not None and "sim2" not in rates:  # the fix, for these machines
+        assert "corral calibrate --hosts local:2 --nproc-per-node 2" in err.value.message
+        assert "names its nodes local-0, local-1: register the local machines" in (
+            err.value.message
+        )
+
+
+def test_local_machines_named_as_local_n_match_a_local_n_calibration(tmp_path: Path) -> None:
+    # what `corral calibrate --hosts local:2` saves: nodes local-0 and local-1
+    machines = [machine("local-0", local=True, slots=1), machine("local-1", local=True, slots=1)]
+    cal = calibration_file(tmp_path / "cal.json", {"local-0": [100.0], "local-1": [300.0]})
+    plan = _weighted_plan(tmp_path, machines, calibration=str(cal))
+    assert [w["weight"] for w in plan["workload_weights"]] == [0.25, 0.75]
+    with pytest.raises(Invalid) as err:  # one rank planned per node, two measured on local-1
+        calibration_file(cal, {"local-0": [100.0], "local-1": [300.0, 300.0]})
+        _weighted_plan(tmp_path, machines, calibration=str(cal))
+    assert "host local-1 ran 2 rank(s)" in err.value.message
+    assert "register the local machines" not in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"workload_weights": [1.0, 1.0, 1.0]}, "workload_weights", "3 weights for 2 planned"),
+        ({"rebalance": True}, "rebalance", "rebalance needs a calibration"),
+    ],
+)
+def test_weights_mistakes_name_their_field(
+    tmp_path: Path, fields: dict[str, Any], field: str, says: str
+) -> None:
+    machines = [machine("sim1", local=True, slots=1), machine("sim2", local=True, slots=1)]
+    with pytest.raises(Invalid) as err:
+        _weighted_plan(tmp_path, machines, **fields)
+    assert err.value.info == {"field": field}
+    assert says in err.value.message
+
+
+@pytest.mark.parametrize("weights", [[1.0, 0.0], [1.0, -2.0], [], [1.0, math.inf]])
+def test_workload_weights_must_be_positive_numbers(weights: list[float]) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="workload_weights"):
+        JobRequest(script="t.py", workload_weights=weights)

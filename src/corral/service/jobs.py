@@ -52,6 +52,7 @@ from corral.service.models import (
     OutputPage,
     PlanOut,
     StopOut,
+    WorkloadWeight,
 )
 from corral.service.planner import (
     Selection,
@@ -287,7 +288,9 @@ class JobManager:
                 + "; ".join(f"{n} with {', '.join(j)}" for n, j in taken.items()),
                 details={"busy": taken},
             )
-        launch = launch_request(row.id, request, machines, self.settings)
+        launch = launch_request(
+            row.id, request, machines, self.settings, weights=_planned_weights(row)
+        )
         self._claim(row.id)
         self._launch(row.id, launch)
 
@@ -673,6 +676,15 @@ class JobManager:
         return _summary(row)
 
 
+def _planned_weights(row: Job) -> list[float] | None:
+    """The weights the job's plan showed (the calibration file is read once, at plan
+    time); None for a plan that predates them."""
+    plan = row.plan or {}
+    if "workload_weights" not in plan:
+        return None
+    return [float(w["weight"]) for w in plan["workload_weights"] or []]
+
+
 def _rowcount(result: Any) -> int:
     """Rows an UPDATE changed."""
     return int(result.rowcount)
@@ -966,6 +978,10 @@ def _status(
         root_cause=job.root_cause,
         machines=[m["name"] for m in (job.plan or {}).get("machines", [])],
         task_id=job.task_id,
+        workload_weights=[
+            WorkloadWeight.model_validate(w) for w in (job.plan or {}).get("workload_weights") or []
+        ]
+        or None,
     )
 
 

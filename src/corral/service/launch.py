@@ -7,8 +7,12 @@ checkpoints, the no-orphan teardown) and appends every event to the job's
 ``events.jsonl`` (:mod:`corral.service.eventlog`). It runs in its own session,
 so the server can crash or restart without stopping training; SIGTERM (the
 server's stop) tears the job down like Ctrl-C does for ``corral run``, a second
-SIGTERM kills. The request travels over stdin so the job's secret env values
-never appear in argv or in a file; the process exits with the job's exit code.
+SIGTERM kills. A job with workload weights has a
+:class:`~corral.calibrate.drift.DriftMonitor` (as ``corral run --calibration``):
+its drift warnings and rebalanced weights are ``message`` events of the job, its
+live throughput is saved as ``calibration-live.json`` in the job dir. The request
+travels over stdin so the job's secret env values never appear in argv or in a
+file; the process exits with the job's exit code.
 """
 
 from __future__ import annotations
@@ -126,6 +130,8 @@ class LaunchRequest(BaseModel):
     checkpoint_dir: str | None = None
     replicate_checkpoints: bool = False
     grace: float = 10.0
+    workload_weights: list[float] = Field(default_factory=list)
+    rebalance: bool = False
 
     def spec(self) -> JobSpec:
         """The job's :class:`~corral.plan.spec.JobSpec`."""
@@ -148,6 +154,7 @@ class LaunchRequest(BaseModel):
             checkpoint_dir=self.checkpoint_dir,
             rdzv_timeout=self.rdzv_timeout,
             run_dir=self.run_dir,
+            workload_weights=tuple(self.workload_weights),
         )
 
     def cluster(self) -> Cluster:
@@ -198,6 +205,24 @@ def _early_stop(signum: int, _frame: object) -> None:
     _EARLY_STOPS.append(signum)
 
 
+def _watch_drift(request: LaunchRequest, job: Job) -> None:
+    """A weighted job's drift monitor, as ``corral run`` wires it."""
+    if not request.workload_weights:
+        return
+    from corral.calibrate.drift import DriftMonitor
+
+    monitor = DriftMonitor(
+        request.workload_weights,
+        request.cluster(),
+        request.nproc_per_node,
+        emit=job.emit,
+        rebalance=request.rebalance,
+        save_to=job_dir(request.run_dir, request.job_id) / "calibration-live.json",
+    )
+    job.subscribe(monitor.on_event)
+    job.before_restart = monitor.respec
+
+
 async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
     """Run the job, SIGTERM/SIGINT mapped to ``job.stop()`` (one that came before the
     job existed stops it before launch); its exit code."""
@@ -207,6 +232,7 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
         event = error_event(exc)
         writer.write(event)
         return int(event["exit_code"])
+    _watch_drift(request, job)  # before the writer: its last message precedes `finished`
     job.subscribe(writer.on_event)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

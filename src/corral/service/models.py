@@ -10,7 +10,7 @@ stores (they reach only the job's supervisor process, over its stdin).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -216,6 +216,28 @@ class JobRequest(_Body):
     preflight: bool = True
     sync: bool = Field(False, description="Push code_dir to every machine before launch.")
     code_dir: str | None = Field(None, min_length=1, max_length=4096)
+    calibration: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="A calibration file on the server (what `corral calibrate` saved, e.g. "
+        "runs/calibration-latest.json): every rank gets a weight in proportion to its "
+        "measured throughput (CORRAL_WORKLOAD_WEIGHTS). Its hosts are matched to the "
+        "machines by machine name (or address), with as many ranks as planned there.",
+    )
+    workload_weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=65536,
+        description="The weights given directly instead of a calibration: one positive "
+        "number per rank in plan order (machine by machine, then local rank); renormalised "
+        "to sum to 1.",
+    )
+    rebalance: bool = Field(
+        False,
+        description="With weights: at each restart, re-weigh the ranks from their live "
+        "throughput (sdk.report(step, examples=N)) instead of the calibration.",
+    )
 
     @field_validator("env")
     @classmethod
@@ -224,6 +246,15 @@ class JobRequest(_Body):
             if not key or "=" in key or "\0" in key or key[0].isdigit():
                 raise ValueError(f"invalid environment variable name {key!r}")
         return value
+
+
+class WorkloadWeight(BaseModel):
+    """One planned rank's share of the work (a node's ranks by local rank)."""
+
+    host: str
+    node_rank: int
+    local_rank: int
+    weight: float
 
 
 class PlanOut(BaseModel):
@@ -286,6 +317,9 @@ class DistributedJobStatus(BaseModel):
     root_cause: dict[str, Any] | None
     machines: list[str]
     task_id: str | None
+    workload_weights: list[WorkloadWeight] | None = Field(
+        None, description="Each rank's share of the work (null: an even split)."
+    )
 
 
 class JobSummary(BaseModel):

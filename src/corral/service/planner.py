@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.calibrate.resolve import planned_ranks, resolve_weights
+from corral.cluster.model import Cluster
 from corral.errors import ConfigError, Conflict, Invalid
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
@@ -255,13 +257,79 @@ def script_of(request: JobRequest, settings: ServerSettings) -> str:
     return str(main)
 
 
+def _calibration_cluster(machines: Sequence[Machine]) -> Cluster:
+    """The job's nodes as a calibration names them: by machine name (or address);
+    the ``corral calibrate`` an error suggests is for these machines."""
+    hosts = tuple(host_spec(m).host() for m in machines)
+    if all(m.local for m in machines):
+        return Cluster(hosts, source=f"local:{len(machines)}")
+    return Cluster(hosts, source=",".join(h.address or h.name for h in hosts))
+
+
+def _local_names_note(machines: Sequence[Machine]) -> str:
+    """For local machines not named as ``corral calibrate --hosts local:N`` names its
+    nodes: how to make the two match."""
+    if not all(m.local for m in machines):
+        return ""
+    names = [f"local-{i}" for i in range(len(machines))]
+    if [m.name for m in machines] == names:
+        return ""
+    return (
+        f" (a local:{len(machines)} calibration names its nodes {', '.join(names)}: "
+        "register the local machines under those names to use it)"
+    )
+
+
+def workload_weights(
+    request: JobRequest, machines: Sequence[Machine], nproc_per_node: int | None
+) -> list[float]:
+    """One weight per planned rank (plan order, summing to 1) from the request's
+    ``calibration`` file or its ``workload_weights``; empty for an even split.
+    Invalid naming the field when the file does not fit the machines."""
+    if request.calibration is not None and request.workload_weights is not None:
+        raise Invalid(
+            "give calibration or workload_weights, not both", details={"field": "calibration"}
+        )
+    if request.calibration is None and request.workload_weights is None:
+        if request.rebalance:
+            raise Invalid(
+                "rebalance needs a calibration (or workload_weights)",
+                details={"field": "rebalance"},
+            )
+        return []
+    cluster = _calibration_cluster(machines)
+    if request.calibration is not None:
+        path = os.path.expanduser(request.calibration)
+        try:
+            return list(resolve_weights(path, cluster, nproc_per_node))
+        except ConfigError as exc:
+            raise Invalid(
+                f"calibration: {exc.message}{_local_names_note(machines)}",
+                details={"field": "calibration"},
+            ) from exc
+    given = request.workload_weights or []
+    world = len(planned_ranks(cluster, nproc_per_node))
+    if len(given) != world:
+        raise Invalid(
+            f"workload_weights: {len(given)} weights for {world} planned ranks (one per rank, "
+            "machine by machine, then local rank)",
+            details={"field": "workload_weights"},
+        )
+    total = sum(given)
+    return [round(w / total, 6) for w in given]
+
+
 def launch_request(
     job_id: str,
     request: JobRequest,
     machines: Sequence[Machine],
     settings: ServerSettings,
+    *,
+    weights: Sequence[float] | None = None,
 ) -> LaunchRequest:
-    """What the supervisor process runs (real env values: never stored or returned)."""
+    """What the supervisor process runs (real env values: never stored or returned).
+    ``weights``: the ranks' workload weights as planned (default: resolved now from
+    the request's calibration or workload_weights)."""
     needs = request.resource_requirements
     nproc = needs.gpus_per_machine or request.nproc_per_node
     env = dict(request.env)
@@ -275,6 +343,8 @@ def launch_request(
             details={"machines": [m.name for m in machines]},
         )
     script = script_of(request, settings)
+    if weights is None:
+        weights = workload_weights(request, machines, nproc)
     if not os.path.isabs(script) and os.path.isfile(script):
         script = os.path.abspath(script)  # relative to the server's directory
     return LaunchRequest(
@@ -299,6 +369,8 @@ def launch_request(
         max_restarts=request.max_restarts,
         checkpoint_dir=request.checkpoint_dir,
         hang_timeout=request.hang_timeout,
+        workload_weights=list(weights),
+        rebalance=request.rebalance,
     )
 
 
@@ -309,6 +381,19 @@ def _code_dir(script: str, workdir: str | None) -> str | None:
     if workdir is not None:
         return None  # the check finds the tree for --workdir itself
     return os.path.dirname(script) if os.path.isabs(script) else None
+
+
+def weight_rows(launch: LaunchRequest) -> list[dict[str, Any]] | None:
+    """The plan's ``workload_weights``: ``{host, node_rank, local_rank, weight}`` per
+    rank in plan order; None for an even split."""
+    if not launch.workload_weights:
+        return None
+    ranks = planned_ranks(launch.cluster(), launch.nproc_per_node)
+    node_of = {h.name: i for i, h in enumerate(launch.cluster().hosts)}
+    return [
+        {"host": host.name, "node_rank": node_of[host.name], "local_rank": local, "weight": w}
+        for (host, local), w in zip(ranks, launch.workload_weights, strict=True)
+    ]
 
 
 def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any]:
@@ -360,6 +445,8 @@ def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any
             "hang_timeout": launch.hang_timeout,
         },
         "preflight": launch.preflight,
+        "workload_weights": weight_rows(launch),
+        "rebalance": launch.rebalance,
     }
 
 
