@@ -27,6 +27,7 @@ from corral.api.services import Services
 from corral.service.settings import ServerSettings
 from corral.store import open_store
 from tests.serverlib import follow_events, free_port, live_server, wait_status
+from tests.unit.test_service_planner import calibration_file
 
 TOKEN = "api-test-token-" + "y" * 24
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -415,6 +416,123 @@ def test_command_job_mistakes_are_422_naming_the_field(
 def test_an_unknown_launcher_is_422_naming_the_field(api: Api) -> None:
     details = assert_error(api.plan(script="t.py", launcher="madengine"), 422, "invalid")
     assert details["fields"][0]["field"] == "body.launcher"
+
+
+# -- workload weights (corral calibrate's file) ---------------------------------------------
+
+PRINT_WEIGHTS = """\
+import os
+print("weights", os.environ["CORRAL_WORKLOAD_WEIGHTS"], flush=True)
+"""
+
+
+def test_a_calibrated_job_shows_its_weights_in_the_plan_and_the_status(api: Api) -> None:
+    for name in ("sim1", "sim2"):
+        api.add_machine(name, slots=1)
+    cal = calibration_file(api.root / "calibration.json", {"sim1": [90.0], "sim2": [30.0]})
+    script = api.root / "weights.py"
+    script.write_text(PRINT_WEIGHTS)
+    planned = api.plan(
+        script=str(script),
+        calibration=str(cal),
+        machine_selection="manual",
+        selected_machines=["sim1", "sim2"],
+        resource_requirements={"num_machines": 2},
+    )
+    assert planned.status_code == 200, planned.text
+    expected = [
+        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.75},
+        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.25},
+    ]
+    plan = planned.json()["execution_plan"]
+    assert plan["workload_weights"] == expected
+    job_id = planned.json()["job_id"]
+    assert api.client.get(f"/api/jobs/{job_id}").json()["workload_weights"] == expected
+
+    cal.unlink()  # read once, at plan time: the dispatch runs what the plan showed
+    assert api.dispatch(job_id).status_code == 200
+    status = api.wait(job_id)
+    assert status["status"] == "succeeded", status
+    assert status["workload_weights"] == expected
+    seed = api.client.get(f"/api/network/distributed/status/{job_id}").json()
+    assert seed["workload_weights"] == expected
+    lines = api.client.get(f"/api/network/local_job_output/{job_id}").json()["lines"]
+    assert "[sim1:0] weights 0.75,0.25" in lines and "[sim2:1] weights 0.75,0.25" in lines
+
+    even = api.run(script=api.script(lines=1), nproc_per_node=1)
+    assert even["status"] == "succeeded" and even["workload_weights"] is None
+
+
+@pytest.mark.parametrize(
+    ("rates", "says"),
+    [
+        (None, "calibration: calibration file"),
+        ({"sim1": [10.0]}, "calibration: host sim2 is not in the calibration"),
+        ({"sim1": [10.0, 10.0], "sim2": [5.0, 5.0]}, "ran 2 rank(s) in the calibration"),
+    ],
+    ids=["missing", "unmeasured-host", "other-rank-count"],
+)
+def test_a_calibration_that_does_not_fit_is_422_naming_the_field(
+    api: Api, rates: dict[str, list[float]] | None, says: str
+) -> None:
+    for name in ("sim1", "sim2"):
+        api.add_machine(name, slots=1)
+    path = api.root / "calibration.json"
+    if rates is not None:
+        calibration_file(path, rates)
+    r = api.plan(
+        script=api.script(), calibration=str(path), resource_requirements={"num_machines": 2}
+    )
+    assert assert_error(r, 422, "invalid") == {"field": "calibration"}
+    assert says in r.json()["error"]["message"]
+    assert api.total_jobs() == 0
+    bad = api.plan(script=api.script(), workload_weights=[1.0, -1.0])
+    assert assert_error(bad, 422, "invalid")["fields"][0]["field"].startswith(
+        "body.workload_weights"
+    )
+
+
+# Attempt 0: both ranks step in lockstep (0.1 s) for 11.5 s, rank 0 computing twice as
+# fast (busy seconds), then rank 0 fails; attempt 1 prints the weights it was given.
+LOCKSTEP = """\
+import os, sys, time
+from corral import sdk
+
+me = sdk.info()
+if me.attempt == 0:
+    busy = 0.02 if me.rank == 0 else 0.04
+    end = time.time() + 11.5
+    step = 0
+    while time.time() < end:
+        time.sleep(0.1)
+        step += 1
+        sdk.report(step, examples=10, busy=busy)
+    sys.exit(7 if me.rank == 0 else 0)
+print("weights", os.environ["CORRAL_WORKLOAD_WEIGHTS"], flush=True)
+"""
+
+
+def test_rebalance_reweighs_a_served_job_at_its_restart(api: Api) -> None:
+    for name in ("sim1", "sim2"):
+        api.add_machine(name, slots=1)
+    script = api.root / "lockstep.py"
+    script.write_text(LOCKSTEP)
+    status = api.run(
+        script=str(script),
+        workload_weights=[1, 1],
+        rebalance=True,
+        max_restarts=1,
+        machine_selection="manual",
+        selected_machines=["sim1", "sim2"],
+        resource_requirements={"num_machines": 2},
+    )
+    assert status["status"] == "succeeded", status
+    assert status["restarts"] == 1
+    lines = api.client.get(f"/api/network/local_job_output/{status['job_id']}").json()["lines"]
+    assert "[sim1:0] weights 0.666667,0.333333" in lines, lines
+    events = api.root / "runs" / status["job_id"] / "events.jsonl"
+    texts = [e.get("text", "") for e in map(json.loads, events.read_text().splitlines())]
+    assert any(t.startswith("rebalanced workload weights from the live rates") for t in texts)
 
 
 # -- a finished job's output, files and events -------------------------------------------
