@@ -213,7 +213,18 @@
     renderTopology(st);
     renderAttempts(st.attempts || []);
     renderRootCause(st);
+    renderWeights(st.workload_weights || []);
     markNodes();
+  }
+
+  // the ranks' workload weights (a calibrated job), rebuilt only when they change
+  let weightsShown = "";
+  function renderWeights(rows) {
+    const key = JSON.stringify(rows);
+    if (key === weightsShown) return;
+    weightsShown = key;
+    $("weights").hidden = !rows.length;
+    $("weights-body").replaceChildren(...(rows.length ? [corral.weightsTable(rows, "job-weights")] : []));
   }
 
   function renderFacts(st) {

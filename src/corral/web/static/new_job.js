@@ -59,6 +59,7 @@
     checkpoint_dir: "checkpoint_dir", hang_timeout: "hang_timeout", config: "config",
     config_scaling: "config_rule", rule: "config_rule", adjust_config: "adjust_config",
     preflight: "preflight", machine_selection: "selection-auto",
+    calibration: "calibration", workload_weights: "calibration", rebalance: "rebalance",
   };
 
   function inputFor(field) {
@@ -207,6 +208,8 @@
     const nproc = number("nproc_per_node", { optional: true });
     if (nproc !== undefined) request.nproc_per_node = nproc;
     if (text("checkpoint_dir")) request.checkpoint_dir = text("checkpoint_dir");
+    if (text("calibration")) request.calibration = text("calibration");
+    if ($("rebalance").checked) request.rebalance = true;
     const hang = number("hang_timeout", { integer: false, optional: true });
     if (hang !== undefined) request.hang_timeout = hang;
     const config = parseConfig();
@@ -349,6 +352,10 @@
         el("ul", { id: "plan-rejected", class: "rejected" }, p.rejected.map((r) =>
           el("li", { "data-machine": r.name }, el("strong", {}, r.name),
             ` (${r.eligible ? "eligible" : "not eligible"}, score ${r.score}): ${(r.reasons || []).join("; ")}`))));
+    }
+    if ((p.workload_weights || []).length) {
+      children.push(el("h3", {}, `Workload weights${p.rebalance ? " (rebalanced at restarts)" : ""}`),
+        corral.weightsTable(p.workload_weights, "plan-weights"));
     }
     children.push(el("h3", {}, `Nodes (${nodes.length})`));
     for (const node of nodes) {
