@@ -50,6 +50,7 @@ DEFAULT_TIMEOUTS = {
     "serve": 240.0,
     "web": 180.0,
     "actors": 400.0,
+    "hetero": 900.0,
 }
 
 
