@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from corral.cli.job import Client, exit_code_of, parse_sse
+from tests.unit.test_service_planner import calibration_file
 
 from .conftest import SCRIPTS, corral_argv, job_processes, wait_for_output
 
@@ -266,6 +267,22 @@ def test_plan_only_prints_the_commands_and_starts_nothing(server: Server) -> Non
     assert status["status"] == "planned"
     dropped = server.job("stop", job_id)
     assert dropped.stdout.strip() == f"job {job_id} cancelled before it started"
+
+
+def test_submit_with_a_calibration_prints_the_weights(server: Server) -> None:
+    calibration_file(server.home / "cal.json", {"sim1": [10.0, 30.0]})
+    result = server.job("submit", *LOCAL, "--calibration", "cal.json", "--plan-only", *OK)
+    assert result.returncode == 0, result.stderr
+    assert "workload weights (host:local rank): sim1:0 0.250, sim1:1 0.750" in result.stdout
+    assert "CORRAL_WORKLOAD_WEIGHTS=0.25,0.75" in result.stdout
+    job_id = result.stdout.split("plan for job ", 1)[1].split()[0]
+    assert server.job("stop", job_id).returncode == 0
+    calibration_file(server.home / "other.json", {"gpu7": [10.0, 30.0]})
+    wrong = server.job("submit", *LOCAL, "--calibration", "other.json", *OK)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr.startswith("error: calibration: host sim1 is not in the calibration")
+    alone = server.job("submit", *LOCAL, "--rebalance", *OK)
+    assert alone.stderr.strip() == "error: --rebalance: needs --calibration FILE"
 
 
 def test_submit_a_command_template(server: Server) -> None:

@@ -285,6 +285,26 @@ def _client(server: str, token_file: str | None) -> Client:
 
 # -- options shared by every verb -------------------------------------------------------
 
+SubmitCalibrationOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--calibration",
+        metavar="FILE",
+        help="A calibration file on the server (what `corral calibrate` saved): each rank's "
+        "share of the work in proportion to its measured throughput; hosts are matched to "
+        "the machines by name.",
+        rich_help_panel=_L,
+    ),
+]
+SubmitRebalanceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rebalance",
+        help="With --calibration: at each restart, re-weigh the ranks from their live "
+        "throughput (sdk.report(step, examples=N)).",
+        rich_help_panel=_L,
+    ),
+]
 ServerOpt = Annotated[
     str,
     typer.Option(
@@ -629,6 +649,8 @@ def _request(
     name: str | None,
     config: str | None,
     adjust_config: bool,
+    calibration: str | None = None,
+    rebalance: bool = False,
 ) -> dict[str, Any]:
     """The body of ``/distributed/plan`` for the submit options."""
     from corral.job.resolve import parse_env
@@ -666,6 +688,10 @@ def _request(
         )
     if adjust_config and not config:
         raise ConfigError("needs --config FILE.json", option="--adjust-config")
+    if rebalance and not calibration:
+        raise ConfigError("needs --calibration FILE", option="--rebalance")
+    if calibration and not os.path.isabs(calibration) and _is_loopback(server):
+        calibration = os.path.abspath(calibration)  # the server runs here: the same file
     requirements: dict[str, Any] = {"num_machines": len(selected) or machines or 1}
     if gpus_per_machine is not None:
         requirements["gpus_per_machine"] = gpus_per_machine
@@ -691,8 +717,11 @@ def _request(
         "checkpoint_dir": checkpoint_dir,
         "hang_timeout": hang_timeout,
         "timeout": timeout,
+        "calibration": calibration,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
+    if rebalance:
+        body["rebalance"] = True
     if config:
         body["config"] = _read_config(config)
     return body
@@ -734,6 +763,8 @@ def _print_plan(plan: dict[str, Any], console: Console) -> None:
     master = plan.get("master") or {}
     port = master.get("port") or "picked at launch"
     console.print(f"master: {master.get('host')} ({master.get('address')}:{port})", markup=False)
+    if plan.get("workload_weights"):
+        console.print(_weights_line(plan), markup=False)
     for node in plan["nodes"]:
         console.print(
             f"\nnode {node['node_rank']} ({node['host']}) env:", style="bold", markup=False
@@ -743,6 +774,14 @@ def _print_plan(plan: dict[str, Any], console: Console) -> None:
         for run in node.get("commands") or []:
             console.print(f"node {node['node_rank']} {run['label']}:", style="bold", markup=False)
             console.print(run["line"], markup=False, soft_wrap=True)
+
+
+def _weights_line(plan: dict[str, Any]) -> str:
+    """The plan's workload weights as ``corral run --calibration`` prints them."""
+    shown = ", ".join(
+        f"{w['host']}:{w['local_rank']} {float(w['weight']):.3f}" for w in plan["workload_weights"]
+    )
+    return f"workload weights (host:local rank): {shown}"
 
 
 def _describe(plan: dict[str, Any]) -> str:
@@ -835,6 +874,8 @@ def submit(
     max_restarts: MaxRestartsOpt = 0,
     checkpoint_dir: CheckpointOpt = None,
     hang_timeout: HangTimeoutOpt = None,
+    calibration: SubmitCalibrationOpt = None,
+    rebalance: SubmitRebalanceOpt = False,
     plan_only: Annotated[
         bool,
         typer.Option("--plan-only", help="Print the plan (per-node commands); start nothing."),
@@ -877,6 +918,8 @@ def submit(
         name=name,
         config=config,
         adjust_config=adjust_config,
+        calibration=calibration,
+        rebalance=rebalance,
     )
     client = _client(server, token_file)
     try:
@@ -895,6 +938,8 @@ def submit(
                 client.call("POST", f"/api/network/distributed/stop/{job_id}")
             raise
         say(err, _describe(plan))
+        if plan.get("workload_weights"):
+            say(err, _weights_line(plan))
         sys.stdout.write(job_id + "\n")
         sys.stdout.flush()
         if follow_:
