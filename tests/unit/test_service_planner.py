@@ -671,3 +671,20 @@ def test_workload_weights_must_be_positive_numbers(weights: list[float]) -> None
 
     with pytest.raises(ValidationError, match="workload_weights"):
         JobRequest(script="t.py", workload_weights=weights)
+
+
+@pytest.mark.parametrize("where", ["directory", "/dev/null"])
+def test_a_calibration_that_is_no_regular_file_is_not_read(tmp_path: Path, where: str) -> None:
+    machines = [machine("sim1", local=True, slots=1)]
+    path = str(tmp_path) if where == "directory" else where
+    with pytest.raises(Invalid) as err:
+        _weighted_plan(tmp_path, machines, calibration=path)
+    assert err.value.info == {"field": "calibration"}
+    assert err.value.message == f"calibration: {path} is not a regular file"
+
+
+def test_a_calibration_path_with_a_nul_byte_is_refused_by_the_model() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="calibration"):
+        JobRequest(script="t.py", calibration="runs/\0.json")

@@ -220,6 +220,7 @@ class JobRequest(_Body):
         None,
         min_length=1,
         max_length=4096,
+        pattern=r"^[^\x00]+$",
         description="A calibration file on the server (what `corral calibrate` saved, e.g. "
         "runs/calibration-latest.json): every rank gets a weight in proportion to its "
         "measured throughput (CORRAL_WORKLOAD_WEIGHTS). Its hosts are matched to the "
