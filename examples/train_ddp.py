@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra MB of data in each checkpoint (slower, bigger saves; tests)",
     )
     p.add_argument("--batch-size", type=int, default=256, help="global batch size")
+    p.add_argument("--hidden", type=int, default=64, help="width of the MLP's hidden layers")
+    p.add_argument("--examples", type=int, default=EXAMPLES, help="size of the data set")
     p.add_argument(
         "--lr", type=float, default=0.1, help="learning rate tuned for --base-batch-size"
     )
@@ -98,19 +100,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def make_dataset(seed: int) -> TensorDataset:
+def make_dataset(seed: int, examples: int = EXAMPLES) -> TensorDataset:
     """Gaussian points labelled by a fixed random teacher MLP (same on every rank)."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(EXAMPLES, IN_DIM, generator=gen)
+    x = torch.randn(examples, IN_DIM, generator=gen)
     w1 = torch.randn(IN_DIM, 32, generator=gen) / IN_DIM**0.5
     w2 = torch.randn(32, CLASSES, generator=gen) / 32**0.5
     y = (torch.tanh(x @ w1) @ w2).argmax(dim=1)
     return TensorDataset(x, y)
 
 
-def make_model() -> nn.Module:
+def make_model(hidden: int = 64) -> nn.Module:
     return nn.Sequential(
-        nn.Linear(IN_DIM, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES)
+        nn.Linear(IN_DIM, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, CLASSES),
     )
 
 
@@ -216,10 +222,12 @@ def main(argv: list[str] | None = None) -> None:
     # init_distributed already selected this rank's GPU when there are GPUs.
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    data = make_dataset(args.seed)
+    data = make_dataset(args.seed, args.examples)
     sampler, loader, scale = make_loader(data, me, cfg, weights, args.seed)
 
-    model = make_model().to(device)  # same seed everywhere; DDP broadcasts rank 0's anyway
+    model = make_model(args.hidden).to(
+        device
+    )  # same seed everywhere; DDP broadcasts rank 0's anyway
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
     initial_loss = full_loss(model, data)
     start = 0
