@@ -38,8 +38,10 @@ rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank)])
 dist.all_reduce(total)
 token = os.environ.get("HF_TOKEN") == "hf-s3cr3t"
-print(f"rank {rank}/{world} node {os.environ['NODE_RANK']} sum {total.item():g} "
-      f"token {token} arg {sys.argv[1]}", flush=True)
+# one write per line: the pod's ranks share its stdout (and PYTHONUNBUFFERED makes
+# print() write the text and its newline separately)
+os.write(1, (f"rank {rank}/{world} node {os.environ['NODE_RANK']} sum {total.item():g} "
+             f"token {token} arg {sys.argv[1]}\\n").encode())
 dist.destroy_process_group()
 if rank == int(os.environ.get("FAIL_RANK", "-1")):
     sys.exit(2)
@@ -142,7 +144,7 @@ def test_two_pods_rendezvous_through_the_rendered_entrypoint(tmp_path: Path) -> 
     assert (code0, code1) == (0, 0), err0 + err1
     # global ranks are assigned at the c10d rendezvous: two per pod, not by pod index
     ranks = [line.split() for line in (out0 + out1).splitlines() if line.startswith("rank ")]
-    assert sorted(r[1] for r in ranks) == ["0/4", "1/4", "2/4", "3/4"]
+    assert sorted(r[1] for r in ranks) == ["0/4", "1/4", "2/4", "3/4"], out0 + out1 + err0 + err1
     assert sorted(r[3] for r in ranks) == ["0", "0", "1", "1"]
     # each rank's NODE_RANK is the node c10d put it on: RANK = NODE_RANK * 2 + LOCAL_RANK
     assert all(int(r[1].split("/")[0]) // 2 == int(r[3]) for r in ranks), ranks

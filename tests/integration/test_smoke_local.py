@@ -255,12 +255,13 @@ def _runner(args: dict[str, Any], mark: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _events(proc: subprocess.Popen[bytes], until: str) -> list[dict[str, Any]]:
+def _events(proc: subprocess.Popen[bytes], until: str, count: int = 1) -> list[dict[str, Any]]:
+    """The runner's events up to the ``count``-th ``until`` event."""
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:
         seen.append(json.loads(line))
-        if seen[-1]["event"] == until:
+        if sum(e["event"] == until for e in seen) == count:
             break
     return seen
 
@@ -281,7 +282,7 @@ def test_runner_kills_its_workers_when_stdin_closes(mark: str) -> None:
     }
     proc = _runner(args, mark)
     try:
-        events = _events(proc, "joined")
+        events = _events(proc, "joined", count=2)  # both local ranks are waiting
         assert events[0]["event"] == "runner" and events[0]["ranks"] == [0, 1]
         assert proc.stdin is not None
         proc.stdin.close()

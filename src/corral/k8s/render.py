@@ -330,7 +330,7 @@ def _entrypoint(spec: JobSpec, target: K8sTarget, nproc: int) -> str:
             f"  --max-restarts={spec.max_restarts} --no-python \\\n"
             # c10d numbers nodes as they join (not by pod index): each rank's NODE_RANK is
             # torchrun's GROUP_RANK for it, so RANK = NODE_RANK * nproc + LOCAL_RANK holds
-            f'  sh -c {_RANK_WRAPPER} {python} -u "$@"\n'
+            f'  sh -c {_RANK_WRAPPER} {python} "$@"\n'
         )
     return (
         "set -eu\n"
