@@ -60,6 +60,7 @@ from corral.job.events import (
 from corral.job.output import TerminalOutput, format_progress, say
 from corral.job.result import Failure
 from corral.job.summary import root_cause_text
+from corral.plan.display import weights_line
 from corral.service.models import ServiceLauncher
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
@@ -778,10 +779,9 @@ def _print_plan(plan: dict[str, Any], console: Console) -> None:
 
 def _weights_line(plan: dict[str, Any]) -> str:
     """The plan's workload weights as ``corral run --calibration`` prints them."""
-    shown = ", ".join(
-        f"{w['host']}:{w['local_rank']} {float(w['weight']):.3f}" for w in plan["workload_weights"]
+    return weights_line(
+        (w["host"], int(w["local_rank"]), float(w["weight"])) for w in plan["workload_weights"]
     )
-    return f"workload weights (host:local rank): {shown}"
 
 
 def _describe(plan: dict[str, Any]) -> str:

@@ -46,7 +46,7 @@ from corral.job.options import (
 from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
 from corral.job.summary import print_finished
-from corral.plan.display import command_lines, node_env, reference_line
+from corral.plan.display import command_lines, node_env, reference_line, weights_line
 from corral.plan.launchers import validate_launcher
 from corral.plan.spec import (
     DEFAULT_MASTER_PORT,
@@ -649,8 +649,7 @@ def _weighted(
     weights = resolve_weights(source, cluster, spec.nproc_per_node)
     ranks = planned_ranks(cluster, spec.nproc_per_node)
     pairs = zip(ranks, weights, strict=True)
-    shown = ", ".join(f"{h.name}:{local} {w:.3f}" for (h, local), w in pairs)
-    console.print(f"workload weights (host:local rank): {shown}", markup=False)
+    console.print(weights_line((h.name, local, w) for (h, local), w in pairs), markup=False)
     return replace(spec, workload_weights=weights)
 
 

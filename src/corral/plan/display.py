@@ -4,7 +4,7 @@ per command (``corral plan`` prints these; the API's execution plan returns them
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.plan.spec import NodeCommand
@@ -66,3 +66,10 @@ def reference_line(cmd: NodeCommand) -> str | None:
     """The launcher's own command the node's processes stand for (``accelerate
     launch ...``), shown for reference: corral starts the ranks itself."""
     return join(cmd.reference_argv) if cmd.reference_argv else None
+
+
+def weights_line(weights: Iterable[tuple[str, int, float]]) -> str:
+    """Workload weights as ``corral run`` and ``corral job submit`` print them, from
+    (host, local rank, weight) in plan order."""
+    shown = ", ".join(f"{host}:{local} {weight:.3f}" for host, local, weight in weights)
+    return f"workload weights (host:local rank): {shown}"
