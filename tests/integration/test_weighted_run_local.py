@@ -93,8 +93,9 @@ def test_auto_calibrates_first_then_runs_with_the_weights(tmp_path: Path) -> Non
     w0, w1 = float(line[1]), float(line[2])
     assert w0 + w1 == pytest.approx(1.0, abs=0.002)
     splits = _splits(done.stdout)
-    assert splits["local-0"][1] == pytest.approx(w0, abs=1e-4), splits
-    assert splits["local-1"][1] == pytest.approx(w1, abs=1e-4), splits
+    # corral prints the weights to 3 decimals; the ranks print theirs to 4
+    assert splits["local-0"][1] == pytest.approx(w0, abs=6e-4), splits
+    assert splits["local-1"][1] == pytest.approx(w1, abs=6e-4), splits
     saved = list((tmp_path / "runs").glob("calibrate-*/calibration.json"))
     assert len(saved) == 1  # the measurement was kept, as corral calibrate keeps it
 
