@@ -387,3 +387,32 @@ def test_the_node_dir_is_preferred_when_private_and_short(tmp_path: Path) -> Non
         assert socket_base_dir(long) != long
     finally:
         os.rmdir(node)
+
+
+def test_drain_reads_connections_still_queued_when_the_ranks_are_done(tmp_path: Path) -> None:
+    """A rank that sent its last report and exited before the agent accepted its
+    connection: the drain at the node's end still reads every line of it."""
+    calls: list[list[bytes]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lines: list[bytes] = []
+        calls.append(lines)
+        while line := await reader.readline():
+            lines.append(line)
+        writer.close()
+
+    async def scenario() -> None:
+        server = ControlServer(handler, base_dir=str(tmp_path))
+        await server.start()
+        assert server.path is not None
+        try:
+            for _ in range(3):  # connected, sent and gone, without the loop running
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.connect(server.path)
+                    sock.sendall(auth_line(server.token) + b"ctl 0\n" + PROGRESS)
+            await server.drain(10.0)
+        finally:
+            server.close()
+
+    asyncio.run(scenario())
+    assert calls == [[b"ctl 0\n", PROGRESS]] * 3

@@ -113,6 +113,7 @@ class ControlServer:
         self.refused = 0
         self._expected = auth_line(self.token)
         self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[Any]] = set()  # accepted, not yet finished
 
     @property
     def address(self) -> str:
@@ -142,6 +143,20 @@ class ControlServer:
             self.close()
             raise
 
+    async def drain(self, timeout: float) -> None:
+        """Read what the ranks already sent before they exited: let connections still
+        waiting in the listen queue be accepted, then wait (``timeout`` in all) until
+        every accepted connection, authenticating or not, has been read to its end."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            await asyncio.sleep(0.01)  # the loop accepts what is queued meanwhile
+            pending = {t for t in self._connections if not t.done()}
+            left = deadline - loop.time()
+            if not pending or left <= 0:
+                return
+            await asyncio.wait(pending, timeout=left)
+
     def close(self) -> None:
         """Stop accepting and remove the socket and its directory."""
         if self._server is not None:
@@ -163,6 +178,10 @@ class ControlServer:
         return hmac.compare_digest(line, self._expected)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
         if not await self._authenticate(reader, writer):
             self.refused += 1
             writer.close()

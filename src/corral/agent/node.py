@@ -147,7 +147,6 @@ class NodeAgent:
         self._control: ControlServer | None = None
         # Each rank's SDK connection, for the coordinator's replies ("reply" op).
         self._control_writers: dict[int, asyncio.StreamWriter] = {}
-        self._control_tasks: set[asyncio.Task[None]] = set()  # connections being read
         self._broken_logs: set[int] = set()
         self._complaints = Complaints()
 
@@ -368,10 +367,6 @@ class NodeAgent:
             self._control.close()
 
     async def _on_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._control_tasks.add(task)
-            task.add_done_callback(self._control_tasks.discard)
         try:
             hello = (await reader.readline()).split()
             if len(hello) >= 2 and hello[0] in (b"out", b"err"):
@@ -711,10 +706,10 @@ class NodeAgent:
             self._spawn(self._probe_master())
         self._reap()  # a child may have exited before the SIGCHLD handler was in place
         await self.done.wait()
-        # what a rank sent just before it exited is still being read: its connection
-        # is at EOF now, so this is quick (bounded anyway)
-        if self._control_tasks:
-            await asyncio.wait(set(self._control_tasks), timeout=CONTROL_DRAIN)
+        # what a rank sent just before it exited may still be queued or being read:
+        # its connection is at EOF now, so this is quick (bounded anyway)
+        if self._control is not None:
+            await self._control.drain(CONTROL_DRAIN)
         self.close_control()
         codes = {str(t.rank): t.code for t in self.ranks.values()}
         for track in self.ranks.values():
