@@ -343,7 +343,7 @@ def test_a_reader_that_stops_reading_does_not_kill_the_job(run_dir: Path, tmp_pa
     script.write_text(
         "import os, sys, time\n"
         "r = os.environ['RANK']\n"
-        "for i in range(180):\n"
+        "for i in range(100):\n"
         "    sys.stdout.write(''.join(f'rank {r} tick {i} line {j} ' + 'y' * 900 + '\\n'\n"
         "                             for j in range(10)))\n"
         "    sys.stdout.flush()\n"
@@ -352,17 +352,23 @@ def test_a_reader_that_stops_reading_does_not_kill_the_job(run_dir: Path, tmp_pa
     with open(tmp_path / "err.txt", "w") as err:
         proc = subprocess.Popen(
             corral_argv(
-                *_common(run_dir, "paused-reader"), "--launcher", "python", "--", str(script)
+                *_common(run_dir, "paused-reader"),
+                "--launcher",
+                "python",
+                "--host-timeout",
+                "5",  # the agents' heartbeat deadline
+                "--",
+                str(script),
             ),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=err,
         )
         try:
-            time.sleep(22)  # longer than the agents' 15 s heartbeat deadline; pipe is full
+            time.sleep(9)  # longer than the agents' 5 s heartbeat deadline; pipe is full
             out, _ = proc.communicate(timeout=120)
         finally:
             proc.kill()
     assert proc.returncode == 0, (tmp_path / "err.txt").read_text()[-3000:]
-    assert out.count(b"\n") == 4 * 180 * 10
+    assert out.count(b"\n") == 4 * 100 * 10
     assert "heartbeat lost" not in (tmp_path / "err.txt").read_text()
