@@ -536,6 +536,10 @@ def test_rebalance_reweighs_a_served_job_at_its_restart(api: Api) -> None:
     events = api.root / "runs" / status["job_id"] / "events.jsonl"
     texts = [e.get("text", "") for e in map(json.loads, events.read_text().splitlines())]
     assert any(t.startswith("rebalanced workload weights from the live rates") for t in texts)
+    # the status shows the weights the job runs with now, not the planned even split
+    shown = [(w["host"], w["local_rank"], w["weight"]) for w in status["workload_weights"]]
+    assert [(h, r) for h, r, _ in shown] == [("sim1", 0), ("sim2", 0)]
+    assert [w for *_, w in shown] == pytest.approx([float(w) for w in printed[0].split(",")])
 
 
 # -- a finished job's output, files and events -------------------------------------------

@@ -633,6 +633,7 @@ class Job:
                 checkpoint=placed,
                 log_dir=str(prepared.job_dir / "logs"),
                 launcher=spec.launcher,
+                workload_weights=list(spec.workload_weights),
             )
         )
         supervisor = Supervisor(

@@ -104,7 +104,9 @@ class Checked(JobEvent):
 
 
 class AttemptStarted(JobEvent):
-    """Attempt ``number`` starts on ``hosts`` with ``world_size`` ranks."""
+    """Attempt ``number`` starts on ``hosts`` with ``world_size`` ranks;
+    ``workload_weights`` are this attempt's (one per planned rank, in host order then
+    local rank; empty for an even split), which ``--rebalance`` may change at a restart."""
 
     kind: Literal["attempt_started"] = "attempt_started"
     number: int
@@ -113,6 +115,7 @@ class AttemptStarted(JobEvent):
     checkpoint: str | None = None
     log_dir: str = ""
     launcher: str = ""
+    workload_weights: list[float] = Field(default_factory=list)
 
 
 class AttemptEnded(JobEvent):

@@ -753,6 +753,7 @@ def _apply(s: Any, job: Job, ev: LoggedEvent, machine_ids: dict[str, str]) -> No
                 record={},
                 restart=False,
                 decision="",
+                workload_weights=[float(w) for w in data.get("workload_weights") or []] or None,
             )
         )
         job.world_size = int(data.get("world_size") or job.world_size)
@@ -978,11 +979,31 @@ def _status(
         root_cause=job.root_cause,
         machines=[m["name"] for m in (job.plan or {}).get("machines", [])],
         task_id=job.task_id,
-        workload_weights=[
-            WorkloadWeight.model_validate(w) for w in (job.plan or {}).get("workload_weights") or []
-        ]
-        or None,
+        workload_weights=_current_weights(job, attempts),
     )
+
+
+def _current_weights(job: Job, attempts: Sequence[Attempt]) -> list[WorkloadWeight] | None:
+    """Each rank's share in the latest attempt that recorded weights (``--rebalance``
+    re-weighs at a restart; a restart without a lost host re-splits), else in the plan;
+    None for an even split. An attempt's ranks are its hosts' planned ranks, in order."""
+    planned = [
+        WorkloadWeight.model_validate(w) for w in (job.plan or {}).get("workload_weights") or []
+    ]
+    per_host: dict[str, int] = {}
+    for row in planned:
+        per_host[row.host] = per_host.get(row.host, 0) + 1
+    for attempt in sorted(attempts, key=lambda a: a.number, reverse=True):
+        weights = attempt.workload_weights or []
+        slots = [(str(h), per_host.get(str(h), 0)) for h in attempt.hosts or []]
+        if not weights or sum(n for _, n in slots) != len(weights):
+            continue
+        places = [(h, node, local) for node, (h, n) in enumerate(slots) for local in range(n)]
+        return [
+            WorkloadWeight(host=h, node_rank=node, local_rank=local, weight=float(w))
+            for (h, node, local), w in zip(places, weights, strict=True)
+        ]
+    return planned or None
 
 
 def _node_status(

@@ -128,6 +128,8 @@ class Attempt(Base):
     record: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     restart: Mapped[bool] = mapped_column(Boolean, default=False)
     decision: Mapped[str] = mapped_column(Text, default="")
+    #: each planned rank's share (host order, then local rank); null: an even split
+    workload_weights: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Node(Base):
