@@ -183,3 +183,39 @@ def test_mlx_smoke_test_is_skipped_with_a_warning_where_torch_is_missing() -> No
     # torch everywhere: the test runs; other launchers need torch, so they fail in the test
     assert smoke.skipped_without_torch(_ctx(launcher="mlx")) is None
     assert smoke.skipped_without_torch(_ctx({"n2": {"software": {"torch": None}}})) is None
+
+
+@pytest.mark.parametrize(
+    ("target", "script"),
+    [("plugins/lora", "plugins/lora/main.py"), ("train_plugin.py", "train_plugin.py")],
+)
+def test_corral_check_harness_checks_accelerate_and_the_plugins_script(
+    target: str, script: str
+) -> None:
+    from corral.cli.check import checklist_options as cli_options
+
+    common = {
+        "hosts": "local:2",
+        "ssh": SshOptions(),
+        "launcher": "torchrun",
+        "python": None,
+        "nproc_per_node": None,
+        "master_addr": None,
+        "master_port": 29500,
+        "workdir": None,
+        "nccl_interface": None,
+        "gloo_interface": None,
+        "checkpoint_dir": None,
+        "min_free_gb": 1.0,
+        "consistency_threshold": 1.0,
+        "exclude_divergent": False,
+        "code_dir": None,
+        "smoke": False,
+        "smoke_timeout": 30.0,
+        "connect_timeout": 5.0,
+    }
+    command = [target, "--config_file", "config.json"]
+    options = cli_options(command=command, harness=True, **common)  # type: ignore[arg-type]
+    assert options.harness and options.script == script
+    plain = cli_options(command=command, **common)  # type: ignore[arg-type]
+    assert not plain.harness and plain.script == target

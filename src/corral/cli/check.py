@@ -52,6 +52,7 @@ from corral.cli.run import (
 from corral.cluster import load_cluster
 from corral.console import make_console
 from corral.errors import ConfigError
+from corral.harness.config import harness_target
 from corral.job.resolve import parse_nproc
 from corral.plan.spec import DEFAULT_MASTER_PORT, LAUNCHERS
 from corral.transport.options import SshOptions
@@ -107,8 +108,10 @@ def checklist_options(
     smoke_timeout: float,
     connect_timeout: float,
     shared_data_path: str | None = None,
+    harness: bool = False,
 ) -> ChecklistOptions:
-    """Validated ChecklistOptions from the command line."""
+    """Validated ChecklistOptions from the command line (with ``harness``, the
+    command is ``PLUGIN_DIR_OR_SCRIPT [ARGS]`` as for ``corral run --harness``)."""
     if launcher not in LAUNCHERS:
         raise ConfigError(
             f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}",
@@ -131,7 +134,7 @@ def checklist_options(
         python=python,
         workdir=workdir,
         code_dir=code_dir,
-        script=command[0] if command else None,
+        script=_script(command, harness),
         master_addr=master_addr,
         master_port=master_port,
         nproc_per_node=parse_nproc(nproc_per_node, cluster),
@@ -145,7 +148,16 @@ def checklist_options(
         smoke_timeout=smoke_timeout,
         connect_timeout=connect_timeout,
         shared_data_path=shared_data_path,
+        harness=harness,
     )
+
+
+def _script(command: list[str] | None, harness: bool) -> str | None:
+    """The script the code checks look at: the command's first word, or under
+    ``--harness`` the plugin's ``main.py`` when it names a plugin directory."""
+    if not command:
+        return None
+    return harness_target(command[0])[1] if harness else command[0]
 
 
 def check(
@@ -173,6 +185,15 @@ def check(
     exclude_divergent: ExcludeOpt = False,
     code_dir: CodeDirOpt = None,
     shared_data_path: SharedDataPathOpt = None,
+    harness: Annotated[
+        bool,
+        typer.Option(
+            "--harness",
+            help="Check for `corral run --harness -- PLUGIN_DIR_OR_SCRIPT ...`: Accelerate "
+            "must be on every host whatever the launcher, and the plugin's main.py is "
+            "the script the code checks compare.",
+        ),
+    ] = False,
     smoke: Annotated[
         bool,
         typer.Option(
@@ -225,6 +246,7 @@ def check(
         smoke_timeout=smoke_timeout,
         connect_timeout=connect_timeout,
         shared_data_path=shared_data_path,
+        harness=harness,
     )
     outcome = asyncio.run(run_checklist(opts, run_dir=run_dir))
     report = outcome.report
