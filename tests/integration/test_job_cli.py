@@ -403,6 +403,24 @@ def test_exit_codes_follow_corral_run(status: dict[str, object], code: int) -> N
     assert exit_code_of(status) == code
 
 
+def test_status_shows_the_current_weights() -> None:
+    from rich.console import Console
+
+    from corral.cli.job import print_status
+
+    rows = [
+        {"host": "gpu1", "node_rank": 0, "local_rank": 0, "weight": 0.6667},
+        {"host": "gpu2", "node_rank": 1, "local_rank": 0, "weight": 0.3333},
+    ]
+    console = Console(record=True, width=200)
+    print_status({"job_id": "j", "status": "running", "workload_weights": rows}, console)
+    text = console.export_text()
+    assert "workload weights (host:local rank): gpu1:0 0.667, gpu2:0 0.333" in text
+    console = Console(record=True, width=200)
+    print_status({"job_id": "j", "status": "running", "workload_weights": None}, console)
+    assert "workload weights" not in console.export_text()
+
+
 def test_no_module_of_the_server_is_needed() -> None:
     """The client imports neither FastAPI nor SQLAlchemy (fast start, small installs)."""
     code = (

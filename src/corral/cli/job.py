@@ -450,6 +450,8 @@ def print_status(status: dict[str, Any], console: Console) -> None:
         f"attempt {status.get('attempt', 0)} ({status.get('restarts', 0)} restarts), "
         f"started {_when(status.get('started'))}, ran {duration_text(ran)}",
     ]
+    if status.get("workload_weights"):  # the current attempt's (--rebalance changes them)
+        facts.append(_weights_line(status))
     for fact in facts:
         console.print(f"  {fact}", markup=False, soft_wrap=True)
     if status.get("nodes"):
@@ -778,7 +780,8 @@ def _print_plan(plan: dict[str, Any], console: Console) -> None:
 
 
 def _weights_line(plan: dict[str, Any]) -> str:
-    """The plan's workload weights as ``corral run --calibration`` prints them."""
+    """The workload weights of a plan or a job status, as ``corral run --calibration``
+    prints them."""
     return weights_line(
         (w["host"], int(w["local_rank"]), float(w["weight"])) for w in plan["workload_weights"]
     )
