@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from tests.conftest import missing_dependency
@@ -103,22 +103,31 @@ def _config(root: Path, socket_path: Path) -> str:
     )
 
 
-def _stop(pid_file: Path) -> None:
-    """Stop the daemon whose pid is in ``pid_file`` (SIGTERM, then SIGKILL after 10 s)."""
+def _alive(pid: int) -> bool:
     try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop(*pid_files: Path) -> None:
+    """Stop the daemons whose pids are in ``pid_files``, all at once (SIGTERM, then
+    SIGKILL to those still there after 3 s: the cluster and its state are throwaway)."""
+    pids = []
+    for pid_file in pid_files:
         try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
+            pids.append(int(pid_file.read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            pids = [pid for pid in pids if _alive(pid)]
+            if not pids:
                 return
             time.sleep(0.1)
 
@@ -185,9 +194,9 @@ def _start(root: Path, stack: ExitStack) -> dict[str, str]:
             for n in NODES
         ),
     ]
-    for argv, pid_file in daemons:
+    stack.callback(_stop, *(pid_file for _, pid_file in daemons))
+    for argv, _pid_file in daemons:
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
-        stack.callback(_stop, pid_file)
         if done.returncode != 0:
             raise SlurmUnavailable(f"{argv[0]} failed: {done.stderr.strip()}\n{_logs(root)}")
     # jobs first, then the daemons (callbacks run last in, first out)
