@@ -225,9 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     data = make_dataset(args.seed, args.examples)
     sampler, loader, scale = make_loader(data, me, cfg, weights, args.seed)
 
-    model = make_model(args.hidden).to(
-        device
-    )  # same seed everywhere; DDP broadcasts rank 0's anyway
+    # same seed everywhere; DDP broadcasts rank 0's anyway
+    model = make_model(args.hidden).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
     initial_loss = full_loss(model, data)
     start = 0

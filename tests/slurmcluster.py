@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
+from corral.testbed._system import alive
 from tests.conftest import missing_dependency
 
 NODES = ("n1", "n2")
@@ -103,14 +104,6 @@ def _config(root: Path, socket_path: Path) -> str:
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _stop(*pid_files: Path) -> None:
     """Stop the daemons whose pids are in ``pid_files``, all at once (SIGTERM, then
     SIGKILL to those still there after 3 s: the cluster and its state are throwaway)."""
@@ -126,7 +119,7 @@ def _stop(*pid_files: Path) -> None:
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            pids = [pid for pid in pids if _alive(pid)]
+            pids = [pid for pid in pids if alive(pid)]
             if not pids:
                 return
             time.sleep(0.1)

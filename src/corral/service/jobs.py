@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -990,9 +991,7 @@ def _current_weights(job: Job, attempts: Sequence[Attempt]) -> list[WorkloadWeig
     planned = [
         WorkloadWeight.model_validate(w) for w in (job.plan or {}).get("workload_weights") or []
     ]
-    per_host: dict[str, int] = {}
-    for row in planned:
-        per_host[row.host] = per_host.get(row.host, 0) + 1
+    per_host = Counter(row.host for row in planned)
     for attempt in sorted(attempts, key=lambda a: a.number, reverse=True):
         weights = attempt.workload_weights or []
         slots = [(str(h), per_host.get(str(h), 0)) for h in attempt.hosts or []]
