@@ -158,7 +158,8 @@ def plan_lines(stdout: str) -> list[str]:
 
 
 def expected_lines(launcher: str) -> list[list[str]]:
-    """``cd CWD && env K=V... ARGV`` of each node (each rank for python), from --json."""
+    """``mkdir -p CWD && cd CWD && env K=V... ARGV`` of each node (each rank for
+    python), from --json (a local node's working dir is created, as its agent does)."""
     code, out, err = invoke(*PLAN_ARGS, "--launcher", launcher, "--json", "--", "train.py", "-x")
     assert code == 0, err
     words = []
@@ -167,12 +168,13 @@ def expected_lines(launcher: str) -> list[list[str]]:
         for extra in runs:
             env = {**node["env"], **extra}
             assigns = [f"{k}={v}" for k, v in env.items()]
-            words.append(["cd", node["cwd"], "&&", "env", *assigns, *node["argv"]])
+            mkdir = ["mkdir", "-p", node["cwd"], "&&"]
+            words.append([*mkdir, "cd", node["cwd"], "&&", "env", *assigns, *node["argv"]])
     return words
 
 
 def commands_in(lines: list[str]) -> list[list[str]]:
-    return [shlex.split(line) for line in lines if line.startswith("cd ")]
+    return [shlex.split(line) for line in lines if line.startswith(("cd ", "mkdir -p "))]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "python"])
@@ -199,7 +201,7 @@ def test_plan_on_a_100_column_terminal_keeps_command_lines_whole(
     assert result.exit_code == 0, result.output
     lines = plan_lines(terminal.getvalue())
     assert commands_in(lines) == expected_lines("python")
-    assert max(len(line) for line in lines if line.startswith("cd ")) > 100
+    assert max(len(line) for line in lines if line.startswith("mkdir -p ")) > 100
     table = [line for line in lines if line.startswith(("┃", "│", "┏", "┡", "└"))]
     assert table and all(len(line) <= 100 for line in table)
 

@@ -46,7 +46,13 @@ from corral.job.options import (
 from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, new_job_id, parse_env, parse_nproc
 from corral.job.summary import print_finished
-from corral.plan.display import command_lines, node_env, reference_line, weights_line
+from corral.plan.display import (
+    command_lines,
+    node_env,
+    python_note,
+    reference_line,
+    weights_line,
+)
 from corral.plan.launchers import validate_launcher
 from corral.plan.spec import (
     DEFAULT_MASTER_PORT,
@@ -889,12 +895,9 @@ def plan(
         return
     console = make_console(stderr=False)
     print_plan(prepared, console)
-    if not cluster.is_local and python is None:
-        tried = " if it exists there, else ".join(candidates(None))
-        console.print(
-            f"python3 above is resolved per host at launch: {tried} (or pass --python)",
-            style="dim",
-        )
+    note = python_note(prepared.commands, candidates(None)) if python is None else None
+    if note is not None:
+        console.print(note, style="dim", markup=False)
 
 
 def _adjusted(prepared: Prepared) -> dict[str, object] | None:

@@ -1,5 +1,12 @@
 """A plan as the user reads it: per node, its env and one copy-pasteable shell line
-per command (``corral plan`` prints these; the API's execution plan returns them)."""
+per command (``corral plan`` prints these; the API's execution plan returns them).
+
+A line does what the node agent does before it starts the command: a ``~`` in
+the working directory or in ``CORRAL_NODE_DIR`` (an SSH node's dir is
+``~/.corral/runs/...``) is the home directory, written ``"$HOME"/...`` so the
+shell expands it inside a quoted word; a working directory under the node's own
+dir (``local:N`` nodes run in ``runs/<job>/nodes/<host>/work``) is created first
+(``mkdir -p``), as the agent creates it."""
 
 from __future__ import annotations
 
@@ -11,6 +18,11 @@ from corral.plan.spec import NodeCommand
 from corral.redact import redact_env
 
 _DOUBLE_QUOTE_SPECIAL = frozenset('"$`\\!')
+#: The env value the node agent expands ``~`` in (as it does in the working directory).
+NODE_DIR_ENV = "CORRAL_NODE_DIR"
+#: The interpreter a plan names on an SSH host when none is known yet (the agents'
+#: probe resolves it at launch).
+PLACEHOLDER_PYTHON = "python3"
 
 
 def quote(word: str) -> str:
@@ -28,10 +40,39 @@ def join(argv: Sequence[str]) -> str:
     return " ".join(quote(w) for w in argv)
 
 
-def shell_line(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """``cd CWD && env K=V ... ARGV`` as one shell-quoted line."""
-    assigns = [f"{k}={v}" for k, v in env.items()]
-    return f"cd {shlex.quote(cwd)} && " + join(["env", *assigns, *argv])
+def home_path(path: str) -> str:
+    """``path`` as one shell word with a leading ``~`` or ``~/`` as ``"$HOME"``
+    (quoted, ``~`` would stay a literal directory named ``~``)."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"/' + (shlex.quote(rest) if rest else "")
+    return shlex.quote(path)
+
+
+def _assign(key: str, value: str) -> str:
+    if key == NODE_DIR_ENV and (value == "~" or value.startswith("~/")):
+        return shlex.quote(f"{key}=") + home_path(value)
+    return quote(f"{key}={value}")
+
+
+def shell_line(
+    cwd: str, env: Mapping[str, str], argv: Sequence[str], *, make_cwd: bool = False
+) -> str:
+    """``cd CWD && env K=V ... ARGV`` as one shell-quoted line (``mkdir -p CWD && ``
+    first with ``make_cwd``); ``~`` in CWD and ``CORRAL_NODE_DIR`` is the home dir."""
+    where = home_path(cwd)
+    words = [_assign(k, v) for k, v in env.items()] + [quote(w) for w in argv]
+    prefix = f"mkdir -p {where} && " if make_cwd else ""
+    return f"{prefix}cd {where} && env " + " ".join(words)
+
+
+def makes_cwd(cmd: NodeCommand) -> bool:
+    """Whether the node agent creates the node's working directory (one under the
+    node's own dir, as on ``local:N``); any other must exist already."""
+    node_dir = cmd.env.get(NODE_DIR_ENV, "").rstrip("/")
+    return bool(node_dir) and cmd.cwd.startswith(node_dir + "/")
 
 
 @dataclass(frozen=True)
@@ -57,9 +98,25 @@ def command_lines(cmd: NodeCommand) -> list[CommandLine]:
         (f"rank {r.rank}", {**env, **redact_env(r.env, cmd.secret_env)}) for r in cmd.ranks
     ] or [("command", env)]
     return [
-        CommandLine(cmd.node_rank, cmd.host.name, label, shell_line(cmd.cwd, run_env, cmd.argv))
+        CommandLine(
+            cmd.node_rank,
+            cmd.host.name,
+            label,
+            shell_line(cmd.cwd, run_env, cmd.argv, make_cwd=makes_cwd(cmd)),
+        )
         for label, run_env in runs
     ]
+
+
+def python_note(commands: Sequence[NodeCommand], tried: Sequence[str]) -> str | None:
+    """The footer saying how the placeholder ``python3`` of SSH nodes' commands is
+    resolved at launch (``tried``: the interpreters tried, in order); None when no
+    printed command starts with it (``--python`` given, the command or madengine
+    launcher, a per-host ``python``, local nodes)."""
+    if not any(not c.host.local and c.argv[:1] == (PLACEHOLDER_PYTHON,) for c in commands):
+        return None
+    order = " if it exists there, else ".join(tried)
+    return f"{PLACEHOLDER_PYTHON} above is resolved per host at launch: {order} (or pass --python)"
 
 
 def reference_line(cmd: NodeCommand) -> str | None:
