@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-TOKEN = "test-token-" + "x" * 20
+TOKEN = "test-token-" + "Xq7vB2mK9pLw4RzT8nYc3HdF6sJe1GaU5"  # strong enough for corral serve
 
 
 def free_port() -> int:

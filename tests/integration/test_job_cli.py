@@ -75,7 +75,7 @@ def serving(base: Path, port: int | None = None) -> Iterator[Server]:
     base.mkdir(parents=True, exist_ok=True)
     token_file = base / "token"
     if not token_file.exists():
-        token_file.write_text("test-token-" + os.urandom(8).hex() + "\n")
+        token_file.write_text("test-token-" + os.urandom(32).hex() + "\n")
         token_file.chmod(0o600)
     token = token_file.read_text().strip()
     port = port or _free_port()
