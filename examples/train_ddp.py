@@ -19,9 +19,15 @@ is split in proportion to the ranks' weights (``sdk.WeightedDistributedSampler``
 the same number of steps on every rank) and each rank's loss is multiplied by
 ``sdk.loss_scale``, so the update is the one of the uniform split. Under
 ``corral calibrate`` (``CORRAL_CALIBRATE=1``) every rank trains on its own, with
-no process group, DDP or checkpoints, so each runs at its own speed. Every step
-reports the examples it processed (``examples=``) and the seconds of its forward
-pass (``busy=``, compute that waits for no other rank) for throughput figures.
+no process group, DDP or checkpoints, so each runs at its own speed, and keeps
+stepping past ``--steps`` until corral stops it at the end of the measuring
+window (``--seconds``)::
+
+    corral calibrate --hosts local:2 -- examples/train_ddp.py
+
+Every step reports the examples it processed (``examples=``) and the seconds of
+its forward pass (``busy=``, compute that waits for no other rank) for
+throughput figures.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 IN_DIM, CLASSES, EXAMPLES = 16, 4, 4096
+CALIBRATION_LOG_EVERY = 500  # steps between printed lines under corral calibrate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -207,8 +214,14 @@ def main(argv: list[str] | None = None) -> None:
     sdk.print_distributed_info()
     calibrating = sdk.calibrating()  # corral calibrate: each rank alone, at its own speed
     distributed = False if calibrating else sdk.init_distributed()
-    if calibrating:
-        args.checkpoint_dir, args.checkpoint_every = None, 0  # a measurement, not a run
+    total: int | None = args.steps
+    if calibrating:  # a measurement, not a run: no checkpoints, and no last step (60 steps
+        # take about a second; corral stops every rank once it has measured --seconds)
+        args.checkpoint_dir, args.checkpoint_every = None, 0
+        args.steps, total = sys.maxsize, None
+        args.log_every = max(args.log_every, CALIBRATION_LOG_EVERY)
+        if me.rank == 0:
+            print("calibrating: training until corral calibrate stops this rank", flush=True)
     weights = sdk.workload_weights()
     cfg = sdk.scale_config(
         batch_size=args.batch_size,
@@ -276,10 +289,11 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.step()
         value = loss.item()
         window.append(value)
-        sdk.report(step, args.steps, loss=value, examples=len(x), busy=busy)
+        sdk.report(step, total, loss=value, examples=len(x), busy=busy)
         if me.rank == 0 and (step % args.log_every == 0 or step in (start + 1, args.steps)):
             mean = sum(window) / len(window)
-            print(f"step {step}/{args.steps} loss {mean:.4f}", flush=True)
+            of = "" if total is None else f"/{total}"
+            print(f"step {step}{of} loss {mean:.4f}", flush=True)
             window.clear()
         if args.checkpoint_dir and args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
             sdk.save_checkpoint(

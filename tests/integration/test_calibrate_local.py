@@ -23,6 +23,7 @@ from corral.plan.spec import JobSpec
 from tests.conftest import require_torch
 
 from .conftest import (
+    REPO,
     corral_argv,
     job_processes,
     run_corral,
@@ -122,6 +123,43 @@ def test_a_script_reporting_examples_is_measured_per_rank(tmp_path: Path) -> Non
     assert json.loads(copy.read_text()) == doc
     assert "local-0 total" not in out  # the table went nowhere near stdout
     assert not wait_no_job_processes("cal-script", within=15)
+
+
+def test_the_ddp_example_calibrates_as_documented(tmp_path: Path) -> None:
+    require_torch()
+    code, out, err = _calibrate(
+        tmp_path, "cal-example", "--seconds", "3", "--", str(REPO / "examples" / "train_ddp.py")
+    )
+    assert code == 0, err[-3000:]
+    cal = load_calibration(tmp_path / "runs" / "cal-example" / "calibration.json")
+    assert [r.host for r in cal.ranks] == ["local-0", "local-1"] and cal.workload == "script"
+    assert all(r.examples_per_s > 0 and r.reports >= 5 for r in cal.ranks)
+    assert "The script ended" not in cal.calibration_notes  # it ran until it was stopped
+    assert "calibrating: training until corral calibrate stops this rank" in out
+    assert "Waiting for master" not in out + err  # no process group: no master to wait for
+    assert not wait_no_job_processes("cal-example", within=15)
+
+
+# 40 steps, then done: over long before a 20 s window.
+SHORT = """
+import time
+from corral import sdk
+
+for step in range(1, 41):
+    time.sleep(0.01)
+    sdk.report(step, 40, examples=8)
+"""
+
+
+def test_a_script_that_ends_before_the_window_is_measured_and_said_so(tmp_path: Path) -> None:
+    script = _script(tmp_path, "short.py", SHORT)
+    code, out, err = _calibrate(tmp_path, "cal-short", "--seconds", "20", "--", script)
+    assert code == 0, err[-3000:]
+    cal = load_calibration(tmp_path / "runs" / "cal-short" / "calibration.json")
+    assert all(r.examples_per_s > 0 for r in cal.ranks)
+    assert "before the 20 s measuring window was over" in cal.calibration_notes
+    assert "more steps while sdk.calibrating()" in cal.calibration_notes
+    assert cal.calibration_notes in out and "none after the warm-up" not in err
 
 
 def test_a_script_without_examples_is_named(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import stat
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, JobFailed
 from corral.job.events import AttemptStarted, Finished, JobEvent, Message, Progress
 from corral.job.states import JobState
+from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec
 
 
@@ -289,6 +291,65 @@ def test_collector_names_silent_and_too_rare_ranks() -> None:
     asyncio.run(feed())
     with pytest.raises(JobFailed, match="rank 0 on a sent 1 report"):
         collector.measured()
+
+
+def _ended_early(reports: dict[int, list[tuple[float, float]]]) -> _Collector:
+    """A collector fed ``rank: [(time, examples)]`` by a script that exited before
+    the window was over (the job ended: the timer is cancelled, nothing stopped it)."""
+    collector = _Collector({0: ("a", 0), 1: ("b", 0)}, seconds=30)
+
+    async def feed() -> None:
+        for rank, samples in reports.items():
+            for time, examples in samples:
+                collector.on_event(_progress(rank, "ab"[rank], time, examples=examples))
+        collector.cancel()
+
+    asyncio.run(feed())
+    return collector
+
+
+def test_a_script_that_ends_first_is_measured_per_rank() -> None:
+    # rank 1 is done before rank 0 starts (ranks run alone): no common window to cut
+    collector = _ended_early(
+        {
+            1: [(10.0 + i * 0.01, 4) for i in range(60)],
+            0: [(20.0 + i * 0.02, 4) for i in range(60)],
+        }
+    )
+    rates = {m.rank: m.rate for m in collector.measured()}
+    assert rates[1].examples_per_s == pytest.approx(400.0)
+    assert rates[0].examples_per_s == pytest.approx(200.0)
+    assert rates[0].reports == rates[1].reports == 54  # each after its own warm-up
+    note = collector.early_note()
+    assert note is not None
+    assert note.startswith("The script ended 11.2 s after its first report, before the 30 s")
+
+
+def test_a_script_that_ends_too_soon_is_told_why() -> None:
+    collector = _ended_early({0: [(1.0, 8), (1.1, 8)], 1: [(1.0, 8)]})
+    with pytest.raises(JobFailed) as failed:
+        collector.measured()
+    text = str(failed.value)
+    assert "rank 1 on b sent 1 report(s) with examples, too few to measure" in text
+    assert "the script ended 0.1 s after its first report, before the 30 s measuring" in text
+    assert "a longer --seconds cannot help" in text and "more steps" in text
+
+
+def test_the_window_over_keeps_the_seconds_advice() -> None:
+    collector = _Collector({0: ("a", 0)}, seconds=1)
+    collector.samples[0].append(Sample(1.0, 8))  # one report, then the window was over
+    collector.window_start, collector.window_end, collector.stopping = 1.0, 2.0, True
+    assert collector.early_note() is None
+    with pytest.raises(JobFailed, match="none after the warm-up: report more often, or pass"):
+        collector.measured()
+
+
+def test_a_calibration_plans_no_master_to_wait_for() -> None:
+    cluster = Cluster((Host("n0", local=True), Host("n1", local=True)), source="t")
+    spec = JobSpec(script="/s.py", launcher="python", job_id="c", run_dir="/tmp/r")
+    assert plan_job(spec, cluster)[0].hosts_master  # a job: the ranks' master is probed
+    calibrating = replace(spec, env={"CORRAL_CALIBRATE": "1"})
+    assert not any(c.hosts_master for c in plan_job(calibrating, cluster))
 
 
 # -- shipping the reference workload ----------------------------------------------------

@@ -7,7 +7,10 @@ reference workload (:mod:`corral.calibrate.reference`). It collects the
 ``examples`` of every rank's progress reports; once every rank has reported, it
 lets the job run ``seconds`` more, then stops it (the engine's teardown: nothing
 is left on any host). The first :data:`WARMUP_FRACTION` of that window is
-warm-up, not counted. The result is a :class:`~corral.calibrate.model.Calibration`,
+warm-up, not counted. A script that ends on its own before the window is over
+is measured over what it reported: each rank over its own reports after its own
+warm-up (the notes say so); too few of them is an error saying that the script
+ended first. The result is a :class:`~corral.calibrate.model.Calibration`,
 saved as ``<run_dir>/<job-id>/calibration.json`` and ``<run_dir>/calibration-latest.json``.
 
 On SSH hosts the reference workload is first written to
@@ -36,6 +39,7 @@ from corral.job.resolve import new_job_id
 from corral.job.result import JobResult
 from corral.job.states import JobState
 from corral.plan.spec import JobSpec
+from corral.sdk._calibrate import CALIBRATE_ENV
 from corral.transport.base import Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
@@ -168,24 +172,55 @@ class _Collector:
         """Ranks that never reported examples."""
         return [r for r, samples in self.samples.items() if not samples]
 
+    def elapsed(self) -> float:
+        """Seconds from the first report of any rank to the last."""
+        times = [s.time for samples in self.samples.values() for s in samples]
+        return max(times) - min(times) if times else 0.0
+
+    def early_note(self) -> str | None:
+        """What the notes say when the script ended before the window was over."""
+        if self.stopping:
+            return None
+        return (
+            f"The script ended {self.elapsed():.1f} s after its first report, before the "
+            f"{self.seconds:g} s measuring window was over: each rank was measured over "
+            "its own reports after its warm-up. For steadier figures let it run until "
+            "corral stops it (more steps while sdk.calibrating())."
+        )
+
+    def _warmup_until(self, rank: int) -> float:
+        """When ``rank``'s warm-up ends: the first tenth of the common window once it
+        was over; of the rank's own reports when the script ended first (ranks run
+        alone here: one may be done before another starts)."""
+        if self.stopping and self.window_start is not None and self.window_end is not None:
+            start, end = self.window_start, self.window_end
+        else:
+            samples = self.samples[rank]
+            start, end = samples[0].time, samples[-1].time
+        return start + WARMUP_FRACTION * max(0.0, end - start)
+
     def measured(self) -> list[MeasuredRank]:
         """Every rank's rate; JobFailed naming a rank without one."""
-        firsts = [s[0].time for s in self.samples.values() if s]
-        lasts = [s[-1].time for s in self.samples.values() if s]
-        start = self.window_start if self.window_start is not None else min(firsts)
-        end = self.window_end if self.window_end is not None else max(lasts)
-        warmup_until = start + WARMUP_FRACTION * max(0.0, end - start)
         out = []
         for rank, (host, local) in sorted(self.ranks.items()):
-            rate = rate_of(self.samples[rank], warmup_until)
+            samples = self.samples[rank]
+            rate = rate_of(samples, self._warmup_until(rank)) if samples else None
             if rate is None:
-                raise JobFailed(
-                    f"rank {rank} on {host} sent {len(self.samples[rank])} report(s) with "
-                    "examples but none after the warm-up: report more often, or pass a "
-                    "longer --seconds",
-                    host=host,
-                    rank=rank,
-                )
+                sent = f"rank {rank} on {host} sent {len(samples)} report(s) with examples"
+                if self.stopping:
+                    why = (
+                        f"{sent} but none after the warm-up: report more often, or pass a "
+                        "longer --seconds"
+                    )
+                else:
+                    why = (
+                        f"{sent}, too few to measure: the script ended "
+                        f"{self.elapsed():.1f} s after its first report, before the "
+                        f"{self.seconds:g} s measuring window was over (a longer --seconds "
+                        "cannot help). Let it run until corral stops it: more steps while "
+                        "sdk.calibrating() is true, or report more often"
+                    )
+                raise JobFailed(why, host=host, rank=rank)
             out.append(MeasuredRank(host=host, rank=rank, local_rank=local, rate=rate))
         return out
 
@@ -261,7 +296,7 @@ class Calibrator:
 
     async def _spec(self, transport: Transport) -> JobSpec:
         opts = self.options
-        env = {**opts.env, "CORRAL_CALIBRATE": "1", "CORRAL_CALIBRATE_SECONDS": f"{opts.seconds:g}"}
+        env = {**opts.env, CALIBRATE_ENV: "1", "CORRAL_CALIBRATE_SECONDS": f"{opts.seconds:g}"}
         base = JobSpec(
             script=str(REFERENCE),
             launcher="python",
@@ -335,6 +370,10 @@ class Calibrator:
             script=list(self.options.command) or None,
             workload="script" if self.options.command else "reference",
         )
+        early = collector.early_note()
+        if early is not None:
+            notes = f"{calibration.calibration_notes} {early}"
+            calibration = calibration.model_copy(update={"calibration_notes": notes})
         run_dir = Path(os.path.abspath(spec.run_dir))
         path = save_calibration(calibration, run_dir / self.job_id / "calibration.json")
         latest = save_calibration(calibration, run_dir / LATEST)

@@ -24,6 +24,7 @@ from corral.plan.launchers import (
     validate_launcher,
 )
 from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand, RankProcess
+from corral.sdk._calibrate import CALIBRATE_ENV
 from corral.sdk._config import JOB_CONFIG_ENV, ScaleRule, adjust_config
 
 HARNESS_ENV = "CORRAL_HARNESS"
@@ -307,8 +308,11 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 ranks=ranks,
                 master_addr=master_addr,
                 master_port=spec.master_port,
-                # MLX has no endpoint at the master port to probe (its ring uses the ports after)
-                hosts_master=node_rank == master_node and spec.launcher != "mlx",
+                # MLX has no endpoint at the master port to probe (its ring uses the ports
+                # after); the ranks of a calibration run alone, with no process group
+                hosts_master=node_rank == master_node
+                and spec.launcher != "mlx"
+                and spec.env.get(CALIBRATE_ENV) != "1",
                 secret_env=spec.secret_env,
                 reference_argv=reference,
             )
