@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from corral import sdk
+from corral.sdk._chunks import _percent
 from corral.sdk._resume import CHECKPOINT_DIR_ENV
 from tests.conftest import require
 
@@ -79,7 +80,7 @@ def test_ranges_cover_the_dataset_with_a_short_last_chunk(
     assert spans(got) == [(0, 50_000), (50_000, 100_000), (100_000, 100_001)]
     assert [(c.index, c.total) for c in got] == [(0, 3), (1, 3), (2, 3)]
     out = capsys.readouterr().out
-    for line in ("chunk 1/3 (33%) done", "chunk 2/3 (66%) done", "chunk 3/3 (100%) done"):
+    for line in ("chunk 1/3 (33%) done", "chunk 2/3 (67%) done", "chunk 3/3 (100%) done"):
         assert line in out
     assert spans(list(sdk.chunks(10, 4))) == [(0, 4), (4, 8), (8, 10)]
 
@@ -117,6 +118,32 @@ def test_an_interrupted_chunk_is_done_again(
     capsys.readouterr()
     assert [c.index for c in sdk.chunks(10, 2)] == [3, 4]
     assert "chunks 1-3 of 5 already done" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "percent"),
+    [(1, 3, 33), (2, 3, 67), (3, 3, 100), (1, 8, 13), (199, 200, 99), (200, 200, 100)],
+)
+def test_progress_is_rounded_and_100_only_at_the_end(done: int, total: int, percent: int) -> None:
+    assert _percent(done, total) == percent
+
+
+def test_a_rerun_of_a_finished_pass_says_all_chunks_are_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    list(sdk.chunks(10, 4, checkpoint_dir=tmp_path))
+    capsys.readouterr()
+    assert list(sdk.chunks(10, 4, checkpoint_dir=tmp_path)) == []
+    out = capsys.readouterr().out
+    assert f"all 3 chunks already done ({tmp_path / 'chunks.json'}): nothing to do" in out
+    assert "resuming at chunk" not in out and "chunk 4" not in out
+    list(sdk.chunks(10, 4, checkpoint_dir=tmp_path, name="one"))
+    (tmp_path / "one.json").write_text(
+        json.dumps({"n_examples": 10, "chunk_size": 4, "total": 3, "done": 1})
+    )
+    capsys.readouterr()
+    assert [c.index for c in sdk.chunks(10, 4, checkpoint_dir=tmp_path, name="one")] == [1, 2]
+    assert "chunk 1 of 3 already done" in capsys.readouterr().out
 
 
 def test_leaving_the_loop_early_does_not_mark_the_chunk_done(tmp_path: Path) -> None:

@@ -78,6 +78,13 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _percent(done: int, total: int) -> int:
+    """``done`` of ``total`` in whole percent, rounded half up (2 of 3: 67); 100 only
+    once every chunk is done."""
+    rounded = (200 * done + total) // (2 * total)
+    return rounded if done >= total else min(rounded, 99)
+
+
 def _say(line: str) -> None:
     if info().rank == 0:
         print(f"[corral] {line}", flush=True)
@@ -175,8 +182,14 @@ def chunks(
     expected = {"n_examples": n, "chunk_size": size, "total": total}
     done = _agree(*_read_done(path, expected))
     _say(f"chunking enabled: {total} chunks of {size:,} examples")
-    if done:
-        _say(f"chunks 1-{done} of {total} already done ({path}); resuming at chunk {done + 1}")
+    if done >= total:
+        _say(
+            f"all {total} chunks already done ({path}): nothing to do (delete it or pass "
+            "another name= to start over)"
+        )
+    elif done:
+        first = "chunk 1" if done == 1 else f"chunks 1-{done}"
+        _say(f"{first} of {total} already done ({path}); resuming at chunk {done + 1}")
     for index in range(done, total):
         start = index * size
         chunk = Chunk(index, total, start, min(start + size, n))
@@ -185,7 +198,7 @@ def chunks(
         free_memory()
         if path is not None:
             _record(path, {**expected, "done": index + 1})
-        percent = (index + 1) * 100 // total
+        percent = _percent(index + 1, total)
         _say(f"chunk {index + 1}/{total} ({percent}%) done")
         if info().rank == 0:
             send_event({"type": "chunk", "chunk": index + 1, "total": total, "percent": percent})
