@@ -93,7 +93,7 @@ def _populate(store: Store) -> None:
 
 
 def test_open_store_creates_the_schema_at_head(store: Store) -> None:
-    assert store.revision() == head_revision() == "0003"
+    assert store.revision() == head_revision() == "0004"
     assert _tables(store) == {*Base.metadata.tables, "alembic_version"}
     assert store.dialect in ("sqlite", "postgresql")
 
@@ -117,6 +117,7 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
         assert store.revision() == "0001"
         assert sorted(_differences(store)) == [
             ("add_column", "attempts", "workload_weights"),
+            ("add_column", "jobs", "launch"),
             ("add_column", "machines", "latency_ms"),
             ("add_column", "ranks", "steps_per_s"),
         ]
@@ -124,7 +125,7 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
             for statement in ROWS_AT_0001:
                 connection.execute(text(statement))
         store.upgrade()
-        assert store.revision() == "0003"
+        assert store.revision() == "0004"
         with store.session() as session:
             machine = session.get_one(Machine, "m1")
             rank = session.get_one(Rank, ("j1", 0))

@@ -240,3 +240,31 @@ def test_prefixed_lines_normalise_crlf_and_keep_a_progress_update() -> None:
 def test_prefixed_lines_of_empty_text_are_none() -> None:
     assert prefixed_lines({"host": "h", "rank": 0, "text": ""}) == []
     assert prefixed_lines({"host": "h", "rank": 0, "text": "\n"}) == ["[h:0] "]
+
+
+def test_every_written_event_decodes_back_to_its_typed_model(tmp_path: Path) -> None:
+    from corral.job.events import (
+        AttemptEnded,
+        AttemptStarted,
+        NodeChanged,
+        Progress,
+        RankExited,
+        decode_event,
+    )
+    from corral.job.states import NodeState
+    from corral.service.eventlog import event_json
+
+    events = [
+        Message(job_id="j", text="hello", level="warning", time=1.0),
+        StateChanged(job_id="j", old=JobState.PENDING, state=JobState.PREPARING, time=2.0),
+        NodeChanged(job_id="j", host="h", state=NodeState.RUNNING, detail="2 ranks", time=3.0),
+        RankExited(job_id="j", host="h", rank=1, code=-15, last=True, time=4.0),
+        Progress(job_id="j", host="h", rank=0, step=3, total=9, metrics={"loss": 0.5}, time=5.0),
+        AttemptStarted(job_id="j", number=1, hosts=["h"], world_size=2, time=6.0),
+        AttemptEnded(job_id="j", number=1, record={"cause": "x"}, restart=True, time=7.0),
+        LogLines(job_id="j", host="h", rank=0, data=b"line\n", time=8.0),
+    ]
+    for event in events:
+        assert decode_event(json.loads(json.dumps(event_json(event))), "j") == event
+    assert decode_event({"kind": "node", "state": "running"}, "j") is None  # no host
+    assert decode_event({"kind": "newer"}, "j") is None

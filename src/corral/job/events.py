@@ -12,10 +12,10 @@ one rank (a chunk may end in ``\\r``: a progress bar's update, see
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.job.states import JobState, NodeState
 
@@ -140,5 +140,65 @@ class Finished(JobEvent):
     result: Any
 
 
+class LaunchFailed(JobEvent):
+    """The supervisor process of a server's job could not run it (bad input, a failed
+    pre-flight, a host not ready): the error's type, message and details, and the
+    exit code it ends with. Written by :mod:`corral.service.launch`."""
+
+    kind: Literal["error"] = "error"
+    type: str | None = None
+    message: str = ""
+    details: list[Any] = Field(default_factory=list)
+    exit_code: int = 3
+
+
+class Lost(JobEvent):
+    """The server found the job's supervisor process gone without a result."""
+
+    kind: Literal["lost"] = "lost"
+    reason: str = ""
+
+
 Subscriber = Callable[[JobEvent], None]
 """Receives every event of a job, in order (``Job.subscribe``)."""
+
+FINAL_KINDS = ("finished", "error", "lost")
+"""The ``kind`` of the last event of a job's event stream."""
+
+_DECODED: dict[str, type[JobEvent]] = {
+    "state": StateChanged,
+    "node": NodeChanged,
+    "rank_exit": RankExited,
+    "progress": Progress,
+    "message": Message,
+    "checked": Checked,
+    "attempt_started": AttemptStarted,
+    "attempt_ended": AttemptEnded,
+    "finished": Finished,
+    "error": LaunchFailed,
+    "lost": Lost,
+}
+
+
+def decode_event(data: Mapping[str, Any], job_id: str) -> JobEvent | None:
+    """One event as JSON (a line of a job's ``events.jsonl``, an SSE message) as its
+    typed model: :class:`LogLines` from its ``text``, :class:`Checked` and
+    :class:`Finished` with the report and result as JSON. None for a kind this
+    version does not know or a malformed event (a newer writer's)."""
+    kind = data.get("kind")
+    try:
+        if kind == "log":
+            return LogLines(
+                job_id=job_id,
+                time=data.get("time") or time.time(),
+                host=data["host"],
+                rank=data["rank"],
+                data=str(data.get("text", "")).encode(),
+            )
+        model = _DECODED.get(str(kind))
+        if model is None:
+            return None
+        fields = {k: v for k, v in data.items() if not (k == "time" and v is None)}
+        return model.model_validate({**fields, "job_id": job_id})
+    except (KeyError, TypeError, ValidationError):
+        return None

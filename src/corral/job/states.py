@@ -1,7 +1,10 @@
-"""Job and node states, with their allowed transitions.
+"""Job and node states, with their allowed transitions: the one vocabulary of the
+engine, the server (``corral serve``), its clients and the web page.
 
 Job (one machine for the whole job, across its attempts; :class:`JobMachine`)::
 
+    QUEUED <-> PLANNED -> PENDING           (the server's; CANCELLED or FAILED before it)
+                              |
     PENDING -> PREPARING -> STARTING -> RUNNING -> SUCCEEDED
        |           |           |           |
        |           |           |           +-> STOPPING -> FAILED | TIMED_OUT | CANCELLED
@@ -20,6 +23,15 @@ Job (one machine for the whole job, across its attempts; :class:`JobMachine`)::
   a failure with restarts left and enough hosts -> RESTARTING (backoff, drop lost
   hosts, re-plan, place the checkpoint) -> STARTING with the next attempt;
   otherwise the reason fixes the terminal state.
+- The server's states around the engine's: PLANNED (a plan is stored, nothing
+  started), QUEUED (waiting for machines; the scheduler plans it -> PLANNED, and
+  puts it back while the machines are busy), PENDING once dispatched (the
+  supervisor process is starting: from there it follows the engine), and LOST:
+  the supervisor process ended without a result (from any active state). A
+  waiting job is CANCELLED by a stop, FAILED when it can never run.
+- :data:`TERMINAL_STATES` (never left), :data:`ACTIVE_STATES` (a supervisor
+  runs: its machines are busy) and :data:`WAITING_STATES` (nothing started) are
+  the groups every view uses.
 
 Node::
 
@@ -31,7 +43,7 @@ Node::
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
 class IllegalTransition(RuntimeError):
@@ -41,6 +53,8 @@ class IllegalTransition(RuntimeError):
 class JobState(str, enum.Enum):
     """Lifecycle of a whole job."""
 
+    PLANNED = "planned"  # the server's: a stored plan, nothing started
+    QUEUED = "queued"  # the server's: waiting for machines
     PENDING = "pending"
     PREPARING = "preparing"
     STARTING = "starting"
@@ -51,11 +65,12 @@ class JobState(str, enum.Enum):
     FAILED = "failed"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
+    LOST = "lost"  # the server's: the supervisor process ended without a result
 
     @property
     def terminal(self) -> bool:
         """True for states a job never leaves."""
-        return self in _JOB_TERMINAL
+        return self in TERMINAL_STATES
 
 
 class NodeState(str, enum.Enum):
@@ -75,24 +90,65 @@ class NodeState(str, enum.Enum):
         return self in _NODE_TERMINAL
 
 
-_JOB_TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED}
+TERMINAL_STATES: frozenset[JobState] = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED, JobState.LOST}
+)
+"""States a job never leaves (its result is in, or it was lost)."""
+WAITING_STATES: frozenset[JobState] = frozenset({JobState.PLANNED, JobState.QUEUED})
+"""The server's states before dispatch: nothing of the job runs."""
+ACTIVE_STATES: frozenset[JobState] = frozenset(
+    {
+        JobState.PENDING,
+        JobState.PREPARING,
+        JobState.STARTING,
+        JobState.RUNNING,
+        JobState.STOPPING,
+        JobState.RESTARTING,
+    }
+)
+"""States in which the job's supervisor runs (its machines are busy)."""
 _NODE_TERMINAL = {NodeState.EXITED, NodeState.FAILED, NodeState.TERMINATED, NodeState.LOST}
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PLANNED: frozenset(
+        {JobState.PENDING, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.QUEUED: frozenset(
+        {JobState.PLANNED, JobState.PENDING, JobState.FAILED, JobState.CANCELLED}
+    ),
     JobState.PENDING: frozenset(
-        {JobState.PREPARING, JobState.STARTING, JobState.FAILED, JobState.CANCELLED}
+        {
+            JobState.PREPARING,
+            JobState.STARTING,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.LOST,
+        }
     ),
-    JobState.PREPARING: frozenset({JobState.STARTING, JobState.FAILED, JobState.CANCELLED}),
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.STOPPING, JobState.FAILED}),
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.STOPPING}),
+    JobState.PREPARING: frozenset(
+        {JobState.STARTING, JobState.FAILED, JobState.CANCELLED, JobState.LOST}
+    ),
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.STOPPING, JobState.FAILED, JobState.LOST}
+    ),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.STOPPING, JobState.LOST}),
     JobState.STOPPING: frozenset(
-        {JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED, JobState.RESTARTING}
+        {
+            JobState.FAILED,
+            JobState.TIMED_OUT,
+            JobState.CANCELLED,
+            JobState.RESTARTING,
+            JobState.LOST,
+        }
     ),
-    JobState.RESTARTING: frozenset({JobState.STARTING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RESTARTING: frozenset(
+        {JobState.STARTING, JobState.FAILED, JobState.CANCELLED, JobState.LOST}
+    ),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.TIMED_OUT: frozenset(),
     JobState.CANCELLED: frozenset(),
+    JobState.LOST: frozenset(),
 }
 
 NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
@@ -117,6 +173,17 @@ def check_job_transition(old: JobState, new: JobState) -> JobState:
     if new not in JOB_TRANSITIONS[old]:
         raise IllegalTransition(f"job cannot go from {old.value} to {new.value}")
     return new
+
+
+def job_sources(new: JobState) -> frozenset[JobState]:
+    """The states a job may reach ``new`` from (``new`` itself included: staying is
+    no change); a store update of the state is made conditional on them."""
+    return frozenset({new} | {old for old, nxt in JOB_TRANSITIONS.items() if new in nxt})
+
+
+def state_values(states: Iterable[JobState]) -> list[str]:
+    """The states' string values, sorted (for a SQL ``IN``)."""
+    return sorted(state.value for state in states)
 
 
 def check_node_transition(old: NodeState, new: NodeState) -> NodeState:

@@ -89,6 +89,8 @@ class Job(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # secrets redacted
     plan: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: what the supervisor runs, fixed when the job was planned (secrets redacted)
+    launch: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     machine_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
     master: Mapped[str | None] = mapped_column(String(255), nullable=True)
     world_size: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,0 +1,200 @@
+"""Planning a server's job: machines chosen, the launch request fixed, stored ``planned``.
+
+The launch request built here (:class:`~corral.service.launch.LaunchRequest`,
+what the supervisor process runs) is the plan the user confirms: it is stored
+with the job (secret env values redacted; the real ones stay in the server's
+memory) and dispatch runs exactly it (:mod:`corral.service.dispatch`), or
+refuses with the reason when the machines changed since (:func:`machine_changes`).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select
+
+from corral.errors import Conflict, Invalid
+from corral.job.resolve import new_job_id
+from corral.job.states import JobState, job_sources
+from corral.redact import is_secret, redact_env
+from corral.service.launch import LaunchRequest, job_dir
+from corral.service.machines import MachineService, busy_machines, host_spec, ssh_spec
+from corral.service.models import JobRequest, PlanOut
+from corral.service.planner import (
+    Selection,
+    execution_plan,
+    launch_request,
+    select_machines,
+    stored_request,
+)
+from corral.service.settings import ServerSettings
+from corral.store import Store
+from corral.store.models import Job, Machine, Preference
+
+
+def stored_launch(launch: LaunchRequest) -> dict[str, Any]:
+    """The launch request as stored with the job: secret env values redacted."""
+    data = launch.model_dump(mode="json")
+    data["env"] = redact_env(launch.env, launch.secret_env)
+    return data
+
+
+def launch_has_secrets(launch: LaunchRequest) -> bool:
+    """Whether the launch carries a secret env value (kept only in memory)."""
+    return any(is_secret(k, launch.secret_env) for k in launch.env)
+
+
+def machine_changes(
+    launch: LaunchRequest,
+    machine_ids: Sequence[str],
+    current: Mapping[str, Machine],
+    settings: ServerSettings,
+) -> list[str]:
+    """How the job's machines differ from when it was planned: removed, or another
+    address, port, user, slots, interpreter, labels or SSH key (empty: unchanged).
+    ``current``: the registered machines by id."""
+    changes: list[str] = []
+    now: list[Machine] = []
+    for spec, machine_id in zip(launch.hosts, machine_ids, strict=False):
+        machine = current.get(machine_id)
+        if machine is None:
+            changes.append(f"machine {spec.name} was removed")
+            continue
+        now.append(machine)
+        then, later = spec.model_dump(), host_spec(machine).model_dump()
+        diffs = [
+            f"{field} {then[field]!r} -> {later[field]!r}"
+            for field in then
+            if then[field] != later[field]
+        ]
+        if diffs:
+            changes.append(f"machine {spec.name} changed ({', '.join(diffs)})")
+    if not changes and now:
+        try:
+            ssh = ssh_spec(now, settings)
+        except Conflict as exc:
+            changes.append(str(exc))
+        else:
+            if ssh != launch.ssh:
+                changes.append("the machines' SSH key or password variable changed")
+    return changes
+
+
+class Planning:
+    """Machine selection and the stored plan of a job."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: ServerSettings,
+        machines: MachineService,
+        launches: dict[str, LaunchRequest],
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.machines = machines
+        self.launches = launches  # planned jobs' launch requests, secret values included
+
+    def _preferred(self) -> list[str]:
+        with self.store.session() as s:
+            pref = s.get(Preference, "distributed")
+        return list((pref.value if pref else {}).get("preferred_machines", []))
+
+    def select(self, request: JobRequest, busy: dict[str, list[str]] | None = None) -> Selection:
+        """The machines ``request`` would run on now (Conflict when it cannot)."""
+        busy = busy_machines(self.store) if busy is None else busy
+        with self.store.session() as s:
+            machines = list(s.scalars(select(Machine).order_by(Machine.name)).all())
+        chosen = None
+        if request.machine_selection == "manual":
+            if not request.selected_machines:
+                raise Invalid(
+                    "machine_selection manual needs selected_machines",
+                    details={"field": "selected_machines"},
+                )
+            if len(set(request.selected_machines)) != len(request.selected_machines):
+                raise Invalid(
+                    "selected_machines names a machine twice",
+                    details={"field": "selected_machines"},
+                )
+            chosen = self.machines.rows(request.selected_machines)
+        return select_machines(machines, request, busy, self._preferred(), chosen)
+
+    def plan(
+        self,
+        request: JobRequest,
+        *,
+        kind: str = "distributed",
+        task_id: str | None = None,
+        job_id: str | None = None,
+    ) -> PlanOut:
+        """Choose machines, fix the launch request and the execution plan, and store
+        the job as ``planned`` (a queued job ``job_id`` moves to ``planned``)."""
+        selection = self.select(request)
+        job_id = job_id or new_job_id()
+        launch = launch_request(job_id, request, selection.chosen, self.settings)
+        plan = execution_plan(launch, selection)
+        with self.store.session() as s:
+            row = s.get(Job, job_id)
+            if row is None:
+                row = Job(id=job_id, created=time.time(), state=JobState.PLANNED.value)
+                s.add(row)
+            elif JobState(row.state) not in job_sources(JobState.PLANNED):
+                raise Conflict(
+                    f"job {job_id} is {row.state}: it cannot be planned",
+                    details={"job_id": job_id, "status": row.state},
+                )
+            row.kind = kind
+            row.state = JobState.PLANNED.value
+            row.request = stored_request(request)
+            row.plan = plan
+            row.launch = stored_launch(launch)
+            row.machine_ids = [m.id for m in selection.chosen]
+            row.master = plan["master"]["host"]
+            row.world_size = int(plan["world_size"])
+            row.task_id = task_id
+            row.run_dir = str(job_dir(self.settings.run_dir, job_id))
+        self.launches[job_id] = launch
+        return PlanOut(job_id=job_id, status=JobState.PLANNED.value, execution_plan=plan)
+
+    def plan_here(self, request: JobRequest) -> str:
+        """Plan a job on the server's own machine (one local node), stored ``planned``
+        with kind ``local``; its id."""
+        name = socket.gethostname().split(".")[0] or "localhost"
+        here = Machine(
+            id="",
+            name=name,
+            address="127.0.0.1",
+            slots=request.nproc_per_node or 1,
+            local=True,
+            labels={},
+            created=time.time(),
+            status="online",
+            capabilities={},
+            load={},
+        )
+        selection = Selection(chosen=[here], reasons={"": ["the server's own machine"]})
+        job_id = new_job_id()
+        launch = launch_request(job_id, request, [here], self.settings)
+        plan = execution_plan(launch, selection)
+        with self.store.session() as s:
+            s.add(
+                Job(
+                    id=job_id,
+                    kind="local",
+                    state=JobState.PLANNED.value,
+                    request=stored_request(request),
+                    plan=plan,
+                    launch=stored_launch(launch),
+                    machine_ids=[],
+                    master=name,
+                    world_size=int(plan["world_size"]),
+                    created=time.time(),
+                    run_dir=str(job_dir(self.settings.run_dir, job_id)),
+                )
+            )
+        self.launches[job_id] = launch
+        return job_id

@@ -1,0 +1,396 @@
+"""What the server tells about its jobs: status, lists and pages, output, files and
+the live event stream (read from the store and the jobs' run dirs)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, func, select
+
+from corral.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.job.events import FINAL_KINDS
+from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
+from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
+from corral.service.ingest import Ingest, Live, machine_ids
+from corral.service.jobrows import job_row
+from corral.service.launch import LaunchRequest
+from corral.service.models import (
+    DistributedJobStatus,
+    JobList,
+    JobSummary,
+    NodeStatus,
+    OutputPage,
+    WorkloadWeight,
+)
+from corral.store import Store
+from corral.store.models import Attempt, Job, Machine, Node, Rank
+
+FILE_ALIASES = {
+    "result": "result.json",
+    "plan": "plan.json",
+    "job": "job.json",
+    "attempts": "attempts.json",
+    "events": EVENTS_FILE,
+    "supervisor_log": "supervisor.log",
+}
+
+
+class Queries:
+    """Reading jobs: every view catches up with the events written so far."""
+
+    def __init__(
+        self, store: Store, ingest: Ingest, live: Live, launches: dict[str, LaunchRequest]
+    ) -> None:
+        self.store = store
+        self.ingest = ingest
+        self.live = live
+        self.launches = launches
+
+    def row(self, job_id: str) -> Job:
+        """The job's row (NotFound when unknown)."""
+        return job_row(self.store, job_id)
+
+    def status(self, job_id: str) -> DistributedJobStatus:
+        """The seed's DistributedJobStatus of a job."""
+        self.ingest.catch_up(job_id)
+        with self.store.session() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})
+            nodes = list(
+                s.scalars(select(Node).where(Node.job_id == job_id).order_by(Node.node_rank)).all()
+            )
+            ranks = list(
+                s.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank)).all()
+            )
+            attempts = list(
+                s.scalars(
+                    select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
+                ).all()
+            )
+        return _status(job, nodes, ranks, attempts)
+
+    def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        machine: str | None = None,
+        task_id: str | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> JobList:
+        """Jobs, newest first, filtered by state (comma-separated), machine (id or
+        name), task or kind."""
+        query = select(Job)
+        if state:
+            query = query.where(Job.state.in_([x.strip() for x in state.split(",")]))
+        if task_id:
+            query = query.where(Job.task_id == task_id)
+        if kind:
+            query = query.where(Job.kind == kind)
+        query = query.order_by(Job.created.desc())
+        if not machine:  # page in SQL: never load (and JSON-decode) every job's row
+            with self.store.session() as s:
+                total = s.scalar(select(func.count()).select_from(query.subquery()))
+                page = list(s.scalars(query.offset(offset).limit(limit)).all())
+            return JobList(
+                jobs=[_summary(r) for r in page], total=int(total or 0), limit=limit, offset=offset
+            )
+        with self.store.session() as s:
+            rows = list(s.scalars(query).all())
+            names = {m.id: m.name for m in s.scalars(select(Machine))}
+        rows = [
+            r
+            for r in rows
+            if machine in (r.machine_ids or [])
+            or machine in [names.get(i) for i in (r.machine_ids or [])]
+            or machine in [m.get("name") for m in (r.plan or {}).get("machines", [])]
+        ]
+        page = rows[offset : offset + limit]
+        return JobList(
+            jobs=[_summary(r) for r in page], total=len(rows), limit=limit, offset=offset
+        )
+
+    def output(self, job_id: str, offset: int = 0, limit: int = 1000) -> OutputPage:
+        """Merged ``[host:rank]`` output from byte ``offset`` of the events file."""
+        row = self.row(job_id)
+        if offset < 0:
+            raise Invalid("offset must be >= 0", details={"field": "offset"})
+        lines: list[str] = []
+        pos = offset
+        path = Path(row.run_dir) / EVENTS_FILE
+        for ev in read_events(path, offset):
+            if ev.data.get("kind") == "log":
+                lines.extend(prefixed_lines(ev.data))
+            elif ev.data.get("kind") == "message":
+                lines.append(f"[corral] {ev.data.get('text', '')}")
+            pos = ev.next_pos
+            if len(lines) >= limit:
+                break
+        size = path.stat().st_size if path.exists() else 0
+        return OutputPage(
+            job_id=job_id,
+            offset=offset,
+            next_offset=pos,
+            lines=lines,
+            finished=row.state in TERMINAL_STATES and pos >= size,
+        )
+
+    def file(self, job_id: str, key: str) -> Path:
+        """A file of the job's run dir by alias (result, plan, job, attempts, events,
+        supervisor_log) or relative path (``logs/HOST.RANK.log``); Forbidden outside."""
+        row = self.row(job_id)
+        base = Path(row.run_dir).resolve()
+        name = FILE_ALIASES.get(key, key)
+        target = (base / name).resolve()
+        if not target.is_relative_to(base) or target == base:
+            raise Forbidden(f"{key!r} is outside job {job_id}'s run dir", details={"key": key})
+        if not target.is_file():
+            raise NotFound(
+                f"job {job_id} has no file {key!r}",
+                details={"key": key, "files": self.files(job_id)},
+            )
+        return target
+
+    def files(self, job_id: str) -> list[str]:
+        """The job's files (relative paths; logs included)."""
+        base = Path(self.row(job_id).run_dir)
+        if not base.is_dir():
+            return []
+        return sorted(
+            str(p.relative_to(base))
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        )
+
+    async def events(self, job_id: str, start: int = 0) -> AsyncIterator[LoggedEvent]:
+        """Every event of the job from byte ``start`` on, live, until it has ended
+        (each event's ``next_pos`` is where a reconnect resumes)."""
+        row = self.row(job_id)
+        path = Path(row.run_dir) / EVENTS_FILE
+        pos = start
+        while True:
+            ended = False
+            for ev in read_events(path, pos):
+                pos = ev.next_pos
+                if ev.data.get("kind") in FINAL_KINDS:  # the status agrees once it is seen
+                    await asyncio.to_thread(self.ingest.catch_up, job_id)
+                yield ev
+                if ev.data.get("kind") in FINAL_KINDS:
+                    ended = True
+            if ended:
+                return
+            state = self.row(job_id).state
+            if state in TERMINAL_STATES and not list(read_events(path, pos)):
+                return
+            await self.live.wait(job_id, 0.25)
+
+    def delete(self, job_id: str) -> JobSummary:
+        """Forget a job that is not active (planned, queued or finished): its rows go,
+        its run dir stays. Conflict while it runs."""
+        row = self.row(job_id)
+        if row.state in ACTIVE_STATES:
+            raise Conflict(
+                f"job {job_id} is {row.state}: stop it before deleting it",
+                details={"job_id": job_id, "status": row.state},
+            )
+        with self.store.session() as s:
+            done = Job.state.not_in(state_values(ACTIVE_STATES))
+            s.execute(delete(Job).where(Job.id == job_id, done))
+        self.launches.pop(job_id, None)
+        return _summary(row)
+
+
+def prefixed_lines(data: dict[str, Any]) -> list[str]:
+    """A log event's lines, each prefixed ``[host:rank]`` (``[host]`` for the node's own).
+
+    A line a progress bar rewrote with ``\r`` shows its last state, and a chunk that
+    ends in ``\r`` (an update without a newline yet) counts as a line."""
+    rank = data.get("rank", -1)
+    host = data.get("host")
+    prefix = f"[{host}:{rank}]" if rank is not None and rank >= 0 else f"[{host}]"
+    text = str(data.get("text", "")).replace("\r\n", "\n")
+    pieces = text.split("\n")
+    if pieces and pieces[-1] == "":
+        pieces.pop()  # the newline that ended the last line
+    out = []
+    for piece in pieces:
+        shown = next((seg for seg in reversed(piece.split("\r")) if seg), "")
+        if shown or not piece:
+            out.append(f"{prefix} {shown}")
+    return out
+
+
+def _summary(r: Job) -> JobSummary:
+    names = [m.get("name") for m in (r.plan or {}).get("machines", [])]
+    end = r.ended or (time.time() if r.started and r.state in ACTIVE_STATES else None)
+    return JobSummary(
+        job_id=r.id,
+        name=(r.request or {}).get("name"),
+        script=(r.request or {}).get("script")
+        or (r.request or {}).get("plugin_name")
+        or (r.request or {}).get("command_template"),
+        kind=r.kind,
+        status=r.state,
+        created=r.created,
+        started=r.started,
+        ended=r.ended,
+        duration=(end - r.started) if end and r.started else None,
+        exit_code=r.exit_code,
+        machines=[str(n) for n in names],
+        world_size=r.world_size,
+        task_id=r.task_id,
+    )
+
+
+def _status(
+    job: Job, nodes: Sequence[Node], ranks: Sequence[Rank], attempts: Sequence[Attempt]
+) -> DistributedJobStatus:
+    by_host: dict[str, list[Rank]] = {}
+    for r in ranks:
+        by_host.setdefault(r.host, []).append(r)
+    plan_nodes = (job.plan or {}).get("nodes", [])
+    machine_by_name = machine_ids(job)
+    out: list[NodeStatus] = []
+    if nodes:
+        for n in nodes:
+            out.append(
+                _node_status(
+                    n.host,
+                    n.machine_id,
+                    n.node_rank,
+                    n.state,
+                    n.detail,
+                    n.started,
+                    n.ended,
+                    by_host.get(n.host, []),
+                )
+            )
+    else:
+        for p in plan_nodes:
+            out.append(
+                _node_status(
+                    p["host"],
+                    machine_by_name.get(p["host"]),
+                    p["node_rank"],
+                    job.state,
+                    "",
+                    None,
+                    None,
+                    by_host.get(p["host"], []),
+                    planned=p.get("ranks") or [],
+                )
+            )
+    return DistributedJobStatus(
+        job_id=job.id,
+        name=(job.request or {}).get("name"),
+        kind=job.kind,
+        status=job.state,
+        reason=job.reason,
+        world_size=job.world_size,
+        master=job.master,
+        created=job.created,
+        started=job.started,
+        ended=job.ended,
+        exit_code=job.exit_code,
+        attempt=job.attempt,
+        restarts=job.restarts,
+        nodes=out,
+        attempts=[
+            {
+                "number": a.number,
+                "started": a.started,
+                "ended": a.ended,
+                "hosts": a.hosts,
+                "world_size": a.world_size,
+                "checkpoint": a.checkpoint,
+                "restart": a.restart,
+                "decision": a.decision,
+                "cause": (a.record or {}).get("cause") or (a.record or {}).get("reason"),
+                "record": a.record,
+            }
+            for a in attempts
+        ],
+        last_metrics=dict(job.last_metrics or {}),
+        root_cause=job.root_cause,
+        machines=[m["name"] for m in (job.plan or {}).get("machines", [])],
+        task_id=job.task_id,
+        workload_weights=_current_weights(job, attempts),
+    )
+
+
+def _current_weights(job: Job, attempts: Sequence[Attempt]) -> list[WorkloadWeight] | None:
+    """Each rank's share in the latest attempt that recorded weights (``--rebalance``
+    re-weighs at a restart; a restart without a lost host re-splits), else in the plan;
+    None for an even split. An attempt's ranks are its hosts' planned ranks, in order."""
+    planned = [
+        WorkloadWeight.model_validate(w) for w in (job.plan or {}).get("workload_weights") or []
+    ]
+    per_host = Counter(row.host for row in planned)
+    for attempt in sorted(attempts, key=lambda a: a.number, reverse=True):
+        weights = attempt.workload_weights or []
+        slots = [(str(h), per_host.get(str(h), 0)) for h in attempt.hosts or []]
+        if not weights or sum(n for _, n in slots) != len(weights):
+            continue
+        places = [(h, node, local) for node, (h, n) in enumerate(slots) for local in range(n)]
+        return [
+            WorkloadWeight(host=h, node_rank=node, local_rank=local, weight=float(w))
+            for (h, node, local), w in zip(places, weights, strict=True)
+        ]
+    return planned or None
+
+
+def _node_status(
+    host: str,
+    machine_id: str | None,
+    node_rank: int,
+    state: str,
+    detail: str,
+    started: float | None,
+    ended: float | None,
+    ranks: Sequence[Rank],
+    planned: Sequence[int] = (),
+) -> NodeStatus:
+    steps = [r.step for r in ranks if r.step is not None]
+    rates = [r.steps_per_s for r in ranks if r.steps_per_s]
+    totals = [r.total for r in ranks if r.total]
+    step = min(steps) if steps else None
+    total = max(totals) if totals else None
+    rate = min(rates) if rates else None
+    eta = (total - step) / rate if step is not None and total and rate else None
+    first = min(ranks, key=lambda r: r.rank) if ranks else None
+    progress = {
+        "step": step,
+        "total": total,
+        "steps_per_s": rate,
+        "eta_s": round(eta, 1) if eta is not None else None,
+        "percent": round(100.0 * step / total, 1) if step is not None and total else None,
+        "metrics": dict(first.metrics or {}) if first else {},
+        "ranks": {
+            str(r.rank): {
+                "step": r.step,
+                "total": r.total,
+                "steps_per_s": r.steps_per_s,
+                "code": r.code,
+                "metrics": r.metrics,
+            }
+            for r in ranks
+        },
+    }
+    return NodeStatus(
+        host=host,
+        machine_id=machine_id,
+        node_rank=node_rank,
+        ranks=sorted({r.rank for r in ranks} | set(planned)),
+        status=state,
+        detail=detail,
+        start_time=started,
+        end_time=ended,
+        progress=progress,
+    )
