@@ -20,6 +20,8 @@ from sqlalchemy.exc import IntegrityError
 from corral.cluster.model import Cluster
 from corral.errors import Conflict, CorralError, Invalid, NotFound
 from corral.fleet.capabilities import MachineHealth, local_health, probe_machines
+from corral.job.states import ACTIVE_STATES as JOB_ACTIVE_STATES
+from corral.job.states import state_values
 from corral.service.launch import HostSpec, SshSpec
 from corral.service.models import MachineIn, MachineOut, NetworkStatus
 from corral.service.settings import ServerSettings, new_id
@@ -27,8 +29,8 @@ from corral.store import Store
 from corral.store.models import Job, Machine
 from corral.transport.choose import transport_for
 
-ACTIVE_STATES = ("pending", "preparing", "starting", "running", "stopping", "restarting")
-"""Job states in which a job holds its machines."""
+ACTIVE_STATES = tuple(state_values(JOB_ACTIVE_STATES))
+"""Job states in which a job holds its machines (:data:`corral.job.states.ACTIVE_STATES`)."""
 
 
 def busy_machines(store: Store) -> dict[str, list[str]]:
