@@ -15,6 +15,9 @@ CorralError
 ├── LaunchError
 │   └── ActorStartError    actors: the workers that did not start, each with its cause
 ├── JobFailed              root cause: host, rank, exit code/signal, stderr tail
+├── ClientError            corral.client: talking to corral serve failed; the server's URL
+│   ├── ServerUnreachable  refused, timed out, connection cut
+│   └── TokenRefused       the server refused the token (missing or wrong)
 ├── ActorError             actors (corral.actors.errors): host, rank of one worker
 │   ├── WorkerDied         exit code or signal, stderr tail (a lost host too)
 │   │   └── WorkerRestarted  ... and was started again (max_restarts)
@@ -25,12 +28,17 @@ CorralError
     ├── NotFound           404: unknown machine, job, task or file
     ├── Forbidden          403: a job file outside the job's run dir
     ├── Conflict           409: duplicate name, busy machines, not enough machines, ...
-    └── Invalid            422: a body that parses but cannot be done
+    ├── Invalid            422: a body that parses but cannot be done
+    └── ServerFailed       any other error answer of corral serve (as its client sees it)
 ```
+
+corral.client raises the server's own classes for its error answers (a 409 is a
+:class:`Conflict` on both sides), mapping the HTTP status itself.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -143,6 +151,27 @@ class JobFailed(CorralError):
         return list(self.stderr_tail)
 
 
+class ClientError(CorralError):
+    """A request of corral's client (:mod:`corral.client`) to ``corral serve`` failed."""
+
+    def __init__(self, message: str, *, server: str) -> None:
+        self.server = server
+        super().__init__(message)
+
+
+class ServerUnreachable(ClientError):
+    """``corral serve`` does not answer at the URL (refused, timed out, connection cut)."""
+
+
+class TokenRefused(ClientError):
+    """The server refused the token: it is missing or wrong."""
+
+    def __init__(self, *, server: str) -> None:
+        super().__init__(
+            "the server refused the token (set CORRAL_TOKEN or --token-file)", server=server
+        )
+
+
 class ServiceError(CorralError):
     """A request the server refuses; ``status`` is its HTTP status, ``details`` a
     JSON-able dict (what is available, suggestions, the field at fault)."""
@@ -154,6 +183,9 @@ class ServiceError(CorralError):
         self.message = message
         self.info: dict[str, Any] = dict(details or {})
         super().__init__(message)
+
+    def details(self) -> list[str]:
+        return [f"{key}: {json.dumps(value, default=str)}" for key, value in self.info.items()]
 
 
 class NotFound(ServiceError):
@@ -184,3 +216,16 @@ class Invalid(ServiceError):
 
     status = 422
     type = "invalid"
+
+
+class ServerFailed(ServiceError):
+    """Any other error answer of ``corral serve``, as its client sees it: ``kind`` is
+    the answer's error type (``internal``, ``unreachable``, ...)."""
+
+    type = "server_failed"
+
+    def __init__(
+        self, message: str, *, kind: str = "server_failed", details: dict[str, Any] | None = None
+    ) -> None:
+        self.kind = kind
+        super().__init__(message, details=details)

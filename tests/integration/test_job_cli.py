@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.cli.job import Client, exit_code_of, parse_sse
+from corral.client import Client, parse_sse
+from corral.client.jobs import exit_code_of
 from tests.unit.test_service_planner import calibration_file
 
 from .conftest import SCRIPTS, corral_argv, job_processes, wait_for_output
@@ -406,7 +407,7 @@ def test_exit_codes_follow_corral_run(status: dict[str, object], code: int) -> N
 def test_status_shows_the_current_weights() -> None:
     from rich.console import Console
 
-    from corral.cli.job import print_status
+    from corral.cli.jobview import print_status
 
     rows = [
         {"host": "gpu1", "node_rank": 0, "local_rank": 0, "weight": 0.6667},

@@ -35,6 +35,7 @@ from corral.service.machines import host_spec, ssh_spec
 from corral.service.models import JobRequest, Suggestion
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
+from corral.words import plural
 
 CONFIG_ENV = JOB_CONFIG_ENV
 """The env var carrying a job's (adjusted) config as JSON to every rank."""
@@ -155,9 +156,12 @@ def select_machines(
     else:
         eligible = [s for s in ranked if s.eligible]
         if len(eligible) < needs.num_machines:
+            why_not = ", ".join(
+                f"{s.name} {'; '.join(s.reasons)}" for s in ranked if not s.eligible
+            )
             raise Conflict(
-                f"{needs.num_machines} machines needed, {len(eligible)} available "
-                f"({len(machines)} registered)",
+                f"{plural(needs.num_machines, 'machine')} needed, {len(eligible)} available "
+                f"({len(machines)} registered)" + (f": {why_not}" if why_not else ""),
                 details={
                     "needed": needs.num_machines,
                     "available": len(eligible),

@@ -1,11 +1,16 @@
 """Tasks (saved job templates), the FIFO queue that starts them, and preferences.
 
-Queuing a task creates a job in state ``queued``. The scheduler looks at the
-oldest queued job (first in, first out: a job never overtakes an older one) and
-starts it as soon as enough machines are free: it plans it (machine selection as
-for ``/distributed/plan``, busy machines excluded) and dispatches it. A queued
-job that can never run (it asks for more machines than are registered, or names
-a machine that was removed) fails with the reason instead of blocking the queue.
+Queuing a task, or a job request (``POST /api/jobs/queue``, ``corral job submit
+--queue``), creates a job in state ``queued``. The scheduler looks at the oldest
+queued job (first in, first out: a job never overtakes an older one) and starts
+it as soon as enough machines are free: it plans it (machine selection as for
+``/distributed/plan``, busy machines excluded) and dispatches it. Until then the
+job's reason says what it waits for (``waiting for 2 machines: gpu1 busy with J,
+gpu3 offline``). A queued job that can never run (it asks for more machines than
+are registered, or names a machine that was removed) fails with the reason
+instead of blocking the queue; a request that could never run is refused (409)
+instead of queued. Secret env values of a queued request are kept in memory only:
+a server restart fails such a job with the reason.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from corral.service.planner import has_secrets, stored_request
 from corral.service.settings import new_id
 from corral.store import Store
 from corral.store.models import Job, Machine, Preference, Task
+from corral.words import plural
 
 PREFERENCES_KEY = "distributed"
 TRANSIENT = ("busy with", "offline", "never health-checked")
@@ -42,6 +48,7 @@ class TaskService:
         self.store = store
         self.jobs = jobs
         self._wake = threading.Event()
+        self._requests: dict[str, JobRequest] = {}  # queued requests with secret values
         jobs.on_finished.append(lambda _job_id: self._wake.set())
 
     # -- tasks ---------------------------------------------------------------------------
@@ -104,6 +111,30 @@ class TaskService:
                 }
             )
             kind = "single"
+        return self._enqueue(request, kind, task.id, "")
+
+    def queue_request(self, request: JobRequest) -> QueuedOut:
+        """Queue a job from a request (``corral job submit --queue``). Its reason says
+        what it waits for; a request that could never run, even with every machine
+        free, is refused (Conflict) instead of queued."""
+        reason = ""
+        try:
+            self.jobs.select(request)
+        except Conflict as exc:
+            if self._never(request, exc):
+                raise
+            reason = waiting_reason(request, exc)
+        ahead = len(self._queued())
+        if ahead:
+            reason = f"waiting behind the {plural(ahead, 'job')} queued first"
+        queued = self._enqueue(request, "distributed", None, reason)
+        if has_secrets(request):
+            self._requests[queued.job_id] = request
+        return queued
+
+    def _enqueue(
+        self, request: JobRequest, kind: str, task_id: str | None, reason: str
+    ) -> QueuedOut:
         job_id = new_job_id()
         with self.store.session() as s:
             s.add(
@@ -111,10 +142,11 @@ class TaskService:
                     id=job_id,
                     kind=kind,
                     state="queued",
+                    reason=reason,
                     request=stored_request(request),
                     plan={},
                     machine_ids=[],
-                    task_id=task.id,
+                    task_id=task_id,
                     created=time.time(),
                     queued=time.time(),
                     run_dir="",
@@ -122,7 +154,11 @@ class TaskService:
             )
         self._wake.set()
         return QueuedOut(
-            job_id=job_id, task_id=task.id, status="queued", position=self._position(job_id)
+            job_id=job_id,
+            task_id=task_id,
+            status="queued",
+            position=self._position(job_id),
+            reason=reason,
         )
 
     def _queued(self) -> list[Job]:
@@ -141,14 +177,16 @@ class TaskService:
     def schedule_once(self) -> list[str]:
         """Start queued jobs, oldest first, while machines are free; the ids started."""
         started: list[str] = []
-        for job in self._queued():
-            request = JobRequest.model_validate(job.request)
+        queued = self._queued()
+        for index, job in enumerate(queued):
             try:
+                request = self._request_of(job)
                 self.jobs.plan(request, kind=job.kind, task_id=job.task_id, job_id=job.id)
                 row = self.jobs.row(job.id)
                 self.jobs.start(row)
             except Conflict as exc:
                 if self._never(request, exc):
+                    self._requests.pop(job.id, None)
                     self.jobs._set(
                         job.id,
                         state="failed",
@@ -157,9 +195,12 @@ class TaskService:
                         root_cause={"message": str(exc)},
                     )
                     continue
-                self.jobs._set(job.id, state="queued", reason=f"waiting: {exc}")
-                break  # FIFO: nothing overtakes the oldest job
+                self.jobs._set(job.id, state="queued", reason=waiting_reason(request, exc))
+                for later in queued[index + 1 :]:  # FIFO: nothing overtakes the oldest job
+                    self.jobs._set(later.id, reason=f"waiting behind job {job.id} (queued first)")
+                break
             except (CorralError, ValueError) as exc:
+                self._requests.pop(job.id, None)
                 self.jobs._set(
                     job.id,
                     state="failed",
@@ -168,8 +209,24 @@ class TaskService:
                     root_cause={"message": str(exc)},
                 )
                 continue
+            self._requests.pop(job.id, None)
             started.append(job.id)
         return started
+
+    def _request_of(self, job: Job) -> JobRequest:
+        """The queued job's request: as stored, or with its secret values from memory
+        (Invalid when the server restarted since and has lost them)."""
+        request = self._requests.get(job.id)
+        if request is not None:
+            return request
+        request = JobRequest.model_validate(job.request)
+        if has_secrets(request):
+            raise Invalid(
+                "it was queued with secret env values, which the server keeps only in "
+                "memory and lost when it restarted: submit it again",
+                details={"job_id": job.id},
+            )
+        return request
 
     def _never(self, request: JobRequest, exc: Conflict) -> bool:
         """Whether the request could not run even with every machine free."""
@@ -210,3 +267,25 @@ class TaskService:
         with self.store.session() as s:
             s.merge(Preference(key=PREFERENCES_KEY, value=body.model_dump(), updated=time.time()))
         return body
+
+
+def waiting_reason(request: JobRequest, exc: Conflict) -> str:
+    """What a queued job waits for, from the Conflict that kept it from starting:
+    ``waiting for 2 machines: gpu1 busy with J, gpu3 offline``."""
+    info = exc.info
+    if "unavailable" in info or "busy" in info:  # manual selection; or taken since planned
+        unavailable: dict[str, list[str]] = dict(info.get("unavailable") or {})
+        for name, jobs in (info.get("busy") or {}).items():
+            unavailable[name] = [f"busy with {', '.join(jobs)}"]
+        names = request.selected_machines or list(unavailable)
+        why = ", ".join(f"{n} {'; '.join(r)}" for n, r in unavailable.items())
+        return f"waiting for {', '.join(names)}: {why}"
+    if "needed" in info:
+        why = ", ".join(
+            f"{m['name']} {'; '.join(m['reasons'])}"
+            for m in info.get("suggestions") or []
+            if not m.get("eligible")
+        )
+        free = f" ({info.get('available', 0)} free)" if info.get("available") else ""
+        return f"waiting for {plural(int(info['needed']), 'machine')}{free}: {why}"
+    return f"waiting: {exc}"

@@ -13,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 from corral.api.auth import bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
-from corral.service.models import DistributedJobStatus, JobList, JobSummary
+from corral.service.models import DistributedJobStatus, JobList, JobRequest, JobSummary, QueuedOut
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
@@ -34,6 +34,19 @@ def list_jobs(
     return svc.jobs.list_jobs(
         state=status, machine=machine, task_id=task_id, kind=kind, limit=limit, offset=offset
     )
+
+
+@router.post(
+    "/queue",
+    status_code=201,
+    responses=ERRORS,
+    summary="Queue a job: it starts when its machines are free (first in, first out)",
+    description="The job waits in state `queued`; its `reason` says for what (`waiting for "
+    "2 machines: gpu1 busy with J, gpu3 offline`). A request that could never run, even "
+    "with every machine free, is a 409 (a 404 for an unknown machine) instead.",
+)
+def queue_job(body: JobRequest, svc: Svc) -> QueuedOut:
+    return svc.tasks.queue_request(body)
 
 
 @router.get("/{job_id}", responses=ERRORS, summary="A job's status")
