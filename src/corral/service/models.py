@@ -379,12 +379,13 @@ class TaskOut(BaseModel):
 
 
 class QueuedOut(BaseModel):
-    """A job queued from a task."""
+    """A queued job: from a task, or a request (``task_id`` null)."""
 
     job_id: str
-    task_id: str
+    task_id: str | None
     status: str
     position: int
+    reason: str = Field("", description="What it waits for (empty: it starts now).")
 
 
 class Suggestion(BaseModel):
