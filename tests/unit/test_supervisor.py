@@ -537,3 +537,70 @@ def test_the_master_message_says_what_the_endpoint_is(tmp_path: Path, torchrun: 
     )
     waiting = "torchrun's rendezvous endpoint" if torchrun else "master"
     assert f"[corral] Waiting for {waiting} 10.77.0.1:" in report
+
+
+def _supervisor(transport: FakeTransport, tmp_path: Path, **kw: object) -> Supervisor:
+    return Supervisor(
+        _commands(),
+        transport,
+        lambda _event: None,
+        logs=LogFiles(tmp_path / "logs"),
+        job_id="j",
+        agent_argv=lambda h: ["python3", "-m", "corral.agent"],
+        heartbeat_interval=0.05,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def test_the_outcome_is_decided_once_and_names_the_earliest_failure(tmp_path: Path) -> None:
+    from corral.job.supervisor import SUCCESS, Outcome
+
+    async def late_but_first(node: FakeNode) -> int:  # failed first, reported after the stop
+        node.event("started", pid=1, pgids=[1])
+        await node.next_op("stop")
+        node.event("rank_exit", rank=0, code=-9, eof_time=time.time() - 60)
+        node.event("rank_exit", rank=1, code=-15, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def failing(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_exit", rank=3, code=7, eof_time=time.time())
+        return await _stop_on_request(node)
+
+    transport = FakeTransport({"a": late_but_first, "b": failing, "c": _stop_on_request_started})
+    sup = _supervisor(transport, tmp_path)
+    assert sup.outcome() == SUCCESS and sup.decision is None
+    result = asyncio.run(asyncio.wait_for(sup.run(), 20))
+    assert sup.decision is not None and sup.decision.cause is not None
+    assert (sup.decision.state, sup.decision.exit_code, sup.decision.reason) == (
+        JobState.FAILED,
+        7,
+        "failure",
+    )
+    assert sup.decision.cause.rank == 3  # what stopped the job ...
+    outcome = sup.outcome()
+    assert isinstance(outcome, Outcome) and outcome.cause is not None
+    assert (outcome.cause.host, outcome.cause.rank) == ("a", 0)  # ... the earliest failure
+    assert (outcome.state, outcome.exit_code) == (JobState.FAILED, 128 + 9)
+    assert (result.state, result.exit_code, result.reason) == (
+        outcome.state,
+        outcome.exit_code,
+        outcome.reason,
+    )
+    assert result.root_cause is outcome.cause
+
+
+def test_a_timeout_outcome_is_not_replaced_by_a_later_interrupt(tmp_path: Path) -> None:
+    transport = FakeTransport({h: _stop_on_request_started for h in HOSTS})
+    sup = _supervisor(transport, tmp_path, timeout=0.2)
+
+    async def go() -> JobResult:
+        task = asyncio.ensure_future(sup.run())
+        await _until(lambda: sup.decision is not None)
+        sup.interrupt()  # a stop request after the deadline's teardown began
+        return await asyncio.wait_for(task, 20)
+
+    result = asyncio.run(go())
+    assert sup.outcome().state == result.state == JobState.TIMED_OUT
+    assert result.exit_code == EXIT_TIMEOUT and result.reason == "timeout"

@@ -9,6 +9,9 @@ Everything it sees goes out as :mod:`corral.job.events` through ``emit``; every
 rank's output is also written to the job's :class:`~corral.job.logfiles.LogFiles`.
 Whether a failure still stops the job, and whether a node that ended was
 stopped or failed, is read from the shared :class:`~corral.job.states.JobMachine`.
+How the attempt ends is decided once, by the first stop (a failure, the deadline,
+an interrupt), as an :class:`Outcome`: the state it ends in, its exit code and the
+failure that caused it; :meth:`Supervisor.run` returns the result built from it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,23 @@ from corral.recovery.health import (
 from corral.transport.base import NodeProcess, Transport
 
 STACK_TIMEOUT = 10.0  # seconds a node may take to dump its ranks' stacks
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ends: ``state`` (SUCCEEDED, or what the stop decided: FAILED,
+    TIMED_OUT, CANCELLED), the ``exit_code`` corral exits with, ``reason`` (why the
+    teardown started: ``failure``, ``timeout``, ``interrupted``; empty for a success)
+    and ``cause``, the failure behind it (the earliest one, once the attempt ended)."""
+
+    state: JobState
+    exit_code: int = 0
+    reason: str = ""
+    cause: Failure | None = None
+    decided: float | None = None  # when the teardown was decided (coordinator clock)
+
+
+SUCCESS = Outcome(JobState.SUCCEEDED)
 
 
 class Supervisor:
@@ -118,11 +139,8 @@ class Supervisor:
         # stopped attempt when ``settle`` is False)
         self.machine = machine or JobMachine()
         self.settle = settle
-        self.stop_reason: str | None = None  # why the teardown started (for the result)
-        self.stop_time: float | None = None
-        self.stop_state = JobState.FAILED
+        self.decision: Outcome | None = None  # decided by the first stop, never changed
         self.extra_failures: list[Failure] = []
-        self._trigger: Failure | None = None  # the failure that stopped the job
         self._earliest: Failure | None = None  # the earliest failure announced so far
         self._interrupts = 0
         self._complained: set[str] = set()
@@ -382,8 +400,8 @@ class Supervisor:
         )
         if record.code == 0:
             return
-        failed_before_stop = self.stop_time is None or (record.time or 0) < self.stop_time
-        if not failed_before_stop:
+        stopped_at = self.decision.decided if self.decision is not None else None
+        if stopped_at is not None and (record.time or 0) >= stopped_at:
             return
         code = record.code
         what = (
@@ -435,12 +453,12 @@ class Supervisor:
         failure.exit_code = exit_code
         self.extra_failures.append(failure)
         if not self.machine.stopping:
-            self._exit_code = exit_code
-            self._trigger = self._earliest = failure
+            self._earliest = failure
             self._say(failure.message + ": stopping the job", "error")
-            self.stop("failure", JobState.FAILED)
+            self.stop(Outcome(JobState.FAILED, exit_code, "failure", failure))
             return
-        trigger, earliest = self._trigger, self._earliest
+        trigger = self.decision.cause if self.decision is not None else None
+        earliest = self._earliest
         if trigger is not None and earliest is not None and failure.time < earliest.time:
             # reported after the stop but happened first (torchrun reports a SIGKILLed
             # rank late): it is the root cause, as the summary will say
@@ -456,14 +474,13 @@ class Supervisor:
             )
         return "(the ranks' MASTER_ADDR:MASTER_PORT)"
 
-    def stop(self, reason: str, final_state: JobState) -> None:
-        """Tear every node down (once): stop, then kill after the grace period."""
+    def stop(self, outcome: Outcome) -> None:
+        """Decide how the attempt ends and tear every node down (once): stop, then
+        kill after the grace period."""
         if self.machine.stopping:
             return
-        self.stop_reason = reason
-        self.stop_time = time.time()
-        self.stop_state = final_state
-        self._set_state(JobState.STOPPING, reason)
+        self.decision = replace(outcome, decided=time.time())
+        self._set_state(JobState.STOPPING, outcome.reason)
         for node in self.nodes:
             if node.proc is not None and not node.state.terminal:
                 node.set_state(NodeState.STOPPING)
@@ -491,8 +508,7 @@ class Supervisor:
         self._interrupts += 1
         if self._interrupts == 1:
             self._say("interrupted: stopping every node (Ctrl-C again to kill now)", "warning")
-            self._exit_code = EXIT_INTERRUPTED
-            self.stop("interrupted", JobState.CANCELLED)
+            self.stop(Outcome(JobState.CANCELLED, EXIT_INTERRUPTED, "interrupted"))
         else:
             self._say("killing every node now", "error")
             self.kill_now()
@@ -625,15 +641,13 @@ class Supervisor:
         await asyncio.sleep(timeout)
         if not self.machine.stopping:
             self._say(f"job timed out after {timeout:g} s: stopping", "error")
-            self._exit_code = EXIT_TIMEOUT
-            self.stop("timeout", JobState.TIMED_OUT)
+            self.stop(Outcome(JobState.TIMED_OUT, EXIT_TIMEOUT, "timeout"))
 
     # -- main ------------------------------------------------------------------------
 
     async def run(self, *, handle_signals: bool = False) -> JobResult:
         """Start every node, supervise until all are done, return the result."""
         loop = asyncio.get_running_loop()
-        self._exit_code = 0
         if handle_signals:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, self.interrupt)
@@ -667,28 +681,34 @@ class Supervisor:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         return self._result()
 
-    def _result(self) -> JobResult:
-        """The attempt's outcome; with ``settle`` the machine moves to it too (the
-        engine settles it itself: a failed attempt may become RESTARTING)."""
-        stopped = self.machine.stopping
-        if not stopped and self.state == JobState.STARTING:
-            self._set_state(JobState.RUNNING)
-        outcome = self.stop_state if stopped else JobState.SUCCEEDED
-        if self.settle:
-            self._set_state(outcome, self.stop_reason or "")
+    def outcome(self) -> Outcome:
+        """How the attempt ended: what the stop decided (a failed one: the exit code
+        and cause of its earliest failure), else SUCCEEDED."""
+        if self.decision is None:
+            return SUCCESS
         failures = sorted(self.extra_failures, key=lambda f: f.time)
-        exit_code = self._exit_code if stopped else 0
-        if outcome == JobState.FAILED and failures:
-            exit_code = failures[0].exit_code
+        if self.decision.state == JobState.FAILED and failures:
+            return replace(self.decision, exit_code=failures[0].exit_code, cause=failures[0])
+        return self.decision
+
+    def _result(self) -> JobResult:
+        """The attempt's result, from its :meth:`outcome`; with ``settle`` the machine
+        moves to it too (the engine settles it itself: a failed attempt may become
+        RESTARTING)."""
+        if self.decision is None and self.state == JobState.STARTING:
+            self._set_state(JobState.RUNNING)
+        outcome = self.outcome()
+        if self.settle:
+            self._set_state(outcome.state, outcome.reason)
         return JobResult(
             job_id=self.job_id,
-            state=outcome,
-            exit_code=exit_code,
+            state=outcome.state,
+            exit_code=outcome.exit_code,
             nodes=self.nodes,
-            failures=failures,
+            failures=sorted(self.extra_failures, key=lambda f: f.time),
             started=self.started,
             ended=time.time(),
-            reason=self.stop_reason or "",
+            reason=outcome.reason,
         )
 
 
