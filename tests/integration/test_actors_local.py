@@ -34,7 +34,10 @@ from corral.actors import (
     Worker,
     WorkerDied,
     WorkerRestarted,
+    _cluster,
 )
+from corral.job.states import JobState
+from corral.recovery.restart import RestartPolicy
 
 from .conftest import job_processes, wait_no_job_processes
 
@@ -53,6 +56,12 @@ WORK = textwrap.dedent(
                 handle.send(os.environ.get(msg[1]))
             elif msg == "pid":
                 handle.send(os.getpid())
+            elif isinstance(msg, tuple) and msg[0] == "busy":  # ("busy", die, fast, seconds)
+                if handle.rank == msg[1]:
+                    os.kill(os.getpid(), 9)
+                if handle.rank != msg[2]:
+                    time.sleep(msg[3])
+                handle.send(("busy", handle.rank))
             elif msg == "boom":
                 raise ValueError("boom from rank %d" % handle.rank)
             elif msg == "child":
@@ -195,6 +204,60 @@ def test_sigkill_of_a_worker_is_named_at_once_and_stop_leaves_nothing(
     assert wait_no_job_processes(cluster.job_id, 5) == []
 
 
+def test_a_late_answer_to_a_failed_call_never_answers_a_later_request(
+    cluster: Cluster, work: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers busy in a call, one SIGKILLed: the call fails naming it first with the
+    time really waited, and the others' late answers reach no later ``recv``."""
+    monkeypatch.setattr(_cluster, "GROUP_GRACE", 0.2)  # the survivors' grace, shortened
+    workers = cluster.start(work.echo, wait_time=60)
+    with pytest.raises(ActorGroupError) as info:
+        cluster.call(("busy", 1, 3, 3.0), timeout=60)  # rank 1 dies, 3 answers at once
+    error = info.value
+    assert (error.host, error.rank) == ("local-0", 1)
+    headline = str(error).splitlines()[0]
+    assert (
+        headline == "[local-0:1] call failed on 3 worker(s): [local-0:1], [local-0:0], [local-1:2]"
+    )
+    assert error.results == {3: ("busy", 3)}
+    assert isinstance(error.errors[0], ActorTimeout) and error.errors[0].waited < 60
+    assert "within 60" not in str(error) and "after [local-0:1] failed" in str(error)
+    for rank in (0, 2):  # still busy with the call; their answer to it must be dropped
+        workers[rank].send("pid")
+        assert workers[rank].recv(timeout=30) == workers[rank].pid
+    workers[3].send("hi")  # the one that answered in time has nothing left over either
+    assert workers[3].recv(timeout=30) == (3, "hi")
+
+
+STDIN_COORDINATOR = textwrap.dedent(
+    """
+    from corral.actors import Cluster
+    from corral.errors import ConfigError
+
+    def work(handle):
+        handle.send("never")
+
+    cluster = Cluster.from_hosts("local:1", run_dir=None)
+    try:
+        cluster.start(work, wait_time=60)
+    except ConfigError as exc:
+        print("refused:", exc)
+    print("started:", bool(cluster.workers))
+    """
+)
+
+
+def test_a_work_fn_read_from_stdin_is_refused_before_anything_starts() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-"], input=STDIN_COORDINATOR, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: work_fn: <function work" in proc.stdout
+    assert "no file (its code came from '<stdin>'" in proc.stdout
+    assert "define it in a module" in proc.stdout
+    assert "started: False" in proc.stdout
+
+
 COORDINATOR = textwrap.dedent(
     """
     import sys, time
@@ -331,6 +394,24 @@ def test_restart_after_a_worker_death(work: ModuleType) -> None:
         with pytest.raises(WorkerDied) as final:  # the budget is spent
             worker.recv(timeout=30)
         assert not isinstance(final.value, WorkerRestarted)
+
+
+def test_a_restart_policy_waits_its_backoff_and_a_stop_cancels_the_restart(
+    work: ModuleType,
+) -> None:
+    worker = Worker(work.echo, max_restarts=RestartPolicy(max_restarts=1, backoff=60.0))
+    assert worker.state.value == "running"
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while worker.state != JobState.RESTARTING:  # waiting out the backoff
+        assert time.monotonic() < deadline, worker.state
+        time.sleep(0.05)
+    worker.stop(grace=30)  # cuts the backoff short: the worker ends with its own cause
+    assert worker.state.value == "cancelled" and worker.restarts == 1
+    with pytest.raises(WorkerDied) as info:  # it never came back
+        worker.recv(timeout=1)
+    assert info.value.signal_name == "SIGKILL" and not isinstance(info.value, WorkerRestarted)
 
 
 def test_sdk_report_reaches_the_coordinator(work: ModuleType) -> None:

@@ -150,3 +150,24 @@ def test_load_errors(tmp_path: Path, module_file: Path) -> None:
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
         load(WorkFnSpec("dotted", "broken_dep_mod.work"))  # a real import error, not "absent"
     sys.modules.pop("broken_dep_mod", None)
+
+
+def test_functions_typed_at_a_repl_or_read_from_stdin_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker loads work_fn from a file: code from ``<stdin>`` (``python -``, a
+    REPL) has none, so it is refused here rather than failing on every worker."""
+    import types
+
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec(compile("def work(handle):\n    pass\n", "<stdin>", "exec"), namespace)
+    with pytest.raises(ConfigError, match=r"no file \(its code came from '<stdin>'"):
+        describe(namespace["work"])  # type: ignore[arg-type]
+    exec(compile("def work(handle):\n    pass\n", "<python-input-0>", "exec"), namespace)
+    with pytest.raises(ConfigError, match="define it in a module"):
+        describe(namespace["work"])  # type: ignore[arg-type]
+    fake_main = types.ModuleType("__main__")
+    fake_main.__file__ = "<stdin>"
+    monkeypatch.setitem(sys.modules, "__main__", fake_main)
+    with pytest.raises(ConfigError, match="the main program has no file"):
+        describe("__main__.work")

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +41,8 @@ from corral.actors.nccl import NCCLConfig, create_nccl_configs
 from corral.cluster import Cluster as HostCluster
 from corral.cluster import Host, load_cluster
 from corral.errors import ConfigError
+from corral.job.states import JobState
+from corral.recovery.restart import RestartPolicy
 from corral.remote.python import candidates
 from corral.transport.base import Transport
 from corral.transport.choose import transport_for
@@ -118,6 +120,14 @@ def _raise(error: ActorError) -> Any:
     raise error.with_traceback(None)
 
 
+def restart_policy(max_restarts: int | RestartPolicy) -> RestartPolicy:
+    """The job engine's restart policy for ``max_restarts`` (an int: that many
+    restarts, each at once; a RestartPolicy: as given, backoff included)."""
+    if isinstance(max_restarts, RestartPolicy):
+        return max_restarts
+    return RestartPolicy(max_restarts=max_restarts, backoff=0.0)
+
+
 class WorkerHandle:
     """The coordinator's handle on one worker: ``send``, ``recv``, ``poll``,
     ``alive``, ``host``, ``rank`` (global), ``local_rank``, ``node_rank``, ``pid``,
@@ -174,6 +184,13 @@ class WorkerHandle:
         return self._sup.restarts
 
     @property
+    def state(self) -> JobState:
+        """Where the worker is, in the job engine's states: STARTING, RUNNING,
+        STOPPING, RESTARTING, then SUCCEEDED (work_fn returned), FAILED or
+        CANCELLED (stopped)."""
+        return self._sup.machine.state
+
+    @property
     def restarted(self) -> bool:
         return self._sup.restarts > 0
 
@@ -194,23 +211,30 @@ class WorkerHandle:
         """Send ``obj`` (pickled here) to the worker; raises WorkerDied if it is gone."""
         self._send_body(fr.dumps(obj))
 
-    def _send_body(self, body: bytes) -> None:
+    def _send_body(self, body: bytes) -> int:
+        """Send a pickled message; its id (what the worker's answers carry)."""
         if self._mailbox.dead is not None:
             _raise(self._mailbox.dead)
-        self._sup.send(fr.MSG, body)
+        return self._sup.send_msg(body)
 
     def recv(self, timeout: float | None = None) -> Any:
         """The next message from the worker. Raises RemoteError (work_fn raised),
         WorkerDied (the process is gone), WorkerRestarted, or ActorTimeout after
-        ``timeout`` seconds."""
+        ``timeout`` seconds. Answers to a failed :meth:`Cluster.call` never come here."""
+        start = time.monotonic()
         deadline = _deadline(timeout)
         with self._mailbox.cond:
             while not self._mailbox.ready():
                 left = _left(deadline)
                 if left is not None and left <= 0:
-                    raise ActorTimeout(host=self.host, rank=self.rank, timeout=timeout or 0.0)
+                    raise ActorTimeout(
+                        host=self.host,
+                        rank=self.rank,
+                        timeout=timeout or 0.0,
+                        waited=time.monotonic() - start,
+                    )
                 self._mailbox.cond.wait(left)
-            item = self._take()
+            item = self._mailbox.take()
         return self._open(item)
 
     def poll(self, timeout: float = 0.0) -> bool:
@@ -218,47 +242,78 @@ class WorkerHandle:
         with self._mailbox.cond:
             return self._mailbox.cond.wait_for(self._mailbox.ready, timeout)
 
-    def _take(self) -> tuple[str, Any]:
-        """The next item (the caller holds the condition and saw ``ready()``)."""
-        if self._mailbox.items:
-            return self._mailbox.items.popleft()
-        return "raise", self._mailbox.dead
-
     @staticmethod
     def _open(item: tuple[str, Any]) -> Any:
         kind, value = item
         if kind == "msg":
-            return fr.loads(value)
+            return fr.msg_value(value[1])
         return _raise(value)
 
 
-def _gather(handles: Sequence[WorkerHandle], timeout: float | None, operation: str) -> list[Any]:
+def _where(handle: WorkerHandle) -> str:
+    return f"[{handle.host}:{handle.rank}]"
+
+
+def _gather(
+    handles: Sequence[WorkerHandle],
+    timeout: float | None,
+    operation: str,
+    requests: Mapping[int, int] | None = None,
+) -> list[Any]:
     """One message from each handle, in order; one ActorGroupError naming every
-    worker that failed (after the first failure the rest get :data:`GROUP_GRACE` s)."""
+    worker that failed, root cause first (after the first failure the rest get
+    :data:`GROUP_GRACE` s). ``requests`` (rank -> message id, a call's): only
+    answers to that message count (earlier messages stay for ``recv``), and the
+    answers of a worker still owing one when this fails are dropped, now and when
+    they come."""
     if not handles:
         return []
+    requests = requests or {}
+    start = time.monotonic()
     deadline = _deadline(timeout)
     items: dict[int, tuple[str, Any]] = {}
     errors: dict[int, ActorError] = {}
+    failed: list[WorkerHandle] = []
     pending = list(handles)
     cond = handles[0]._mailbox.cond
     with cond:
-        while pending:
-            for handle in [h for h in pending if h._mailbox.ready()]:
-                items[handle.rank] = handle._take()
-                pending.remove(handle)
-                if items[handle.rank][0] != "msg":
-                    deadline = min(deadline or float("inf"), time.monotonic() + GROUP_GRACE)
-            left = _left(deadline)
-            if not pending:
-                break
-            if left is not None and left <= 0:
-                for handle in pending:
-                    errors[handle.rank] = ActorTimeout(
-                        host=handle.host, rank=handle.rank, timeout=timeout or GROUP_GRACE
-                    )
-                break
-            cond.wait(left)
+        try:
+            while pending:
+                for handle in pending[:]:
+                    since = requests.get(handle.rank, 0)
+                    if not handle._mailbox.ready(since):
+                        continue
+                    items[handle.rank] = handle._mailbox.take(since)
+                    pending.remove(handle)
+                    if items[handle.rank][0] != "msg":
+                        failed.append(handle)
+                        if len(failed) == 1:
+                            grace = time.monotonic() + GROUP_GRACE
+                            deadline = grace if deadline is None else min(deadline, grace)
+                if not pending:
+                    break
+                left = _left(deadline)
+                if left is not None and left <= 0:
+                    waited = time.monotonic() - start
+                    note = ""
+                    if failed and (timeout is None or waited < timeout):
+                        note = f"gave up {GROUP_GRACE:g} s after {_where(failed[0])} failed"
+                        if timeout is not None:
+                            note += f"; timeout={timeout:g} s"
+                    for handle in pending:
+                        errors[handle.rank] = ActorTimeout(
+                            host=handle.host,
+                            rank=handle.rank,
+                            timeout=timeout or GROUP_GRACE,
+                            waited=waited,
+                            note=note,
+                        )
+                    break
+                cond.wait(left)
+        finally:  # given up (timed out, interrupted): late answers must not linger
+            for handle in pending:
+                if handle.rank in requests:
+                    handle._mailbox.abandon(requests[handle.rank])
     results: dict[int, Any] = {}
     for rank, item in items.items():
         try:
@@ -266,7 +321,7 @@ def _gather(handles: Sequence[WorkerHandle], timeout: float | None, operation: s
         except ActorError as exc:
             errors[rank] = exc
     if errors:
-        raise ActorGroupError(operation, errors, results)
+        raise ActorGroupError(operation, errors, results, [h.rank for h in failed])
     return [results[h.rank] for h in handles]
 
 
@@ -476,7 +531,7 @@ class Cluster(_StopsOnExit):
         return specs
 
     def start(
-        self, work_fn: WorkFn, wait_time: float = 60.0, *, max_restarts: int = 0
+        self, work_fn: WorkFn, wait_time: float = 60.0, *, max_restarts: int | RestartPolicy = 0
     ) -> list[WorkerHandle]:
         """Start every worker running ``work_fn(handle)`` and wait (at most
         ``wait_time`` s) until each is about to run it; the handles in rank order.
@@ -485,7 +540,9 @@ class Cluster(_StopsOnExit):
         ``"module:function"``, ``"path/to/file.py:function"`` or
         ``"__main__.function"`` (this program's script, loaded on the host without
         running its ``__main__`` block). A worker that dies is started again up to
-        ``max_restarts`` times (its next ``recv`` raises WorkerRestarted once).
+        ``max_restarts`` times (its next ``recv`` raises WorkerRestarted once): an
+        int restarts at once, a :class:`~corral.recovery.restart.RestartPolicy`
+        (the job engine's, ``--max-restarts``/``--restart-backoff``) waits its backoff.
         Raises ActorStartError naming every worker that did not start (all are
         stopped then).
         """
@@ -498,6 +555,7 @@ class Cluster(_StopsOnExit):
             self._runtime, self._output = runtime, output
         cond = threading.Condition()
         hosts = [s.host for s in specs]
+        policy = restart_policy(max_restarts)
 
         async def boot() -> dict[int, ActorError]:
             self._transport = self._make_transport(hosts)
@@ -507,7 +565,7 @@ class Cluster(_StopsOnExit):
                     self._transport,
                     output,
                     Mailbox(cond),
-                    max_restarts=max_restarts,
+                    policy=policy,
                     on_report=self.on_report,
                 )
                 for spec in specs
@@ -556,20 +614,22 @@ class Cluster(_StopsOnExit):
             raise ConfigError("the cluster is not started: call start() first")
         return self.workers
 
-    def _broadcast(self, obj: object) -> dict[int, ActorError]:
+    def _broadcast(self, obj: object) -> tuple[dict[int, int], dict[int, ActorError]]:
+        """Send ``obj`` to every worker: the message ids (rank -> id) and the dead."""
         body = fr.dumps(obj)
+        ids: dict[int, int] = {}
         errors: dict[int, ActorError] = {}
         for handle in self._started():
             try:
-                handle._send_body(body)
+                ids[handle.rank] = handle._send_body(body)
             except WorkerDied as exc:
                 errors[handle.rank] = exc
-        return errors
+        return ids, errors
 
     def broadcast(self, obj: object) -> None:
         """Send ``obj`` (pickled once) to every worker; ActorGroupError names the dead
         (the others got it)."""
-        if errors := self._broadcast(obj):
+        if errors := self._broadcast(obj)[1]:
             raise ActorGroupError("broadcast", errors, {})
 
     def gather(self, timeout: float | None = None) -> list[Any]:
@@ -580,13 +640,21 @@ class Cluster(_StopsOnExit):
 
     def call(self, obj: object, timeout: float | None = None) -> list[Any]:
         """:meth:`broadcast` ``obj`` and :meth:`gather` the answers, in rank order;
-        one ActorGroupError for every worker that failed either step."""
-        errors = self._broadcast(obj)
+        one ActorGroupError for every worker that failed either step, root cause
+        first, with the answers that came in ``results``.
+
+        Only an answer to this message counts (each worker's first message sent
+        after it received it; what it sent before stays for ``recv``). Once the
+        call has failed, the answers still owed are dropped when they come: a later
+        ``recv`` never returns them."""
+        ids, errors = self._broadcast(obj)
         live = [h for h in self._started() if h.rank not in errors]
         try:
-            results = _gather(live, timeout, "call")
+            results = _gather(live, timeout, "call", ids)
         except ActorGroupError as exc:
-            raise ActorGroupError("call", {**errors, **exc.errors}, exc.results) from None
+            raise ActorGroupError(
+                "call", {**errors, **exc.errors}, exc.results, [*errors, *exc.order]
+            ) from None
         if errors:
             raise ActorGroupError(
                 "call", errors, {h.rank: r for h, r in zip(live, results, strict=True)}
@@ -609,7 +677,7 @@ class Worker(WorkerHandle, _StopsOnExit):
         python: str | None = None,
         echo: bool = True,
         run_dir: str | Path | None = None,
-        max_restarts: int = 0,
+        max_restarts: int | RestartPolicy = 0,
     ) -> None:
         node = NodeConfig("local", 1, python=python, env=dict(env or {}), workdir=workdir)
         self.cluster = Cluster([node], local=True, run_dir=run_dir, echo=echo)

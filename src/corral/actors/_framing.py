@@ -3,7 +3,13 @@
 The channel is the worker process's stdin (coordinator -> worker) and a private
 copy of its stdout (worker -> coordinator), carried by the SSH session or a
 local pipe, so nothing here listens on a port. User values are pickled
-(:data:`MSG`, :data:`DONE`); control frames carry JSON. The blocking helpers
+(:data:`MSG`, :data:`DONE`); control frames carry JSON.
+
+A :data:`MSG` body starts with an 8-byte message id (:data:`MSG_ID`): from the
+coordinator, that worker's sequence number of the message (1, 2, ...); from a
+worker, the id of the last message its ``work_fn`` received (0: none yet), the
+request it answers. So the coordinator knows a late reply to a request it gave up
+on (a failed ``call``) and never hands it to a later one. The blocking helpers
 are the worker's (and the reader thread's of a local worker on the coordinator),
 :func:`read_frame_async` the coordinator's for SSH channels.
 """
@@ -36,6 +42,8 @@ DONE = 13
 REPORT = 14
 
 KINDS = frozenset({INIT, MSG, STOP, PING, HELLO, READY, ERROR, DONE, REPORT})
+#: The id in front of every MSG body (see the module doc).
+MSG_ID = struct.Struct(">Q")
 
 
 class ProtocolError(ValueError):
@@ -70,11 +78,30 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def loads(body: bytes | bytearray) -> Any:
-    """Unpickle a user value (without a copy, unless it names ``__mp_main__``)."""
-    if b"__mp_main__" in body:
-        return _Unpickler(io.BytesIO(body)).load()
-    return pickle.loads(body)
+def loads(body: bytes | bytearray, offset: int = 0) -> Any:
+    """Unpickle the user value at ``offset`` of ``body`` (without a copy, unless it
+    names ``__mp_main__``)."""
+    view = memoryview(body)[offset:]
+    if body.find(b"__mp_main__", offset) >= 0:
+        return _Unpickler(io.BytesIO(view)).load()
+    return pickle.loads(view)
+
+
+def msg_head(msg_id: int) -> bytes:
+    """The id that goes in front of a MSG body."""
+    return MSG_ID.pack(msg_id)
+
+
+def msg_id(body: bytes | bytearray) -> int:
+    """The id of a MSG body (ProtocolError when it is too short to hold one)."""
+    if len(body) < MSG_ID.size:
+        raise ProtocolError(f"a message frame of {len(body)} bytes has no id")
+    return int(MSG_ID.unpack_from(body)[0])
+
+
+def msg_value(body: bytes | bytearray) -> Any:
+    """The user value of a MSG body (after its id)."""
+    return loads(body, MSG_ID.size)
 
 
 def encode_json(value: object) -> bytes:
@@ -134,12 +161,14 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
-def write_frame(fd: int, kind: int, body: bytes = b"") -> None:
-    """Write one frame to ``fd`` (the caller serialises writers)."""
+def write_frame(fd: int, kind: int, body: bytes = b"", *, head: bytes = b"") -> None:
+    """Write one frame to ``fd`` whose body is ``head + body`` (without joining a large
+    ``body``); the caller serialises writers."""
+    start = header(kind, len(head) + len(body)) + head
     if len(body) < 1 << 16:
-        write_all(fd, header(kind, len(body)) + body)
+        write_all(fd, start + body)
     else:
-        write_all(fd, header(kind, len(body)))
+        write_all(fd, start)
         write_all(fd, body)
 
 

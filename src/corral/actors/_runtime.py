@@ -5,8 +5,18 @@ A :class:`Supervisor` per worker runs its process: it writes the init frame,
 reads frames from the process's stdout into the worker's :class:`Mailbox`,
 streams its stderr as ``[host:rank]`` lines (and to its log file), and notices
 its end at once (stdout EOF, then the exit status or the lost connection), when
-it either restarts the worker (``max_restarts``) or marks the mailbox dead, so
-every waiting and future ``recv`` raises :class:`WorkerDied`.
+it either restarts the worker or marks the mailbox dead, so every waiting and
+future ``recv`` raises :class:`WorkerDied`.
+
+A worker's life is the job engine's: one :class:`~corral.job.states.JobMachine`
+per worker across its restarts (PENDING -> STARTING -> RUNNING, then SUCCEEDED
+when work_fn returned, or STOPPING -> RESTARTING -> STARTING ... | FAILED |
+CANCELLED), and the restart is the engine's decision
+(:func:`corral.recovery.restart.decide` under a
+:class:`~corral.recovery.restart.RestartPolicy`: the budget, its backoff, never
+after a launch error or a clean end). A worker is one rank bound to its host, so
+a lost host is tried again (``min_nodes`` does not apply): the restart reconnects,
+and a reconnect that fails is a launch error, which ends it.
 
 A local worker's pipes skip the loop on the message path (a round trip costs a
 few thread wake-ups, so each hop counts): :meth:`Supervisor.send` writes a small
@@ -26,6 +36,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +47,9 @@ from corral.actors.errors import ActorError, RemoteError, WorkerDied, WorkerRest
 from corral.cluster.model import Host
 from corral.errors import CorralError
 from corral.job.logfiles import LogFiles
+from corral.job.result import EXIT_LAUNCH, EXIT_LOST, EXIT_SIGNAL_BASE, JobResult
+from corral.job.states import JobMachine, JobState
+from corral.recovery.restart import RestartPolicy, decide
 from corral.transport.base import NodeProcess, Transport, kill_and_wait
 
 T = TypeVar("T")
@@ -129,29 +143,72 @@ class Output:
 
 
 class Mailbox:
-    """What one worker sent, for the coordinator's threads. Items are ``("msg",
-    pickled bytes)`` or ``("raise", error)`` (raised once); ``dead`` is the final
-    error, raised by every ``recv`` once the items are used up. All the mailboxes of
-    one cluster share one condition, so a group operation can wait on all of them."""
+    """What one worker sent, for the coordinator's threads. Items are ``("msg", (id,
+    body))`` (``id``: the request the message answers, see :mod:`._framing`) or
+    ``("raise", error)`` (raised once); ``dead`` is the final error, raised by every
+    ``recv`` once the items are used up. All the mailboxes of one cluster share one
+    condition, so a group operation can wait on all of them.
+
+    A request given up on (a failed ``call``) is :meth:`abandon`-ed: its answers
+    are dropped, the ones already here and the ones still to come."""
 
     def __init__(self, cond: threading.Condition) -> None:
         self.cond = cond
         self.items: collections.deque[tuple[str, Any]] = collections.deque()
         self.dead: WorkerDied | None = None
+        self.abandoned: set[int] = set()
 
     def put(self, kind: str, value: object) -> None:
         with self.cond:
             self.items.append((kind, value))
             self.cond.notify_all()
 
+    def put_msg(self, body: bytes | bytearray) -> None:
+        """A message from the worker (dropped when it answers an abandoned request)."""
+        answers = fr.msg_id(body)
+        with self.cond:
+            if self.abandoned:
+                # the worker's ids only grow: older abandoned ones never come again
+                self.abandoned = {a for a in self.abandoned if a >= answers}
+                if answers in self.abandoned:
+                    return
+            self.items.append(("msg", (answers, body)))
+            self.cond.notify_all()
+
+    def abandon(self, request: int) -> None:
+        """Drop every answer to ``request`` (the caller holds ``cond``)."""
+        self.abandoned.add(request)
+        self.items = collections.deque(
+            item for item in self.items if item[0] != "msg" or item[1][0] != request
+        )
+
+    def renew(self) -> None:
+        """A new process took over: nothing it sends answers an old request."""
+        with self.cond:
+            self.abandoned.clear()
+
     def finish(self, error: WorkerDied) -> None:
         with self.cond:
             self.dead = error
             self.cond.notify_all()
 
-    def ready(self) -> bool:
-        """Whether a ``recv`` would return or raise at once (caller holds ``cond``)."""
-        return bool(self.items) or self.dead is not None
+    def ready(self, since: int = 0) -> bool:
+        """Whether a ``recv`` would return or raise at once, counting only messages
+        that answer request ``since`` or a later one (caller holds ``cond``)."""
+        if self.dead is not None or (self.items and since == 0):
+            return True
+        return any(kind != "msg" or value[0] >= since for kind, value in self.items)
+
+    def take(self, since: int = 0) -> tuple[str, Any]:
+        """The first item :meth:`ready` counts (the caller holds ``cond`` and saw it
+        ready); earlier messages stay, in order."""
+        if since == 0 and self.items:
+            return self.items.popleft()
+        for index, (kind, value) in enumerate(self.items):
+            if kind != "msg" or value[0] >= since:
+                del self.items[index]
+                return kind, value
+        return "raise", self.dead
 
 
 @dataclass
@@ -265,8 +322,21 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def policy_exit_code(died: WorkerDied, launched: bool) -> int:
+    """A worker's end in the engine's exit codes (what the restart policy reads)."""
+    if not launched:
+        return EXIT_LAUNCH
+    if died.lost is not None:
+        return EXIT_LOST
+    if died.signal_name is not None:
+        with contextlib.suppress(AttributeError):
+            return EXIT_SIGNAL_BASE + int(getattr(signal, died.signal_name))
+    return died.exit_code if died.exit_code is not None else 1
+
+
 class Supervisor:
-    """Runs and watches one worker process (lives on the loop)."""
+    """Runs and watches one worker process (lives on the loop); its state is
+    :attr:`machine`, its restarts decided by :attr:`policy` (see the module doc)."""
 
     def __init__(
         self,
@@ -275,21 +345,23 @@ class Supervisor:
         output: Output,
         mailbox: Mailbox,
         *,
-        max_restarts: int = 0,
+        policy: RestartPolicy | None = None,
         on_report: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> None:
         self.spec = spec
         self.transport = transport
         self.output = output
         self.mailbox = mailbox
-        self.max_restarts = max_restarts
+        self.policy = policy or RestartPolicy(backoff=0.0)
         self.on_report = on_report
+        self.machine = JobMachine()
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.proc: NodeProcess | None = None
         self.hello: dict[str, Any] = {}
         self.restarts = 0
+        #: The channel to the current process is open (frames can be written).
         self.alive = False
-        self.stopping = False
+        self.started = time.time()
         self.result: bytes | None = None
         self.last_report: dict[str, Any] | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -303,6 +375,9 @@ class Supervisor:
         #: Frames handed to the loop and not yet given to the transport.
         self._queued = 0
         self._pipes: _LocalPipes | None = None
+        #: The id of the last message sent (ids go on across restarts).
+        self._last_id = 0
+        self._backoff: asyncio.Future[None] | None = None
 
     @property
     def host(self) -> str:
@@ -316,55 +391,70 @@ class Supervisor:
         """Start the process (and restarts) in a task."""
         self.task = asyncio.get_running_loop().create_task(self._run())
 
-    def send(self, kind: int, body: bytes = b"") -> None:
-        """Send one frame to the current process from any thread (dropped when there
-        is none). A small frame to a local worker is written right here when
-        nothing is ahead of it; anything else goes through the loop, in order."""
+    def send_msg(self, body: bytes) -> int:
+        """Send a user message (pickled ``body``) from any thread; its id (see
+        :mod:`._framing`). Dropped when no process runs."""
         with self._write_lock:
-            if self.proc is None or not self.alive:
-                return
-            if self._pipes is not None and self._queued == 0 and len(body) < _CHUNK:
-                left = self._pipes.write_now(fr.header(kind, len(body)) + body)
-                if left is not None:
-                    if left:  # the rest of a partly written frame goes next
-                        self._queue(None, left)
-                    return
-            self._queue(kind, body)
+            self._last_id += 1
+            self._send(fr.MSG, body, fr.msg_head(self._last_id))
+            return self._last_id
 
-    def _queue(self, kind: int | None, body: bytes) -> None:
+    def _send(self, kind: int, body: bytes, head: bytes) -> None:
+        """One frame to the current process (the caller holds the write lock). A small
+        frame to a local worker is written right here when nothing is ahead of it;
+        anything else goes through the loop, in order."""
+        if self.proc is None or not self.alive:
+            return
+        if self._pipes is not None and self._queued == 0 and len(body) < _CHUNK:
+            left = self._pipes.write_now(fr.header(kind, len(head) + len(body)) + head + body)
+            if left is not None:
+                if left:  # the rest of a partly written frame goes next
+                    self._queue(None, left, b"")
+                return
+        self._queue(kind, body, head)
+
+    def _queue(self, kind: int | None, body: bytes, head: bytes) -> None:
         """Hand a frame (kind None: raw bytes) to the loop, behind every frame
         before it (the caller holds the write lock)."""
         self._queued += 1
-        self._loop.call_soon_threadsafe(self._write_queued, kind, body)
+        self._loop.call_soon_threadsafe(self._write_queued, kind, body, head)
 
-    def _write_queued(self, kind: int | None, body: bytes) -> None:
+    def _write_queued(self, kind: int | None, body: bytes, head: bytes) -> None:
         with self._write_lock:
             self._queued -= 1
             if kind is None:
                 if self.proc is not None and self.alive:
                     self.proc.write(body)
             else:
-                self._write(kind, body)
+                self._write(kind, body, head)
 
     def write(self, kind: int, body: bytes = b"") -> None:
         """Send one frame to the current process (on the loop; dropped when there is none)."""
         with self._write_lock:
             self._write(kind, body)
 
-    def _write(self, kind: int, body: bytes) -> None:
-        """Give one frame to the transport; the caller holds the write lock."""
+    def _write(self, kind: int, body: bytes, head: bytes = b"") -> None:
+        """Give one frame (body ``head + body``) to the transport; the caller holds
+        the write lock."""
         proc = self.proc
         if proc is None or not self.alive:
             return
+        start = fr.header(kind, len(head) + len(body)) + head
         if len(body) < _CHUNK:
-            proc.write(fr.header(kind, len(body)) + body)
+            proc.write(start + body)
         else:
-            proc.write(fr.header(kind, len(body)))
+            proc.write(start)
             proc.write(body)
 
     async def stop(self, grace: float) -> None:
         """Ask the worker to stop; SIGKILL its process group after ``grace`` seconds."""
-        self.stopping = True
+        machine = self.machine
+        if machine.launching:  # not started yet, or waiting to restart
+            machine.to(JobState.CANCELLED, "stopped by the coordinator")
+            if self._backoff is not None:
+                self._backoff.cancel()
+        elif not machine.state.terminal:
+            machine.to(JobState.STOPPING, "stopped by the coordinator")
         self.write(fr.STOP)
         if self.task is None:
             return
@@ -386,29 +476,71 @@ class Supervisor:
     # -- the process ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        while True:
-            died = await self._run_once()
+        machine = self.machine
+        died: WorkerDied | None = None
+        while machine.state in (JobState.PENDING, JobState.RESTARTING):
+            machine.to(JobState.STARTING, f"attempt {self.restarts}")
+            died, launched = await self._run_once()
             if not self.ready.done():
                 self.ready.set_exception(died)
-            if self.ready.cancelled() or self.ready.exception() is not None:
-                self.mailbox.finish(died)  # never started: start() reports it
-                return
-            clean = died.exit_code == 0
-            if not self.stopping and not clean and self.restarts < self.max_restarts:
-                self.restarts += 1
-                self._notice = WorkerRestarted(died, self.restarts)
-                continue
-            self.mailbox.finish(died)
-            return
+            if self._settle(died, launched) != JobState.RESTARTING:
+                break
+            self.restarts += 1
+            self._notice = WorkerRestarted(died, self.restarts)
+            if delay := self.policy.delay(self.restarts):  # stop() cuts it short
+                self._backoff = asyncio.ensure_future(asyncio.sleep(delay))
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._backoff
+        if died is None:
+            died = self._died("stopped by the coordinator before it started", None)
+        self.mailbox.finish(died)
 
-    async def _run_once(self) -> WorkerDied:
-        """One process from start to end; what ended it."""
+    def _settle(self, died: WorkerDied, launched: bool) -> JobState:
+        """Where the worker goes once its process ended (on the loop, without a pause,
+        so a concurrent :meth:`stop` is either before or after it)."""
+        machine = self.machine
+        if machine.state == JobState.STOPPING:  # only stop() puts a live worker there
+            machine.to(JobState.CANCELLED, died.message)
+        elif self.ready.cancelled() or self.ready.exception() is not None:
+            machine.to(JobState.FAILED, died.message)  # never started: start() reports it
+        elif died.exit_code == 0 and machine.state == JobState.RUNNING:
+            machine.to(JobState.SUCCEEDED, died.message)
+        else:
+            machine.to(JobState.STOPPING, died.message)
+            code = policy_exit_code(died, launched)
+            now = time.time()
+            result = JobResult(
+                job_id=f"{self.host}:{self.rank}",
+                state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+                exit_code=code,
+                nodes=[],
+                failures=[],
+                started=self.started,
+                ended=now,
+                reason=died.message,
+            )
+            decision = decide(
+                self.policy,
+                result,
+                restarts_done=self.restarts,
+                hosts=[self.host],
+                unreachable=(),  # bound to its host: a lost one is reconnected
+                initial_hosts=1,
+            )
+            target = JobState.RESTARTING if decision.restart else JobState.FAILED
+            machine.to(target, decision.reason)
+        return machine.state
+
+    async def _run_once(self) -> tuple[WorkerDied, bool]:
+        """One process from start to end: what ended it, and whether it was started."""
         spec = self.spec
         self.tail.clear()
         try:
             proc = await self.transport.start(spec.host, spec.argv, env=spec.env)
         except CorralError as exc:
-            return self._died(f"could not start: {exc}", None)
+            return self._died(f"could not start: {exc}", None), False
+        self.started = time.time()
+        self.mailbox.renew()
         with self._write_lock:  # nothing is sent to the new process before init
             self.proc = proc
             self.alive = True
@@ -433,7 +565,7 @@ class Supervisor:
             await asyncio.wait_for(asyncio.shield(pump), STDERR_DRAIN)
         pump.cancel()
         proc.close_stdin()
-        return self._ended(proc, code, problem)
+        return self._ended(proc, code, problem), True
 
     def _kill_group(self, proc: NodeProcess) -> None:
         """SIGKILL what the worker left in its process group. Once an SSH channel has
@@ -494,7 +626,7 @@ class Supervisor:
         if code < 0:
             return self._died(f"killed by {_signal_name(code)}", code)
         if code == 0:
-            why = "stopped" if self.stopping else "work_fn returned"
+            why = "stopped" if self.machine.state == JobState.STOPPING else "work_fn returned"
             return self._died(f"exited with code 0 ({why})", code)
         return self._died(f"exited with code {code}", code)
 
@@ -549,7 +681,7 @@ class Supervisor:
                     while (frame := fr.read_frame(stream)) is not None:
                         kind, body = frame
                         if kind == fr.MSG:
-                            self.mailbox.put("msg", body)
+                            self.mailbox.put_msg(body)
                         elif kind in _LOOP_FRAMES:
                             self._loop.call_soon_threadsafe(on_loop, kind, body)
                         else:
@@ -568,10 +700,12 @@ class Supervisor:
     def _frame(self, kind: int, body: bytes | bytearray) -> None:
         """One frame from the worker (on the loop)."""
         if kind == fr.MSG:
-            self.mailbox.put("msg", body)
+            self.mailbox.put_msg(body)
         elif kind == fr.HELLO:
             self.hello = fr.decode_json(body)
         elif kind == fr.READY:
+            if self.machine.state == JobState.STARTING:
+                self.machine.to(JobState.RUNNING, "ready")
             if not self.ready.done():
                 self.ready.set_result(None)
         elif kind == fr.ERROR:

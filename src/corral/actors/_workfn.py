@@ -57,25 +57,50 @@ class WorkFnSpec:
 
 
 def _bad(work_fn: object, why: str) -> ConfigError:
-    return ConfigError(f"work_fn {work_fn!r}: {why}", option="work_fn")
+    return ConfigError(f"{work_fn!r}: {why}", option="work_fn")
+
+
+def _no_file(work_fn: object, who: str, source: str | None) -> ConfigError:
+    came = f"its code came from {source!r}" if source else "interactive?"
+    return _bad(
+        work_fn,
+        f"{who} no file ({came}: a REPL, a notebook, `python -` or `python -c`); a worker "
+        "loads work_fn from a file: define it in a module (or a script) and import it",
+    )
+
+
+def _pseudo_file(path: str) -> bool:
+    """Whether ``path`` names no file but where code came from: ``<stdin>``,
+    ``<string>``, ``<python-input-0>``, ..."""
+    name = os.path.basename(path)
+    return name.startswith("<") and name.endswith(">")
 
 
 def _main_spec(qualname: str, work_fn: object) -> WorkFnSpec:
     """A function of the coordinator's ``__main__``: its module when run with
-    ``python -m``, else its script's path."""
+    ``python -m``, else its script's path (ConfigError when it has none)."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":
         return WorkFnSpec("module", qualname, module=spec.name, path=spec.origin)
     path = getattr(main, "__file__", None)
     if not path:
-        raise _bad(work_fn, "the main program has no file (interactive?): define it in a module")
+        raise _no_file(work_fn, "the main program has", None)
+    if _pseudo_file(path):
+        raise _no_file(work_fn, "the main program has", path)
     return WorkFnSpec("main", qualname, path=os.path.abspath(path))
 
 
+def _source_file(work_fn: object) -> str | None:
+    """The file a function's code was compiled from (None when unknown)."""
+    code = getattr(work_fn, "__code__", None)
+    filename = getattr(code, "co_filename", None)
+    return filename if isinstance(filename, str) else None
+
+
 def describe(work_fn: Callable[..., Any] | str) -> WorkFnSpec:
-    """How a worker finds ``work_fn`` (ConfigError for a lambda, a nested function or
-    a malformed string)."""
+    """How a worker finds ``work_fn`` (ConfigError for a lambda, a nested function, a
+    function typed at a REPL or read from stdin, or a malformed string)."""
     if isinstance(work_fn, str):
         text = work_fn.strip()
         if ":" in text:
@@ -99,6 +124,9 @@ def describe(work_fn: Callable[..., Any] | str) -> WorkFnSpec:
             work_fn,
             "a worker can run only a module-level function (not a lambda or a nested function)",
         )
+    source = _source_file(work_fn)
+    if source is not None and _pseudo_file(source):
+        raise _no_file(work_fn, "it has", source)
     if module in ("__main__", MAIN_NAME):
         return _main_spec(qualname, work_fn)
     path = getattr(sys.modules.get(module), "__file__", None)

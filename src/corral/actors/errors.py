@@ -15,7 +15,7 @@ CorralError
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from corral.errors import CorralError, LaunchError
 
@@ -110,38 +110,61 @@ class RemoteError(ActorError):
 
 
 class ActorTimeout(ActorError):
-    """``recv(timeout=)`` (or a group operation's timeout) ran out with nothing received."""
+    """``recv(timeout=)`` (or a group operation's timeout) ran out with nothing received:
+    ``timeout`` is the one asked for, ``waited`` the seconds actually waited (less
+    in a group operation that gave up early because another worker failed;
+    ``note`` says why)."""
 
-    def __init__(self, *, host: str, rank: int, timeout: float) -> None:
+    def __init__(
+        self, *, host: str, rank: int, timeout: float, waited: float | None = None, note: str = ""
+    ) -> None:
         self.timeout = timeout
-        super().__init__(f"no message within {timeout:g} s", host=host, rank=rank)
+        self.waited = timeout if waited is None else waited
+        self.note = note
+        message = f"no message within {self.waited:.1f} s"
+        super().__init__(f"{message} ({note})" if note else message, host=host, rank=rank)
 
 
 class ActorGroupError(ActorError):
     """A group operation failed on some workers: ``errors`` maps each failing rank to
-    its error; ``results`` holds what the others answered (rank -> value)."""
+    its error (rank order); ``results`` holds what the others answered (rank ->
+    value). ``order`` lists the failing ranks root cause first: the workers that
+    failed, in the order they did (``failed_first``, else by rank), then the ones
+    that only timed out. ``host``/``rank`` and the first line name the root cause."""
 
     def __init__(
-        self, operation: str, errors: Mapping[int, ActorError], results: Mapping[int, object]
+        self,
+        operation: str,
+        errors: Mapping[int, ActorError],
+        results: Mapping[int, object],
+        failed_first: Iterable[int] = (),
     ) -> None:
         self.operation = operation
         self.errors = dict(sorted(errors.items()))
         self.results = dict(results)
-        first = next(iter(self.errors.values()))
-        names = ", ".join(_where(e.host, e.rank) for e in self.errors.values())
+        self.order = list(dict.fromkeys(r for r in failed_first if r in self.errors))
+        self.order += sorted(
+            (r for r in self.errors if r not in self.order),
+            key=lambda r: (isinstance(self.errors[r], ActorTimeout), r),
+        )
+        first = self.errors[self.order[0]]
+        names = ", ".join(_where(e.host, e.rank) for e in self._ordered())
         super().__init__(
             f"{operation} failed on {len(self.errors)} worker(s): {names}",
             host=first.host,
             rank=first.rank,
         )
 
+    def _ordered(self) -> list[ActorError]:
+        return [self.errors[r] for r in self.order]
+
     def __str__(self) -> str:
         lines = [super().__str__()]
-        lines.extend(f"  {_where(e.host, e.rank)} {e.message}" for e in self.errors.values())
+        lines.extend(f"  {_where(e.host, e.rank)} {e.message}" for e in self._ordered())
         return "\n".join(lines)
 
     def details(self) -> list[str]:
-        return [str(e) for e in self.errors.values()]
+        return [str(e) for e in self._ordered()]
 
 
 class ActorStartError(LaunchError):

@@ -94,6 +94,8 @@ class CoordinatorHandle:
         self._lock = threading.Lock()
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stopped = False
+        #: The id of the last message work_fn received: every message sent answers it.
+        self._answering = 0
         self.host: str = info["host"]
         self.rank: int = info["rank"]
         self.local_rank: int = info["local_rank"]
@@ -106,10 +108,10 @@ class CoordinatorHandle:
 
     # -- channel --------------------------------------------------------------------
 
-    def _write(self, kind: int, body: bytes = b"") -> None:
+    def _write(self, kind: int, body: bytes = b"", head: bytes = b"") -> None:
         try:
             with self._lock:
-                fr.write_frame(self._out, kind, body)
+                fr.write_frame(self._out, kind, body, head=head)
         except OSError:
             _kill_everything("the coordinator is gone (channel closed)")
 
@@ -119,8 +121,9 @@ class CoordinatorHandle:
     # -- API ------------------------------------------------------------------------
 
     def send(self, obj: object) -> None:
-        """Send ``obj`` (pickled) to the coordinator."""
-        self._write(fr.MSG, fr.dumps(obj))
+        """Send ``obj`` (pickled) to the coordinator, as the answer to the last message
+        received (the coordinator drops answers to a ``call`` that already failed)."""
+        self._write(fr.MSG, fr.dumps(obj), fr.msg_head(self._answering))
 
     def recv(self, timeout: float | None = None) -> Any:
         """The next message from the coordinator (waits at most ``timeout`` seconds:
@@ -135,7 +138,8 @@ class CoordinatorHandle:
             self._stopped = True
             raise Stopped()
         assert isinstance(item, (bytes, bytearray))
-        return fr.loads(item)
+        self._answering = fr.msg_id(item)
+        return fr.msg_value(item)
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether :meth:`recv` would return (or raise) at once, waiting up to ``timeout``."""
