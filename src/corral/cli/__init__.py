@@ -17,6 +17,7 @@ _VERB_MODULES = (
     "ping",
     "serve",
     "job",
+    "machine",
     "testbed",
     "calibrate",
     "k8s",
