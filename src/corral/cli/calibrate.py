@@ -3,46 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from corral.calibrate.measure import (
-    DEFAULT_SECONDS,
-    CalibrateOptions,
-    CalibrationRun,
-    Calibrator,
+from corral.calibrate.launch import measure
+from corral.calibrate.measure import DEFAULT_SECONDS, CalibrateOptions, Calibrator
+from corral.calibrate.model import CalibrationFile, save_calibration
+from corral.cli.calibration_view import CalibrationTerminal, print_calibration
+from corral.cli.common import HostsOpt, load_hosts, ssh_flags
+from corral.cli.options import (
+    EnvOpt,
+    JobIdOpt,
+    NprocOpt,
+    PythonOpt,
+    RunDirOpt,
+    ScriptArg,
+    WorkdirOpt,
 )
-from corral.calibrate.model import Calibration, CalibrationFile, save_calibration
-from corral.cli.common import (
-    AcceptNewHostKeysOpt,
-    HostsOpt,
-    InsecureNoHostKeyCheckOpt,
-    SshConfigOpt,
-    SshKeyOpt,
-    SshPasswordEnvOpt,
-    SshPortOpt,
-    SshUserOpt,
-    require_hosts,
-)
-from corral.cli.run import EnvOpt, JobIdOpt, NprocOpt, PythonOpt, RunDirOpt, ScriptArg, WorkdirOpt
-from corral.cluster import load_cluster
-from corral.cluster.model import Cluster
 from corral.console import make_console
-from corral.job.events import Finished, JobEvent, Message, Subscriber
-from corral.job.output import TerminalOutput
 from corral.job.resolve import parse_env, parse_nproc
 from corral.job.result import EXIT_INTERRUPTED
-from corral.job.states import JobState
-from corral.job.summary import print_finished
 from corral.transport.options import SshOptions
-
-_BAR = 30
 
 SecondsOpt = Annotated[
     float,
@@ -77,109 +61,11 @@ OutputOpt = Annotated[
 ]
 
 
-def _bar(share: float, top: float) -> str:
-    return "█" * max(1, round(_BAR * share / top)) if top > 0 else ""
-
-
-def print_calibration(calibration: Calibration, console: Console) -> None:
-    """The table (host, rank, examples/s, share, bar), a total row per host with
-    several ranks, then the notes."""
-    what = "script " + " ".join(calibration.script) if calibration.script else "built-in workload"
-    table = Table(
-        title=f"calibration {calibration.job_id} ({calibration.seconds:g} s, {what})",
-        title_justify="left",
-    )
-    table.add_column("host")
-    for column in ("rank", "ex/s", "share"):
-        table.add_column(column, justify="right")
-    table.add_column("", no_wrap=True)
-    top = max(r.share for r in calibration.ranks)
-    for host in calibration.hosts:
-        ranks = calibration.host_ranks(host)
-        for rank in ranks:
-            table.add_row(
-                host,
-                str(rank.rank),
-                f"{rank.examples_per_s:.1f}",
-                f"{rank.share:.3f}",
-                _bar(rank.share, top),
-            )
-        if len(ranks) > 1:
-            table.add_row(
-                f"{host} total",
-                "",
-                f"{calibration.measured_performance.get(host, 0.0):.1f}",
-                f"{calibration.workload_distribution.get(host, 0.0):.3f}",
-                "",
-                style="bold",
-            )
-    console.print(table)
-    console.print(calibration.calibration_notes, markup=False, soft_wrap=True)
-
-
-def _subscriber(calibrator: Calibrator, output: TerminalOutput, console: Console) -> Subscriber:
-    """The terminal's subscriber, quiet about the stop that ends the measurement."""
-
-    def on_event(event: JobEvent) -> None:
-        if calibrator.stopping and isinstance(event, Message):
-            return  # the teardown that ends every calibration is not news
-        if isinstance(event, Finished):
-            output.close()
-            if event.state == JobState.FAILED and not calibrator.stopping:
-                print_finished(event, console)
-            return
-        output.on_event(event)
-
-    return on_event
-
-
-async def _drive(calibrator: Calibrator) -> CalibrationRun:
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, calibrator.interrupt)
-    try:
-        return await calibrator.run()
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-
-
-def run_calibration(
-    cluster: Cluster,
-    options: CalibrateOptions,
-    ssh: SshOptions,
-    console: Console,
-    *,
-    to_stderr: bool = False,
-) -> CalibrationRun:
-    """Measure ``cluster`` with the job's output on the terminal (``corral calibrate``
-    and ``corral run --calibration auto``); Ctrl-C exits 130."""
-    calibrator = Calibrator(cluster, options, ssh=ssh)
-    terminal = TerminalOutput(
-        [h.name for h in cluster.hosts], stream=sys.stderr.buffer if to_stderr else None
-    )
-    calibrator.subscribe(_subscriber(calibrator, terminal, console))
-    try:
-        run = asyncio.run(_drive(calibrator))
-    except Exception:
-        terminal.close()
-        if calibrator.interrupted:
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        raise
-    terminal.close()
-    return run
-
-
+@ssh_flags()
 def calibrate(
     command: ScriptArg = None,
     hosts: HostsOpt = None,
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    ssh_port: SshPortOpt = None,
-    ssh_password_env: SshPasswordEnvOpt = None,
-    ssh_config: SshConfigOpt = None,
-    accept_new_host_keys: AcceptNewHostKeysOpt = False,
-    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
+    ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
     seconds: SecondsOpt = DEFAULT_SECONDS,
     nproc_per_node: NprocOpt = None,
     python: PythonOpt = None,
@@ -199,16 +85,7 @@ def calibrate(
     The result is saved as runs/<job-id>/calibration.json and runs/calibration-latest.json,
     for corral run --calibration FILE.
     """
-    ssh = SshOptions(
-        user=ssh_user,
-        key=ssh_key,
-        port=ssh_port,
-        password_env=ssh_password_env,
-        config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        insecure_no_host_key_check=insecure_no_host_key_check,
-    )
-    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
+    cluster = load_hosts(hosts, ssh)
     options = CalibrateOptions(
         seconds=seconds,
         command=tuple(command or ()),
@@ -221,7 +98,15 @@ def calibrate(
         threads=threads,
     )
     console = make_console(stderr=as_json)
-    run = run_calibration(cluster, options, ssh, console, to_stderr=as_json)
+    calibrator = Calibrator(cluster, options, ssh=ssh)
+    terminal = CalibrationTerminal(cluster, console, to_stderr=as_json)
+    terminal.watch(calibrator)
+    try:
+        run = asyncio.run(measure(calibrator))
+    finally:
+        terminal.close()
+    if run is None:
+        raise typer.Exit(EXIT_INTERRUPTED)  # Ctrl-C
     saved = [run.path, run.latest]
     if output:
         saved.append(save_calibration(run.calibration, Path(output)))

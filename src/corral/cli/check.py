@@ -21,17 +21,11 @@ from corral.checks.render import print_report
 from corral.checks.runner import run_checklist
 from corral.checks.shared_data import validate_path
 from corral.cli.common import (
-    AcceptNewHostKeysOpt,
     HostsOpt,
-    InsecureNoHostKeyCheckOpt,
-    SshConfigOpt,
-    SshKeyOpt,
-    SshPasswordEnvOpt,
-    SshPortOpt,
-    SshUserOpt,
-    require_hosts,
+    load_hosts,
+    ssh_flags,
 )
-from corral.cli.run import (
+from corral.cli.options import (
     CHECKS_PANEL,
     CheckpointOpt,
     CodeDirOpt,
@@ -49,7 +43,6 @@ from corral.cli.run import (
     ThresholdOpt,
     WorkdirOpt,
 )
-from corral.cluster import load_cluster
 from corral.console import make_console
 from corral.errors import ConfigError
 from corral.harness.config import harness_target
@@ -126,7 +119,7 @@ def checklist_options(
     if not 0 <= master_port <= 65535:
         raise ConfigError(f"{master_port} is not a TCP port", option="--master-port")
     validate_path(shared_data_path)
-    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)
+    cluster = load_hosts(hosts, ssh)
     return ChecklistOptions(
         cluster=cluster,
         ssh=ssh,
@@ -160,16 +153,11 @@ def _script(command: list[str] | None, harness: bool) -> str | None:
     return harness_target(command[0])[1] if harness else command[0]
 
 
+@ssh_flags()
 def check(
     command: ScriptArg = None,
     hosts: HostsOpt = None,
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    ssh_port: SshPortOpt = None,
-    ssh_password_env: SshPasswordEnvOpt = None,
-    ssh_config: SshConfigOpt = None,
-    accept_new_host_keys: AcceptNewHostKeysOpt = False,
-    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
+    ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
     launcher: LauncherOpt = "torchrun",
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
@@ -216,15 +204,6 @@ def check(
 
     Exit 0 when no check failed, 1 when one did, 2 for bad options.
     """
-    ssh = SshOptions(
-        user=ssh_user,
-        key=ssh_key,
-        port=ssh_port,
-        password_env=ssh_password_env,
-        config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        insecure_no_host_key_check=insecure_no_host_key_check,
-    )
     opts = checklist_options(
         hosts=hosts,
         ssh=ssh,

@@ -1,12 +1,24 @@
-"""Options and helpers shared by every CLI verb (the CLUSTER option group)."""
+"""Options and helpers shared by every CLI verb (the CLUSTER option group).
+
+The SSH flags are defined once: a verb takes ``ssh: SshOptions`` and is decorated
+with :func:`ssh_flags`, which shows the flags in its help and builds the value
+(:func:`ssh_options`) from them.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
+from corral.cluster import load_cluster
+from corral.cluster.model import Cluster
 from corral.errors import ConfigError
+from corral.transport.options import SshOptions
 
 HostsOpt = Annotated[
     str | None,
@@ -100,3 +112,66 @@ def require_hosts(hosts: str | None) -> str:
             option="--hosts",
         )
     return hosts
+
+
+_SSH_FLAGS: dict[str, tuple[str, Any, object]] = {
+    # SshOptions field: (the verb's parameter, its option, its default)
+    "user": ("ssh_user", SshUserOpt, None),
+    "key": ("ssh_key", SshKeyOpt, None),
+    "port": ("ssh_port", SshPortOpt, None),
+    "password_env": ("ssh_password_env", SshPasswordEnvOpt, None),
+    "config": ("ssh_config", SshConfigOpt, None),
+    "accept_new_host_keys": ("accept_new_host_keys", AcceptNewHostKeysOpt, False),
+    "insecure_no_host_key_check": (
+        "insecure_no_host_key_check",
+        InsecureNoHostKeyCheckOpt,
+        False,
+    ),
+}
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def ssh_options(flags: dict[str, Any]) -> SshOptions:
+    """The SshOptions of the SSH flags' values, keyed by parameter (``ssh_user``...);
+    a flag not given keeps SshOptions' default."""
+    return SshOptions(
+        **{field: flags[param] for field, (param, _, _) in _SSH_FLAGS.items() if param in flags}
+    )
+
+
+def ssh_flags(*fields: str) -> Callable[[Callable[P, R]], Callable[..., R]]:
+    """Give a verb the SSH flags of the CLUSTER group in place of its ``ssh: SshOptions``
+    parameter: all of them, or those of the SshOptions ``fields`` named (in that order)."""
+    chosen = [_SSH_FLAGS[f] for f in fields or _SSH_FLAGS]
+
+    def decorate(func: Callable[P, R]) -> Callable[..., R]:
+        hints = typing.get_type_hints(func, include_extras=True)
+        signature = inspect.signature(func)
+        params: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name != "ssh":
+                params.append(param.replace(annotation=hints.get(param.name, param.annotation)))
+                continue
+            params += [
+                inspect.Parameter(name, param.kind, default=default, annotation=option)
+                for name, option, default in chosen
+            ]
+        names = {name for name, _, _ in chosen}
+
+        @functools.wraps(func)
+        def verb(*args: Any, **kwargs: Any) -> R:
+            flags = {k: kwargs.pop(k) for k in names & kwargs.keys()}
+            return func(*args, ssh=ssh_options(flags), **kwargs)  # type: ignore[arg-type]
+
+        verb.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        verb.__annotations__ = {p.name: p.annotation for p in params}
+        return verb
+
+    return decorate
+
+
+def load_hosts(hosts: str | None, ssh: SshOptions) -> Cluster:
+    """The cluster of ``--hosts`` (required), with the SSH user and port as defaults."""
+    return load_cluster(require_hosts(hosts), ssh_user=ssh.user, ssh_port=ssh.port)

@@ -21,17 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.cli.common import (
-    AcceptNewHostKeysOpt,
     HostsOpt,
-    InsecureNoHostKeyCheckOpt,
-    SshConfigOpt,
-    SshKeyOpt,
-    SshPasswordEnvOpt,
-    SshPortOpt,
-    SshUserOpt,
-    require_hosts,
+    load_hosts,
+    ssh_flags,
 )
-from corral.cluster import Cluster, Host, load_cluster
+from corral.cluster import Cluster, Host
 from corral.console import make_console
 from corral.errors import ConfigError, TransportError
 from corral.fleet.fanout import (
@@ -233,16 +227,11 @@ def _report_unreachable(
     return EXIT_UNREACHABLE
 
 
+@ssh_flags()
 def exec_(
     command: CommandArg,
     hosts: HostsOpt = None,
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    ssh_port: SshPortOpt = None,
-    ssh_password_env: SshPasswordEnvOpt = None,
-    ssh_config: SshConfigOpt = None,
-    accept_new_host_keys: AcceptNewHostKeysOpt = False,
-    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
+    ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
     connect_timeout: ConnectTimeoutOpt = None,
@@ -259,16 +248,7 @@ def exec_(
         raise ConfigError("no command given: expected `corral exec [OPTIONS] -- COMMAND...`")
     if timeout is not None and timeout <= 0:
         raise ConfigError(f"invalid timeout {timeout:g}: expected seconds > 0", option="--timeout")
-    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh_user, ssh_port=ssh_port)
-    ssh = SshOptions(
-        user=ssh_user,
-        key=ssh_key,
-        port=ssh_port,
-        password_env=ssh_password_env,
-        config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        insecure_no_host_key_check=insecure_no_host_key_check,
-    )
+    cluster = load_hosts(hosts, ssh)
     code = asyncio.run(
         exec_on_cluster(
             cluster,

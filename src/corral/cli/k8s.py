@@ -12,7 +12,7 @@ from typing import Annotated, Any, cast
 import typer
 import yaml
 
-from corral.cli.run import (
+from corral.cli.options import (
     CheckpointOpt,
     GlooOpt,
     JobIdOpt,

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.common import SshConfigOpt, SshKeyOpt, SshPasswordEnvOpt
+from corral.cli.common import ssh_flags
 from corral.cluster.model import Host
 from corral.errors import ConfigError
 from corral.fleet.logs import (
@@ -35,9 +35,7 @@ from corral.transport.local import LocalTransport
 from corral.transport.options import SshOptions
 
 
-def _transport(
-    job: dict[str, object], key: str | None, config: str | None, password_env: str | None
-) -> Transport:
+def _transport(job: dict[str, object], given: SshOptions) -> Transport:
     hosts = job.get("hosts") or []
     assert isinstance(hosts, list)
     if all(h.get("local") for h in hosts):
@@ -48,10 +46,10 @@ def _transport(
     assert isinstance(saved, dict)
     options = SshOptions(
         user=saved.get("user"),
-        key=key or saved.get("key"),
+        key=given.key or saved.get("key"),
         port=saved.get("port"),
-        config=config or saved.get("config"),
-        password_env=password_env or saved.get("password_env"),
+        config=given.config or saved.get("config"),
+        password_env=given.password_env or saved.get("password_env"),
         # the host-key policy the job itself ran with (never looser than the user chose)
         accept_new_host_keys=bool(saved.get("accept_new_host_keys")),
         insecure_no_host_key_check=bool(saved.get("insecure_no_host_key_check")),
@@ -89,6 +87,7 @@ def _print(
     out.flush()
 
 
+@ssh_flags("key", "config", "password_env")
 def logs(
     job_id: Annotated[
         str | None,
@@ -109,9 +108,7 @@ def logs(
         ),
     ] = False,
     run_dir: Annotated[str, typer.Option("--run-dir", envvar="CORRAL_RUN_DIR")] = "runs",
-    ssh_key: SshKeyOpt = None,
-    ssh_config: SshConfigOpt = None,
-    ssh_password_env: SshPasswordEnvOpt = None,
+    ssh: SshOptions = SshOptions(),  # noqa: B008 (--ssh-key, --ssh-config, --ssh-password-env)
 ) -> None:
     """Print a job's logs, each line prefixed [host:rank]. A marker line opens each attempt."""
     root = Path(run_dir)
@@ -132,7 +129,7 @@ def logs(
         if not hosts:
             raise ConfigError(f"job {job_id} has no host {host!r}", option="--host")
         node_dirs = {h["name"]: h["node_dir"] for h in job["hosts"]}
-        transport = _transport(job, ssh_key, ssh_config, ssh_password_env)
+        transport = _transport(job, ssh)
 
         async def fetch() -> list[LogFile]:
             try:

@@ -1,8 +1,15 @@
-"""The ``corral`` command: one Typer app, one module per verb group."""
+"""The ``corral`` command: one Typer app, one module per verb group.
+
+Verbs are registered lazily: the root group knows every verb by name and summary
+(:data:`corral.cli.VERBS`) and imports a verb's module only when that verb is
+invoked, so ``corral --version`` and ``corral --help`` stay fast. :func:`_register`
+adds every verb at once (for tools and tests that walk the whole tree).
+"""
 
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import sys
 import weakref
@@ -22,9 +29,10 @@ from typer._click.exceptions import (
     NoSuchOption,
     UsageError,
 )
-from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from corral import __version__
+from corral.cli import VERBS
 from corral.console import make_console
 from corral.errors import CorralError
 
@@ -98,6 +106,10 @@ def _set_verbose(ctx: Context, param: object, value: bool) -> None:
         _state["verbose"] = True
 
 
+def _verbose_option(root: Command) -> TyperOption:
+    return next(p for p in root.params if isinstance(p, TyperOption) and p.name == "verbose")
+
+
 def prepare_tree(root: Command) -> None:
     """Make the command tree read as corral's, once per command.
 
@@ -106,8 +118,7 @@ def prepare_tree(root: Command) -> None:
     name only (:class:`WordArgument`); every command below the root also takes
     the root's ``-v/--verbose``.
     """
-    verbose = next(p for p in root.params if isinstance(p, TyperOption) and p.name == "verbose")
-    _prepare(root, None, verbose)
+    _prepare(root, None, _verbose_option(root))
 
 
 def _prepare(command: Command, parent: Context | None, verbose: TyperOption) -> None:
@@ -195,9 +206,43 @@ def _one_line_usage_errors() -> Iterator[None]:
         raise typer.Exit(exc.exit_code) from exc
 
 
+class VerbPlaceholder(TyperCommand):
+    """A verb whose module is not imported yet: its name and summary, for the root's
+    help; the root group replaces it by the real command before it runs."""
+
+
+def load_verbs(module: str) -> dict[str, Command]:
+    """The commands (and groups) that ``corral.cli.<module>`` registers, by name."""
+    holder = typer.Typer()
+    importlib.import_module(f"corral.cli.{module}").register(holder)
+    return dict(typer.main.get_group(holder).commands)
+
+
 class CorralGroup(TyperGroup):
-    """The root group: the tree is prepared (:func:`prepare_tree`) before it runs, and
-    usage errors come out as one ``error:`` line, exit code 2."""
+    """The root group: every verb of :data:`~corral.cli.VERBS` not registered yet is a
+    :class:`VerbPlaceholder`, loaded when it is invoked; the tree is prepared
+    (:func:`prepare_tree`) before it runs, and usage errors come out as one
+    ``error:`` line, exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, verb in VERBS.items():
+            if name not in self.commands:
+                self.commands[name] = VerbPlaceholder(name=name, help=verb.summary)
+
+    def _load(self, ctx: Context, name: str) -> None:
+        """Replace the placeholder of ``name`` (and of the verbs its module adds too)."""
+        for verb, command in load_verbs(VERBS[name].module).items():
+            if isinstance(self.commands.get(verb), VerbPlaceholder):
+                _prepare(command, ctx, _verbose_option(self))
+                self.commands[verb] = command
+
+    def resolve_command(
+        self, ctx: Context, args: list[str]
+    ) -> tuple[str | None, Command | None, list[str]]:
+        if args and isinstance(self.commands.get(args[0]), VerbPlaceholder):
+            self._load(ctx, args[0])
+        return super().resolve_command(ctx, args)
 
     def main(
         self,
@@ -285,19 +330,19 @@ def report_error(exc: CorralError) -> None:
 
 
 def _register() -> None:
-    """Add every verb to ``app`` (once, however often it is called)."""
+    """Add every verb to ``app`` now (once, however often it is called): the whole
+    tree, for what walks it; ``corral`` itself loads each verb when it runs."""
     if _state["registered"]:
         return
     _state["registered"] = True
-    # Imported here so each verb module can import ``app`` helpers from this one.
-    from corral.cli import register_all
+    import corral.cli
 
-    register_all(app)
+    for module in corral.cli._VERB_MODULES:
+        importlib.import_module(f"corral.cli.{module}").register(app)
 
 
 def main() -> None:
     """Console-script entry point: run the app, turning CorralError into one line."""
-    _register()
     try:
         app()  # standalone: usage errors are one line (CorralGroup), exit code 2
     except CorralError as exc:

@@ -25,21 +25,15 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.cli.common import (
-    AcceptNewHostKeysOpt,
     HostsOpt,
-    InsecureNoHostKeyCheckOpt,
-    SshConfigOpt,
-    SshKeyOpt,
-    SshPasswordEnvOpt,
-    SshPortOpt,
-    SshUserOpt,
-    require_hosts,
+    load_hosts,
+    ssh_flags,
 )
-from corral.cli.exec import make_transport
-from corral.cluster import Cluster, load_cluster
+from corral.cluster import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError
 from corral.fleet.ping import DEFAULT_TIMEOUT, PingResult, failed_hosts, ping_hosts
+from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
 
 EXIT_OK = 0
@@ -115,22 +109,19 @@ async def ping_cluster(
     """Ping every host of ``cluster`` over a fresh transport, closed afterwards."""
     hosts = list(cluster.hosts)
     # The transport stops connecting at the deadline too, so nothing outlives the ping.
-    transport = make_transport(cluster, ssh, connect_timeout=timeout, fanout=max(64, len(hosts)))
+    transport = transport_for(
+        cluster, ssh, connect_timeout=timeout, max_concurrency=max(64, len(hosts))
+    )
     try:
         return await ping_hosts(transport, hosts, timeout=timeout)
     finally:
         await transport.close()
 
 
+@ssh_flags()
 def ping(
     hosts: HostsOpt = None,
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    ssh_port: SshPortOpt = None,
-    ssh_password_env: SshPasswordEnvOpt = None,
-    ssh_config: SshConfigOpt = None,
-    accept_new_host_keys: AcceptNewHostKeysOpt = False,
-    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
+    ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
     timeout: TimeoutOpt = DEFAULT_TIMEOUT,
     as_json: JsonOpt = False,
 ) -> None:
@@ -144,16 +135,7 @@ def ping(
     """
     if not timeout > 0:
         raise ConfigError(f"invalid timeout {timeout:g}: expected seconds > 0", option="--timeout")
-    cluster = load_cluster(require_hosts(hosts), ssh_user=ssh_user, ssh_port=ssh_port)
-    ssh = SshOptions(
-        user=ssh_user,
-        key=ssh_key,
-        port=ssh_port,
-        password_env=ssh_password_env,
-        config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        insecure_no_host_key_check=insecure_no_host_key_check,
-    )
+    cluster = load_hosts(hosts, ssh)
     results = asyncio.run(ping_cluster(cluster, ssh, timeout=timeout))
     failed = failed_hosts(results)
     if as_json:

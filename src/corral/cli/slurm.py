@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.run import (
+from corral.cli.options import (
     CheckpointOpt,
     EnvOpt,
     GlooOpt,

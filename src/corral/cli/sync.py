@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 from collections.abc import Coroutine
 from typing import Annotated, Any
 
@@ -23,18 +22,14 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.cli.common import (
-    AcceptNewHostKeysOpt,
     HostsOpt,
-    InsecureNoHostKeyCheckOpt,
-    SshConfigOpt,
-    SshKeyOpt,
-    SshPasswordEnvOpt,
-    SshPortOpt,
-    SshUserOpt,
+    load_hosts,
     require_hosts,
+    ssh_flags,
 )
-from corral.cluster import Cluster, load_cluster
+from corral.cluster import Cluster
 from corral.console import make_console
+from corral.signals import stop_on_signals
 from corral.sync.push import (
     DEFAULT_FANOUT,
     HostSync,
@@ -239,7 +234,6 @@ def _summary(report: SyncReport, console: Console) -> None:
 async def interruptible(work: Coroutine[Any, Any, int]) -> int | None:
     """Run ``work``; Ctrl-C or SIGTERM cancels it (its processes are stopped and
     reaped on the way out) and gives None. A second signal does not cut that short."""
-    loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
     interrupted = False
@@ -250,17 +244,13 @@ async def interruptible(work: Coroutine[Any, Any, int]) -> int | None:
             interrupted = True
             task.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if interrupted:
-            return None
-        raise
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    with stop_on_signals(stop):
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if interrupted:
+                return None
+            raise
 
 
 async def sync_cluster(
@@ -342,16 +332,11 @@ async def sync_cluster(
     return report.exit_code
 
 
+@ssh_flags()
 def sync(
     src: SrcArg = ".",
     hosts: HostsOpt = None,
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    ssh_port: SshPortOpt = None,
-    ssh_password_env: SshPasswordEnvOpt = None,
-    ssh_config: SshConfigOpt = None,
-    accept_new_host_keys: AcceptNewHostKeysOpt = False,
-    insecure_no_host_key_check: InsecureNoHostKeyCheckOpt = False,
+    ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
     dest: DestOpt = None,
     delete: DeleteOpt = False,
     sync_script: ScriptOpt = None,
@@ -370,23 +355,14 @@ def sync(
     failed or the sync script failed; 2 a host was unreachable or bad options.
     """
     spec = require_hosts(hosts)
-    cluster = load_cluster(spec, ssh_user=ssh_user, ssh_port=ssh_port)
-    options = SshOptions(
-        user=ssh_user,
-        key=ssh_key,
-        port=ssh_port,
-        password_env=ssh_password_env,
-        config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        insecure_no_host_key_check=insecure_no_host_key_check,
-    )
+    cluster = load_hosts(spec, ssh)
     code = asyncio.run(
         interruptible(
             sync_cluster(
                 cluster,
                 src,
                 dest,
-                options,
+                ssh,
                 hosts_spec=spec,
                 delete=delete,
                 sync_script=sync_script,

@@ -120,15 +120,21 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
         ) from error
 
 
-def resolve(spec: JobSpec, cluster: Cluster, *, dry_run: bool = False) -> JobSpec:
-    """Validate ``spec`` for ``cluster`` and resolve what this machine can resolve."""
-    if not spec.script and spec.launcher not in NODE_LAUNCHERS:
+def check_launch(script: str, launcher: str) -> None:
+    """A script is given unless the launcher runs its own command, and the launcher is
+    one of :data:`~corral.plan.spec.LAUNCHERS` (ConfigError)."""
+    if not script and launcher not in NODE_LAUNCHERS:
         raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
-    if spec.launcher not in LAUNCHERS:
+    if launcher not in LAUNCHERS:
         raise ConfigError(
-            f"unknown launcher {spec.launcher!r}; choose one of {', '.join(LAUNCHERS)}",
+            f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}",
             option="--launcher",
         )
+
+
+def resolve(spec: JobSpec, cluster: Cluster, *, dry_run: bool = False) -> JobSpec:
+    """Validate ``spec`` for ``cluster`` and resolve what this machine can resolve."""
+    check_launch(spec.script, spec.launcher)
     if not 0 <= spec.master_port <= 65535:
         raise ConfigError(f"{spec.master_port} is not a TCP port", option="--master-port")
     if spec.timeout is not None and not spec.timeout > 0:

@@ -29,20 +29,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError
+from corral.job.build import JobOptions, build_job, job_spec, new_job
 from corral.job.engine import Job
-from corral.job.options import (
-    CheckpointPolicy,
-    CheckPolicy,
-    RestartPolicy,
-    SupervisionPolicy,
-    SyncPolicy,
-)
 from corral.job.result import EXIT_LAUNCH
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, JobSpec
 from corral.private import private_dir
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.service.eventlog import EVENTS_FILE, EventWriter, write_supervisor
 from corral.service.models import ServiceLauncher
+from corral.signals import STOP_SIGNALS, stop_on_signals
 from corral.transport.options import SshOptions
 
 EXIT_CONFIG = 2
@@ -133,11 +128,10 @@ class LaunchRequest(BaseModel):
     workload_weights: list[float] = Field(default_factory=list)
     rebalance: bool = False
 
-    def spec(self) -> JobSpec:
-        """The job's :class:`~corral.plan.spec.JobSpec`."""
-        return JobSpec(
-            script=self.script,
-            args=tuple(self.args),
+    def options(self) -> JobOptions:
+        """The job as :func:`~corral.job.build.build_job` takes it (as ``corral run``)."""
+        return JobOptions(
+            command=(self.script, *self.args),
             launcher=self.launcher,
             command_template=self.command_template,
             job_id=self.job_id,
@@ -155,28 +149,32 @@ class LaunchRequest(BaseModel):
             rdzv_timeout=self.rdzv_timeout,
             run_dir=self.run_dir,
             workload_weights=tuple(self.workload_weights),
+            preflight=self.preflight,
+            smoke_test=self.smoke_test,
+            code_dir=self.code_dir,
+            sync=self.sync,
+            max_restarts=self.max_restarts,
+            restart_backoff=self.restart_backoff,
+            min_nodes=self.min_nodes,
+            host_timeout=self.host_timeout,
+            hang_timeout=self.hang_timeout,
+            replicate_checkpoints=self.replicate_checkpoints,
+            grace=self.grace,
         )
+
+    def spec(self) -> JobSpec:
+        """The job's validated :class:`~corral.plan.spec.JobSpec`."""
+        return job_spec(self.options())
 
     def cluster(self) -> Cluster:
         """The job's hosts, node 0 first."""
         return Cluster(tuple(h.host() for h in self.hosts), source="corral serve")
 
     def job(self) -> Job:
-        """The engine's :class:`~corral.job.engine.Job` for this request."""
-        return Job(
-            self.spec(),
-            self.cluster(),
-            ssh=self.ssh.options(),
-            checks=CheckPolicy(
-                enabled=self.preflight, smoke_test=self.smoke_test, code_dir=self.code_dir
-            ),
-            sync=SyncPolicy(push=self.sync, source=self.code_dir),
-            restarts=RestartPolicy(self.max_restarts, self.restart_backoff, self.min_nodes),
-            checkpoints=CheckpointPolicy(self.checkpoint_dir, self.replicate_checkpoints)
-            if self.checkpoint_dir
-            else CheckpointPolicy(),
-            supervision=SupervisionPolicy(self.grace, self.host_timeout, self.hang_timeout),
-        )
+        """The engine's :class:`~corral.job.engine.Job` for this request, built as
+        ``corral run`` builds its job (:func:`~corral.job.build.build_job`)."""
+        spec, policies = build_job(self.options())
+        return new_job(spec, self.cluster(), policies, ssh=self.ssh.options())
 
 
 def job_dir(run_dir: str | Path, job_id: str) -> Path:
@@ -205,24 +203,6 @@ def _early_stop(signum: int, _frame: object) -> None:
     _EARLY_STOPS.append(signum)
 
 
-def _watch_drift(request: LaunchRequest, job: Job) -> None:
-    """A weighted job's drift monitor, as ``corral run`` wires it."""
-    if not request.workload_weights:
-        return
-    from corral.calibrate.drift import DriftMonitor
-
-    monitor = DriftMonitor(
-        request.workload_weights,
-        request.cluster(),
-        request.nproc_per_node,
-        emit=job.emit,
-        rebalance=request.rebalance,
-        save_to=job_dir(request.run_dir, request.job_id) / "calibration-live.json",
-    )
-    job.subscribe(monitor.on_event)
-    job.before_restart = monitor.respec
-
-
 async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
     """Run the job, SIGTERM/SIGINT mapped to ``job.stop()`` (one that came before the
     job existed stops it before launch); its exit code."""
@@ -232,15 +212,17 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
         event = error_event(exc)
         writer.write(event)
         return int(event["exit_code"])
-    _watch_drift(request, job)  # before the writer: its last message precedes `finished`
+    if request.workload_weights:
+        from corral.calibrate.launch import watch_drift
+
+        # before the writer: its last message precedes `finished`
+        watch_drift(job, rebalance=request.rebalance)
     job.subscribe(writer.on_event)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, job.stop)
     for _ in _EARLY_STOPS:
         job.stop()
     try:
-        result = await job.run()
+        with stop_on_signals(job.stop):
+            result = await job.run()
     except CorralError as exc:
         event = error_event(exc)
         writer.write(event)
@@ -250,7 +232,7 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
 
 def main() -> int:
     """Entry point: the request on stdin, the events in the job dir."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _early_stop)
     request = LaunchRequest.model_validate_json(sys.stdin.buffer.read())
     directory = private_dir(job_dir(request.run_dir, request.job_id))

@@ -1,0 +1,207 @@
+"""One function from what a user asked for to a job: its JobSpec and its policies.
+
+``corral run`` and ``corral plan`` (from their flags) and the server's supervisor
+process (from its launch request) describe a job as :class:`JobOptions`, plain
+values named as ``corral run``'s options, and build it with :func:`build_job`:
+the script and launcher are validated once here (with the option at fault named),
+the policies are made and validate themselves, so every entry point accepts and
+refuses the same jobs with the same errors. :func:`new_job` makes the engine's
+:class:`~corral.job.engine.Job` of the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from corral.checks.context import DEFAULT_MIN_FREE_GB
+from corral.cluster.model import Cluster
+from corral.errors import ConfigError
+from corral.harness.config import harness_target, read_config
+from corral.job.engine import Job
+from corral.job.options import (
+    CheckpointPolicy,
+    CheckPolicy,
+    RestartPolicy,
+    SupervisionPolicy,
+    SyncPolicy,
+)
+from corral.job.resolve import check_launch, new_job_id
+from corral.plan.launchers import validate_launcher
+from corral.plan.spec import (
+    DEFAULT_MASTER_PORT,
+    DEFAULT_RDZV_TIMEOUT,
+    MLX_BACKENDS,
+    HarnessMode,
+    JobSpec,
+    Launcher,
+)
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.sdk._qos import QOS_CLASSES
+from corral.transport.base import Transport
+from corral.transport.options import SshOptions
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """A job as the user asked for it: ``corral run``'s options as plain values
+    (already parsed: ``env`` a mapping, ``nproc_per_node`` a number)."""
+
+    command: Sequence[str] = ()
+    """SCRIPT and its ARGS (empty for the launchers that run their own command)."""
+    launcher: str | None = None
+    """Default: torchrun, or accelerate with ``harness``."""
+    python: str | None = None
+    nproc_per_node: int | None = None
+    master_addr: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Sequence[str] = ()
+    nccl_interface: str | None = None
+    gloo_interface: str | None = None
+    timeout: float | None = None
+    checkpoint_dir: str | None = None
+    run_dir: str = "runs"
+    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    job_id: str | None = None
+    """Default: a new, time-based id."""
+    mlx_backend: str = "ring"
+    shared_data_path: str | None = None
+    command_template: str | None = None
+    tags: str | None = None
+    additional_args: str | None = None
+    harness: bool = False
+    lr_scaling: str = "linear"
+    qos: str | None = None
+    workload_weights: Sequence[float] = ()
+    # the pre-flight and the code sync
+    preflight: bool = True
+    smoke_test: bool = False
+    min_free_gb: float = DEFAULT_MIN_FREE_GB
+    consistency_threshold: float = 1.0
+    exclude_divergent: bool = False
+    code_dir: str | None = None
+    sync: bool = False
+    sync_script: str | None = None
+    # fault tolerance and teardown
+    max_restarts: int = 0
+    restart_backoff: float = 1.0
+    min_nodes: int | None = None
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
+    hang_timeout: float | None = None
+    replicate_checkpoints: bool = False
+    grace: float = 10.0
+
+
+@dataclass(frozen=True)
+class Policies:
+    """The policies a :class:`~corral.job.engine.Job` is built with besides its spec."""
+
+    checks: CheckPolicy = field(default_factory=CheckPolicy)
+    sync: SyncPolicy = field(default_factory=SyncPolicy)
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    supervision: SupervisionPolicy = field(default_factory=SupervisionPolicy)
+
+
+def job_spec(options: JobOptions) -> JobSpec:
+    """The validated JobSpec of ``options`` (ConfigError naming the option at fault)."""
+    launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
+    script, *args = options.command or [""]
+    check_launch(script, launcher)
+    if options.mlx_backend not in MLX_BACKENDS:
+        raise ConfigError(
+            f"unknown MLX backend {options.mlx_backend!r}; choose one of {', '.join(MLX_BACKENDS)}",
+            option="--mlx-backend",
+        )
+    harness: HarnessMode | None = None
+    config: str | None = None
+    if options.harness:
+        if not script:
+            raise ConfigError("needs -- PLUGIN_DIR_OR_SCRIPT [ARGS...]", option="--harness")
+        harness, script = harness_target(script)
+        config = read_config(args)
+    spec = JobSpec(
+        script=script,
+        args=tuple(args),
+        launcher=cast(Launcher, launcher),
+        mlx_backend=options.mlx_backend,
+        shared_data_path=options.shared_data_path,
+        command_template=options.command_template,
+        madengine_tags=options.tags,
+        madengine_args=options.additional_args,
+        harness=harness,
+        harness_config=config,
+        lr_scaling=options.lr_scaling,
+        job_id=options.job_id or new_job_id(),
+        python=options.python,
+        nproc_per_node=options.nproc_per_node,
+        master_addr=options.master_addr,
+        master_port=options.master_port,
+        workdir=options.workdir,
+        env=dict(options.env),
+        secret_env=tuple(options.secret_env),
+        nccl_interface=options.nccl_interface,
+        gloo_interface=options.gloo_interface,
+        timeout=options.timeout,
+        checkpoint_dir=options.checkpoint_dir,
+        rdzv_timeout=options.rdzv_timeout,
+        run_dir=options.run_dir,
+        qos=options.qos,
+        workload_weights=tuple(options.workload_weights),
+    )
+    if options.qos is not None and options.qos not in QOS_CLASSES:
+        raise ConfigError(
+            f"unknown QoS class {options.qos!r}; choose one of {', '.join(QOS_CLASSES)}",
+            option="--qos",
+        )
+    validate_launcher(spec)  # before resolve() rewrites the script's path
+    return spec
+
+
+def policies(options: JobOptions) -> Policies:
+    """The policies of ``options``; each validates itself (ConfigError naming the option)."""
+    return Policies(
+        checks=CheckPolicy(
+            enabled=options.preflight,
+            smoke_test=options.smoke_test,
+            min_free_gb=options.min_free_gb,
+            consistency_threshold=options.consistency_threshold,
+            exclude_divergent=options.exclude_divergent,
+            code_dir=options.code_dir,
+        ),
+        sync=SyncPolicy(push=options.sync, script=options.sync_script, source=options.code_dir),
+        restarts=RestartPolicy(options.max_restarts, options.restart_backoff, options.min_nodes),
+        checkpoints=CheckpointPolicy(options.checkpoint_dir, options.replicate_checkpoints),
+        supervision=SupervisionPolicy(options.grace, options.host_timeout, options.hang_timeout),
+    )
+
+
+def build_job(options: JobOptions) -> tuple[JobSpec, Policies]:
+    """``options`` as the engine takes a job: its spec and its policies."""
+    made = policies(options)  # the policies' errors first, as corral run has always named them
+    return job_spec(options), made
+
+
+def new_job(
+    spec: JobSpec,
+    cluster: Cluster,
+    made: Policies,
+    *,
+    ssh: SshOptions | None = None,
+    transport: Transport | None = None,
+) -> Job:
+    """The engine's Job of a built spec and its policies on ``cluster``."""
+    return Job(
+        spec,
+        cluster,
+        ssh=ssh,
+        checks=made.checks,
+        sync=made.sync,
+        restarts=made.restarts,
+        checkpoints=made.checkpoints,
+        supervision=made.supervision,
+        transport=transport,
+    )
