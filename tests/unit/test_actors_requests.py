@@ -13,8 +13,8 @@ import pytest
 
 from corral.actors import _cluster
 from corral.actors import _framing as fr
+from corral.actors._channel import Mailbox
 from corral.actors._cluster import WorkerHandle, _gather
-from corral.actors._runtime import Mailbox
 from corral.actors.errors import ActorGroupError, ActorTimeout, WorkerDied
 from corral.actors.worker import CoordinatorHandle
 

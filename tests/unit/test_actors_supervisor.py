@@ -10,8 +10,10 @@ from typing import Any, cast
 
 import pytest
 
+from corral.actors._channel import Mailbox
 from corral.actors._cluster import restart_policy
-from corral.actors._runtime import Mailbox, Output, Supervisor, WorkerSpec, policy_exit_code
+from corral.actors._loop import Output
+from corral.actors._runtime import Supervisor, WorkerSpec, policy_exit_code
 from corral.actors.errors import WorkerDied
 from corral.cluster.model import Host
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST

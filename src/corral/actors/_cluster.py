@@ -21,14 +21,9 @@ from typing import Any, TypeVar
 
 import corral
 from corral.actors import _framing as fr
-from corral.actors._runtime import (
-    LoopThread,
-    Mailbox,
-    Output,
-    Supervisor,
-    WorkerSpec,
-    start_all,
-)
+from corral.actors._channel import Mailbox
+from corral.actors._loop import LoopThread, Output
+from corral.actors._runtime import Supervisor, WorkerSpec, start_all
 from corral.actors._workfn import describe
 from corral.actors.errors import (
     ActorError,

@@ -19,7 +19,7 @@ a lost host is tried again (``min_nodes`` does not apply): the restart reconnect
 and a reconnect that fails is a launch error, which ends it.
 
 A local worker's pipes skip the loop on the message path (a round trip costs a
-few thread wake-ups, so each hop counts): :meth:`Supervisor.send` writes a small
+few thread wake-ups, so each hop counts): :meth:`Supervisor.send_msg` writes a small
 frame straight to its stdin from the caller's thread, and a thread of its own
 reads its stdout into the mailbox. SSH channels stay on the loop.
 """
@@ -28,31 +28,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import io
 import os
-import queue
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 from corral.actors import _framing as fr
+from corral.actors._channel import LocalPipes, Mailbox
+from corral.actors._loop import Output
 from corral.actors.errors import ActorError, RemoteError, WorkerDied, WorkerRestarted
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.job.logfiles import LogFiles
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, EXIT_SIGNAL_BASE, JobResult
 from corral.job.states import JobMachine, JobState
 from corral.recovery.restart import RestartPolicy, decide
 from corral.transport.base import NodeProcess, Transport, kill_and_wait
-
-T = TypeVar("T")
 
 TAIL_LINES = 20
 #: Seconds to wait for the exit status once a worker's channel closed.
@@ -66,149 +61,6 @@ STDERR_DRAIN = 1.0
 _CHUNK = 1 << 16
 #: Frames of a local worker's reader thread that the loop handles.
 _LOOP_FRAMES = frozenset({fr.HELLO, fr.READY, fr.ERROR, fr.DONE, fr.REPORT})
-
-
-class LoopThread:
-    """An asyncio loop running in a daemon thread; the sync API calls into it."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (from another thread)."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
-    def close(self) -> None:
-        """Stop the loop and its thread."""
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-class Output:
-    """Workers' stderr: to the coordinator's stderr as ``[host:rank] line`` (from a
-    thread of its own, so a stalled terminal never stalls supervision) and to
-    ``<log_dir>/<host>.<rank>.log`` (0600)."""
-
-    def __init__(self, *, echo: bool, log_dir: Path | None, stream: IO[str] | None = None) -> None:
-        self.logs = LogFiles(log_dir) if log_dir is not None else None
-        self._stream = stream if stream is not None else sys.stderr
-        self._queue: queue.SimpleQueue[bytes | None] | None = None
-        if echo:
-            self._queue = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._write, name="corral-echo", daemon=True)
-            self._thread.start()
-
-    def lines(self, host: str, rank: int, data: bytes) -> None:
-        """Whole lines (or a final partial one) of one worker's stderr."""
-        if self.logs is not None:
-            self.logs.write(host, rank, data)
-            self.logs.flush()  # live: tail -f works
-        if self._queue is not None:
-            prefix = f"[{host}:{rank}] ".encode()
-            self._queue.put(b"".join(prefix + line for line in data.splitlines(keepends=True)))
-
-    def _write(self) -> None:
-        assert self._queue is not None
-        buffer = getattr(self._stream, "buffer", None)
-        while (data := self._queue.get()) is not None:
-            if not data.endswith(b"\n"):
-                data += b"\n"
-            with contextlib.suppress(OSError, ValueError):
-                if buffer is not None:
-                    buffer.write(data)
-                    buffer.flush()
-                else:
-                    self._stream.write(data.decode(errors="replace"))
-                    self._stream.flush()
-
-    def close(self) -> None:
-        """Write out what is queued and close the log files."""
-        if self._queue is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._queue = None
-        if self.logs is not None:
-            self.logs.close()
-
-
-class Mailbox:
-    """What one worker sent, for the coordinator's threads. Items are ``("msg", (id,
-    body))`` (``id``: the request the message answers, see :mod:`._framing`) or
-    ``("raise", error)`` (raised once); ``dead`` is the final error, raised by every
-    ``recv`` once the items are used up. All the mailboxes of one cluster share one
-    condition, so a group operation can wait on all of them.
-
-    A request given up on (a failed ``call``) is :meth:`abandon`-ed: its answers
-    are dropped, the ones already here and the ones still to come."""
-
-    def __init__(self, cond: threading.Condition) -> None:
-        self.cond = cond
-        self.items: collections.deque[tuple[str, Any]] = collections.deque()
-        self.dead: WorkerDied | None = None
-        self.abandoned: set[int] = set()
-
-    def put(self, kind: str, value: object) -> None:
-        with self.cond:
-            self.items.append((kind, value))
-            self.cond.notify_all()
-
-    def put_msg(self, body: bytes | bytearray) -> None:
-        """A message from the worker (dropped when it answers an abandoned request)."""
-        answers = fr.msg_id(body)
-        with self.cond:
-            if self.abandoned:
-                # the worker's ids only grow: older abandoned ones never come again
-                self.abandoned = {a for a in self.abandoned if a >= answers}
-                if answers in self.abandoned:
-                    return
-            self.items.append(("msg", (answers, body)))
-            self.cond.notify_all()
-
-    def abandon(self, request: int) -> None:
-        """Drop every answer to ``request`` (the caller holds ``cond``)."""
-        self.abandoned.add(request)
-        self.items = collections.deque(
-            item for item in self.items if item[0] != "msg" or item[1][0] != request
-        )
-
-    def renew(self) -> None:
-        """A new process took over: nothing it sends answers an old request."""
-        with self.cond:
-            self.abandoned.clear()
-
-    def finish(self, error: WorkerDied) -> None:
-        with self.cond:
-            self.dead = error
-            self.cond.notify_all()
-
-    def ready(self, since: int = 0) -> bool:
-        """Whether a ``recv`` would return or raise at once, counting only messages
-        that answer request ``since`` or a later one (caller holds ``cond``)."""
-        if self.dead is not None or (self.items and since == 0):
-            return True
-        return any(kind != "msg" or value[0] >= since for kind, value in self.items)
-
-    def take(self, since: int = 0) -> tuple[str, Any]:
-        """The first item :meth:`ready` counts (the caller holds ``cond`` and saw it
-        ready); earlier messages stay, in order."""
-        if since == 0 and self.items:
-            return self.items.popleft()
-        for index, (kind, value) in enumerate(self.items):
-            if kind != "msg" or value[0] >= since:
-                del self.items[index]
-                return kind, value
-        return "raise", self.dead
 
 
 @dataclass
@@ -234,76 +86,6 @@ async def _exit_status(proc: NodeProcess) -> None:
 def _lost(proc: NodeProcess) -> Any:
     """The ConnectionLost of an SSH process whose connection broke (else None)."""
     return getattr(proc, "lost", None)
-
-
-class _LocalPipes:
-    """A local worker's stdin and stdout, used from threads (see the module doc).
-
-    Writes go to a private duplicate of the stdin pipe (so a descriptor the loop
-    closes is never reused under a writer), only while asyncio's transport has
-    nothing buffered and no frame waits on the loop (the supervisor's lock
-    guards both), so frames keep their order. The stdout pipe is left to the
-    reader thread: the loop's transport is paused, and closed at the end so the
-    process's ``wait()`` returns."""
-
-    def __init__(
-        self, stdin: asyncio.WriteTransport, stdout: asyncio.ReadTransport, fds: tuple[int, int]
-    ) -> None:
-        self.stdin = stdin
-        self.stdout = stdout
-        self.write_fd: int | None = fds[0]
-        self.read_fd = fds[1]
-
-    @classmethod
-    def of(cls, proc: NodeProcess) -> _LocalPipes | None:
-        """The pipes of a local process, before anything was read from its stdout
-        (None for other processes: they stay on the loop)."""
-        inner = getattr(proc, "_proc", None)
-        transport = getattr(inner, "_transport", None)
-        if not isinstance(inner, asyncio.subprocess.Process) or transport is None:
-            return None
-        stdin = transport.get_pipe_transport(0)
-        stdout = transport.get_pipe_transport(1)
-        if not isinstance(stdin, asyncio.WriteTransport) or not isinstance(
-            stdout, asyncio.ReadTransport
-        ):
-            return None
-        if stdin.is_closing() or stdout.is_closing() or len(getattr(proc.stdout, "_buffer", b"")):
-            return None
-        try:
-            write_fd = os.dup(stdin.get_extra_info("pipe").fileno())
-        except OSError:
-            return None
-        try:
-            read_fd = os.dup(stdout.get_extra_info("pipe").fileno())
-        except OSError:
-            os.close(write_fd)
-            return None
-        stdout.pause_reading()
-        return cls(stdin, stdout, (write_fd, read_fd))
-
-    def write_now(self, data: bytes) -> bytes | None:
-        """Write ``data`` if nothing is ahead of it (the caller holds the lock): what
-        is left to write (``data`` itself when nothing could be), ``b""`` when all
-        went out or the worker is gone, None when the transport must take it."""
-        if self.write_fd is None or self.stdin.is_closing():
-            return b""
-        if self.stdin.get_write_buffer_size():
-            return None
-        try:
-            written = os.write(self.write_fd, data)
-        except (BlockingIOError, InterruptedError):
-            return data
-        except OSError:  # the worker is gone: dropped, as the transport would
-            return b""
-        return data[written:]
-
-    def close_writer(self) -> None:
-        """Drop the duplicate of stdin (the caller holds the lock), so closing the
-        transport is the worker's EOF."""
-        if self.write_fd is not None:
-            os.close(self.write_fd)
-            self.write_fd = None
 
 
 def _forget(tasks: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
@@ -374,7 +156,7 @@ class Supervisor:
         self._write_lock = threading.Lock()
         #: Frames handed to the loop and not yet given to the transport.
         self._queued = 0
-        self._pipes: _LocalPipes | None = None
+        self._pipes: LocalPipes | None = None
         #: The id of the last message sent (ids go on across restarts).
         self._last_id = 0
         self._backoff: asyncio.Future[None] | None = None
@@ -544,7 +326,7 @@ class Supervisor:
         with self._write_lock:  # nothing is sent to the new process before init
             self.proc = proc
             self.alive = True
-            self._pipes = _LocalPipes.of(proc)
+            self._pipes = LocalPipes.of(proc)
             self._write(fr.INIT, fr.encode_json(spec.init))
         if self._notice is not None:  # told once the new process takes messages
             self.mailbox.put("raise", self._notice)
@@ -653,7 +435,7 @@ class Supervisor:
         while (frame := await fr.read_frame_async(proc.stdout)) is not None:
             self._frame(*frame)
 
-    async def _read_frames_in_thread(self, pipes: _LocalPipes) -> None:
+    async def _read_frames_in_thread(self, pipes: LocalPipes) -> None:
         """A local worker's frames, read by a thread: messages straight into the
         mailbox, the rest through the loop (in order); returns at EOF."""
         done: asyncio.Future[None] = self._loop.create_future()
