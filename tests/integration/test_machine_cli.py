@@ -66,6 +66,10 @@ def test_machine_add_list_check_rm(corral: Corral) -> None:
     )
     unnamed = corral("machine", "add")
     assert unnamed.returncode == 2 and unnamed.stderr.startswith("error: NAME: a machine needs")
+    with corral.server.client() as http:
+        answer = http.post("/api/network/machines", json={"local": True})
+    assert answer.status_code == 422
+    assert "every machine needs a name, a local one too" in answer.json()["error"]["message"]
 
     local = corral("machine", "add", "--local", "--slots", "2")  # named local1
     assert local.returncode == 0, local.stderr

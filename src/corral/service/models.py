@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ServiceLauncher = Literal["torchrun", "python", "accelerate", "mlx", "command"]
@@ -76,6 +77,17 @@ class MachineIn(_Body):
         max_length=4096,
         description="Interpreter on the machine (default: found there).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "name" not in data:
+            raise PydanticCustomError(
+                "missing",
+                'name: every machine needs a name, a local one too (e.g. {"name": "sim1", '
+                '"local": true}; `corral machine add --local` picks local1, local2, ...)',
+            )
+        return data
 
 
 class MachineOut(BaseModel):
