@@ -51,6 +51,7 @@ DEFAULT_TIMEOUTS = {
     "web": 180.0,
     "actors": 400.0,
     "hetero": 900.0,
+    "cli_start": 120.0,
 }
 
 
