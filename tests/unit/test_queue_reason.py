@@ -53,3 +53,20 @@ def test_a_shortfall_with_some_free_says_how_many() -> None:
     assert waiting_reason(request(num=2), info.value) == (
         "waiting for 2 machines (1 free): b busy with j-1"
     )
+
+
+def test_the_live_view_writes_one_node_and_one_rank_in_the_singular() -> None:
+    import io
+
+    from rich.console import Console
+
+    from corral.job.events import AttemptStarted
+    from corral.job.output import TerminalOutput
+
+    console = Console(file=io.StringIO(), width=200)
+    output = TerminalOutput(stream=io.BytesIO(), console=console)
+    output.on_event(
+        AttemptStarted(job_id="j", number=0, hosts=["n1"], world_size=1, launcher="python")
+    )
+    output.close()
+    assert "job j: 1 node, 1 rank, launcher python" in console.file.getvalue()  # type: ignore[attr-defined]

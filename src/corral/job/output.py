@@ -49,6 +49,7 @@ from corral.job.events import (
 )
 from corral.job.logfiles import NODE_RANK_LABEL
 from corral.job.states import JobState
+from corral.words import plural
 
 STYLES: dict[str, str] = {
     "info": "bold",
@@ -215,8 +216,9 @@ class TerminalOutput:
             self._ranks_done.clear()
             attempt = f" (attempt {event.number})" if event.number else ""
             self.message(
-                f"job {event.job_id}{attempt}: {len(event.hosts)} nodes, {event.world_size} "
-                f"ranks, launcher {event.launcher}; logs in {event.log_dir}"
+                f"job {event.job_id}{attempt}: {plural(len(event.hosts), 'node')}, "
+                f"{plural(event.world_size, 'rank')}, launcher {event.launcher}; logs in "
+                f"{event.log_dir}"
             )
         elif isinstance(event, Checked) and self._on_checked is not None:
             self._print_outside(lambda: self._on_checked(event, self.console))  # type: ignore[misc]
