@@ -252,10 +252,11 @@ def main(argv: list[str] | None = None) -> None:
         start, initial_loss = int(state["step"]), float(state["initial_loss"])
         if start >= args.steps:  # a finished run: say so rather than train nothing silently
             if me.rank == 0:
+                newest = sdk.latest_checkpoint(args.checkpoint_dir)  # a relative dir is the job's
+                where = newest.parent if newest else os.path.abspath(args.checkpoint_dir)
                 print(
                     f"already complete at step {start}/{args.steps}; nothing to do (delete "
-                    f"{os.path.abspath(args.checkpoint_dir)} or pass --checkpoint-dir elsewhere "
-                    "to start fresh)",
+                    f"{where} or pass --checkpoint-dir elsewhere to start fresh)",
                     flush=True,
                 )
             sdk.barrier()

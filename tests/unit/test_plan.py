@@ -59,7 +59,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_plan_matches_golden(case: str) -> None:
+def test_plan_matches_golden(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir("/")  # local nodes get it as CORRAL_LAUNCH_DIR: the same everywhere
     spec, cluster = CASES[case]()
     got = _plan_json(spec, cluster)
     path = GOLDEN / f"plan_{case}.json"

@@ -26,6 +26,7 @@ from corral.plan.launchers import (
 from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand, RankProcess
 from corral.sdk._calibrate import CALIBRATE_ENV
 from corral.sdk._config import JOB_CONFIG_ENV, ScaleRule, adjust_config
+from corral.sdk._paths import LAUNCH_DIR_ENV
 
 HARNESS_ENV = "CORRAL_HARNESS"
 """Set on every rank of a ``--harness`` job: ``plugin`` or ``script``."""
@@ -174,6 +175,9 @@ def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict
     env["CORRAL_ATTEMPT"] = str(attempt)
     env["CORRAL_NODE_DIR"] = node_dir(spec, host)
     env["CORRAL_HOST"] = host.name
+    if host.local:  # its ranks run in the node's own dir: the SDK's relative checkpoint
+        # paths resolve against the job's working directory instead, as on SSH hosts
+        env[LAUNCH_DIR_ENV] = spec.workdir or os.getcwd()
     return env
 
 

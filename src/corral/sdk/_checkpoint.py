@@ -17,6 +17,11 @@ save that cannot be written (disk full, read-only or failing disk) raises
 :class:`CheckpointWriteError` naming the host, the path and the cause; its temp
 file is removed and the previous checkpoint is left as it was.
 
+A relative directory or path given to these functions is resolved against
+``$CORRAL_LAUNCH_DIR`` when corral sets it (``local:N`` nodes, whose ranks run
+in their own node dir), so it names the same place on every run of the job
+(:mod:`corral.sdk._paths`).
+
 ``latest_checkpoint`` also guards against files damaged some other way (a
 partial copy, a non-atomic network filesystem, a torn page after power loss):
 ``torch.save`` writes a zip archive whose directory is at the end of the file,
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.sdk._env import info
+from corral.sdk._paths import job_path
 from corral.sdk._report import request, send_event
 
 __all__ = [
@@ -193,7 +199,7 @@ def save_checkpoint(
     if not all_ranks and me.rank != 0:
         return None
     rank = me.rank if all_ranks else None
-    folder = Path(directory)
+    folder = job_path(directory)
     final = folder / _filename(step, rank)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
     try:
@@ -336,7 +342,7 @@ def latest_checkpoint(directory: str | os.PathLike[str], *, rank: int | None = N
     skipped (see the module docstring). With ``all_ranks`` checkpoints, ranks
     should agree on a step (e.g. an ``all_reduce`` MIN) before loading.
     """
-    for _, path in reversed(_checkpoints(Path(directory), rank)):
+    for _, path in reversed(_checkpoints(job_path(directory), rank)):
         if is_complete_checkpoint(path):
             return path
     return None
@@ -346,7 +352,8 @@ def load_checkpoint(
     path: str | os.PathLike[str], map_location: Any = "cpu", *, weights_only: bool = True
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` (tensors mapped to ``map_location``)."""
-    return load_state(path, str(path), map_location, weights_only=weights_only)
+    where = job_path(path)
+    return load_state(where, str(where), map_location, weights_only=weights_only)
 
 
 def load_state(

@@ -29,6 +29,7 @@ from typing import Any
 
 from corral.sdk._checkpoint import fsync_dir
 from corral.sdk._env import info
+from corral.sdk._paths import job_path
 from corral.sdk._report import send_event
 from corral.sdk._resume import CHECKPOINT_DIR_ENV, _group
 
@@ -94,7 +95,7 @@ def _state_path(checkpoint_dir: str | os.PathLike[str] | None, name: str) -> Pat
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"chunk state name {name!r} must be a plain file name")
     folder = checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV, "").strip()
-    return Path(folder) / f"{name}.json" if folder else None
+    return job_path(folder) / f"{name}.json" if folder else None
 
 
 def _read_done(path: Path | None, expected: dict[str, int]) -> tuple[int, str | None]:

@@ -6,6 +6,10 @@ directory is host-local), so each rank loads the file from its own host: no
 checkpoint is ever pickled through a collective, whatever its size. The ranks
 exchange only which checkpoint they see (one small ``all_gather_object``) and
 all load the same one. At most one checkpoint interval of work is lost.
+
+A relative directory is the job's: on ``local:N`` it resolves against
+``$CORRAL_LAUNCH_DIR`` (where corral was started, or ``--workdir``), not the
+node's per-job dir the ranks run in, so a rerun of the job finds it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint, load_checkpoint
 from corral.sdk._env import info
+from corral.sdk._paths import job_path
 
 __all__ = ["resume"]
 
@@ -36,14 +41,14 @@ def _group() -> Any:
 
 def _directory(directory: str | os.PathLike[str] | None) -> Path:
     if directory is not None:
-        return Path(directory)
+        return job_path(directory)
     env = os.environ.get(CHECKPOINT_DIR_ENV, "").strip()
     if not env:
         raise ValueError(
             f"resume() needs a checkpoint directory: pass one, or run under corral with "
             f"--checkpoint-dir (which sets {CHECKPOINT_DIR_ENV})"
         )
-    return Path(env)
+    return job_path(env)
 
 
 def _newest(folder: Path) -> tuple[int, Path] | None:
