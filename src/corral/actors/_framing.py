@@ -44,6 +44,7 @@ REPORT = 14
 KINDS = frozenset({INIT, MSG, STOP, PING, HELLO, READY, ERROR, DONE, REPORT})
 #: The id in front of every MSG body (see the module doc).
 MSG_ID = struct.Struct(">Q")
+_unpack_id = MSG_ID.unpack_from
 
 
 class ProtocolError(ValueError):
@@ -78,13 +79,20 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+#: Below this many bytes a value is unpickled from a copy (faster than from a view).
+_COPY_BELOW = 1 << 16
+
+
 def loads(body: bytes | bytearray, offset: int = 0) -> Any:
-    """Unpickle the user value at ``offset`` of ``body`` (without a copy, unless it
-    names ``__mp_main__``)."""
-    view = memoryview(body)[offset:]
+    """Unpickle the user value at ``offset`` of ``body`` (a large one without a copy,
+    unless it names ``__mp_main__``)."""
     if body.find(b"__mp_main__", offset) >= 0:
-        return _Unpickler(io.BytesIO(view)).load()
-    return pickle.loads(view)
+        return _Unpickler(io.BytesIO(memoryview(body)[offset:])).load()
+    if offset == 0:
+        return pickle.loads(body)
+    if len(body) - offset < _COPY_BELOW:
+        return pickle.loads(body[offset:])
+    return pickle.loads(memoryview(body)[offset:])
 
 
 def msg_head(msg_id: int) -> bytes:
@@ -94,14 +102,15 @@ def msg_head(msg_id: int) -> bytes:
 
 def msg_id(body: bytes | bytearray) -> int:
     """The id of a MSG body (ProtocolError when it is too short to hold one)."""
-    if len(body) < MSG_ID.size:
+    if len(body) < 8:
         raise ProtocolError(f"a message frame of {len(body)} bytes has no id")
-    return int(MSG_ID.unpack_from(body)[0])
+    answers: int = _unpack_id(body)[0]
+    return answers
 
 
 def msg_value(body: bytes | bytearray) -> Any:
     """The user value of a MSG body (after its id)."""
-    return loads(body, MSG_ID.size)
+    return loads(body, 8)
 
 
 def encode_json(value: object) -> bytes:
