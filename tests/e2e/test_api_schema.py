@@ -48,8 +48,12 @@ BODY_STARTS_WORK: dict[tuple[str, str], type[BaseModel]] = {
 # Queuing an existing task starts a job as soon as machines are free: these are sent
 # only for task ids the server does not know (a 404).
 QUEUES_TASK = {
-    ("GET", "/api/tasks/{task_id}/queue_distributed"),
-    ("GET", "/api/tasks/{task_id}/queue/{machine_id}"),
+    (method, path)
+    for method in ("GET", "POST")
+    for path in (
+        "/api/tasks/{task_id}/queue_distributed",
+        "/api/tasks/{task_id}/queue/{machine_id}",
+    )
 }
 
 # Checks every response must pass. Left out, on purpose:

@@ -246,6 +246,37 @@ def test_logout_needs_csrf_and_ends_the_session(
         assert _fetch(page, "GET", "/api/network/machines", {}) == 401
 
 
+def test_pages_work_under_the_csp_and_queue_a_task_with_post(
+    browser: Any, shots: Shots, server: LiveServer, job_id: str
+) -> None:
+    request = {
+        "script": str(server.root / "hello.py"),
+        "launcher": "python",
+        "nproc_per_node": 1,
+        "preflight": False,
+    }
+    with server.client() as client:
+        made = client.post("/api/tasks", json={"name": "csp-task", "request": request})
+        assert made.status_code == 201, made.text
+        task = made.json()["id"]
+    refused: list[str] = []
+    sent: list[tuple[str, str]] = []
+    with open_page(browser, shots) as page:
+        page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
+        page.on("request", lambda r: sent.append((r.method, urlsplit(r.url).path)))
+        login(page, server)
+        for path in _pages(job_id):
+            page.goto(server.url + path)
+            _settle(page)
+        page.goto(server.url + "/jobs")
+        queue = page.locator(f'tr[data-task="{task}"] button[data-action=queue]')
+        queue.click()  # the rows exist: the page's own script ran under the CSP
+        page.locator("#flash").filter(has_text="Queued").wait_for()
+    assert ("POST", f"/api/tasks/{task}/queue_distributed") in sent
+    assert not [s for s in sent if s[0] == "GET" and "/queue" in s[1]], sent
+    assert refused == []
+
+
 # -- assets and accessibility --------------------------------------------------------------
 
 

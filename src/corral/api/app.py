@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import quote
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral import __version__
 from corral.api import errors
 from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, token_matches
+from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders, no_nul_in_path
 from corral.api.metrics import CONTENT_TYPE, Metrics
 from corral.api.routers import jobs, network, tasks
 from corral.api.services import Services
@@ -118,8 +119,15 @@ def _route_of(request: Request) -> str:
     return "unmatched"
 
 
-def create_app(svc: Services, token: str, *, background: bool = True) -> FastAPI:
-    """The app over ``svc``; ``background`` runs re-attach, ingest and the scheduler."""
+def create_app(
+    svc: Services,
+    token: str,
+    *,
+    background: bool = True,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> FastAPI:
+    """The app over ``svc``; ``background`` runs re-attach, ingest and the scheduler;
+    a body over ``max_request_bytes`` is a 413."""
     metrics = Metrics(svc.store)
 
     @asynccontextmanager
@@ -150,12 +158,16 @@ def create_app(svc: Services, token: str, *, background: bool = True) -> FastAPI
         "(`corral serve --print-token`). Errors: "
         '`{"error": {"type", "message", "details"}}`.',
         lifespan=lifespan,
+        dependencies=[Depends(no_nul_in_path)],
     )
     sessions = Sessions()
     app.state.services = svc
     app.state.sessions = sessions
     app.state.token = token
+    # outermost last: headers on every answer, then the token, then the input guard
+    app.add_middleware(InputGuard, max_bytes=max_request_bytes)
     app.add_middleware(TokenMiddleware, token=token, metrics=metrics, sessions=sessions)
+    app.add_middleware(SecurityHeaders)
     errors.install(app)
     for module in (network, tasks, jobs):
         app.include_router(module.router)

@@ -4,7 +4,9 @@ Mapped from corral's error tree: :class:`~corral.errors.ServiceError` carries
 its own status; a :class:`~corral.errors.ConfigError` is a 422 naming the
 option; a :class:`~corral.errors.CheckFailed` a 409 with the failing checks; a
 transport error a 502 naming the host; an invalid body a 422 naming each field.
-Anything unexpected is a 500 with no traceback (it is logged on the server).
+A value the database refuses is a 422 (logged without the value). Anything
+unexpected is a 500 with no traceback (it is logged on the server, without the
+statement's parameters).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, DBAPIError
 from starlette.exceptions import HTTPException
 
 from corral.errors import CheckFailed, ConfigError, CorralError, ServiceError, TransportError
@@ -73,7 +76,28 @@ def install(app: FastAPI) -> None:
             exc.status_code, kind, str(exc.detail), headers=getattr(exc, "headers", None)
         )
 
+    @app.exception_handler(DataError)
+    async def _data(request: Request, exc: DataError) -> JSONResponse:
+        # a value the database refuses that validation let through: the request's
+        # fault, and the message (which may quote the value) is not logged
+        log.warning(
+            "%s %s: the database refused a value (%s)",
+            request.method,
+            request.url.path,
+            type(exc.orig).__name__,
+        )
+        return error_response(422, "invalid", "a value of the request is not storable")
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        if isinstance(exc, DBAPIError):  # the driver's message may quote a request's value
+            log.error(
+                "unexpected database error in %s %s: %s in %s",
+                request.method,
+                request.url.path,
+                type(exc.orig).__name__,
+                (exc.statement or "").split("\n", 1)[0][:200],
+            )
+        else:
+            log.exception("unexpected error in %s %s", request.method, request.url.path)
         return error_response(500, "internal", f"internal error: {type(exc).__name__}")

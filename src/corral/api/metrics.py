@@ -11,7 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -73,6 +78,9 @@ class Metrics:
     """The app's registry: the store collector and the request-latency histogram."""
 
     def __init__(self, store: Store) -> None:
+        # no ``*_created`` series: a timestamp per counter and histogram child is noise
+        # (prometheus_client's switch is process-wide; corral keeps no other registry)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StoreCollector(store))
         self.latency = Histogram(

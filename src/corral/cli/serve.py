@@ -1,4 +1,4 @@
-"""``corral serve``: the REST API (and, later, the web page) over a persistent store.
+"""``corral serve``: the REST API and the web page over a persistent store.
 
 Jobs dispatched through it run in their own supervisor processes, so stopping or
 restarting the server never stops training (it re-attaches on start).
@@ -18,6 +18,8 @@ from corral.errors import ConfigError
 
 _S = "Server"
 _M = "Machines"
+#: corral.api.hardening.MAX_REQUEST_BYTES (not imported here: it drags in FastAPI)
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 def _loopback(host: str) -> bool:
@@ -97,6 +99,38 @@ def serve(
     tls_key: Annotated[
         str | None, typer.Option("--tls-key", metavar="FILE", rich_help_panel=_S)
     ] = None,
+    insecure_http: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-http",
+            help="Serve plain HTTP on a non-loopback address (the token and every job's "
+            "data in clear text): only on a network you trust.",
+            rich_help_panel=_S,
+        ),
+    ] = False,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            "--forwarded-allow-ips",
+            metavar="IPS",
+            envvar="CORRAL_FORWARDED_ALLOW_IPS",
+            help="Behind a TLS proxy: the proxy addresses (comma-separated, or *) whose "
+            "X-Forwarded-Proto/-For are trusted (https there makes the session cookie "
+            "Secure). Default: none.",
+            rich_help_panel=_S,
+        ),
+    ] = None,
+    max_request_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-request-bytes",
+            metavar="BYTES",
+            envvar="CORRAL_MAX_REQUEST_BYTES",
+            min=1024,
+            help="Largest request body accepted (a larger one is a 413).",
+            rich_help_panel=_S,
+        ),
+    ] = MAX_REQUEST_BYTES,
     plugins_dir: Annotated[
         str | None,
         typer.Option(
@@ -162,6 +196,13 @@ def serve(
             raise ConfigError(f"{path} not found", option=option)
     if plugins_dir and not Path(plugins_dir).is_dir():
         raise ConfigError(f"{plugins_dir} is not a directory", option="--plugins-dir")
+    if not _loopback(host) and not tls_cert and not insecure_http:
+        raise ConfigError(
+            f"serving on {host} without TLS would send the token and every job's data in "
+            "clear text: give --tls-cert/--tls-key, or serve on 127.0.0.1 behind a TLS "
+            "proxy (--forwarded-allow-ips) or an SSH tunnel, or accept it with --insecure-http",
+            option="--host",
+        )
 
     import uvicorn
 
@@ -179,7 +220,7 @@ def serve(
         plugins_dir=Path(plugins_dir).resolve() if plugins_dir else None,
         health_interval=health_interval,
     )
-    app = create_app(Services.build(store, settings), token)
+    app = create_app(Services.build(store, settings), token, max_request_bytes=max_request_bytes)
     console = make_console()
     scheme = "https" if tls_cert else "http"
     if not _loopback(host) and not tls_cert:
@@ -204,6 +245,8 @@ def serve(
             port=port,
             ssl_certfile=tls_cert,
             ssl_keyfile=tls_key,
+            proxy_headers=bool(forwarded_allow_ips),
+            forwarded_allow_ips=forwarded_allow_ips or "",
             log_level="warning",
             access_log=False,
         )

@@ -10,19 +10,60 @@ stores (they reach only the job's supervisor process, over its stdin).
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+#: How deep a free-form JSON value (a job's ``config``) may nest.
+MAX_JSON_DEPTH = 64
+#: Bounds of the lists and maps of a body (the server's request-size limit bounds the rest).
+MAX_ITEMS = 4096
+MAX_ENV = 1024
+MAX_LABELS = 64
+Ref = Annotated[str, Field(min_length=1, max_length=255)]
+"""A machine id or name in a list."""
+Arg = Annotated[str, Field(max_length=65536)]
 ServiceLauncher = Literal["torchrun", "python", "accelerate", "mlx", "command"]
 """The launchers a served job can use (see docs/launchers.md); ``command`` runs
 ``command_template`` on every machine instead of a script."""
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: no unknown field, finite numbers only, no NUL in any string (nor
+    in ``config``), free-form JSON at most :data:`MAX_JSON_DEPTH` levels deep."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_json(cls, value: Any) -> Any:
+        _check_json(value, "", 0)
+        return value
+
+
+def _check_json(value: Any, where: str, depth: int) -> None:
+    """Refuse a NUL in a string or key, a non-finite number and nesting deeper than
+    :data:`MAX_JSON_DEPTH` (the store and the response encoder cannot take them)."""
+    at = f" (at {where})" if where else ""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError(f"must not contain a NUL character{at}")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number{at}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and "\0" in key:
+                raise ValueError(f"a key must not contain a NUL character{at}")
+            _check_json(item, f"{where}.{key}" if where else str(key), depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_json(item, f"{where}[{i}]", depth + 1)
 
 
 class MachineIn(_Body):
@@ -69,7 +110,9 @@ class MachineIn(_Body):
         "password (never the password itself).",
     )
     slots: int = Field(1, ge=1, le=1024, description="Ranks the machine runs by default.")
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=63)], Annotated[str, Field(max_length=255)]
+    ] = Field(default_factory=dict, max_length=MAX_LABELS)
     local: bool = Field(False, description="A simulated node on the server's machine.")
     python: str | None = Field(
         None,
@@ -77,6 +120,14 @@ class MachineIn(_Body):
         max_length=4096,
         description="Interpreter on the machine (default: found there).",
     )
+
+    @field_validator("host", "user")
+    @classmethod
+    def _not_an_option(cls, value: str | None) -> str | None:
+        # ssh would read "-oProxyCommand=..." as an option, whatever comes before it
+        if value is not None and value.startswith("-"):
+            raise ValueError("must not start with '-'")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -183,7 +234,7 @@ class JobRequest(_Body):
         pattern=NAME_PATTERN,
         description="A plugin of `corral serve --plugins-dir` (runs <dir>/<name>/main.py).",
     )
-    args: list[str] = Field(default_factory=list)
+    args: list[Arg] = Field(default_factory=list, max_length=MAX_ITEMS)
     config: dict[str, Any] | None = Field(
         None, description="The job's config; ranks read it with corral.sdk.job_config()."
     )
@@ -193,9 +244,9 @@ class JobRequest(_Body):
         "rank-0-only output directory, distributed metadata.",
     )
     config_scaling: ConfigScaling = Field(default_factory=lambda: ConfigScaling())
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: list[str] = Field(
-        default_factory=list, description="env keys whose values are secret."
+    env: dict[str, Arg] = Field(default_factory=dict, max_length=MAX_ENV)
+    secret_env: list[Ref] = Field(
+        default_factory=list, max_length=MAX_ENV, description="env keys whose values are secret."
     )
     launcher: ServiceLauncher = Field(
         "torchrun",
@@ -215,8 +266,8 @@ class JobRequest(_Body):
         default_factory=lambda: ResourceRequirements()
     )
     machine_selection: Literal["auto", "manual"] = "auto"
-    selected_machines: list[str] = Field(
-        default_factory=list, description="Machine ids or names (manual)."
+    selected_machines: list[Ref] = Field(
+        default_factory=list, max_length=MAX_ITEMS, description="Machine ids or names (manual)."
     )
     workdir: str | None = Field(None, min_length=1, max_length=4096)
     python: str | None = Field(None, min_length=1, max_length=4096)
@@ -413,7 +464,7 @@ class Suggestion(BaseModel):
 class Preferences(_Body):
     """The seed's ``DistributedPreferences``."""
 
-    preferred_machines: list[str] = Field(default_factory=list)
+    preferred_machines: list[Ref] = Field(default_factory=list, max_length=MAX_ITEMS)
     default_num_machines: int = Field(1, ge=1, le=4096)
     default_gpus_per_machine: int = Field(0, ge=0, le=1024)
     auto_machine_selection: bool = True
@@ -422,13 +473,17 @@ class Preferences(_Body):
 class PrepareIn(_Body):
     """Sync a code tree to machines and install its requirements there."""
 
-    machine_ids: list[str] = Field(min_length=1, description="Machine ids or names.")
-    source: str = Field(min_length=1, description="Code tree on the server.")
-    dest: str | None = Field(None, description="Where on the machines (default: same path).")
-    requirements: str | None = Field(
-        "requirements.txt", description="Relative to the tree; null to skip pip."
+    machine_ids: list[Ref] = Field(
+        min_length=1, max_length=MAX_ITEMS, description="Machine ids or names."
     )
-    python: str | None = None
+    source: str = Field(min_length=1, max_length=4096, description="Code tree on the server.")
+    dest: str | None = Field(
+        None, max_length=4096, description="Where on the machines (default: same path)."
+    )
+    requirements: str | None = Field(
+        "requirements.txt", max_length=4096, description="Relative to the tree; null to skip pip."
+    )
+    python: str | None = Field(None, max_length=4096)
 
 
 class StopOut(BaseModel):

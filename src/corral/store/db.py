@@ -196,13 +196,16 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def _prepare_sqlite(url: URL) -> URL:
-    """Create the file's dir (0700) and the file (0600) when missing; check both writable."""
+    """Create the file's dir (0700) and the file (0600) when missing, make an existing
+    file and its ``-wal``/``-shm`` 0600 (SQLite gives new ones the file's mode); check
+    both writable."""
     path = _sqlite_file(url)
     if path is None:
         return url
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        _private_files(path)
     except FileExistsError as exc:  # mkdir: a part of the dir path is a file
         raise _not_writable(path, f"{exc.filename} is not a directory") from exc
     except OSError as exc:
@@ -210,6 +213,17 @@ def _prepare_sqlite(url: URL) -> URL:
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise _not_writable(path, f"SQLite cannot create {path.name}-wal in {path.parent}")
     return url.set(database=str(path))
+
+
+def _private_files(path: Path) -> None:
+    """Take group and other access away from the database file and its companions."""
+    for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            mode = each.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if mode & 0o077 and each.is_file():
+            os.chmod(each, mode & 0o700)
 
 
 def _not_writable(path: Path, reason: str) -> ConfigError:
@@ -222,7 +236,7 @@ def _create_engine(url: URL) -> Engine:
         if url.get_backend_name() == "sqlite":
             return _sqlite_engine(url)
         timeout = {} if "connect_timeout" in url.query else {"connect_timeout": _PG_TIMEOUT_S}
-        return create_engine(url, pool_pre_ping=True, connect_args=timeout)
+        return create_engine(url, pool_pre_ping=True, connect_args=timeout, hide_parameters=True)
     except ImportError as exc:
         message = (
             f"the database driver of {url.drivername} is not installed ({exc.name}): "
@@ -233,10 +247,17 @@ def _create_engine(url: URL) -> Engine:
 
 def _sqlite_engine(url: URL) -> Engine:
     """A SQLite engine whose every connection gets the store's pragmas."""
+    # hide_parameters: a failed statement's message (logged by the server) never holds
+    # the values of a request
     if _sqlite_memory(url):  # one connection, so that every session sees the same db
-        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        engine = create_engine(
+            url,
+            poolclass=StaticPool,
+            connect_args={"check_same_thread": False},
+            hide_parameters=True,
+        )
     else:
-        engine = create_engine(url)
+        engine = create_engine(url, hide_parameters=True)
     event.listen(engine, "connect", _set_sqlite_pragmas)
     return engine
 

@@ -30,6 +30,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or wrong bearer token (nothing about the resource)."},
     404: {"description": "Unknown machine or job."},
     409: {"description": "Conflicts with the current state (duplicate, busy, too few machines)."},
+    413: {"description": "Body larger than the server's limit (--max-request-bytes)."},
     422: {"description": "Invalid body or parameter (names the field)."},
 }
 
@@ -80,7 +81,9 @@ async def ping_machine(machine_id: str, svc: Svc) -> MachineOut:
 @router.post("/health-check", summary="Check every machine in parallel")
 async def health_check(
     svc: Svc,
-    deadline: Annotated[float | None, Query(gt=0, le=600, description="Seconds.")] = None,
+    deadline: Annotated[
+        float | None, Query(gt=0, le=600, allow_inf_nan=False, description="Seconds.")
+    ] = None,
 ) -> NetworkStatus:
     return await svc.machines.health_check(deadline)
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Security
 
 from corral.api.auth import bearer
+from corral.api.hardening import bearer_only
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.service.machines import busy_machines
@@ -47,7 +48,7 @@ def suggest_machines(
     svc: Svc,
     num_machines: Annotated[int, Query(ge=1, le=4096)] = 1,
     gpus_per_machine: Annotated[int, Query(ge=0, le=1024)] = 0,
-    min_gpu_memory: Annotated[float, Query(ge=0, le=1e6)] = 0,
+    min_gpu_memory: Annotated[float, Query(ge=0, le=1e6, allow_inf_nan=False)] = 0,
     nproc_per_node: Annotated[int | None, Query(ge=1, le=1024)] = None,
 ) -> list[Suggestion]:
     from sqlalchemy import select
@@ -74,22 +75,54 @@ def get_task(task_id: str, svc: Svc) -> TaskOut:
     return svc.tasks.get(task_id)
 
 
-@router.get(
-    "/tasks/{task_id}/queue_distributed",
-    responses=ERRORS,
-    summary="Queue the task as a distributed job",
-)
+QUEUE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    403: {"description": "The GET form with a web session (the page uses POST)."},
+}
+
+
 def queue_distributed(task_id: str, svc: Svc) -> QueuedOut:
     return svc.tasks.queue(task_id)
 
 
-@router.get(
+def queue_on_machine(task_id: str, machine_id: str, svc: Svc) -> QueuedOut:
+    return svc.tasks.queue(task_id, machine_id)
+
+
+# POST: what the web page (session cookie + CSRF token) and new clients use; the seed's
+# GET form stays for bearer-token clients only (a session's CSRF check trusts GET)
+router.add_api_route(
+    "/tasks/{task_id}/queue_distributed",
+    queue_distributed,
+    methods=["POST"],
+    responses=ERRORS,
+    summary="Queue the task as a distributed job",
+)
+router.add_api_route(
     "/tasks/{task_id}/queue/{machine_id}",
+    queue_on_machine,
+    methods=["POST"],
     responses=ERRORS,
     summary="Queue the task to run on one machine",
 )
-def queue_on_machine(task_id: str, machine_id: str, svc: Svc) -> QueuedOut:
-    return svc.tasks.queue(task_id, machine_id)
+router.add_api_route(
+    "/tasks/{task_id}/queue_distributed",
+    queue_distributed,
+    methods=["GET"],
+    responses=QUEUE_ERRORS,
+    dependencies=[Depends(bearer_only)],
+    operation_id="queue_distributed_get",
+    summary="Queue the task as a distributed job (the seed's GET; bearer token only)",
+)
+router.add_api_route(
+    "/tasks/{task_id}/queue/{machine_id}",
+    queue_on_machine,
+    methods=["GET"],
+    responses=QUEUE_ERRORS,
+    dependencies=[Depends(bearer_only)],
+    operation_id="queue_on_machine_get",
+    summary="Queue the task to run on one machine (the seed's GET; bearer token only)",
+)
 
 
 @router.get("/preferences", summary="Saved distributed-training preferences")

@@ -126,7 +126,7 @@
       : `/api/tasks/${encodeURIComponent(task.id)}/queue_distributed`;
     button.disabled = true;
     try {
-      const queued = await api("GET", path);
+      const queued = await api("POST", path);
       flash(`Queued ${queued.job_id} (position ${queued.position}).`, "ok");
     } catch (err) {
       flash(`Queue ${task.name}: ${err.message}`, "error");

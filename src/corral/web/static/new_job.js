@@ -435,8 +435,8 @@
       request,
     });
     const queued = distributed()
-      ? await api("GET", `/api/tasks/${encodeURIComponent(task.id)}/queue_distributed`)
-      : await api("GET", `/api/tasks/${encodeURIComponent(task.id)}/queue/${encodeURIComponent($("machine").value)}`);
+      ? await api("POST", `/api/tasks/${encodeURIComponent(task.id)}/queue_distributed`)
+      : await api("POST", `/api/tasks/${encodeURIComponent(task.id)}/queue/${encodeURIComponent($("machine").value)}`);
     flash(`Queued ${queued.job_id} (position ${queued.position}).`, "ok");
     location.href = "/jobs";
   }));
