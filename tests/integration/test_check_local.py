@@ -182,7 +182,14 @@ def test_run_prints_the_preflight_verdict_and_skips_it_on_request(tmp_path: Path
     base = ("run", "--hosts", "local:2", "--master-port", "0", "--launcher", "python")
     checked = run_corral(*base, "--", str(script), cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
-    assert "pre-flight ✓ pass" in checked.stderr
+    # leftovers of other jobs are this machine's state, not this test's: a stale warning
+    # (and nothing else) may come with the verdict when the suite runs beside them
+    lines = checked.stderr.splitlines()
+    verdict = next(line for line in lines if line.startswith("pre-flight "))
+    warned = [line.split(":")[0] for line in lines if line.startswith("! ")]
+    assert verdict.startswith("pre-flight ✓ pass") or (
+        verdict.startswith("pre-flight ! warn") and warned == ["! stale"]
+    ), checked.stderr
     skipped = run_corral(*base, "--no-preflight", "--", str(script), cwd=tmp_path)
     assert skipped.returncode == 0, skipped.stderr
     assert "pre-flight" not in skipped.stderr

@@ -317,6 +317,72 @@ def test_stale_processes_warn_with_kill_command() -> None:
     assert result.fix_command == "ssh n2 kill 77"
 
 
+def _proc(pid: int, job: str | None, *, anchor: bool = False, **more: Any) -> dict[str, Any]:
+    return {"pid": pid, "job": job, "cmdline": f"cmd {pid}", "anchor": anchor, **more}
+
+
+def test_only_processes_of_a_job_without_a_live_agent_are_stale() -> None:
+    from corral.checks.hostside import classify
+
+    procs = [
+        _proc(10, None, anchor=True),  # a local agent: no job id of its own
+        _proc(11, "live", under=10),  # its ranks
+        _proc(12, "live", under=11),  # a rank's child (torchrun's worker)
+        _proc(13, "live"),  # a rank's daemon that left the tree: still the running job's
+        _proc(20, "dead"),  # an orphan of a job whose agent is gone
+        _proc(21, None),
+        _proc(30, "slurm-7", under=4),  # under slurmstepd (PID 4): running
+        _proc(20, "dead"),  # listed twice: named once
+    ]
+    stale_procs, busy = classify(procs)
+    assert stale_procs == [
+        {"pid": 20, "job": "dead", "cmdline": "cmd 20"},
+        {"pid": 21, "job": None, "cmdline": "cmd 21"},
+    ]
+    assert busy == [{"job": "live", "pids": [10, 11, 12, 13]}, {"job": "slurm-7", "pids": [30]}]
+
+
+def test_anchor_is_the_agent_or_an_actor_worker_not_a_rank_wrapper() -> None:
+    from corral.checks.hostside import is_anchor
+
+    assert is_anchor(b"/usr/bin/python3\0-m\0corral.agent\0")
+    assert is_anchor(b"python\0-m\0corral.actors.worker\0")
+    assert not is_anchor(b"python\0-m\0corral.agent.worker\0train.py\0")
+    assert not is_anchor(b"sh\0-c\0exec python3 -m corral.agent\0")
+
+
+def test_a_running_job_is_busy_never_stale_and_never_killed() -> None:
+    busy = [{"job": "other-run", "pids": [501, 502]}]
+    gpu = [{"pid": 502, "cmdline": "python", "memory_mib": "900"}]
+    ctx = _ctx({"n2": {"busy": busy, "gpu_processes": gpu}, "n3": {"busy": busy}})
+    result = stale.check(ctx)
+    assert result.fix_command is None
+    # holding a GPU: a warning naming the job, no kill
+    assert result.hosts["n2"].status is Status.WARN
+    assert "GPU in use by PID 502 (job other-run, running)" in result.hosts["n2"].detail
+    assert "busy: job other-run is running here" in result.hosts["n2"].detail
+    assert "stale" not in result.hosts["n2"].detail and "ended" not in result.hosts["n2"].detail
+    # only running: information
+    assert result.hosts["n3"].status is Status.PASS
+    assert result.hosts["n3"].detail == "busy: job other-run is running here (2 process(es))"
+    assert "busy: job other-run is running on n2" in result.summary
+
+
+def test_hosts_on_one_machine_name_each_pid_once() -> None:
+    shared = {
+        "process_scope": "box net:[4026531840]",
+        "stale": [{"pid": 77, "job": "old", "cmdline": "sleep"}],
+        "busy": [{"job": "other-run", "pids": [501, 502]}],
+    }
+    ctx = _ctx({n: dict(shared) for n in NAMES})
+    result = stale.check(ctx)
+    text = " ".join(h.detail for h in result.hosts.values())
+    assert text.count("77") == 1 and text.count("other-run") == 1
+    assert result.hosts["n1"].status is Status.WARN
+    assert result.hosts["n2"].detail == result.hosts["n3"].detail == "same machine as n1"
+    assert result.fix_command == "ssh n1 kill 77"
+
+
 def test_console_report_shows_table_problems_and_fixes() -> None:
     from rich.console import Console
 

@@ -44,6 +44,7 @@ from corral.agent.protocol import (
     frame_payload,
 )
 from corral.agent.worker import error_file
+from corral.logflush import FlushSoon
 from corral.private import append_private, private_dir, write_private
 from corral.redact import redacted_node
 
@@ -148,6 +149,8 @@ class NodeAgent:
         # Each rank's SDK connection, for the coordinator's replies ("reply" op).
         self._control_writers: dict[int, asyncio.StreamWriter] = {}
         self._broken_logs: set[int] = set()
+        # host-side logs reach the disk within a moment of a line (tail -f while it runs)
+        self._soon = FlushSoon(on_error=self._log_flush_failed)
         self._complaints = Complaints()
 
     # -- output ---------------------------------------------------------------------
@@ -187,15 +190,28 @@ class NodeAgent:
             log = self._rank_log(rank)
             if log is not None:
                 log.write(data)
+                self._soon.wrote(log)
         except OSError as exc:
-            self._broken_logs.add(rank)
-            self.emit(
-                encode_frame(
-                    STDERR,
-                    NODE,
-                    f"corral agent: host-side log of rank {rank} disabled: {exc}\n".encode(),
-                )
+            self._disable_log(rank, exc)
+
+    def _disable_log(self, rank: int, exc: OSError) -> None:
+        self._broken_logs.add(rank)
+        self.emit(
+            encode_frame(
+                STDERR,
+                NODE,
+                f"corral agent: host-side log of rank {rank} disabled: {exc}\n".encode(),
             )
+        )
+
+    def _log_flush_failed(self, handle: IO[bytes], exc: OSError) -> None:
+        """A deferred flush failed (disk full): give that log up as a failed write does."""
+        if handle is self.node_log:
+            rank = NODE
+        else:
+            rank = next((t.rank for t in self.ranks.values() if t.log is handle), NODE)
+        if rank not in self._broken_logs:
+            self._disable_log(rank, exc)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -712,6 +728,7 @@ class NodeAgent:
             await self._control.drain(CONTROL_DRAIN)
         self.close_control()
         codes = {str(t.rank): t.code for t in self.ranks.values()}
+        self._soon.flush()
         for track in self.ranks.values():
             if track.log is not None:
                 track.log.close()

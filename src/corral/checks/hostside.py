@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -405,9 +406,74 @@ def _job_of(pid: int) -> str | None:
     return None
 
 
-def stale_processes(skip: set[int], job_id: str | None = None) -> list[dict[str, Any]]:
-    """Processes of corral jobs still alive on this host (its network namespace):
-    anything with ``CORRAL_JOB_ID`` in its environment or running the agent.
+#: The modules whose process anchors a corral job on a host while it runs: the node
+#: agent (every ``corral run`` / served job) and the actors' worker.
+_ANCHOR_MODULES = (b"corral.agent", b"corral.actors.worker")
+#: Daemons whose descendants belong to a job an engine runs (Slurm's step daemon, a
+#: container runtime's shim: a Kubernetes pod): running, never leftovers.
+_ENGINE_DAEMONS = ("slurmstepd", "containerd-shim", "conmon")
+_JOB_ON_CMDLINE = re.compile(rb"(?:^|[\s\0'\"])CORRAL_JOB_ID=([^\s\0'\"]+)")
+
+
+def _proc_stat(pid: int) -> tuple[str, str, int] | None:
+    """``(state letter, command name, parent PID)`` of ``pid`` from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            head, tail = fh.read().rsplit(b")", 1)
+        fields = tail.split()
+        comm = head.split(b"(", 1)[1].decode(errors="replace")
+        return fields[0].decode(), comm, int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_anchor(raw_cmdline: bytes) -> bool:
+    """Whether a command line runs a job's anchor (``python -m corral.agent`` or
+    ``-m corral.actors.worker``): while one lives, its job is running on this host."""
+    argv = raw_cmdline.split(b"\0")
+    return any(
+        flag == b"-m" and module in _ANCHOR_MODULES for flag, module in itertools.pairwise(argv)
+    )
+
+
+def classify(procs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split corral processes into the leftovers of jobs that are gone and the jobs
+    that are running here.
+
+    ``procs``: ``{"pid", "job", "cmdline", "anchor", "under"}`` per process, where
+    ``anchor`` marks a live agent / actor worker and ``under`` is the PID of the
+    live anchor (or engine daemon: Slurm's, a pod's) it descends from, if any.
+    A job with an anchor or a process under one is running (``{"job", "pids"}``,
+    never to be killed; an agent started without ``CORRAL_JOB_ID`` is known by its
+    ranks' job); every other process is stale (``{"pid", "job", "cmdline"}``).
+    Each PID is listed once."""
+    anchor_job: dict[int, str | None] = {p["pid"]: p["job"] for p in procs if p.get("anchor")}
+    for p in procs:
+        under = p.get("under")
+        if under is not None and p["job"] is not None and anchor_job.get(under) is None:
+            anchor_job[under] = p["job"]
+    live = {p["job"] for p in procs if p.get("under") is not None} | set(anchor_job.values())
+    live.discard(None)
+    stale: list[dict[str, Any]] = []
+    busy: dict[str | None, list[int]] = {}
+    seen: set[int] = set()
+    for p in procs:
+        if p["pid"] in seen:
+            continue
+        seen.add(p["pid"])
+        job = p["job"] if p["job"] is not None else anchor_job.get(p["pid"])
+        if p.get("anchor") or p.get("under") is not None or job in live:
+            busy.setdefault(job, []).append(p["pid"])
+        else:
+            stale.append({"pid": p["pid"], "job": p["job"], "cmdline": p["cmdline"]})
+    running = [{"job": job, "pids": sorted(pids)} for job, pids in busy.items()]
+    return stale, running
+
+
+def corral_processes(skip: set[int], job_id: str | None = None) -> list[dict[str, Any]]:
+    """Processes of corral jobs alive on this host (its network namespace): anything
+    with ``CORRAL_JOB_ID`` in its environment (or setting it on its command line) or
+    running the agent; zombies (already dead) are left out. See :func:`classify`.
 
     Never counted: ``skip``, this session's own family (:func:`own_family`), and
     the processes of ``job_id`` (the job being checked), whose environment has
@@ -425,9 +491,16 @@ def stale_processes(skip: set[int], job_id: str | None = None) -> list[dict[str,
         if job_id
         else None
     )
-    found = []
+    info = {pid: st for pid in pids if (st := _proc_stat(pid)) is not None}
+    anchors: set[int] = set()
+    candidates: list[tuple[int, str | None, str]] = []
     for pid in pids:
-        if pid in skip or not _same_netns(pid, own):
+        if info.get(pid, ("Z", "", 0))[0] in "ZX" or not _same_netns(pid, own):
+            continue
+        raw = _raw_cmdline(pid)
+        if is_anchor(raw):
+            anchors.add(pid)
+        if pid in skip:
             continue
         job = _job_of(pid)
         cmd = _cmdline(pid)
@@ -435,10 +508,39 @@ def stale_processes(skip: set[int], job_id: str | None = None) -> list[dict[str,
             continue
         if job_id is not None and job == job_id:
             continue
-        if sets_mine is not None and sets_mine.search(_raw_cmdline(pid)):
+        if sets_mine is not None and sets_mine.search(raw):
             continue
-        found.append({"pid": pid, "job": job, "cmdline": cmd})
-    return found
+        if job is None and (named := _JOB_ON_CMDLINE.search(raw)) is not None:
+            job = named.group(1).decode(errors="replace")
+        candidates.append((pid, job, cmd))
+    return [
+        {
+            "pid": pid,
+            "job": job,
+            "cmdline": cmd,
+            "anchor": pid in anchors,
+            "under": _attached_to(pid, info, anchors),
+        }
+        for pid, job, cmd in candidates
+    ]
+
+
+def _attached_to(pid: int, info: dict[int, tuple[str, str, int]], anchors: set[int]) -> int | None:
+    """The nearest ancestor of ``pid`` that keeps its job running: a live agent or
+    actor worker, or an engine's daemon (:data:`_ENGINE_DAEMONS`; None: nothing does)."""
+    seen: set[int] = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        pid = info.get(pid, ("", "", 0))[2]
+        if pid in anchors or info.get(pid, ("", "", 0))[1] in _ENGINE_DAEMONS:
+            return pid
+    return None
+
+
+def stale_processes(skip: set[int], job_id: str | None = None) -> list[dict[str, Any]]:
+    """Leftovers of corral jobs that are gone (no live agent or actor worker of
+    their job on this host): :func:`corral_processes` through :func:`classify`."""
+    return classify(corral_processes(skip, job_id))[0]
 
 
 def gpu_processes() -> list[dict[str, Any]]:
@@ -558,7 +660,7 @@ def facts(params: dict[str, Any], listener: dict[str, Any] | None) -> dict[str, 
             "exists": bool(workdir) and os.path.isdir(os.path.expanduser(workdir)),
         },
         "code": code(params),
-        "stale": stale_processes(skip, params.get("job_id")),
+        **_stale_and_busy(skip, params.get("job_id")),
         "gpu_processes": gpu_processes(),
         "listener": listener,
     }
@@ -568,6 +670,17 @@ def facts(params: dict[str, Any], listener: dict[str, Any] | None) -> dict[str, 
         result["checkpoint"] = checkpoint_dir(params["checkpoint_dir"])
     result["time"] = time.time()
     return result
+
+
+def _stale_and_busy(skip: set[int], job_id: str | None) -> dict[str, Any]:
+    """The stale check's facts; ``process_scope`` names the set of processes seen
+    (machine and network namespace), the same for every node of one machine."""
+    stale, busy = classify(corral_processes(skip, job_id))
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return {"stale": stale, "busy": busy, "process_scope": f"{socket.gethostname()} {netns}"}
 
 
 def main(params: dict[str, Any]) -> int:

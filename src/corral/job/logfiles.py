@@ -3,7 +3,8 @@
 Bytes are written exactly as the rank wrote them (progress-bar ``\\r`` updates
 included), node-level output (torchrun's own) to ``<host>.node.log``. The
 directory is private to the job's user (0700, files 0600): a job's output may
-hold anything the script prints.
+hold anything the script prints. Each file is flushed within a moment of a write
+(:class:`~corral.logflush.FlushSoon`), so ``tail -f`` follows a running rank.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from corral.logflush import FlushSoon
 from corral.private import append_private, private_dir
 
 NODE_RANK_LABEL = -1
@@ -28,6 +30,7 @@ class LogFiles:
         self.attempt = attempt
         self._files: dict[tuple[str, int], IO[bytes]] = {}
         self._index: IO[bytes] | None = None
+        self._soon = FlushSoon()
 
     def path(self, host: str, rank: int) -> Path:
         """The log file of one rank (or the node's own output for ``rank`` -1)."""
@@ -43,6 +46,7 @@ class LogFiles:
             handle = self._files[key] = append_private(path)
             self._mark(path.name, os.fstat(handle.fileno()).st_size)
         handle.write(data)
+        self._soon.wrote(handle)
 
     def _mark(self, name: str, offset: int) -> None:
         """Record that this attempt's output in ``name`` begins at ``offset``."""
@@ -54,11 +58,13 @@ class LogFiles:
 
     def flush(self) -> None:
         """Flush every open file."""
+        self._soon.flush()
         for handle in self._files.values():
             handle.flush()
 
     def close(self) -> None:
         """Close every file."""
+        self._soon.flush()
         for handle in self._files.values():
             handle.close()
         self._files.clear()
