@@ -24,6 +24,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.api.services import Services
+from corral.fleet.capabilities import MachineHealth
 from corral.service.settings import ServerSettings
 from corral.store import open_store
 from tests.serverlib import follow_events, free_port, live_server, wait_status
@@ -809,6 +810,15 @@ def test_tasks_queue_and_run(api: Api) -> None:
 
 
 def test_suggestions_and_preferences(api: Api) -> None:
+    # the score includes each machine's load: injected samples, never this busy machine's
+    samples = {"sim1": (30.0, 40.0), "sim2": (12.5, 61.0)}
+
+    def probe(name: str) -> MachineHealth:
+        cpu, mem = samples[name]
+        load = {"cpu_percent": cpu, "memory_percent": mem, "load_avg": None, "gpus": []}
+        return MachineHealth(name, True, time.time(), 0.0, {"cpus": 4, "gpu_count": 0}, load)
+
+    api.svc.machines.local_probe = probe
     api.add_machine("sim1", slots=2)
     api.add_machine("sim2", slots=4)
     ranked = api.client.get(
@@ -817,6 +827,8 @@ def test_suggestions_and_preferences(api: Api) -> None:
     assert sorted(s["name"] for s in ranked) == ["sim1", "sim2"]
     assert all(s["eligible"] for s in ranked)
     assert ranked[0]["score"] >= ranked[1]["score"]
+    assert {s["name"]: s["score"] for s in ranked} == {"sim1": 10.0, "sim2": 10.7}
+    assert "CPU 30%" in next(s for s in ranked if s["name"] == "sim1")["reasons"]
     narrow = api.client.get(
         "/api/tasks/distributed/suggest_machines", params={"nproc_per_node": 4}
     ).json()

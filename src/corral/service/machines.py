@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -114,9 +114,17 @@ def ssh_spec(machines: Sequence[Machine], settings: ServerSettings) -> SshSpec:
 class MachineService:
     """The machine registry over the store, and its health checks."""
 
-    def __init__(self, store: Store, settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: ServerSettings,
+        local_probe: Callable[[str], MachineHealth] = local_health,
+    ) -> None:
         self.store = store
         self.settings = settings
+        #: How a ``local`` machine is read (its capabilities and load; tests inject
+        #: the load samples here, since the suggestions' score includes live CPU %).
+        self.local_probe = local_probe
 
     # -- registry ----------------------------------------------------------------------
 
@@ -149,7 +157,7 @@ class MachineService:
             load={},
         )
         if body.local:
-            _apply(machine, local_health(body.name))
+            _apply(machine, self.local_probe(body.name))
         try:
             with self.store.session() as s:
                 s.add(machine)
@@ -264,7 +272,7 @@ class MachineService:
     ) -> dict[str, MachineHealth]:
         if machines[0].local:
             found = await asyncio.gather(
-                *(asyncio.to_thread(local_health, m.name) for m in machines)
+                *(asyncio.to_thread(self.local_probe, m.name) for m in machines)
             )
             return {h.name: h for h in found}
         hosts = [host_spec(m).host() for m in machines]
