@@ -64,6 +64,7 @@ from corral.recovery.health import (
     HostWatch,
     RankHealth,
 )
+from corral.signals import stop_on_signals
 from corral.transport.base import NodeProcess, Transport
 
 STACK_TIMEOUT = 10.0  # seconds a node may take to dump its ranks' stacks
@@ -647,10 +648,9 @@ class Supervisor:
 
     async def run(self, *, handle_signals: bool = False) -> JobResult:
         """Start every node, supervise until all are done, return the result."""
-        loop = asyncio.get_running_loop()
+        signals = contextlib.ExitStack()
         if handle_signals:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, self.interrupt)
+            signals.enter_context(stop_on_signals(self.interrupt))
         self._set_state(JobState.STARTING)
         try:
             # no node hosts a master endpoint for some launchers (MLX): nothing to wait for
@@ -670,9 +670,7 @@ class Supervisor:
                 self._all_done.set()
             await self._all_done.wait()
         finally:
-            if handle_signals:
-                for signum in (signal.SIGINT, signal.SIGTERM):
-                    loop.remove_signal_handler(signum)
+            signals.close()
             self.logs.flush()
             for task in self._tasks:
                 task.cancel()
