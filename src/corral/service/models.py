@@ -132,13 +132,21 @@ class MachineIn(_Body):
     @model_validator(mode="before")
     @classmethod
     def _named(cls, data: Any) -> Any:
+        # A missing name reaches the field validator below, so the error names the field.
         if isinstance(data, dict) and "name" not in data:
+            return {**data, "name": None}
+        return data
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_given(cls, value: Any) -> Any:
+        if value is None:
             raise PydanticCustomError(
                 "missing",
-                'name: every machine needs a name, a local one too (e.g. {"name": "sim1", '
+                'every machine needs a name, a local one too (e.g. {"name": "sim1", '
                 '"local": true}; `corral machine add --local` picks local1, local2, ...)',
             )
-        return data
+        return value
 
 
 class MachineOut(BaseModel):
