@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from corral.k8s.render import MASTER_NOT_READY_EXIT, K8sTarget, render_k8s
+from corral.k8s.render import GAVE_UP_EXIT, MASTER_NOT_READY_EXIT, K8sTarget, render_k8s
 from corral.plan.spec import JobSpec
 from tests.conftest import require_torch
 
@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+if os.environ.get("FAIL_FIRST") and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+    sys.exit(7)  # every rank, in the first round only
 total = torch.tensor([float(rank)])
 dist.all_reduce(total)
 token = os.environ.get("HF_TOKEN") == "hf-s3cr3t"
@@ -122,6 +124,7 @@ def _render(
         secret_env=("HF_TOKEN",),
         gloo_interface="lo",
         rdzv_timeout=kw.pop("rdzv_timeout", 120.0),
+        max_restarts=kw.pop("max_restarts", 0),
     )
     return render_k8s(spec, K8sTarget(image="img", nodes=nodes, secret_name="creds"))
 
@@ -151,6 +154,24 @@ def test_two_pods_rendezvous_through_the_rendered_entrypoint(tmp_path: Path) -> 
     assert {" ".join(r[4:]) for r in ranks} == {"sum 6 token True arg $(not-expanded)"}
     assert "corral: waiting up to 120s for 127.0.0.1" in err1
     assert "is ready" in err1 and "waiting" not in err0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("restarts", "codes"), [(1, (0, 0)), (0, (GAVE_UP_EXIT, GAVE_UP_EXIT))])
+def test_a_failed_rank_restarts_every_pod_in_place_while_the_budget_allows(
+    tmp_path: Path, restarts: int, codes: tuple[int, int]
+) -> None:
+    """--max-restarts is torchrun's in every pod: the pods restart their ranks in place
+    (no pod fails); with no restart left each pod exits GAVE_UP_EXIT (FailJob)."""
+    objects = _render(tmp_path, "torchrun", nodes=2, nproc=1, max_restarts=restarts)
+    env = {"MASTER_ADDR": "127.0.0.1", "FAIL_FIRST": "1"}
+    pods = [start_pod(objects, i, tmp_path, **env) for i in (0, 1)]
+    (code0, out0, err0), (code1, out1, err1) = _finish(pods)
+    assert (code0, code1) == codes, err0 + err1
+    if restarts:
+        assert sorted(line.split()[1] for line in (out0 + out1).splitlines()) == ["0/2", "1/2"]
+    else:
+        assert "torchrun gave up" in err0 + err1 and "rank " not in out0 + out1
 
 
 @pytest.mark.slow

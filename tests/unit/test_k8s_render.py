@@ -5,7 +5,9 @@ selected every pod as "master"), secrets never in the YAML, bad input, and the
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,12 @@ from corral.cli import main as cli_main
 from corral.cli.main import _register, app
 from corral.errors import ConfigError
 from corral.k8s.render import (
+    _MASTER_REPLACED,
     COMPLETION_INDEX,
     CONTAINER,
+    GAVE_UP_EXIT,
     JOB_LABEL,
+    MASTER_LOST_EXIT,
     K8sTarget,
     master_addr,
     render_k8s,
@@ -175,7 +180,7 @@ def test_pods_have_stable_names_and_a_rank_each(case: str) -> None:
 
 def test_torchrun_uses_c10d_with_explicit_timeouts() -> None:
     script = _container(_render("gpu"))["command"][2]
-    assert "exec python3 -m torch.distributed.run" in script
+    assert "python3 -m torch.distributed.run" in script
     assert "--nnodes=4 --nproc-per-node=8" in script
     assert "--rdzv-backend=c10d" in script
     assert '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"' in script
@@ -191,7 +196,7 @@ def test_torchrun_uses_c10d_with_explicit_timeouts() -> None:
 def test_non_zero_pods_wait_for_the_master_first() -> None:
     script = _container(_render("cpu"))["command"][2]
     wait = script.index("socket.create_connection")
-    assert script.index('if [ "${NODE_RANK}" = 0 ]') < wait < script.index("exec ")
+    assert script.index('if [ "${NODE_RANK}" = 0 ]') < wait < script.index("torch.distributed")
     assert "does not resolve" in script and "refuses connections" in script
     assert "sys.exit(3)" in script
 
@@ -206,16 +211,21 @@ def test_gpu_shm_restarts_and_failure_policy() -> None:
     pod = job["spec"]["template"]["spec"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-    assert job["spec"]["backoffLimit"] == 2 * 4
+    # torchrun restarts the ranks in place: a pod that fails by itself costs one restart
+    assert job["spec"]["backoffLimit"] == 2
     assert job["spec"]["activeDeadlineSeconds"] == 7201
     rules = job["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0]["action"] == "FailJob"
-    assert rules[0]["onExitCodes"]["values"] == [2, 42]
-    assert rules[0]["onExitCodes"]["containerName"] == CONTAINER
-    assert {
+    # a disruption first: the exit code of a pod stopped by one says nothing
+    assert rules[0] == {
         "action": "Ignore",
         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-    } in rules
+    }
+    assert rules[1]["action"] == "Ignore"
+    assert rules[1]["onExitCodes"]["values"] == [MASTER_LOST_EXIT]
+    assert rules[2]["action"] == "FailJob"
+    assert rules[2]["onExitCodes"]["values"] == sorted([2, 42, GAVE_UP_EXIT])
+    assert rules[2]["onExitCodes"]["containerName"] == CONTAINER
+    assert len(rules) == 3
 
 
 def test_cpu_pods_ask_for_no_gpu() -> None:
@@ -223,7 +233,8 @@ def test_cpu_pods_ask_for_no_gpu() -> None:
     assert "resources" not in _container(objects)
     assert _job(objects)["spec"]["backoffLimit"] == 0
     env = _env(objects)
-    assert env["NCCL_SOCKET_IFNAME"]["value"] == env["GLOO_SOCKET_IFNAME"]["value"] == "eth0"
+    # NCCL and gloo pick the pod's interface themselves unless told: no eth0 forced
+    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
 
 
 def test_interfaces_namespace_and_the_python_launcher() -> None:
@@ -235,7 +246,13 @@ def test_interfaces_namespace_and_the_python_launcher() -> None:
     assert env["RANK"]["valueFrom"] == env["NODE_RANK"]["valueFrom"]
     assert env["WORLD_SIZE"]["value"] == "3"
     script = _container(objects)["command"][2]
-    assert 'exec python3 "$@"' in script and "torch.distributed.run" not in script
+    assert 'python3 "$@" &' in script and "torch.distributed.run" not in script
+    # no in-place restarts: every restart of the job takes all pods down
+    spec, target = CASES["namespace_python"]
+    job = _job(render_k8s(dataclasses.replace(spec, max_restarts=2), target))
+    assert job["spec"]["backoffLimit"] == 2 * 3
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[-1]["onExitCodes"]["values"] == [2]  # no GAVE_UP_EXIT: no torchrun
 
 
 def test_secrets_are_references_never_values() -> None:
@@ -288,6 +305,17 @@ BAD: list[tuple[dict[str, Any], dict[str, Any], str, str]] = [
     ({"secret_env": ("HF_TOKEN",)}, {}, "--k8s-secret", "name it with"),
     ({}, {"secret_name": "s"}, "--k8s-secret", "no secret --env key"),
     ({"secret_env": ("A",)}, {"secret_name": "Bad_Name"}, "--k8s-secret", "not a Secret"),
+    ({}, {"fail_exit_codes": (MASTER_LOST_EXIT,)}, "--fail-exit-code", "master was replaced"),
+    ({}, {"cpu": "8 cores"}, "--cpu", "not a Kubernetes quantity"),
+    ({}, {"memory": "64GB"}, "--memory", "not a Kubernetes quantity"),
+    ({}, {"cpu": "2", "cpu_limit": "1500m"}, "--cpu-limit", "less than the request"),
+    ({}, {"memory": "1Gi", "memory_limit": "1000Mi"}, "--memory-limit", "less than"),
+    ({}, {"node_selector": (("bad key!", "x"),)}, "--node-selector", "not a label key"),
+    ({}, {"node_selector": (("pool", "a b"),)}, "--node-selector", "not a label value"),
+    ({}, {"tolerations": ("gpu=true:Sometimes",)}, "--toleration", "effect must be one of"),
+    ({}, {"tolerations": ("=x:NoSchedule",)}, "--toleration", "not a taint key"),
+    ({}, {"image_pull_secrets": ("Regcred",)}, "--image-pull-secret", "not a Kubernetes"),
+    ({}, {"service_account": "trainer_sa"}, "--service-account", "not a Kubernetes"),
 ]
 
 
@@ -455,3 +483,94 @@ def test_log_lines_are_prefixed_pod_and_rank() -> None:
     assert prefixed_lines(pod, "") == []
     assert pod_rank(_pod("p", "3", label=True)) == "3"  # the label (Kubernetes >= 1.28)
     assert log_prefix(_pod("p", None)) == "[p:?]"
+
+
+def test_scheduling_options_reach_the_pod() -> None:
+    target = K8sTarget(
+        image="img:1",
+        nodes=2,
+        gpus_per_node=8,
+        cpu="16",
+        memory="128Gi",
+        cpu_limit="32",
+        memory_limit="128Gi",
+        node_selector=(("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"), ("pool", "on")),
+        tolerations=("nvidia.com/gpu:NoSchedule", "dedicated=ml", "spot=true:NoExecute"),
+        image_pull_secrets=("regcred", "regcred", "mirror"),
+        service_account="trainer",
+    )
+    objects = render_k8s(_spec(), target)
+    pod = _job(objects)["spec"]["template"]["spec"]
+    assert _container(objects)["resources"] == {
+        "requests": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": 8},
+        "limits": {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": 8},
+    }
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+        "pool": "on",
+    }
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml"},
+        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute"},
+    ]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+    assert pod["serviceAccountName"] == "trainer"
+    # a request without a limit: no limit written
+    only = render_k8s(_spec(), K8sTarget(image="i", nodes=1, cpu="500m", memory="1e3"))
+    assert _container(only)["resources"] == {"requests": {"cpu": "500m", "memory": "1e3"}}
+    validator = require("kubernetes_validate", "schema validation of the renders")
+    for version in SCHEMA_VERSIONS:
+        for obj in objects:
+            validator.validate(obj, version, strict=True)
+
+
+def test_interfaces_are_set_only_when_asked() -> None:
+    env = _env(render_k8s(_spec(nccl_interface="ib0"), K8sTarget(image="i", nodes=2)))
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == "ib0"
+    assert "GLOO_SOCKET_IFNAME" not in env
+
+
+@pytest.mark.parametrize(
+    ("joined", "master", "replaced"),
+    [("127.0.0.1", "127.0.0.1", False), ("10.9.8.7", "127.0.0.1", True), ("127.0.0.1", "", True)],
+)
+def test_the_master_replaced_check(joined: str, master: str, replaced: bool) -> None:
+    """After its ranks failed, a pod other than 0 exits MASTER_LOST_EXIT (not counted)
+    only when pod 0's address changed since it joined, or it no longer resolves."""
+    name = master or "corral-no-such-host.invalid"
+    done = subprocess.run(
+        [sys.executable, "-", joined],
+        input=_MASTER_REPLACED,
+        text=True,
+        env={**os.environ, "MASTER_ADDR": name},
+        timeout=60,
+    )
+    assert done.returncode == (0 if replaced else 1)
+
+
+def test_cli_scheduling_options(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _cli(
+        "render", "--image", "img:1", "--nodes", "2", "--job-id", "t",
+        "--cpu", "4", "--memory", "16Gi", "--cpu-limit", "8", "--memory-limit", "16Gi",
+        "--node-selector", "pool=gpu", "--toleration", "nvidia.com/gpu:NoSchedule",
+        "--image-pull-secret", "regcred", "--service-account", "trainer", "--", "t.py",
+    )  # fmt: skip
+    assert code == 0, err
+    objects = [d for d in yaml.safe_load_all(out) if d]
+    pod = _job(objects)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["serviceAccountName"] == "trainer"
+    assert _container(objects)["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi"},
+        "limits": {"cpu": "8", "memory": "16Gi"},
+    }
+    code = _main(monkeypatch, "render", "--image", "i", "--node-selector", "novalue", "--", "t")
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --node-selector: 'novalue' is not LABEL=VALUE")

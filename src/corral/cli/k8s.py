@@ -124,6 +124,60 @@ DistTimeoutOpt = Annotated[
         rich_help_panel=_K,
     ),
 ]
+_P = "Kubernetes scheduling"
+
+
+def _resource_opt(flag: str, help_text: str) -> Any:
+    return typer.Option(flag, metavar="QUANTITY", help=help_text, rich_help_panel=_P)
+
+
+CpuOpt = Annotated[str | None, _resource_opt("--cpu", "CPU request of each pod, e.g. 8 or 500m.")]
+MemoryOpt = Annotated[
+    str | None, _resource_opt("--memory", "Memory request of each pod, e.g. 64Gi.")
+]
+CpuLimitOpt = Annotated[
+    str | None, _resource_opt("--cpu-limit", "CPU limit of each pod (default: none).")
+]
+MemoryLimitOpt = Annotated[
+    str | None, _resource_opt("--memory-limit", "Memory limit of each pod (default: none).")
+]
+NodeSelectorOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--node-selector",
+        metavar="LABEL=VALUE",
+        help="Run only on nodes with this label (repeatable): the pods' nodeSelector.",
+        rich_help_panel=_P,
+    ),
+]
+TolerationOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--toleration",
+        metavar="KEY=VALUE:EFFECT",
+        help="Tolerate this taint, written as kubectl taint does (repeatable); =VALUE "
+        "and :EFFECT are optional: without a value any value, without an effect every one. E.g. nvidia.com/gpu:NoSchedule.",
+        rich_help_panel=_P,
+    ),
+]
+PullSecretOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--image-pull-secret",
+        metavar="NAME",
+        help="A Secret with registry credentials to pull the image (repeatable).",
+        rich_help_panel=_P,
+    ),
+]
+ServiceAccountOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--service-account",
+        metavar="NAME",
+        help="The pods' service account (serviceAccountName).",
+        rich_help_panel=_P,
+    ),
+]
 KubeconfigOpt = Annotated[
     str | None,
     typer.Option(
@@ -211,6 +265,16 @@ def _pvcs(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _selector(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{item!r} is not LABEL=VALUE", option="--node-selector")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
 def _render(
     command: list[str] | None, image: str | None, **kw: Any
 ) -> tuple[list[dict[str, Any]], JobSpec, K8sTarget]:
@@ -250,6 +314,14 @@ def _render(
         pvcs=_pvcs(kw["pvc"]),
         fail_exit_codes=(2,) if codes is None else tuple(codes),
         dist_timeout=kw["dist_timeout"],
+        cpu=kw["cpu"],
+        memory=kw["memory"],
+        cpu_limit=kw["cpu_limit"],
+        memory_limit=kw["memory_limit"],
+        node_selector=_selector(kw["node_selector"]),
+        tolerations=tuple(kw["toleration"] or ()),
+        image_pull_secrets=tuple(kw["image_pull_secret"] or ()),
+        service_account=kw["service_account"],
     )
     return render_k8s(spec, target), spec, target
 
@@ -273,6 +345,14 @@ def render(
     pvc: PvcOpt = None,
     fail_exit_code: FailCodeOpt = None,
     dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
+    cpu_limit: CpuLimitOpt = None,
+    memory_limit: MemoryLimitOpt = None,
+    node_selector: NodeSelectorOpt = None,
+    toleration: TolerationOpt = None,
+    image_pull_secret: PullSecretOpt = None,
+    service_account: ServiceAccountOpt = None,
     launcher: LauncherOpt = "torchrun",
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
@@ -295,7 +375,10 @@ def render(
 
     Pod i is reachable as <job>-i.<job>; MASTER_ADDR is pod 0's name, NODE_RANK its
     completion index. Other pods wait for pod 0 (up to --rdzv-timeout), then torchrun
-    joins the c10d rendezvous. --max-restarts sets the Job's backoffLimit (x nodes).
+    joins the c10d rendezvous. --max-restarts N: torchrun restarts the ranks in place up
+    to N times; an evicted or preempted pod is replaced without counting; when torchrun
+    gives up the Job fails; other pod failures count against backoffLimit N (see
+    docs/kubernetes.md).
     """
     objects, spec, target = _render(**{k: v for k, v in locals().items() if k != "output"})
     text = to_yaml(objects, header=_header(spec, target))
