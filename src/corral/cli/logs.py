@@ -28,7 +28,10 @@ from corral.fleet.logs import (
     fetch_host_logs,
     load_job,
     resolve_job_id,
+    split_teardown,
+    teardown_offsets,
 )
+from corral.job.fold import fold_note
 from corral.job.output import prefix_for
 from corral.transport.base import Transport
 from corral.transport.local import LocalTransport
@@ -71,10 +74,14 @@ def _marker(attempt: int | None, starts: dict[int, float]) -> bytes:
 
 
 def _print(
-    files: list[LogFile], marks: dict[str, list[tuple[int, int]]], starts: dict[int, float]
+    files: list[LogFile],
+    marks: dict[str, list[tuple[int, int]]],
+    starts: dict[int, float],
+    teardowns: dict[str, list[int]] | None = None,
 ) -> None:
     """Every file's lines, prefixed; with more than one attempt on record, a marker line
-    before each attempt's output (``marks``: see :func:`attempt_offsets`)."""
+    before each attempt's output (``marks``: see :func:`attempt_offsets`). A node's
+    output after its teardown began (``teardowns``) is folded into one line."""
     attempts = set(starts) | {a for found in marks.values() for _, a in found}
     out = sys.stdout.buffer
     for log in files:
@@ -82,8 +89,11 @@ def _print(
         for segment in attempt_segments(log.path.read_bytes(), marks.get(log.path.name, [])):
             if len(attempts) > 1:
                 out.write(prefix + _marker(segment.attempt, starts) + b"\n")
-            for line in segment.data.splitlines():
+            shown, folded = split_teardown(segment, (teardowns or {}).get(log.path.name, []))
+            for line in shown.splitlines():
                 out.write(prefix + line + b"\n")
+            if folded:
+                out.write(prefix + b"[corral] " + fold_note(log.host, folded).encode() + b"\n")
     out.flush()
 
 
@@ -142,10 +152,12 @@ def logs(
         files = asyncio.run(fetch())
         marks: dict[str, list[tuple[int, int]]] = {}
         starts: dict[int, float] = {}
+        teardowns: dict[str, list[int]] = {}
     else:
         files = coordinator_logs(root, job_id)
         marks = attempt_offsets(root / job_id / "logs")
         starts = attempt_starts(root, job_id)
+        teardowns = teardown_offsets(root / job_id / "logs")
         if len(starts) > 1 and not marks:
             print(
                 f"note: job {job_id} ran {len(starts)} attempts; its logs do not record "
@@ -162,7 +174,7 @@ def logs(
             if x
         )
         raise ConfigError(f"job {job_id} has no logs{' for ' + what if what else ''}")
-    _print(files, marks, starts)
+    _print(files, marks, starts, teardowns)
 
 
 def register(app: typer.Typer) -> None:

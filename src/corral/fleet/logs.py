@@ -6,7 +6,10 @@ A coordinator log file is appended to by every attempt of its job. Where each
 attempt's output begins is kept beside the logs in ``logs/attempts.jsonl``, one
 JSON object per line, ``{"attempt": N, "file": "<host>.<rank>.log", "offset": K}``
 (``K``: the file's size when attempt ``N`` first wrote to it), so the attempts
-can be told apart afterwards (:func:`attempt_segments`).
+can be told apart afterwards (:func:`attempt_segments`). Where a node's teardown
+began in its ``<host>.node.log`` is kept there too (``{"attempt": N, "file": ...,
+"teardown": K}``, see :mod:`corral.job.fold`): what the launcher printed after it
+is folded into one line (:func:`split_teardown`).
 """
 
 from __future__ import annotations
@@ -96,28 +99,65 @@ def coordinator_logs(run_dir: Path, job_id: str) -> list[LogFile]:
 
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of one log file written by one attempt (``attempt`` None: unknown)."""
+    """A stretch of one log file written by one attempt (``attempt`` None: unknown),
+    beginning at byte ``start`` of the file."""
 
     attempt: int | None
     data: bytes
+    start: int = 0
 
 
 def attempt_offsets(log_dir: Path) -> dict[str, list[tuple[int, int]]]:
     """Per log file name, ``(offset, attempt)`` where each attempt's output begins, in
     file order (from ``attempts.jsonl``; empty when there is none, damaged lines skipped)."""
-    try:
-        lines = (log_dir / ATTEMPT_INDEX).read_text(errors="replace").splitlines()
-    except OSError:
-        return {}
     found: dict[str, list[tuple[int, int]]] = {}
-    for line in lines:
+    for item in _index(log_dir):
         try:
-            item = json.loads(line)
             name, offset, attempt = str(item["file"]), int(item["offset"]), int(item["attempt"])
         except (ValueError, TypeError, KeyError):
             continue
         found.setdefault(name, []).append((offset, attempt))
     return {name: sorted(set(marks)) for name, marks in found.items()}
+
+
+def _index(log_dir: Path) -> list[dict[str, Any]]:
+    """The entries of ``attempts.jsonl`` (damaged lines skipped)."""
+    try:
+        lines = (log_dir / ATTEMPT_INDEX).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            found.append(item)
+    return found
+
+
+def teardown_offsets(log_dir: Path) -> dict[str, list[int]]:
+    """Per node log file name, the byte offsets where a node's teardown began (one per
+    attempt that tore it down), in file order."""
+    found: dict[str, set[int]] = {}
+    for item in _index(log_dir):
+        try:
+            name, offset = str(item["file"]), int(item["teardown"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        found.setdefault(name, set()).add(offset)
+    return {name: sorted(offsets) for name, offsets in found.items()}
+
+
+def split_teardown(segment: Segment, offsets: list[int]) -> tuple[bytes, int]:
+    """The segment's output before its node's teardown began, and how many lines
+    came after (the launcher's teardown output, which the views fold)."""
+    cut = next((o for o in offsets if segment.start <= o < segment.start + len(segment.data)), None)
+    if cut is None:
+        return segment.data, 0
+    rest = segment.data[cut - segment.start :]
+    return segment.data[: cut - segment.start], len(rest.splitlines())
 
 
 def attempt_segments(data: bytes, marks: list[tuple[int, int]]) -> list[Segment]:
@@ -130,7 +170,7 @@ def attempt_segments(data: bytes, marks: list[tuple[int, int]]) -> list[Segment]
     for i, (offset, attempt) in enumerate(marks):
         end = marks[i + 1][0] if i + 1 < len(marks) else len(data)
         if end > offset:
-            segments.append(Segment(attempt, data[offset:end]))
+            segments.append(Segment(attempt, data[offset:end], offset))
     return segments
 
 

@@ -17,7 +17,8 @@ Once corral stops a job, the launchers' own teardown noise (torchrun's
 ``SignalException`` traceback on SIGTERM) is not shown: it is counted and folded
 into one line per node (the log files keep it). So is a node's own output once
 all its ranks have exited (torchrun's ``TCPStore recvVector failed`` stack at the
-end of a job that succeeded).
+end of a job that succeeded). Every log view folds the same way
+(:class:`corral.job.fold.TeardownFold`).
 
 Off a terminal nothing is wrapped (see :func:`corral.console.make_console`).
 """
@@ -44,11 +45,9 @@ from corral.job.events import (
     LogLines,
     Message,
     Progress,
-    RankExited,
-    StateChanged,
 )
+from corral.job.fold import TeardownFold
 from corral.job.logfiles import NODE_RANK_LABEL
-from corral.job.states import JobState
 from corral.words import plural
 
 STYLES: dict[str, str] = {
@@ -182,9 +181,7 @@ class TerminalOutput:
         self._last_plain_progress = time.monotonic()
         self._footer_height = 0
         self._footer_drawn_at = 0.0
-        self._stopping = False
-        self._folded: dict[str, int] = {}  # node-level lines hidden during a teardown
-        self._ranks_done: set[str] = set()  # hosts whose ranks have all exited
+        self.fold = TeardownFold()  # node-level lines hidden during a teardown
         self._on_finish = on_finish
         self._on_checked = on_checked
         self._writer = StreamWriterThread(self.stream)
@@ -198,22 +195,19 @@ class TerminalOutput:
 
     def on_event(self, event: JobEvent) -> None:
         """Render one job event."""
+        if self.fold.see(event):
+            return
+        if self.fold.ended:
+            self._flush_folded()
         if isinstance(event, LogLines):
             self.lines(event.host, event.rank, event.data)
         elif isinstance(event, Progress):
             self.report(event.host, event.model_dump())
         elif isinstance(event, Message):
             self.message(event.text, event.level)
-        elif isinstance(event, StateChanged):
-            self._on_state(event)
-        elif isinstance(event, RankExited):
-            if event.last:
-                self._ranks_done.add(event.host)
         elif isinstance(event, AttemptStarted):
             for host in event.hosts:
                 self._add_host(host)
-            self._stopping = False
-            self._ranks_done.clear()
             attempt = f" (attempt {event.number})" if event.number else ""
             self.message(
                 f"job {event.job_id}{attempt}: {plural(len(event.hosts), 'node')}, "
@@ -227,20 +221,9 @@ class TerminalOutput:
             if self._on_finish is not None:
                 self._on_finish(event, self.console)
 
-    def _on_state(self, event: StateChanged) -> None:
-        if event.state == JobState.STOPPING:
-            self._stopping = True
-        elif event.state in (JobState.RESTARTING, JobState.SUCCEEDED) or event.state.terminal:
-            self._flush_folded()
-
     def _flush_folded(self) -> None:
-        for host, count in self._folded.items():
-            self.message(
-                f"{host}: the launcher's teardown output ({count} line"
-                f"{'s' if count != 1 else ''}) is in {host}.node.log",
-                "detail",
-            )
-        self._folded.clear()
+        for note in self.fold.flush():
+            self.message(note, "detail")
 
     def _print_outside(self, render: Callable[[], None]) -> None:
         """Print something of the console's own (a table) below the log."""
@@ -265,9 +248,6 @@ class TerminalOutput:
         """Show a chunk of one rank's output: whole lines, prefixed; a trailing
         ``\r`` update becomes the rank's live status (shown once its line ends)."""
         key = (host, rank)
-        if rank == NODE_RANK_LABEL and (self._stopping or host in self._ranks_done):
-            self._folded[host] = self._folded.get(host, 0) + data.count(b"\n")
-            return
         pending = self._partial.pop(key, b"")
         if pending:
             data = pending + data

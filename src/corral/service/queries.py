@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import delete, func, select
 
 from corral.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.job.events import FINAL_KINDS
+from corral.job.events import FINAL_KINDS, JobEvent, LogLines, decode_event
+from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
 from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
 from corral.service.ingest import Ingest, Live, machine_ids
@@ -28,7 +29,7 @@ from corral.service.models import (
     WorkloadWeight,
 )
 from corral.store import Store
-from corral.store.models import Attempt, Job, Machine, Node, Rank
+from corral.store.models import Attempt, Event, Job, Machine, Node, Rank
 
 FILE_ALIASES = {
     "result": "result.json",
@@ -118,22 +119,29 @@ class Queries:
         )
 
     def output(self, job_id: str, offset: int = 0, limit: int = 1000) -> OutputPage:
-        """Merged ``[host:rank]`` output from byte ``offset`` of the events file."""
+        """Merged ``[host:rank]`` output from byte ``offset`` of the events file, the
+        launcher's teardown noise folded (:class:`~corral.job.fold.TeardownFold`)."""
         row = self.row(job_id)
         if offset < 0:
             raise Invalid("offset must be >= 0", details={"field": "offset"})
+        self.ingest.catch_up(job_id)
         lines: list[str] = []
         pos = offset
-        path = Path(row.run_dir) / EVENTS_FILE
-        for ev in read_events(path, offset):
+        path = events_path(row)
+        fold = self._fold_before(job_id, offset)
+        for ev in read_events(path, offset) if path is not None else ():
+            pos = ev.next_pos
+            if fold.see(_decoded(ev, job_id)):
+                continue
+            if fold.ended:
+                lines.extend(f"[corral] {note}" for note in fold.flush())
             if ev.data.get("kind") == "log":
                 lines.extend(prefixed_lines(ev.data))
             elif ev.data.get("kind") == "message":
                 lines.append(f"[corral] {ev.data.get('text', '')}")
-            pos = ev.next_pos
             if len(lines) >= limit:
                 break
-        size = path.stat().st_size if path.exists() else 0
+        size = path.stat().st_size if path is not None and path.exists() else 0
         return OutputPage(
             job_id=job_id,
             offset=offset,
@@ -171,14 +179,25 @@ class Queries:
 
     async def events(self, job_id: str, start: int = 0) -> AsyncIterator[LoggedEvent]:
         """Every event of the job from byte ``start`` on, live, until it has ended
-        (each event's ``next_pos`` is where a reconnect resumes)."""
-        row = self.row(job_id)
-        path = Path(row.run_dir) / EVENTS_FILE
+        (each event's ``next_pos`` is where a reconnect resumes). The launcher's
+        teardown noise is folded into one ``message`` per node (its ``next_pos`` is
+        the event that ended the teardown). A queued job's run dir is read once it
+        has one (it gets it when it starts)."""
+        self.row(job_id)
+        fold = self._fold_before(job_id, start)
         pos = start
         while True:
+            row = self.row(job_id)
+            path = events_path(row)
             ended = False
-            for ev in read_events(path, pos):
+            for ev in read_events(path, pos) if path is not None else ():
                 pos = ev.next_pos
+                if fold.see(_decoded(ev, job_id)):
+                    continue
+                if fold.ended:
+                    for note in fold.flush():
+                        data = {"kind": "message", "time": ev.data.get("time"), "text": note}
+                        yield LoggedEvent(ev.pos, ev.pos, {**data, "level": "detail"})
                 if ev.data.get("kind") in FINAL_KINDS:  # the status agrees once it is seen
                     await asyncio.to_thread(self.ingest.catch_up, job_id)
                 yield ev
@@ -187,9 +206,30 @@ class Queries:
             if ended:
                 return
             state = self.row(job_id).state
-            if state in TERMINAL_STATES and not list(read_events(path, pos)):
+            if state in TERMINAL_STATES and (path is None or not list(read_events(path, pos))):
                 return
             await self.live.wait(job_id, 0.25)
+
+    def _fold_before(self, job_id: str, pos: int) -> TeardownFold:
+        """The teardown fold as it stood at byte ``pos`` of the job's events (from the
+        stored events: a page or a reconnect goes on folding where the last one was)."""
+        fold = TeardownFold()
+        if pos <= 0:
+            return fold
+        kinds = ("state", "rank_exit", "attempt_started")
+        with self.store.session() as s:
+            rows = s.scalars(
+                select(Event)
+                .where(Event.job_id == job_id, Event.pos < pos, Event.kind.in_(kinds))
+                .order_by(Event.pos)
+            ).all()
+            stored = [{**r.data, "kind": r.kind, "time": r.time} for r in rows]
+        for data in stored:
+            event = decode_event(data, job_id)
+            if event is not None:
+                fold.see(event)
+        fold.flush()
+        return fold
 
     def delete(self, job_id: str) -> JobSummary:
         """Forget a job that is not active (planned, queued or finished): its rows go,
@@ -205,6 +245,26 @@ class Queries:
             s.execute(delete(Job).where(Job.id == job_id, done))
         self.launches.pop(job_id, None)
         return _summary(row)
+
+
+def events_path(row: Job) -> Path | None:
+    """The job's events file; None while it has no run dir (a queued job)."""
+    return Path(row.run_dir) / EVENTS_FILE if row.run_dir else None
+
+
+def _decoded(ev: LoggedEvent, job_id: str) -> JobEvent | None:
+    """The typed event the fold needs (log lines, states, rank exits, attempts)."""
+    kind = ev.data.get("kind")
+    if kind == "log":
+        return LogLines.model_construct(
+            job_id=job_id,
+            host=str(ev.data.get("host")),
+            rank=int(ev.data.get("rank", -1)),
+            data=str(ev.data.get("text", "")).encode(),
+        )
+    if kind in ("state", "rank_exit", "attempt_started"):
+        return decode_event(ev.data, job_id)
+    return None
 
 
 def prefixed_lines(data: dict[str, Any]) -> list[str]:

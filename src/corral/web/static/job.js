@@ -587,6 +587,12 @@
     queueFrame();
   }
 
+  // a line of corral's own in the log (the folded teardown output of a node)
+  function onNote(text) {
+    pending.push({ host: "", rank: -1, text, corral: true });
+    queueFrame();
+  }
+
   function lineVisible(host, rank) {
     return (!filter.host || filter.host === host) && (!filter.rank || filter.rank === rank);
   }
@@ -600,7 +606,7 @@
     line.dataset.rank = rank;
     const prefix = document.createElement("span");
     prefix.className = "prefix";
-    prefix.textContent = rank ? `[${item.host}:${rank}]` : `[${item.host}]`;
+    prefix.textContent = item.corral ? "[corral]" : rank ? `[${item.host}:${rank}]` : `[${item.host}]`;
     const msg = document.createElement("span");
     msg.className = "msg";
     msg.textContent = item.text;
@@ -1054,7 +1060,8 @@
       },
       progress: onProgress,
       log: onLog,
-      message: (ev) => showMessage(ev.text, ev.level),
+      // "detail": a note that belongs with the log lines (a node's folded teardown)
+      message: (ev) => (ev.level === "detail" ? onNote(ev.text) : showMessage(ev.text, ev.level)),
       checked: (ev) => showMessage(ev.blocking ? "pre-flight checks refused the launch" : "pre-flight checks passed",
         ev.blocking ? "error" : "info"),
       attempt_started: (ev) => {
