@@ -47,6 +47,7 @@ from corral.job.events import (
     Subscriber,
 )
 from corral.job.logfiles import LogFiles
+from corral.job.fold import teardown_marker
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -625,6 +626,8 @@ class Job:
         _write_json(prepared.job_dir / "job.json", job_json(prepared, self.ssh))
         logs = LogFiles(prepared.job_dir / "logs", attempt=prepared.attempt)
         self.emit(
+        marker = teardown_marker(logs).on_event  # where each node's teardown began
+        self._subscribers.append(marker)
             AttemptStarted(
                 job_id=self.job_id,
                 number=prepared.attempt,
@@ -665,6 +668,7 @@ class Job:
         finally:
             self._supervisor = None
             logs.close()
+            self._subscribers.remove(marker)
 
     # -- the end ------------------------------------------------------------------------
 
