@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from corral.cluster import Cluster, Host, load_cluster, parse_hostfile_text
+from corral.contract import AGENT_VARS, CONTRACT_VARS
 from corral.errors import ConfigError
-from corral.plan.render import AGENT_VARS, CONTRACT_VARS, plan_job
+from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -35,6 +35,7 @@ from corral.actors.errors import (
 from corral.actors.nccl import NCCLConfig, create_nccl_configs
 from corral.cluster import Cluster as HostCluster
 from corral.cluster import Host, load_cluster
+from corral.contract import ACTOR_ENV, JOB_ID_ENV
 from corral.errors import ConfigError
 from corral.job.states import JobState
 from corral.recovery.restart import RestartPolicy
@@ -491,8 +492,8 @@ class Cluster(_StopsOnExit):
             env = {
                 **node.env,
                 **config.env(),
-                "CORRAL_ACTOR": "1",
-                "CORRAL_JOB_ID": self.job_id,
+                ACTOR_ENV: "1",
+                JOB_ID_ENV: self.job_id,
                 "PYTHONUNBUFFERED": "1",
             }
             init = {

@@ -63,7 +63,7 @@ from torch import nn
 
 from corral.errors import ConfigError
 from corral.sdk import info, init_distributed
-from corral.sdk._dist import collect_garbage_at_exit
+from corral.sdk.runtime import collect_garbage_at_exit
 
 __all__ = [
     "BackendConfig",

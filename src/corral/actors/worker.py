@@ -42,6 +42,7 @@ from typing import Any
 from corral.actors import _framing as fr
 from corral.actors._workfn import WorkFnSpec, load
 from corral.actors.errors import ActorTimeout
+from corral.contract import CONTROL_ENV, CONTROL_TOKEN_ENV
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -210,7 +211,7 @@ class _ReportServer:
         threading.Thread(target=self._accept, name="corral-report", daemon=True).start()
 
     def env(self) -> dict[str, str]:
-        return {"CORRAL_CONTROL": f"unix:@{self.name}", "CORRAL_CONTROL_TOKEN": self.token}
+        return {CONTROL_ENV: f"unix:@{self.name}", CONTROL_TOKEN_ENV: self.token}
 
     def _accept(self) -> None:
         while True:

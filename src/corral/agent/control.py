@@ -10,7 +10,7 @@ argv, a log or a file.
 Every connection must come from the agent's own user (or root), checked with
 the peer credentials the kernel records at ``connect()`` (``SO_PEERCRED``), and
 its first line must be ``auth <token>`` (the client side is
-:func:`corral.sdk._report.connect_control`). Anything else is closed before a single
+:func:`corral.sdk.runtime.connect_control`). Anything else is closed before a single
 byte past that line is read, so nothing a stranger sends is ever acted upon.
 """
 
@@ -29,7 +29,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from corral.sdk._report import CONTROL_ENV, TOKEN_ENV, auth_line
+from corral.contract import CONTROL_ENV, auth_line
+from corral.contract import CONTROL_TOKEN_ENV as TOKEN_ENV
 
 AUTH_TIMEOUT = 10.0  # seconds a new connection has to present the token
 # sun_path is 108 bytes on Linux (104 on macOS) including the NUL

@@ -33,8 +33,16 @@ from collections.abc import MutableMapping
 from types import ModuleType
 from typing import Any
 
-from corral.plan.mlx import BACKEND_ENV, HOSTS_ENV, INIT_TIMEOUT_ENV
-from corral.sdk._errors import error_file_path, read_error_file
+from corral.contract import (
+    ATTEMPT_ENV,
+    HOST_ENV,
+    MLX_BACKEND_ENV,
+    MLX_HOSTS_ENV,
+    MLX_INIT_TIMEOUT_ENV,
+    NODE_DIR_ENV,
+    error_file_path,
+    read_error_file,
+)
 
 REFUSED = 1  # the rank's exit code when it cannot start MLX as planned
 LOST_PEER = "connection to a peer was lost"  # MLX's error when a neighbour vanished
@@ -103,10 +111,10 @@ def linger_after_lost_peer(grace: float = LOST_PEER_GRACE) -> None:
 def prepare(env: MutableMapping[str, str]) -> int | None:
     """Set up MLX for this rank as the plan in ``env`` says; None when the script
     may run, else the exit code (the reason is printed on stderr)."""
-    backend = env[BACKEND_ENV]
+    backend = env[MLX_BACKEND_ENV]
     rank = int(env.get("RANK", "0"))
     world = int(env.get("WORLD_SIZE", "1"))
-    host = env.get("CORRAL_HOST") or socket.gethostname()
+    host = env.get(HOST_ENV) or socket.gethostname()
     try:
         mx = _import_mlx()
     except ImportError as exc:
@@ -122,14 +130,14 @@ def prepare(env: MutableMapping[str, str]) -> int | None:
         )
     if world <= 1:
         return None  # MLX's singleton group: nothing to connect
-    if HOSTS_ENV in env:
-        path = hostfile_path(env.get("CORRAL_NODE_DIR"), env.get("CORRAL_ATTEMPT", "0"), rank)
+    if MLX_HOSTS_ENV in env:
+        path = hostfile_path(env.get(NODE_DIR_ENV), env.get(ATTEMPT_ENV, "0"), rank)
         try:
-            env["MLX_HOSTFILE"] = write_hostfile(env[HOSTS_ENV], path)
+            env["MLX_HOSTFILE"] = write_hostfile(env[MLX_HOSTS_ENV], path)
         except (OSError, ValueError) as exc:
             return _say(f"cannot write MLX's hostfile {path}: {exc}")
     try:
-        group = wait_for_mlx_peers(mx, backend, float(env.get(INIT_TIMEOUT_ENV, "0")))
+        group = wait_for_mlx_peers(mx, backend, float(env.get(MLX_INIT_TIMEOUT_ENV, "0")))
     except RuntimeError as exc:
         return _say(f"MLX's {backend} group did not form on {host} (rank {rank}): {exc}")
     if group.size() != world or group.rank() != rank:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import psutil
 
-from corral.sdk._stacks import DUMP_SIGNAL, stack_file
+from corral.contract import DUMP_SIGNAL, stack_file
 
 __all__ = [
     "EVENT_TEXT_LIMIT",

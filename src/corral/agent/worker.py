@@ -34,7 +34,19 @@ import sys
 import threading
 import traceback
 
-from corral.sdk._report import CONTROL_ENV, connect_control
+from corral.contract import (
+    ACCELERATE_ENV,
+    ATTEMPT_ENV,
+    CONTROL_ENV,
+    ERROR_FILE_ENV,
+    HARNESS_ENV,
+    MLX_BACKEND_ENV,
+    NODE_DIR_ENV,
+    QOS_ENV,
+    STREAMS_ENV,
+    stack_file,
+)
+from corral.sdk.runtime import connect_control
 
 PR_SET_PDEATHSIG = 1
 
@@ -71,9 +83,9 @@ def _report_exit(address: str | None, rank: int, code: int) -> None:
 
 
 def _enable_stack_dumps(node_dir: str, rank: int) -> None:
-    """Register the ``SIGUSR1`` stack dump of this rank (see ``corral.sdk._stacks``)."""
+    """Register the ``SIGUSR1`` stack dump of this rank (:func:`corral.sdk.enable_stack_dumps`)."""
     try:
-        from corral.sdk._stacks import enable_stack_dumps, stack_file
+        from corral.sdk import enable_stack_dumps
 
         enable_stack_dumps(stack_file(node_dir, rank))
     except Exception as exc:  # never keep the script from running
@@ -110,11 +122,11 @@ def _run_script(script: str) -> None:
     """Run ``script`` as ``__main__`` (``sys.argv`` already set), with Accelerate's
     rank setup and under the plugin harness when the plan asks for them."""
     env = os.environ
-    if env.get("CORRAL_ACCELERATE") == "1":
+    if env.get(ACCELERATE_ENV) == "1":
         from corral.harness.accelerate import prepare
 
         prepare(env)
-    mode = env.get("CORRAL_HARNESS")
+    mode = env.get(HARNESS_ENV)
     if mode:
         from corral.harness.plugin import run
 
@@ -160,19 +172,19 @@ def main(argv: list[str]) -> int:
         env["NODE_RANK"] = env["GROUP_RANK"]
     rank = int(env.get("RANK", "0"))
     local_rank = int(env.get("LOCAL_RANK", "0"))
-    node_dir = env.get("CORRAL_NODE_DIR")
+    node_dir = env.get(NODE_DIR_ENV)
     if node_dir:
-        env["CORRAL_ERROR_FILE"] = error_file(node_dir, env.get("CORRAL_ATTEMPT", "0"), rank)
+        env[ERROR_FILE_ENV] = error_file(node_dir, env.get(ATTEMPT_ENV, "0"), rank)
     control = env.get(CONTROL_ENV)
-    if control and env.get("CORRAL_STREAMS") == "socket":
+    if control and env.get(STREAMS_ENV) == "socket":
         try:
             _redirect_streams(control, rank, local_rank)
         except OSError as exc:
             print(f"corral: cannot reach the node agent at {control}: {exc}", file=sys.stderr)
     if node_dir:
         _enable_stack_dumps(node_dir, rank)
-    if env.get("CORRAL_QOS"):  # --qos: the macOS QoS class, before the script's threads
-        from corral.sdk._qos import apply_qos_from_env
+    if env.get(QOS_ENV):  # --qos: the macOS QoS class, before the script's threads
+        from corral.sdk.runtime import apply_qos_from_env
 
         try:
             apply_qos_from_env(env)
@@ -180,7 +192,7 @@ def main(argv: list[str]) -> int:
             print(f"corral: {exc}", file=sys.stderr)
             _report_exit(control, rank, 2)
             return 2
-    if env.get("CORRAL_MLX_BACKEND"):  # --launcher mlx: MLX's hostfile and group first
+    if env.get(MLX_BACKEND_ENV):  # --launcher mlx: MLX's hostfile and group first
         from corral.agent.mlx_env import prepare
 
         refused = prepare(env)

@@ -31,6 +31,7 @@ from corral.calibrate.model import Calibration, save_calibration
 from corral.calibrate.resolve import planned_ranks, resolve_weights
 from corral.calibrate.weights import MeasuredRank, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster, Host
+from corral.contract import CALIBRATE_ENV, CALIBRATE_SECONDS_ENV
 from corral.errors import ConfigError, JobFailed, LaunchError
 from corral.job.engine import Job
 from corral.job.events import JobEvent, Progress, Subscriber
@@ -39,7 +40,6 @@ from corral.job.resolve import new_job_id
 from corral.job.result import JobResult
 from corral.job.states import JobState
 from corral.plan.spec import JobSpec
-from corral.sdk._calibrate import CALIBRATE_ENV
 from corral.transport.base import Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
@@ -296,7 +296,7 @@ class Calibrator:
 
     async def _spec(self, transport: Transport) -> JobSpec:
         opts = self.options
-        env = {**opts.env, CALIBRATE_ENV: "1", "CORRAL_CALIBRATE_SECONDS": f"{opts.seconds:g}"}
+        env = {**opts.env, CALIBRATE_ENV: "1", CALIBRATE_SECONDS_ENV: f"{opts.seconds:g}"}
         base = JobSpec(
             script=str(REFERENCE),
             launcher="python",

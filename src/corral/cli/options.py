@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from corral.contract import QOS_CLASSES
 from corral.plan.spec import LAUNCHERS, LR_SCALING, MLX_BACKENDS
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
-from corral.sdk._qos import QOS_CLASSES
 
 _L = "Launch"
 

@@ -62,6 +62,7 @@ from corral.cli.options import (
 )
 from corral.cluster.model import Cluster
 from corral.console import make_console
+from corral.contract import JOB_CONFIG_ENV
 from corral.errors import ConfigError
 from corral.job.build import JobOptions, build_job, job_spec, new_job
 from corral.job.engine import Job, dry_run
@@ -80,7 +81,6 @@ from corral.plan.display import (
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.remote.python import candidates
-from corral.sdk._config import JOB_CONFIG_ENV
 from corral.signals import stop_on_signals
 from corral.transport.options import SshOptions
 

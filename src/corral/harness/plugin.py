@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from corral.contract import ATTEMPT_ENV, NODE_DIR_ENV
 from corral.harness.config import replace_config
 from corral.private import private_dir, write_private
-from corral.sdk._accelerate import set_accelerator
-from corral.sdk._config import job_config
+from corral.sdk import job_config
+from corral.sdk.runtime import set_accelerator
 
 
 def make_accelerator() -> Any:
@@ -60,8 +61,8 @@ def write_rank_config(args: list[str]) -> tuple[list[str], str | None]:
     config = job_config()
     if config is None:
         return args, None
-    node_dir = os.environ.get("CORRAL_NODE_DIR") or "."
-    path = rank_config_file(node_dir, os.environ.get("CORRAL_ATTEMPT", "0"), config["rank"])
+    node_dir = os.environ.get(NODE_DIR_ENV) or "."
+    path = rank_config_file(node_dir, os.environ.get(ATTEMPT_ENV, "0"), config["rank"])
     private_dir(path.parent)
     write_private(path, json.dumps(config, indent=2) + "\n")
     return replace_config(args, str(path)), str(path)

@@ -26,12 +26,12 @@ import corral
 from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.cluster.model import Host
+from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError, LaunchError
 from corral.remote.python import candidates
 from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0
-JOB_ID_ENV = "CORRAL_JOB_ID"
 
 _AGENT_SHELL = (
     'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m corral.agent; fi; '

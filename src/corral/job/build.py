@@ -17,6 +17,7 @@ from typing import cast
 
 from corral.checks.context import DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster
+from corral.contract import QOS_CLASSES
 from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
 from corral.job.engine import Job
@@ -38,7 +39,6 @@ from corral.plan.spec import (
     Launcher,
 )
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.sdk._qos import QOS_CLASSES
 from corral.transport.base import Transport
 from corral.transport.options import SshOptions
 

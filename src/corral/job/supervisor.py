@@ -29,6 +29,7 @@ from typing import Any
 from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
+from corral.contract import NODE_DIR_ENV
 from corral.errors import CorralError
 from corral.job.events import (
     JobEvent,
@@ -502,7 +503,7 @@ class Supervisor:
                 node.proc.write(encode_op({"op": "kill"}))
                 node.proc.signal(signal.SIGKILL)
                 if node.host.local:
-                    kill_recorded_groups(node.command.env.get("CORRAL_NODE_DIR", ""))
+                    kill_recorded_groups(node.command.env.get(NODE_DIR_ENV, ""))
 
     def interrupt(self) -> None:
         """Ctrl-C / SIGTERM to corral: teardown once, kill at the second."""

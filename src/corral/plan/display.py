@@ -14,12 +14,12 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from corral.contract import NODE_DIR_ENV
 from corral.plan.spec import NodeCommand
 from corral.redact import redact_env
 
 _DOUBLE_QUOTE_SPECIAL = frozenset('"$`\\!')
 #: The env value the node agent expands ``~`` in (as it does in the working directory).
-NODE_DIR_ENV = "CORRAL_NODE_DIR"
 #: The interpreter a plan names on an SSH host when none is known yet (the agents'
 #: probe resolves it at launch).
 PLACEHOLDER_PYTHON = "python3"

@@ -32,13 +32,11 @@ import json
 from collections.abc import MutableMapping, Sequence
 
 from corral.cluster.model import Host
+from corral.contract import MLX_BACKEND_ENV, MLX_HOSTS_ENV, MLX_INIT_TIMEOUT_ENV
 from corral.errors import ConfigError
 from corral.plan.spec import MLX_BACKENDS, JobSpec, RankProcess
 
-BACKEND_ENV = "CORRAL_MLX_BACKEND"
-HOSTS_ENV = "CORRAL_MLX_HOSTS"
-INIT_TIMEOUT_ENV = "CORRAL_MLX_INIT_TIMEOUT"
-# MLX's own variables that corral sets (MLX_HOSTFILE on the rank, from HOSTS_ENV)
+# MLX's own variables that corral sets (MLX_HOSTFILE on the rank, from MLX_HOSTS_ENV)
 MLX_OWN_VARS = ("MLX_RANK", "MLX_HOSTFILE", "MLX_JACCL_COORDINATOR")
 IBV_DEVICES = "MLX_IBV_DEVICES"
 
@@ -137,10 +135,12 @@ def plan_mlx_node(
     env["WORLD_SIZE"] = str(world)
     env["LOCAL_WORLD_SIZE"] = str(nproc)
     env["NODE_RANK"] = str(node_rank)
-    env[BACKEND_ENV] = spec.mlx_backend
-    env[INIT_TIMEOUT_ENV] = f"{spec.rdzv_timeout:g}"
+    env[MLX_BACKEND_ENV] = spec.mlx_backend
+    env[MLX_INIT_TIMEOUT_ENV] = f"{spec.rdzv_timeout:g}"
     if spec.mlx_backend == "ring" and world > 1:
-        env[HOSTS_ENV] = json.dumps(ring_hostfile(peers, spec.master_port), separators=(",", ":"))
+        env[MLX_HOSTS_ENV] = json.dumps(
+            ring_hostfile(peers, spec.master_port), separators=(",", ":")
+        )
     elif spec.mlx_backend == "jaccl":
         env["MLX_JACCL_COORDINATOR"] = f"{peers[0][0]}:{spec.master_port}"
     ranks = tuple(

@@ -15,6 +15,28 @@ import posixpath
 from typing import Any, cast
 
 from corral.cluster.model import Cluster, Host
+from corral.contract import (
+    ACCELERATE_ENV,
+    ATTEMPT_ENV,
+    CALIBRATE_ENV,
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_REPLICA_ENV,
+    CONTRACT_VARS,
+    HARNESS_ENV,
+    HOST_ENV,
+    JOB_CONFIG_ENV,
+    JOB_ID_ENV,
+    LAUNCH_DIR_ENV,
+    NODE_DIR_ENV,
+    PLAN_NODE_ENV,
+    PLAN_NPROCS_ENV,
+    QOS_ENV,
+    SHARED_DATA_PATH_ENV,
+    STREAMS_ENV,
+    WORKLOAD_WEIGHTS_ENV,
+    ScaleRule,
+    adjust_config,
+)
 from corral.errors import ConfigError
 from corral.plan.launchers import (
     NodeFacts,
@@ -24,39 +46,17 @@ from corral.plan.launchers import (
     validate_launcher,
 )
 from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand, RankProcess
-from corral.sdk._calibrate import CALIBRATE_ENV
-from corral.sdk._config import JOB_CONFIG_ENV, ScaleRule, adjust_config
-from corral.sdk._paths import LAUNCH_DIR_ENV
 
-HARNESS_ENV = "CORRAL_HARNESS"
-"""Set on every rank of a ``--harness`` job: ``plugin`` or ``script``."""
-ACCELERATE_ENV = "CORRAL_ACCELERATE"
-"""Set (``1``) on ranks that run Accelerate code: the worker prepares Accelerate's
-env (``ACCELERATE_USE_CPU`` on a host without a GPU) and refuses a world size
-other than the plan's."""
+# HARNESS_ENV is set on every rank of a ``--harness`` job (``plugin`` or ``script``);
+# ACCELERATE_ENV (``1``) on ranks that run Accelerate code: the worker prepares
+# Accelerate's env (``ACCELERATE_USE_CPU`` on a host without a GPU) and refuses a
+# world size other than the plan's.
 
 WORKER_MODULE = "corral.agent.worker"
 
-# Set on every rank by the node agent when it starts (not planned): the address of
-# its private control socket and the token that authenticates a connection to it,
-# both made fresh by each attempt's agent (see corral.agent.control).
-AGENT_VARS = ("CORRAL_CONTROL", "CORRAL_CONTROL_TOKEN")
-
-# Every env var corral itself sets on a rank (DESIGN.md §5); the user's --env may
-# not override these. All but AGENT_VARS are in the plan.
-CONTRACT_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "NNODES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CORRAL_JOB_ID",
-    "CORRAL_ATTEMPT",
-    *AGENT_VARS,
-)
+# AGENT_VARS are set on every rank by the node agent when it starts (not planned):
+# the address of its private control socket and the token that authenticates a
+# connection to it, both made fresh by each attempt's agent (see corral.agent.control).
 
 
 def is_loopback(address: str) -> bool:
@@ -159,22 +159,22 @@ def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict
     if gloo:
         env["GLOO_SOCKET_IFNAME"] = gloo
     if spec.checkpoint_dir:
-        env["CORRAL_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        env[CHECKPOINT_DIR_ENV] = spec.checkpoint_dir
         if spec.replicate_checkpoints:
-            env["CORRAL_CHECKPOINT_REPLICA"] = "wait"
+            env[CHECKPOINT_REPLICA_ENV] = "wait"
     if spec.workload_weights:
-        env["CORRAL_WORKLOAD_WEIGHTS"] = ",".join(f"{w:.6g}" for w in spec.workload_weights)
+        env[WORKLOAD_WEIGHTS_ENV] = ",".join(f"{w:.6g}" for w in spec.workload_weights)
     if spec.qos:
-        env["CORRAL_QOS"] = spec.qos
+        env[QOS_ENV] = spec.qos
     if spec.shared_data_path:
-        env["CORRAL_SHARED_DATA_PATH"] = spec.shared_data_path
+        env[SHARED_DATA_PATH_ENV] = spec.shared_data_path
     env["MASTER_ADDR"] = master_addr
     env["MASTER_PORT"] = str(spec.master_port)
     env["NNODES"] = str(0)  # replaced below; keeps a stable key order
-    env["CORRAL_JOB_ID"] = spec.job_id
-    env["CORRAL_ATTEMPT"] = str(attempt)
-    env["CORRAL_NODE_DIR"] = node_dir(spec, host)
-    env["CORRAL_HOST"] = host.name
+    env[JOB_ID_ENV] = spec.job_id
+    env[ATTEMPT_ENV] = str(attempt)
+    env[NODE_DIR_ENV] = node_dir(spec, host)
+    env[HOST_ENV] = host.name
     if host.local:  # its ranks run in the node's own dir: the SDK's relative checkpoint
         # paths resolve against the job's working directory instead, as on SSH hosts
         env[LAUNCH_DIR_ENV] = spec.workdir or os.getcwd()
@@ -269,11 +269,11 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
                 spec.script,
                 *spec.args,
             )
-            env["CORRAL_STREAMS"] = "socket"
+            env[STREAMS_ENV] = "socket"
             if spec.workload_weights:  # ranks are numbered at the rendezvous, not here:
                 # the SDK finds its own weight by plan node and exchanges them
-                env["CORRAL_PLAN_NODE"] = str(node_rank)
-                env["CORRAL_PLAN_NPROCS"] = ",".join(str(n) for n in per_node)
+                env[PLAN_NODE_ENV] = str(node_rank)
+                env[PLAN_NPROCS_ENV] = ",".join(str(n) for n in per_node)
         elif spec.launcher in NODE_LAUNCHERS:
             # one process per node that starts the ranks itself (like torchrun); a
             # corral worker it starts reports its rank over the control socket
@@ -283,7 +283,7 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
             else:
                 argv = madengine_argv(spec, facts)
             env["NODE_RANK"] = str(node_rank)
-            env["CORRAL_STREAMS"] = "socket"
+            env[STREAMS_ENV] = "socket"
         elif spec.launcher == "mlx":
             # lazy: the MLX planner is only loaded for MLX jobs
             mlx = importlib.import_module("corral.plan.mlx")

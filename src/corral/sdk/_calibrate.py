@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CALIBRATE_ENV", "calibrating"]
+from corral.contract import CALIBRATE_ENV
 
-CALIBRATE_ENV = "CORRAL_CALIBRATE"
+__all__ = ["CALIBRATE_ENV", "calibrating"]
 
 
 def calibrating() -> bool:

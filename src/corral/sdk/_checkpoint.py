@@ -36,16 +36,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import socket
-import struct
 import sys
 import time
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from corral.contract import (
+    CHECKPOINT_REPLICA_ENV,
+    HOST_ENV,
+    checkpoint_files,
+    fsync_dir,
+    is_complete_checkpoint,
+)
 from corral.sdk._env import info
 from corral.sdk._paths import job_path
 from corral.sdk._report import request, send_event
@@ -61,10 +65,8 @@ __all__ = [
 ]
 
 #: ``wait``: a rank-0 save waits until the coordinator's replica holds it.
-REPLICA_ENV = "CORRAL_CHECKPOINT_REPLICA"
+REPLICA_ENV = CHECKPOINT_REPLICA_ENV
 REPLICA_TIMEOUT = 1800.0  # seconds a save waits for the coordinator's replica at most
-_NAME = re.compile(r"ckpt-(\d+)(?:-rank(\d+))?\.pt")
-_LOCAL_HEADER = b"PK\x03\x04"
 
 
 def _torch() -> Any:
@@ -124,49 +126,6 @@ def _rebuild_write_error(
     return CheckpointWriteError(
         message, host=host, path=path, cause=cause, previous=previous, code=code
     )
-
-
-def checkpoint_files(
-    directory: str | os.PathLike[str], rank: int | None = None
-) -> list[tuple[int, Path]]:
-    """(step, path) of every checkpoint-named file of this rank family, oldest first.
-
-    ``rank=None`` means the rank-0 files (``ckpt-N.pt``). Temp files never match;
-    completeness is not checked (see :func:`is_complete_checkpoint`).
-    """
-    return _checkpoints(Path(directory), rank)
-
-
-def _checkpoints(directory: Path, rank: int | None) -> list[tuple[int, Path]]:
-    """(step, path) of every checkpoint-named file of this rank family, oldest first."""
-    found: list[tuple[int, Path]] = []
-    try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return found
-    for entry in entries:
-        m = _NAME.fullmatch(entry.name)
-        if m is None:
-            continue
-        file_rank = None if m.group(2) is None else int(m.group(2))
-        if file_rank == rank and entry.is_file():
-            found.append((int(m.group(1)), Path(entry.path)))
-    found.sort()
-    return found
-
-
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """Make a rename in ``directory`` durable; filesystems that refuse it are ignored."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(
@@ -281,7 +240,7 @@ def _write_error(
     final: Path, rank: int | None, failure: tuple[int | None, str]
 ) -> CheckpointWriteError:
     code, cause = failure
-    host = os.environ.get("CORRAL_HOST", "").strip() or socket.gethostname()
+    host = os.environ.get(HOST_ENV, "").strip() or socket.gethostname()
     previous = latest_checkpoint(final.parent, rank=rank)
     if previous is None:
         kept = f"no earlier checkpoint in {final.parent}"
@@ -304,34 +263,12 @@ def _prune(folder: Path, rank: int | None, step: int, keep: int | None) -> None:
         leftover.unlink(missing_ok=True)
     if keep is None:
         return
-    older = [path for s, path in _checkpoints(folder, rank) if s <= step]
+    older = [path for s, path in checkpoint_files(folder, rank) if s <= step]
     for path in older[: max(0, len(older) - keep)]:
         try:
             path.unlink()
         except OSError as err:
             print(f"[corral] could not prune {path}: {err}", file=sys.stderr, flush=True)
-
-
-def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """Cheap structural check that ``path`` is a whole ``torch.save`` archive."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh, zipfile.ZipFile(fh) as archive:
-            entries = archive.infolist()
-            if not any(e.filename.endswith("data.pkl") for e in entries):
-                return False
-            last = max(entries, key=lambda e: e.header_offset)
-            if any(e.header_offset + e.compress_size > size for e in entries):
-                return False
-            fh.seek(last.header_offset)
-            header = fh.read(30)
-            if len(header) < 30 or header[:4] != _LOCAL_HEADER:
-                return False
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            end = last.header_offset + 30 + int(name_len) + int(extra_len) + last.compress_size
-            return end <= size
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError, struct.error):
-        return False
 
 
 def latest_checkpoint(directory: str | os.PathLike[str], *, rank: int | None = None) -> Path | None:
@@ -342,7 +279,7 @@ def latest_checkpoint(directory: str | os.PathLike[str], *, rank: int | None = N
     skipped (see the module docstring). With ``all_ranks`` checkpoints, ranks
     should agree on a step (e.g. an ``all_reduce`` MIN) before loading.
     """
-    for _, path in reversed(_checkpoints(job_path(directory), rank)):
+    for _, path in reversed(checkpoint_files(job_path(directory), rank)):
         if is_complete_checkpoint(path):
             return path
     return None

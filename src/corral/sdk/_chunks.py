@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.sdk._checkpoint import fsync_dir
+from corral.contract import CHECKPOINT_DIR_ENV, fsync_dir
 from corral.sdk._env import info
 from corral.sdk._paths import job_path
 from corral.sdk._report import send_event
-from corral.sdk._resume import CHECKPOINT_DIR_ENV, _group
+from corral.sdk._resume import _group
 
 __all__ = ["CHUNK_SIZE", "Chunk", "chunks", "free_memory"]
 

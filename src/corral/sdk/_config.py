@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import math
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from corral.contract import JOB_CONFIG_ENV, ScaleBy, ScaleRule, adjust_config, scale
 from corral.sdk._env import info
 
-__all__ = ["output_dir", "scale_config"]
-
-ScaleRule = Literal["linear", "sqrt", "none"]
-ScaleBy = Literal["global_batch", "world_size"]
-
-_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
-_SCALE_BY: tuple[str, ...] = ("global_batch", "world_size")
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+__all__ = [
+    "JOB_CONFIG_ENV",
+    "ScaleRule",
+    "adjust_config",
+    "job_config",
+    "output_dir",
+    "scale_config",
+]
 
 
 def scale_config(
@@ -70,114 +64,21 @@ def scale_config(
     ``is_main_process``. ``config`` itself is never mutated.
     """
     me = info()
-    world = me.world_size if world_size is None else world_size
-    batch_size = _positive_int("batch_size", batch_size)
-    world = _positive_int("world_size", world)
-    if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if rule not in _RULES:
-        raise ValueError(f"unknown lr scaling rule {rule!r} (use 'linear', 'sqrt' or 'none')")
-    if scale_by not in _SCALE_BY:
-        raise ValueError(f"unknown scale_by {scale_by!r} (use 'global_batch' or 'world_size')")
-    if base_batch_size is not None:
-        base_batch_size = _positive_int("base_batch_size", base_batch_size)
-        if scale_by == "world_size":
-            raise ValueError(
-                "base_batch_size applies to scale_by='global_batch'; with "
-                "scale_by='world_size' the lr is taken as tuned at the per-device batch"
-            )
-    if batch_size < world:
-        raise ValueError(
-            f"global batch_size {batch_size} is smaller than world_size {world}: "
-            "every rank needs at least one example per step"
-        )
-    per_device = batch_size // world
-    if per_device * world != batch_size:
-        warnings.warn(
-            f"batch_size {batch_size} is not divisible by world_size {world}; "
-            f"using {per_device} per device (global {per_device * world})",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    global_batch = per_device * world
-    if scale_by == "world_size":
-        reference = per_device
-    else:
-        reference = batch_size if base_batch_size is None else base_batch_size
-    ratio = global_batch / reference
-    if rule == "linear":
-        factor = ratio
-    elif rule == "sqrt":
-        factor = math.sqrt(ratio)
-    else:
-        factor = 1.0
     out = dict(config or {})
     out.update(
-        batch_size=per_device,
-        lr=lr * factor,
-        global_batch_size=global_batch,
-        base_batch_size=reference,
-        base_lr=lr,
-        lr_scale=factor,
-        lr_scale_rule=rule,
-        lr_scale_by=scale_by,
-        world_size=world,
+        scale(
+            batch_size=batch_size,
+            lr=lr,
+            world_size=me.world_size if world_size is None else world_size,
+            rule=rule,
+            base_batch_size=base_batch_size,
+            scale_by=scale_by,
+            stacklevel=2,
+        ),
         rank=me.rank,
         local_rank=me.local_rank,
         is_main_process=me.rank == 0,
     )
-    return out
-
-
-def adjust_config(
-    config: Mapping[str, Any],
-    world_size: int,
-    *,
-    rule: ScaleRule = "linear",
-    batch_size_key: str = "batch_size",
-    lr_key: str = "learning_rate",
-    output_dir_key: str = "output_dir",
-    require: bool = True,
-) -> dict[str, Any]:
-    """A whole job's config adjusted once for ``world_size`` (the seed's adjustments,
-    used by ``corral serve`` and the plugin harness): the batch divided by the world
-    size, the learning rate scaled by it (:func:`scale_config` with
-    ``scale_by="world_size"``), and the distributed metadata under ``distributed``
-    (which :func:`job_config` reads on each rank for the rank-0-only output rule).
-
-    With ``require`` a missing batch size or learning rate is a ``ValueError`` (as
-    is a bad value); without it, what is missing is left alone.
-    """
-    out = dict(config)
-    batch, lr = out.get(batch_size_key), out.get(lr_key)
-    if require and (batch is None or lr is None):
-        raise ValueError(f"needs config[{batch_size_key!r}] and config[{lr_key!r}]")
-    meta: dict[str, Any] = {"world_size": world_size}
-    if batch is not None:
-        scaled = scale_config(
-            {}, batch_size=batch, lr=1.0, rule=rule, scale_by="world_size", world_size=world_size
-        )
-        out[batch_size_key] = scaled["batch_size"]
-        meta["global_batch_size"] = scaled["global_batch_size"]
-    if lr is not None:
-        # with no batch size, a global batch of one example per rank: the factor is
-        # the world size's (linear), its square root or 1, as with one
-        scaled = scale_config(
-            {},
-            batch_size=batch if batch is not None else world_size,
-            lr=lr,
-            rule=rule,
-            scale_by="world_size",
-            world_size=world_size,
-        )
-        out[lr_key] = scaled["lr"]
-        meta.update(
-            base_lr=scaled["base_lr"],
-            lr_scale=scaled["lr_scale"],
-            lr_scale_rule=scaled["lr_scale_rule"],
-        )
-    meta.update(output_dir_key=output_dir_key, rank0_only_output=output_dir_key in out)
-    out["distributed"] = meta
     return out
 
 
@@ -192,9 +93,6 @@ def output_dir(path: str | os.PathLike[str]) -> Path | None:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-JOB_CONFIG_ENV = "CORRAL_JOB_CONFIG"
 
 
 def job_config() -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import timedelta
 
+from corral.contract import DIST_TIMEOUT_ENV, RDZV_TIMEOUT_ENV
 from corral.sdk._env import info
 
 __all__ = [
@@ -115,9 +116,9 @@ def init_distributed(
     ``$CORRAL_RDZV_TIMEOUT``, else ``timeout``.
     """
     if timeout is None:
-        timeout = _env_seconds("CORRAL_DIST_TIMEOUT") or DEFAULT_TIMEOUT
+        timeout = _env_seconds(DIST_TIMEOUT_ENV) or DEFAULT_TIMEOUT
     if master_timeout is None:
-        master_timeout = _env_seconds("CORRAL_RDZV_TIMEOUT")
+        master_timeout = _env_seconds(RDZV_TIMEOUT_ENV)
     me = info()
     if me.world_size <= 1:
         return False

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from corral.contract import ATTEMPT_ENV, JOB_ID_ENV
+
 __all__ = [
     "DistInfo",
     "info",
@@ -108,8 +110,8 @@ def info(env: Mapping[str, str] | None = None) -> DistInfo:
         num_nodes=num_nodes,
         master_addr=e.get("MASTER_ADDR", "").strip() or DEFAULT_MASTER_ADDR,
         master_port=_int(e, "MASTER_PORT") or DEFAULT_MASTER_PORT,
-        job_id=e.get("CORRAL_JOB_ID", "").strip() or None,
-        attempt=_int(e, "CORRAL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT") or 0,
+        job_id=e.get(JOB_ID_ENV, "").strip() or None,
+        attempt=_int(e, ATTEMPT_ENV, "TORCHELASTIC_RESTART_COUNT") or 0,
     )
 
 

@@ -19,17 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from corral.contract import error_file_path, read_error_file
 from corral.sdk._env import info
 
 __all__ = ["error_file_path", "read_error_file", "record", "write_error_file"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def error_file_path() -> str | None:
-    """Where this rank's error file goes, from the environment (None: nowhere)."""
-    return os.environ.get("CORRAL_ERROR_FILE") or os.environ.get("TORCHELASTIC_ERROR_FILE") or None
 
 
 def _exc_type(exc: BaseException) -> str:
@@ -87,16 +83,6 @@ def write_error_file(exc: BaseException, path: str | os.PathLike[str] | None = N
         print(f"[corral] could not write error file {final}: {err}", file=sys.stderr, flush=True)
         return None
     return final
-
-
-def read_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None if it is missing or not a JSON object."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def record(fn: Callable[P, R]) -> Callable[P, R]:

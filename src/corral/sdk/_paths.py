@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["LAUNCH_DIR_ENV", "job_path"]
+from corral.contract import LAUNCH_DIR_ENV
 
-LAUNCH_DIR_ENV = "CORRAL_LAUNCH_DIR"
+__all__ = ["LAUNCH_DIR_ENV", "job_path"]
 
 
 def job_path(path: str | os.PathLike[str]) -> Path:

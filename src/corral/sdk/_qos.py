@@ -14,16 +14,10 @@ import platform
 import sys
 from collections.abc import Mapping
 
+from corral.contract import QOS_CLASSES, QOS_ENV
+
 __all__ = ["QOS_CLASSES", "QOS_ENV", "apply_qos_from_env", "set_qos"]
 
-QOS_ENV = "CORRAL_QOS"
-#: ``QOS_CLASS_*`` of ``<sys/qos.h>``.
-QOS_CLASSES: dict[str, int] = {
-    "user_interactive": 0x21,
-    "user_initiated": 0x19,
-    "utility": 0x11,
-    "background": 0x09,
-}
 LIBSYSTEM = "/usr/lib/libSystem.B.dylib"
 
 

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from corral.contract import CONTROL_ENV, CONTROL_TOKEN_ENV, auth_line
 from corral.sdk._env import info
 
 __all__ = [
@@ -53,16 +54,10 @@ __all__ = [
 
 SEND_TIMEOUT = 1.0
 REQUEST_TIMEOUT = 600.0
-CONTROL_ENV = "CORRAL_CONTROL"
-TOKEN_ENV = "CORRAL_CONTROL_TOKEN"
+TOKEN_ENV = CONTROL_TOKEN_ENV
 _monotonic = time.monotonic  # the clock of request()'s deadline (tests replace it)
 # No SIGPIPE even in a process that restored its default action (which kills).
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
-
-
-def auth_line(token: str) -> bytes:
-    """The first line of every connection to the control socket."""
-    return b"auth " + token.encode("ascii", "replace") + b"\n"
 
 
 def _socket_address(spec: str) -> str:

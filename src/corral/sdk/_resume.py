@@ -19,13 +19,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from corral.contract import CHECKPOINT_DIR_ENV, HOST_ENV
 from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint, load_checkpoint
 from corral.sdk._env import info
 from corral.sdk._paths import job_path
 
 __all__ = ["resume"]
-
-CHECKPOINT_DIR_ENV = "CORRAL_CHECKPOINT_DIR"
 
 
 def _group() -> Any:
@@ -60,7 +59,7 @@ def _newest(folder: Path) -> tuple[int, Path] | None:
 
 
 def _host() -> str:
-    return os.environ.get("CORRAL_HOST", "").strip() or socket.gethostname()
+    return os.environ.get(HOST_ENV, "").strip() or socket.gethostname()
 
 
 def _announce(path: Path, state: dict[str, Any]) -> None:

@@ -22,21 +22,15 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from corral.contract import DUMP_SIGNAL, NODE_DIR_ENV, stack_file
 from corral.sdk._env import info
 
 __all__ = ["DUMP_SIGNAL", "enable_stack_dumps", "stack_file"]
 
 #: The signal that makes a registered process dump its stacks.
-DUMP_SIGNAL: int = int(getattr(signal, "SIGUSR1", 10))
-NODE_DIR_ENV = "CORRAL_NODE_DIR"
 
 _lock = threading.Lock()
 _registered: tuple[int, Path, IO[str]] | None = None  # (pid, path, open file)
-
-
-def stack_file(node_dir: str | os.PathLike[str], rank: int) -> Path:
-    """Where rank ``rank`` writes its faulthandler stack dumps under ``node_dir``."""
-    return Path(node_dir) / "stacks" / f"rank-{rank}.txt"
 
 
 def _default_path() -> Path | None:

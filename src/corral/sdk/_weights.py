@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
+from corral.contract import PLAN_NODE_ENV, PLAN_NPROCS_ENV, WORKLOAD_WEIGHTS_ENV
 from corral.sdk._env import info
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "workload_weights",
 ]
 
-WEIGHTS_ENV = "CORRAL_WORKLOAD_WEIGHTS"
+WEIGHTS_ENV = WORKLOAD_WEIGHTS_ENV
 
 
 def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
@@ -62,9 +63,7 @@ def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
     return tuple(v / total for v in values)
 
 
-PLAN_NODE_ENV = "CORRAL_PLAN_NODE"
 """Under torchrun: this node's index in corral's plan (the order of the weights)."""
-PLAN_NPROCS_ENV = "CORRAL_PLAN_NPROCS"
 """Under torchrun: every plan node's rank count, comma-separated."""
 
 _by_rank_cache: dict[str, tuple[float, ...]] = {}

@@ -24,12 +24,12 @@ from typing import Any
 
 from corral.calibrate.resolve import planned_ranks, resolve_weights
 from corral.cluster.model import Cluster
+from corral.contract import JOB_CONFIG_ENV, adjust_config
 from corral.errors import ConfigError, Conflict, Invalid
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
 from corral.plan.launchers import template_fields
 from corral.redact import is_secret, redact_env
-from corral.sdk._config import JOB_CONFIG_ENV, adjust_config
 from corral.service.launch import LaunchRequest
 from corral.service.machines import host_spec, ssh_spec
 from corral.service.models import JobRequest, Suggestion

@@ -24,13 +24,8 @@ __all__ = [
 
 #: The host-side program (run through :mod:`corral.remote.python`).
 HOSTSIDE = "corral.recovery.checkpoints.hostside"
-#: Modules shipped to the hosts (dependency order).
-SHIPPED = (
-    "corral.sdk._env",
-    "corral.sdk._report",
-    "corral.sdk._checkpoint",
-    HOSTSIDE,
-)
+#: Modules shipped to the hosts (dependency order): the contract's checkpoint files.
+SHIPPED = ("corral.contract", HOSTSIDE)
 #: Most bytes of one copy in flight between the source, the coordinator and a target.
 WINDOW = 8 << 20
 READ_SIZE = 1 << 20

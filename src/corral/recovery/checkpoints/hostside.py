@@ -1,9 +1,8 @@
 """What runs on a host to list, send and receive checkpoints (standard library only).
 
 Shipped over stdin with :mod:`corral.remote.python` together with
-``corral.sdk._env``, ``corral.sdk._report`` and ``corral.sdk._checkpoint`` (see
-:data:`corral.recovery.checkpoints.SHIPPED`), so the host needs neither corral
-nor torch; it reads its own input through ``sys.stdin.buffer`` only (what
+:mod:`corral.contract` (see :data:`corral.recovery.checkpoints.SHIPPED`), so the
+host needs neither corral nor torch; it reads its own input through ``sys.stdin.buffer`` only (what
 follows the program there). The coordinator side is the rest of
 :mod:`corral.recovery.checkpoints`.
 
@@ -64,7 +63,7 @@ import sys
 from types import FrameType
 from typing import IO, Any
 
-from corral.sdk._checkpoint import checkpoint_files, fsync_dir, is_complete_checkpoint
+from corral.contract import checkpoint_files, fsync_dir, is_complete_checkpoint
 
 __all__ = ["ACK_EVERY", "CHUNK", "list_checkpoints", "receive", "send", "serve"]
 

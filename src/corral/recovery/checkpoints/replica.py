@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corral.cluster.model import Host
+from corral.contract import checkpoint_files, is_complete_checkpoint
 from corral.errors import CorralError
 from corral.recovery.checkpoints.common import STALL_TIMEOUT, CheckpointTransferError, step_of
 from corral.recovery.checkpoints.transfer import (
@@ -33,7 +34,6 @@ from corral.recovery.checkpoints.transfer import (
     pump,
     start_remote,
 )
-from corral.sdk._checkpoint import checkpoint_files, is_complete_checkpoint
 from corral.transport.base import Transport
 
 __all__ = ["PullResult", "Replica"]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from corral.cluster.model import Host
+from corral.contract import fsync_dir, is_complete_checkpoint
 from corral.errors import TransportError
 from corral.recovery.checkpoints.common import (
     HOSTSIDE,
@@ -41,7 +42,6 @@ from corral.recovery.checkpoints.common import (
     step_of,
 )
 from corral.remote.python import start_program
-from corral.sdk._checkpoint import fsync_dir, is_complete_checkpoint
 from corral.transport.base import NodeProcess, Transport
 
 __all__ = [
