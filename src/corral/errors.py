@@ -24,16 +24,17 @@ CorralError
 │   ├── RemoteError        work_fn raised: remote type, message and traceback
 │   ├── ActorTimeout       recv(timeout=) or a group operation's timeout ran out
 │   └── ActorGroupError    broadcast/gather/call: one error per worker that failed
-└── ServiceError           a request corral serve refuses: HTTP status, type, details
-    ├── NotFound           404: unknown machine, job, task or file
-    ├── Forbidden          403: a job file outside the job's run dir
-    ├── Conflict           409: duplicate name, busy machines, not enough machines, ...
-    ├── Invalid            422: a body that parses but cannot be done
+└── ServiceError           a request corral serve refuses: type, details
+    ├── NotFound           unknown machine, job, task or file
+    ├── Forbidden          a job file outside the job's run dir
+    ├── Conflict           duplicate name, busy machines, not enough machines, ...
+    ├── Invalid            a body that parses but cannot be done
     └── ServerFailed       any other error answer of corral serve (as its client sees it)
 ```
 
-corral.client raises the server's own classes for its error answers (a 409 is a
-:class:`Conflict` on both sides), mapping the HTTP status itself.
+corral.client raises the server's own classes for its error answers (a
+:class:`Conflict` on both sides): ``corral.api.errors`` and ``corral.client.http``
+map the classes to the wire and back; nothing here knows the protocol.
 """
 
 from __future__ import annotations
@@ -173,10 +174,9 @@ class TokenRefused(ClientError):
 
 
 class ServiceError(CorralError):
-    """A request the server refuses; ``status`` is its HTTP status, ``details`` a
-    JSON-able dict (what is available, suggestions, the field at fault)."""
+    """A request the server refuses; ``type`` names the kind of refusal, ``details``
+    a JSON-able dict (what is available, suggestions, the field at fault)."""
 
-    status = 400
     type = "bad_request"
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
@@ -189,32 +189,28 @@ class ServiceError(CorralError):
 
 
 class NotFound(ServiceError):
-    """An unknown machine, job, task or job file (404)."""
+    """An unknown machine, job, task or job file."""
 
-    status = 404
     type = "not_found"
 
 
 class Forbidden(ServiceError):
-    """A request for something the server never hands out (403): a path outside a
-    job's run dir."""
+    """A request for something the server never hands out: a path outside a job's
+    run dir."""
 
-    status = 403
     type = "forbidden"
 
 
 class Conflict(ServiceError):
-    """The request clashes with the current state (409): a duplicate name, busy or
-    too few machines, a job dispatched twice."""
+    """The request clashes with the current state: a duplicate name, busy or too
+    few machines, a job dispatched twice."""
 
-    status = 409
     type = "conflict"
 
 
 class Invalid(ServiceError):
-    """A well-formed request that cannot be done as asked (422)."""
+    """A well-formed request that cannot be done as asked."""
 
-    status = 422
     type = "invalid"
 
 

@@ -1,9 +1,10 @@
 """One JSON error shape for every failure: ``{"error": {"type", "message", "details"}}``.
 
-Mapped from corral's error tree: :class:`~corral.errors.ServiceError` carries
-its own status; a :class:`~corral.errors.ConfigError` is a 422 naming the
-option; a :class:`~corral.errors.CheckFailed` a 409 with the failing checks; a
-transport error a 502 naming the host; an invalid body a 422 naming each field.
+Mapped from corral's error tree, which knows no HTTP: :data:`STATUS` gives a
+:class:`~corral.errors.ServiceError` its status (404, 403, 409, 422, else 400); a
+:class:`~corral.errors.ConfigError` is a 422 naming the option; a
+:class:`~corral.errors.CheckFailed` a 409 with the failing checks; a transport
+error a 502 naming the host; an invalid body a 422 naming each field.
 A value the database refuses is a 422 (logged without the value). Anything
 unexpected is a 500 with no traceback (it is logged on the server, without the
 statement's parameters).
@@ -20,9 +21,36 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError
 from starlette.exceptions import HTTPException
 
-from corral.errors import CheckFailed, ConfigError, CorralError, ServiceError, TransportError
+from corral.errors import (
+    CheckFailed,
+    ConfigError,
+    Conflict,
+    CorralError,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ServiceError,
+    TransportError,
+)
 
 log = logging.getLogger("corral.serve")
+
+#: The HTTP status of each refusal of the service layer (a subclass: its nearest base's).
+STATUS: dict[type[ServiceError], int] = {
+    NotFound: 404,
+    Forbidden: 403,
+    Conflict: 409,
+    Invalid: 422,
+    ServiceError: 400,
+}
+
+
+def status_of(exc: ServiceError) -> int:
+    """The HTTP status of ``exc``: :data:`STATUS` of its class or nearest base."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
 
 
 def error_body(kind: str, message: str, details: Any = None) -> dict[str, Any]:
@@ -40,7 +68,7 @@ def error_response(
 def corral_error(exc: CorralError) -> JSONResponse:
     """The response for an error of corral's tree."""
     if isinstance(exc, ServiceError):
-        return error_response(exc.status, exc.type, exc.message, exc.info)
+        return error_response(status_of(exc), exc.type, exc.message, exc.info)
     if isinstance(exc, ConfigError):
         return error_response(422, "invalid", str(exc), {"option": exc.option})
     if isinstance(exc, CheckFailed):
