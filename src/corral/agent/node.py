@@ -44,6 +44,7 @@ from corral.agent.protocol import (
     frame_payload,
 )
 from corral.agent.worker import error_file
+from corral.contract import ATTEMPT_ENV, NODE_DIR_ENV
 from corral.logflush import FlushSoon
 from corral.private import append_private, private_dir, write_private
 from corral.redact import redacted_node
@@ -131,9 +132,9 @@ class NodeAgent:
         self.stack_timeout = 10.0
         self.out = out
         self.env: dict[str, str] = dict(node["env"])
-        self.node_dir = Path(os.path.expanduser(self.env.get("CORRAL_NODE_DIR", ".corral-node")))
+        self.node_dir = Path(os.path.expanduser(self.env.get(NODE_DIR_ENV, ".corral-node")))
         self.node_dir = self.node_dir.absolute()
-        self.env["CORRAL_NODE_DIR"] = str(self.node_dir)
+        self.env[NODE_DIR_ENV] = str(self.node_dir)
         self.ranks: dict[int, RankTrack] = {}
         self.workloads: dict[int, Workload] = {}
         self.pgids: set[int] = set()
@@ -452,7 +453,7 @@ class NodeAgent:
             print(line, file=sys.stderr, flush=True)
 
     def _error_file(self, rank: int) -> dict[str, Any] | None:
-        attempt = self.env.get("CORRAL_ATTEMPT", "0")
+        attempt = self.env.get(ATTEMPT_ENV, "0")
         path = Path(error_file(str(self.node_dir), attempt, rank))
         try:
             data: dict[str, Any] = json.loads(path.read_text())

@@ -18,6 +18,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from corral.contract import HOST_ENV
+
 USE_CPU = "ACCELERATE_USE_CPU"
 
 
@@ -98,7 +100,7 @@ def prepare(env: MutableMapping[str, str] | None = None) -> None:
     missing."""
     env = os.environ if env is None else env
     expected = int(env.get("WORLD_SIZE") or "1")
-    where = f"host {env.get('CORRAL_HOST') or os.uname().nodename} (rank {env.get('RANK', '0')})"
+    where = f"host {env.get(HOST_ENV) or os.uname().nodename} (rank {env.get('RANK', '0')})"
     try:
         if USE_CPU not in env and not has_gpu():
             env[USE_CPU] = "1"

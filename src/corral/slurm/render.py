@@ -28,8 +28,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from corral.contract import (
+    ATTEMPT_ENV,
+    CHECKPOINT_DIR_ENV,
+    CONTRACT_VARS,
+    DIST_TIMEOUT_ENV,
+    JOB_ID_ENV,
+    RDZV_TIMEOUT_ENV,
+)
 from corral.errors import ConfigError
-from corral.plan.render import CONTRACT_VARS
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.redact import is_secret
 
@@ -64,9 +71,9 @@ _RANK_WRAPPER = shlex.quote('export NODE_RANK="$GROUP_RANK"; exec "$0" "$@"')
 # Set by the script on every node; --env may not override them.
 _RENDERED_VARS = (
     *CONTRACT_VARS,
-    "CORRAL_CHECKPOINT_DIR",
-    "CORRAL_RDZV_TIMEOUT",
-    "CORRAL_DIST_TIMEOUT",
+    CHECKPOINT_DIR_ENV,
+    RDZV_TIMEOUT_ENV,
+    DIST_TIMEOUT_ENV,
     "NCCL_SOCKET_IFNAME",
     "GLOO_SOCKET_IFNAME",
 )
@@ -265,11 +272,11 @@ def _environment(job: SlurmJob) -> list[str]:
         port = f'"$(( {_PORT_BASE} + SLURM_JOB_ID % {_PORT_SPAN} ))"'
     lines = [
         "# the attempt: Slurm counts requeues (node failure, preemption, the requeue below)",
-        'export CORRAL_JOB_ID="slurm-${SLURM_JOB_ID}"',
-        'export CORRAL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"',
+        f'export {JOB_ID_ENV}="slurm-${{SLURM_JOB_ID}}"',
+        f'export {ATTEMPT_ENV}="${{SLURM_RESTART_COUNT:-0}}"',
     ]
     if job.checkpoint_dir:
-        lines.append(f"export CORRAL_CHECKPOINT_DIR={q(job.checkpoint_dir)}")
+        lines.append(f"export {CHECKPOINT_DIR_ENV}={q(job.checkpoint_dir)}")
     lines += [
         "",
         "# rendezvous on the allocation's first node, at the address Slurm itself uses for it",
@@ -279,8 +286,8 @@ def _environment(job: SlurmJob) -> list[str]:
         'export MASTER_ADDR="${MASTER_ADDR:-$MASTER_NODE}"',
         f"export MASTER_PORT={port}",
         'export NNODES="$SLURM_JOB_NUM_NODES"',
-        f"export CORRAL_RDZV_TIMEOUT={_seconds(job.rdzv_timeout)}",
-        f"export CORRAL_DIST_TIMEOUT={_seconds(job.dist_timeout)}",
+        f"export {RDZV_TIMEOUT_ENV}={_seconds(job.rdzv_timeout)}",
+        f"export {DIST_TIMEOUT_ENV}={_seconds(job.dist_timeout)}",
     ]
     if job.nccl_interface:
         lines.append(f"export NCCL_SOCKET_IFNAME={q(job.nccl_interface)}")
