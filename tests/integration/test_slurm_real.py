@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,3 +100,76 @@ def test_submit_requeues_and_resumes_on_real_slurm(tmp_path: Path) -> None:
     assert f"[corral] resuming from {tmp_path / 'ckpt' / 'ckpt-00000001.pt'} (step 1)" in out
     assert "attempt 0 failed (exit" in err and f"requeueing job {job_id}" in err, err
     assert not wait_no_job_processes(f"slurm-{job_id}", within=30)
+
+
+WATCH = """\
+import os, sys, time
+import torch.distributed as dist
+from corral import sdk
+
+sdk.init_distributed(backend="gloo")
+me = sdk.info()
+state = sdk.resume()
+step = state["step"] if state else 0
+if me.attempt > 0:
+    print(f"rank {me.rank} attempt {me.attempt} resumed at step {step}", flush=True)
+    sdk.cleanup()
+    sys.exit(0)
+sdk.checkpoint_requested()  # installs the handler before saying so
+print(f"rank {me.rank} watching", flush=True)
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    step += 1
+    time.sleep(0.1)
+    if sdk.checkpoint_requested():  # every rank at the same step
+        if me.rank == 0:
+            sdk.save_checkpoint({"step": step}, os.environ["CORRAL_CHECKPOINT_DIR"], step)
+        print(f"rank {me.rank} checkpoint requested at step {step}", flush=True)
+        dist.barrier()
+        break
+sdk.cleanup()
+"""
+
+
+def test_the_time_limit_signal_checkpoints_and_requeues_on_real_slurm(tmp_path: Path) -> None:
+    """The batch shell's USR1 (what --signal=B:USR1@N sends before the time limit; sent
+    here with scancel --batch so as not to wait for one) reaches every rank as the SDK's
+    checkpoint request; the job is requeued and resumes from that checkpoint."""
+    (tmp_path / "train.py").write_text(WATCH)
+    with slurm_cluster() as env:
+        done = run_corral(
+            "slurm", "submit", "--nodes", "2", "--nproc-per-node", "1", "--cpus-per-task", "1",
+            "--python", sys.executable, "--workdir", str(tmp_path), "--time", "10",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--max-restarts", "1",
+            "--signal-lead", "20", "--master-port", "0", "--rdzv-timeout", "120",
+            "--job-name", "sig", "--run-dir", str(tmp_path / "runs"), "--", "train.py",
+            cwd=tmp_path, timeout=150, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.strip()
+        out_file = tmp_path / f"sig-{job_id}.out"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            text = out_file.read_text() if out_file.exists() else ""
+            if text.count(" watching") == 2:
+                break
+            time.sleep(0.5)
+        signal = subprocess.run(
+            ["scancel", "--batch", "--signal=USR1", job_id], env=env, capture_output=True
+        )
+        assert signal.returncode == 0, signal.stderr
+        state = _wait_final(job_id, env, within=240)
+        out = out_file.read_text()
+        err = (tmp_path / f"sig-{job_id}.err").read_text()
+        assert state.get("JobState") == "COMPLETED", f"{state}\n{out}\n{err[-3000:]}"
+        assert state.get("Restarts") == "1", state
+
+    assert (
+        "#SBATCH --signal=B:USR1@20" in next((tmp_path / "runs").glob("*/job.sbatch")).read_text()
+    )
+    steps = set(re.findall(r"rank \d checkpoint requested at step (\d+)", out))
+    assert len(steps) == 1 and out.count("checkpoint requested") == 2, out
+    (step,) = steps
+    assert out.count(f"attempt 1 resumed at step {step}") == 2, out
+    assert "asking the ranks to checkpoint now (SIGUSR2)" in err, err
+    assert f"requeueing job {job_id}, restart 1 of 1" in err, err

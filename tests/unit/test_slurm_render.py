@@ -17,7 +17,13 @@ from typer.testing import CliRunner
 from corral.cli import main as cli_main
 from corral.cli.main import _register, app
 from corral.errors import ConfigError
-from corral.slurm.render import MASTER_NOT_READY_EXIT, SlurmJob, render_slurm, sbatch_argv
+from corral.slurm.render import (
+    MASTER_NOT_READY_EXIT,
+    SlurmJob,
+    checkpoint_grace,
+    render_slurm,
+    sbatch_argv,
+)
 
 _register()
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
@@ -143,6 +149,7 @@ def test_header_and_rendezvous() -> None:
         "#SBATCH --account=ml-team",
         "#SBATCH --time=2-00:00:00",
         "#SBATCH --chdir=/shared/code",
+        "#SBATCH --signal=B:USR1@120",  # the checkpoint request before the time limit
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
         "#SBATCH --output=/shared/logs/%x-%j.out",
@@ -305,3 +312,52 @@ def test_submit_needs_the_bare_env_keys_set_here(
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: --env: CORRAL_UNSET_TOKEN not set here: a bare --env K forwards this shell's value"
     ]
+
+
+# --- the time limit: checkpoint request, requeue; dry run; launchers ------------------
+
+
+def test_the_time_limit_signal_asks_for_a_checkpoint_and_requeues() -> None:
+    text = render_slurm(_job(time="04:00:00", max_restarts=2, signal_lead=300))
+    assert "#SBATCH --signal=B:USR1@300" in text
+    assert "trap on_time_limit USR1" in text
+    assert 'scancel --signal=USR2 "$SLURM_JOB_ID"' in text  # the steps, not the batch shell
+    assert "trap '' USR2" in text  # torchrun and the node scripts ignore it
+    assert f"for _ in $(seq {checkpoint_grace(300)}); do" in text
+    assert 'requeue "time limit in 30s or less"' in text
+    assert checkpoint_grace(300) == 270 and checkpoint_grace(20) == 10
+    assert 'bash -c "$NODE_STEP" corral-node "${TRAIN[@]}" &' in text
+    never = render_slurm(_job(signal_lead=0))
+    assert "--signal" not in never and "on_time_limit" not in never
+
+
+def test_a_bad_signal_lead_names_the_option() -> None:
+    for lead in (-1, 70000):
+        with pytest.raises(ConfigError) as err:
+            render_slurm(_job(signal_lead=lead))
+        assert err.value.option == "--signal-lead"
+
+
+def test_submit_dry_run_prints_the_script_and_submits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: it is never looked for
+    result = CliRunner().invoke(
+        app,
+        ["slurm", "submit", "--dry-run", "--run-dir", str(tmp_path / "runs"),
+         "--signal-lead", "90", "--", "train.py"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash") and "--signal=B:USR1@90" in result.stdout
+    assert "dry run: nothing submitted" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_only_torchrun_is_offered_on_slurm() -> None:
+    help_text = CliRunner().invoke(app, ["slurm", "render", "--help"], env={"COLUMNS": "200"})
+    (line,) = [x for x in help_text.stdout.splitlines() if "--launcher" in x]
+    assert "torchrun" in line
+    for other in ("accelerate", "python", "mlx", "command"):
+        assert other not in line
+    result = CliRunner().invoke(app, ["slurm", "render", "--launcher", "python", "--", "t.py"])
+    assert result.exit_code != 0

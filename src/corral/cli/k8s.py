@@ -156,7 +156,8 @@ TolerationOpt = Annotated[
         "--toleration",
         metavar="KEY=VALUE:EFFECT",
         help="Tolerate this taint, written as kubectl taint does (repeatable); =VALUE "
-        "and :EFFECT are optional: without a value any value, without an effect every one. E.g. nvidia.com/gpu:NoSchedule.",
+        "and :EFFECT are optional: without a value any value, without an effect every "
+        "one. E.g. nvidia.com/gpu:NoSchedule.",
         rich_help_panel=_P,
     ),
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,6 @@ from corral.cli.options import (
     CheckpointOpt,
     EnvOpt,
     GlooOpt,
-    LauncherOpt,
     MasterPortOpt,
     MaxRestartsOpt,
     NcclOpt,
@@ -32,6 +32,8 @@ from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.private import private_dir, write_private
 from corral.slurm.render import (
     DEFAULT_DIST_TIMEOUT,
+    DEFAULT_SIGNAL_LEAD,
+    SLURM_LAUNCHERS,
     SlurmJob,
     env_items,
     forwarded_keys,
@@ -121,6 +123,27 @@ DistTimeoutOpt = Annotated[
         rich_help_panel=_S,
     ),
 ]
+SignalLeadOpt = Annotated[
+    int,
+    typer.Option(
+        "--signal-lead",
+        metavar="SECONDS",
+        help="Seconds before the time limit at which the ranks are asked to checkpoint "
+        "(corral.sdk.checkpoint_requested()) and the job is requeued while --max-restarts "
+        "allows; 0: never.",
+        rich_help_panel=_S,
+    ),
+]
+SlurmLauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        metavar="|".join(SLURM_LAUNCHERS),
+        envvar="CORRAL_LAUNCHER",
+        help="How each node starts its ranks: torchrun, the only launcher on Slurm.",
+        rich_help_panel="Launch",
+    ),
+]
 SlurmPythonOpt = Annotated[
     str,
     typer.Option(
@@ -170,6 +193,7 @@ def _job(
     output_dir: str | None,
     sbatch_option: list[str] | None,
     dist_timeout: float,
+    signal_lead: int,
     python: str,
     nproc_per_node: str | None,
     master_port: int,
@@ -185,7 +209,7 @@ def _job(
     """The SlurmJob of SCRIPT [ARGS] and the options."""
     if not command:
         raise ConfigError("no script given: corral slurm render [OPTIONS] -- SCRIPT [ARGS...]")
-    if launcher != "torchrun":
+    if launcher not in SLURM_LAUNCHERS:
         raise ConfigError(
             f"launcher {launcher!r} is not available on Slurm: each node runs torchrun",
             option="--launcher",
@@ -216,6 +240,7 @@ def _job(
         dist_timeout=dist_timeout,
         max_restarts=max_restarts,
         checkpoint_dir=checkpoint_dir,
+        signal_lead=signal_lead,
         sbatch_options=tuple(sbatch_option or ()),
     )
 
@@ -232,7 +257,8 @@ def render(
     output_dir: OutputDirOpt = None,
     sbatch_option: SbatchOpt = None,
     dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
-    launcher: LauncherOpt = "torchrun",
+    signal_lead: SignalLeadOpt = DEFAULT_SIGNAL_LEAD,
+    launcher: SlurmLauncherOpt = "torchrun",
     python: SlurmPythonOpt = "python3",
     nproc_per_node: SlurmNprocOpt = None,
     master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
@@ -249,7 +275,9 @@ def render(
 
     One task per node, c10d rendezvous on the first node, NODE_RANK from SLURM_NODEID.
     The job is requeued after a failure while --max-restarts allows, and each attempt
-    resumes from --checkpoint-dir. A bare --env K is not written into the script: submit
+    resumes from --checkpoint-dir. --signal-lead seconds before the time limit the ranks
+    are asked to checkpoint (corral.sdk.checkpoint_requested()) and the job is requeued
+    while restarts are left. A bare --env K is not written into the script: submit
     it with sbatch --export=K (corral slurm submit does), as secrets must be.
     """
     job = _job(**locals())  # every parameter of this command, by name
@@ -304,8 +332,16 @@ def submit(
     output_dir: OutputDirOpt = None,
     sbatch_option: SbatchOpt = None,
     dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
+    signal_lead: SignalLeadOpt = DEFAULT_SIGNAL_LEAD,
     run_dir: RunDirOpt = "runs",
-    launcher: LauncherOpt = "torchrun",
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the script and the sbatch command; write and submit nothing.",
+        ),
+    ] = False,
+    launcher: SlurmLauncherOpt = "torchrun",
     python: SlurmPythonOpt = "python3",
     nproc_per_node: SlurmNprocOpt = None,
     master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
@@ -326,8 +362,14 @@ def submit(
     """
     options = dict(locals())  # every parameter of this command, by name
     run_dir = options.pop("run_dir")
+    dry = options.pop("dry_run")
     job = _job(**options)
     text = render_slurm(job)
+    if dry:
+        sys.stdout.write(text)
+        argv = shlex.join(sbatch_argv(job, f"{run_dir}/ID/job.sbatch"))
+        make_console().print(f"dry run: nothing submitted; would run {argv}", markup=False)
+        return
     sbatch = _find_sbatch(job)
     folder = private_dir(Path(run_dir) / new_job_id())
     path = folder / "job.sbatch"

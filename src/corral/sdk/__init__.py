@@ -53,6 +53,7 @@ from corral.sdk._env import (
 )
 from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
 from corral.sdk._krum import krum_hook
+from corral.sdk._preempt import checkpoint_requested, request_checkpoint
 from corral.sdk._qos import set_qos
 from corral.sdk._report import report
 from corral.sdk._resume import resume
@@ -68,6 +69,7 @@ __all__ = [
     "WeightedDistributedSampler",
     "barrier",
     "calibrating",
+    "checkpoint_requested",
     "chunks",
     "cleanup",
     "destroy",
@@ -90,6 +92,7 @@ __all__ = [
     "read_error_file",
     "record",
     "report",
+    "request_checkpoint",
     "resume",
     "save_checkpoint",
     "scale_config",

@@ -14,6 +14,14 @@ Every attempt sees ``CORRAL_ATTEMPT=$SLURM_RESTART_COUNT`` and
 ``CORRAL_CHECKPOINT_DIR``, so ``corral.sdk.resume()`` continues from the last
 checkpoint.
 
+The time limit: Slurm sends the batch shell ``SIGUSR1`` ``signal_lead`` seconds
+before it (``#SBATCH --signal=B:USR1@N``). The script then asks every rank to
+checkpoint now (``scancel --signal=USR2`` to the job's steps: torchrun and the
+node scripts ignore it; a rank that polls ``corral.sdk.checkpoint_requested()``
+sees it), gives the ranks :func:`checkpoint_grace` seconds (or until they end), and
+requeues the job while restarts are left, so that a run longer than the time limit
+goes on from its checkpoint instead of ending as TIMEOUT.
+
 Secret values are never written into the script: a secret key must be given
 bare (``--env HF_TOKEN``) and is forwarded from the submitter's environment at
 submit time (``sbatch --export=HF_TOKEN``, see :func:`sbatch_argv`); the script
@@ -41,9 +49,13 @@ from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.redact import is_secret
 
 __all__ = [
+    "CHECKPOINT_SIGNAL",
     "DEFAULT_DIST_TIMEOUT",
+    "DEFAULT_SIGNAL_LEAD",
     "MASTER_NOT_READY_EXIT",
+    "SLURM_LAUNCHERS",
     "SlurmJob",
+    "checkpoint_grace",
     "env_items",
     "forwarded_keys",
     "render_slurm",
@@ -56,6 +68,12 @@ MASTER_NOT_READY_EXIT = 3
 """Exit code of a node whose master never accepted connections."""
 READ_TIMEOUT = 60
 """torchrun's c10d ``read_timeout`` (seconds), as ``corral run`` uses."""
+DEFAULT_SIGNAL_LEAD = 120
+"""Seconds before the time limit at which the ranks are asked to checkpoint."""
+CHECKPOINT_SIGNAL = "USR2"
+"""The signal the ranks get for "checkpoint now" (corral.sdk's; USR1 dumps stacks)."""
+SLURM_LAUNCHERS = ("torchrun",)
+"""How a node starts its ranks on Slurm: torchrun only."""
 _PORT_BASE, _PORT_SPAN = 20000, 40000
 """``--master-port 0``: a port derived from the Slurm job id in [20000, 60000)."""
 
@@ -114,6 +132,8 @@ class SlurmJob:
     dist_timeout: float = DEFAULT_DIST_TIMEOUT
     max_restarts: int = 0
     checkpoint_dir: str | None = None
+    signal_lead: int = DEFAULT_SIGNAL_LEAD
+    """Seconds before the time limit to ask for a checkpoint and requeue; 0: never."""
     sbatch_options: tuple[str, ...] = ()
     """Extra ``#SBATCH`` lines as written (``--mem=64G``, ``--exclusive``, ...)."""
 
@@ -133,6 +153,12 @@ class SlurmJob:
     def cpus(self) -> int:
         """CPUs of each node's task: ``cpus_per_task``, else one per rank."""
         return self.cpus_per_task or self.ranks_per_node
+
+
+def checkpoint_grace(lead: int) -> int:
+    """Seconds the ranks get, after the checkpoint request ``lead`` seconds before the
+    time limit, before the job is requeued: all but 30 s of the lead, at least half."""
+    return max(lead // 2, lead - 30)
 
 
 def forwarded_keys(job: SlurmJob) -> list[str]:
@@ -179,6 +205,12 @@ def _validate(job: SlurmJob) -> None:
     _positive(job.ranks_per_node, "--nproc-per-node")
     _positive(job.cpus_per_task, "--cpus-per-task")
     _positive(job.max_restarts, "--max-restarts", least=0)
+    _positive(job.signal_lead, "--signal-lead", least=0)
+    if job.signal_lead and job.signal_lead > 65535:
+        raise ConfigError(
+            f"at most 65535 seconds (got {job.signal_lead}), Slurm's limit",
+            option="--signal-lead",
+        )
     for value, option, pattern in (
         (job.partition, "--partition", _PARTITIONS),
         (job.account, "--account", _WORD),
@@ -254,6 +286,8 @@ def _header(job: SlurmJob) -> list[str]:
         f"--cpus-per-task={job.cpus}",
         *(f"{flag}={value}" for flag, value in optional if value is not None),
     ]
+    if job.signal_lead:
+        lines.append(f"--signal=B:USR1@{job.signal_lead}")
     lines += [
         "--requeue",
         "--open-mode=append",
@@ -320,6 +354,9 @@ def _node_step(job: SlurmJob) -> list[str]:
         "NODE_STEP=$(cat <<'CORRAL_NODE'",
         "set -euo pipefail",
         'export NODE_RANK="$SLURM_NODEID"',
+        f"# the checkpoint request ({CHECKPOINT_SIGNAL}) reaches every process of the step:",
+        "# torchrun and these scripts ignore it (inherited), a rank that watches it sees it",
+        f"trap '' {CHECKPOINT_SIGNAL}",
         'if [ "$NODE_RANK" -ne 0 ]; then',
         "  deadline=$(( SECONDS + ${CORRAL_RDZV_TIMEOUT%.*} ))",
         '  until (exec 3<>"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; do',
@@ -358,25 +395,72 @@ def _launch(job: SlurmJob) -> list[str]:
     ]
     if job.gpus_per_node:
         srun.append(f"--gpus-per-node={job.gpus_per_node}")
-    srun += ["--kill-on-bad-exit=1", 'bash -c "$NODE_STEP" corral-node "${TRAIN[@]}"']
+    srun += ["--kill-on-bad-exit=1", 'bash -c "$NODE_STEP" corral-node "${TRAIN[@]}" &']
     checkpoint = " from $CORRAL_CHECKPOINT_DIR" if job.checkpoint_dir else " from the start"
-    return [
+    lines = [
         f"TRAIN=({' '.join(q(word) for word in (job.script, *job.args))})",
         f"MAX_RESTARTS={job.max_restarts}",
         'echo "[corral] job $CORRAL_JOB_ID attempt $CORRAL_ATTEMPT: $NNODES nodes x '
         f'{job.ranks_per_node} ranks, master $MASTER_ADDR:$MASTER_PORT" >&2',
-        "status=0",
-        " \\\n  ".join(srun) + " || status=$?",
-        'if [ "$status" -ne 0 ] && [ "$CORRAL_ATTEMPT" -lt "$MAX_RESTARTS" ]; then',
-        '  echo "[corral] attempt $CORRAL_ATTEMPT failed (exit $status): requeueing job '
-        "$SLURM_JOB_ID, restart $(( CORRAL_ATTEMPT + 1 )) of $MAX_RESTARTS resumes"
-        f'{checkpoint}" >&2',
+        "",
+        "requeue() {  # $1: why; Slurm ends this attempt and queues the next",
+        '  echo "[corral] $1: requeueing job $SLURM_JOB_ID, restart $(( CORRAL_ATTEMPT + 1 )) '
+        f'of $MAX_RESTARTS resumes{checkpoint}" >&2',
         '  if scontrol requeue "$SLURM_JOB_ID"; then',
-        "    sleep 300  # Slurm ends this attempt and queues the next",
+        "    sleep 300",
         "  fi",
+        "}",
+    ]
+    if job.signal_lead:
+        lead = job.signal_lead
+        lines += [
+            "",
+            f"# {lead}s before the time limit Slurm sends USR1 (--signal=B:USR1@{lead})",
+            "time_limit_near=0",
+            "on_time_limit() {",
+            "  time_limit_near=1",
+            f'  echo "[corral] time limit in {lead}s: asking the ranks to checkpoint now '
+            f'(SIG{CHECKPOINT_SIGNAL})" >&2',
+            f'  scancel --signal={CHECKPOINT_SIGNAL} "$SLURM_JOB_ID" || true',
+            "}",
+            "trap on_time_limit USR1",
+        ]
+    lines += [
+        "",
+        "# in the background: bash runs a trap only between commands",
+        " \\\n  ".join(srun),
+        "step=$!",
+        "status=0",
+        "while :; do",
+        '  status=0; wait "$step" || status=$?',
+        '  kill -0 "$step" 2>/dev/null || break  # else a trap interrupted the wait',
+    ]
+    if job.signal_lead:
+        grace = checkpoint_grace(job.signal_lead)
+        lines += [
+            '  if [ "$time_limit_near" = 1 ]; then',
+            f"    for _ in $(seq {grace}); do",
+            '      kill -0 "$step" 2>/dev/null || break',
+            "      sleep 1",
+            "    done",
+            '    if [ "$CORRAL_ATTEMPT" -lt "$MAX_RESTARTS" ]; then',
+            f'      requeue "time limit in {job.signal_lead - grace}s or less"',
+            "    else",
+            '      echo "[corral] no restart left (--max-restarts $MAX_RESTARTS): the job '
+            'ends at its time limit" >&2',
+            "    fi",
+            "    time_limit_near=2",
+            "  fi",
+        ]
+    lines += [
+        "done",
+        'status=0; wait "$step" || status=$?',
+        'if [ "$status" -ne 0 ] && [ "$CORRAL_ATTEMPT" -lt "$MAX_RESTARTS" ]; then',
+        '  requeue "attempt $CORRAL_ATTEMPT failed (exit $status)"',
         "fi",
         'exit "$status"',
     ]
+    return lines
 
 
 def render_slurm(job: SlurmJob) -> str:
