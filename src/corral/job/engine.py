@@ -46,9 +46,9 @@ from corral.job.events import (
     StateChanged,
     Subscriber,
 )
-from corral.job.logfiles import LogFiles
 from corral.job.fold import teardown_marker
 from corral.job.options import (
+from corral.job.logfiles import LogFiles
     CheckpointPolicy,
     CheckPolicy,
     RestartPolicy,
@@ -251,6 +251,7 @@ class Job:
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
         self._task: asyncio.Task[JobResult] | None = None
+        self._stopped_by: str | None = None
         #: Called with the next attempt's spec and cluster before a restart is planned;
         #: returns the spec to plan (e.g. re-weighed, see corral.calibrate.drift).
         self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
@@ -277,14 +278,16 @@ class Job:
         """Wait for the started job to end."""
         return await self.start()
 
-    def stop(self) -> None:
-        """Stop the job: before launch it is cancelled, during an attempt every node is
-        torn down (SIGTERM, SIGKILL after the grace period); a second call kills now."""
+    def stop(self, by: str | None = None) -> None:
+        """Stop the job (``by`` whom, for its reason; None: Ctrl-C / SIGTERM): before
+        launch it is cancelled, during an attempt every node is torn down (SIGTERM,
+        SIGKILL after the grace period); a second call kills now."""
         self._stops += 1
         if self._cancelled is not None:
+        self._stopped_by = by or self._stopped_by
             self._cancelled.set()
         if self._supervisor is not None and not self.machine.launching:
-            self._supervisor.interrupt()
+            self._supervisor.interrupt(self._stopped_by)
         elif self._preparing is not None and not self._preparing.done():
             self._preparing.cancel()
 
@@ -662,7 +665,7 @@ class Job:
         )
         self._supervisor = supervisor
         if self._stops:  # stopped while the attempt was being set up
-            asyncio.get_running_loop().call_soon(supervisor.interrupt)
+            asyncio.get_running_loop().call_soon(supervisor.interrupt, self._stopped_by)
         try:
             return await supervisor.run()
         finally:
