@@ -47,8 +47,8 @@ from corral.job.events import (
     Subscriber,
 )
 from corral.job.fold import teardown_marker
-from corral.job.options import (
 from corral.job.logfiles import LogFiles
+from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
     RestartPolicy,
@@ -283,8 +283,8 @@ class Job:
         launch it is cancelled, during an attempt every node is torn down (SIGTERM,
         SIGKILL after the grace period); a second call kills now."""
         self._stops += 1
-        if self._cancelled is not None:
         self._stopped_by = by or self._stopped_by
+        if self._cancelled is not None:
             self._cancelled.set()
         if self._supervisor is not None and not self.machine.launching:
             self._supervisor.interrupt(self._stopped_by)
