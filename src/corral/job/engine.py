@@ -250,8 +250,8 @@ class Job:
         self._preparing: asyncio.Task[Any] | None = None
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
-        self._task: asyncio.Task[JobResult] | None = None
         self._stopped_by: str | None = None
+        self._task: asyncio.Task[JobResult] | None = None
         #: Called with the next attempt's spec and cluster before a restart is planned;
         #: returns the spec to plan (e.g. re-weighed, see corral.calibrate.drift).
         self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
@@ -628,9 +628,9 @@ class Job:
         _write_json(prepared.job_dir / "plan.json", plan_json(prepared))
         _write_json(prepared.job_dir / "job.json", job_json(prepared, self.ssh))
         logs = LogFiles(prepared.job_dir / "logs", attempt=prepared.attempt)
-        self.emit(
         marker = teardown_marker(logs).on_event  # where each node's teardown began
         self._subscribers.append(marker)
+        self.emit(
             AttemptStarted(
                 job_id=self.job_id,
                 number=prepared.attempt,
@@ -670,8 +670,8 @@ class Job:
             return await supervisor.run()
         finally:
             self._supervisor = None
-            logs.close()
             self._subscribers.remove(marker)
+            logs.close()
 
     # -- the end ------------------------------------------------------------------------
 
