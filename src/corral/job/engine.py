@@ -250,8 +250,8 @@ class Job:
         self._preparing: asyncio.Task[Any] | None = None
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
-        self._stopped_by: str | None = None
         self._task: asyncio.Task[JobResult] | None = None
+        self._stopped_by: str | None = None
         #: Called with the next attempt's spec and cluster before a restart is planned;
         #: returns the spec to plan (e.g. re-weighed, see corral.calibrate.drift).
         self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
@@ -670,8 +670,8 @@ class Job:
             return await supervisor.run()
         finally:
             self._supervisor = None
-            self._subscribers.remove(marker)
             logs.close()
+            self._subscribers.remove(marker)
 
     # -- the end ------------------------------------------------------------------------
 
