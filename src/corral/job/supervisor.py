@@ -68,6 +68,7 @@ from corral.recovery.health import (
 from corral.signals import stop_on_signals
 from corral.transport.base import NodeProcess, Transport
 
+INTERRUPTED_SAY = "interrupted: stopping every node (Ctrl-C again to kill now)"
 STACK_TIMEOUT = 10.0  # seconds a node may take to dump its ranks' stacks
 
 
@@ -505,12 +506,16 @@ class Supervisor:
                 if node.host.local:
                     kill_recorded_groups(node.command.env.get(NODE_DIR_ENV, ""))
 
-    def interrupt(self) -> None:
-        """Ctrl-C / SIGTERM to corral: teardown once, kill at the second."""
+    def interrupt(self, by: str | None = None) -> None:
+        """A stop request (``by`` whom; None: Ctrl-C / SIGTERM to corral): teardown
+        once, kill at the second. The reason reads the same in every view."""
         self._interrupts += 1
         if self._interrupts == 1:
-            self._say("interrupted: stopping every node (Ctrl-C again to kill now)", "warning")
-            self.stop(Outcome(JobState.CANCELLED, EXIT_INTERRUPTED, "interrupted"))
+            reason = f"stopped by {by or 'Ctrl-C or SIGTERM'}"
+            # a terminal's Ctrl-C may come again; another requester's words are neutral
+            said = f"{reason}: stopping every node" if by else INTERRUPTED_SAY
+            self._say(said, "warning")
+            self.stop(Outcome(JobState.CANCELLED, EXIT_INTERRUPTED, reason))
         else:
             self._say("killing every node now", "error")
             self.kill_now()
