@@ -19,7 +19,7 @@ from corral.errors import ServerUnreachable
 from corral.job.events import Checked, Finished, JobEvent, LogLines
 from corral.job.output import TerminalOutput, format_progress, say
 from corral.job.result import Failure
-from corral.job.summary import root_cause_text
+from corral.job.summary import finding_line, preflight_findings, root_cause_text
 from corral.plan.display import weights_line
 from corral.words import plural
 
@@ -141,6 +141,9 @@ def print_status(status: dict[str, Any], console: Console) -> None:
         facts.append(weights_text(status))
     for fact in facts:
         console.print(f"  {fact}", markup=False, soft_wrap=True)
+    for finding in status.get("preflight") or []:
+        style = "bold red" if finding.get("status") == "fail" else "yellow"
+        console.print(f"  {finding_line(finding)}", style=style, markup=False, soft_wrap=True)
     if status.get("nodes"):
         table = Table(title="nodes", title_justify="left")
         for column in ("node", "host", "ranks", "state", "progress", "detail"):
@@ -264,15 +267,9 @@ def show_waiting(status: dict[str, Any]) -> None:
 
 def show_checked(event: Checked, console: Console) -> None:
     """The pre-flight's problems (every failing and warning check) and its verdict."""
-    report = event.report if isinstance(event.report, dict) else {}
-    for check in report.get("checks") or []:
-        status = check.get("status")
-        if status not in ("fail", "warn"):
-            continue
-        line = f"pre-flight {check.get('name')}: {check.get('error') or check.get('warning')}"
-        if check.get("fix_command"):
-            line += f" (fix: {check['fix_command']})"
-        say(console, line, "bold red" if status == "fail" else "yellow")
+    for finding in preflight_findings(event.report):
+        style = "bold red" if finding["status"] == "fail" else "yellow"
+        say(console, finding_line(finding), style)
     if event.blocking:
         say(console, "the pre-flight checklist refused the launch", "bold red")
 

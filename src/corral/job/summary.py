@@ -4,6 +4,7 @@ restart, the attempts table), printed once when the job has finished."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,6 +29,44 @@ _STATE_STYLE = {
 }
 #: How a node's state reads in the summary (a node corral tore down was stopped).
 STATE_LABEL = {NodeState.TERMINATED: "stopped"}
+
+
+def reason_text(reason: str, cause: str | None = None) -> str:
+    """Why a job stopped, as every view shows it: a failure names its root cause
+    (``rank 1 on n2 exited with code 1``), not the word ``failure``."""
+    if reason == "failure":
+        return cause or "a rank failed"
+    if reason == "timeout":
+        return "its time limit (--timeout) passed"
+    return reason
+
+
+def preflight_findings(report: Any) -> list[dict[str, Any]]:
+    """The pre-flight checks that failed or warned (a report as JSON, a Checked
+    event's): ``name``, ``status`` (fail|warn), ``message``, ``fix_command``: what the
+    live view, ``corral job status``, the API and the web page all show."""
+    checks = report.get("checks") if isinstance(report, dict) else None
+    found = []
+    for check in checks or []:
+        status = check.get("status")
+        if status in ("fail", "warn"):
+            found.append(
+                {
+                    "name": str(check.get("name")),
+                    "status": status,
+                    "message": str(check.get("error") or check.get("warning") or ""),
+                    "fix_command": check.get("fix_command"),
+                }
+            )
+    return found
+
+
+def finding_line(finding: dict[str, Any]) -> str:
+    """One finding as a line: ``pre-flight NAME: MESSAGE (fix: COMMAND)``."""
+    line = f"pre-flight {finding['name']}: {finding['message']}"
+    if finding.get("fix_command"):
+        line += f" (fix: {finding['fix_command']})"
+    return line
 
 
 def _exit_text(node: NodeRun) -> str:

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,7 +28,7 @@ from corral.errors import Conflict
 from corral.job.states import TERMINAL_STATES, WAITING_STATES, JobState
 from corral.private import append_private, private_dir
 from corral.service.jobrows import job_row, move, set_values
-from corral.service.launch import LaunchRequest, job_dir
+from corral.service.launch import LaunchRequest, job_dir, request_stop
 from corral.service.machines import busy_machines
 from corral.service.models import DispatchIn, StopOut
 from corral.service.planning import launch_has_secrets, machine_changes
@@ -206,10 +207,10 @@ class Dispatch:
 
     # -- stop ----------------------------------------------------------------------------
 
-    def stop(self, job_id: str, *, force: bool = False) -> StopOut:
+    def stop(self, job_id: str, *, force: bool = False, by: str = "the API") -> StopOut:
         """Stop a job: a planned or queued one is cancelled; a running one's supervisor
-        is asked to tear every node down (``force``: kill now); a finished one is left
-        as it is (idempotent)."""
+        is asked to tear every node down (``force``: kill now; ``by``: who, for the
+        job's reason); a finished one is left as it is (idempotent)."""
         row = job_row(self.store, job_id)
         if row.state in TERMINAL_STATES:
             return StopOut(
@@ -252,6 +253,9 @@ class Dispatch:
                 message=f"job {job_id} is already stopping (force=true kills now)",
             )
         assert row.supervisor_pid is not None
+        if row.run_dir:
+            with contextlib.suppress(OSError):
+                request_stop(Path(row.run_dir), by)
         with contextlib.suppress(ProcessLookupError):
             os.kill(row.supervisor_pid, signal.SIGTERM)
             if force and job_id in self.stop_sent:

@@ -33,7 +33,7 @@ from corral.job.build import JobOptions, build_job, job_spec, new_job
 from corral.job.engine import Job
 from corral.job.result import EXIT_LAUNCH
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, JobSpec
-from corral.private import private_dir
+from corral.private import private_dir, write_private
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.service.eventlog import EVENTS_FILE, EventWriter, write_supervisor
 from corral.service.models import ServiceLauncher
@@ -195,6 +195,23 @@ def error_event(exc: CorralError) -> dict[str, Any]:
     }
 
 
+STOP_REQUEST = "stop-request"
+"""Who asked the server to stop the job (written in its dir before the SIGTERM)."""
+
+
+def request_stop(directory: Path, by: str) -> None:
+    """Record who stops the job, for its reason (the supervisor reads it at SIGTERM)."""
+    write_private(directory / STOP_REQUEST, by)
+
+
+def stopped_by(directory: Path) -> str | None:
+    """Who asked to stop the job (None: a signal nobody explained)."""
+    try:
+        return (directory / STOP_REQUEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
 _EARLY_STOPS: list[int] = []
 """SIGTERM/SIGINT received before the job existed (the server stopped it at once)."""
 
@@ -218,10 +235,11 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
         # before the writer: its last message precedes `finished`
         watch_drift(job, rebalance=request.rebalance)
     job.subscribe(writer.on_event)
+    directory = job_dir(request.run_dir, request.job_id)
     for _ in _EARLY_STOPS:
-        job.stop()
+        job.stop(stopped_by(directory))
     try:
-        with stop_on_signals(job.stop):
+        with stop_on_signals(lambda: job.stop(stopped_by(directory))):
             result = await job.run()
     except CorralError as exc:
         event = error_event(exc)

@@ -392,6 +392,11 @@ class DistributedJobStatus(BaseModel):
     workload_weights: list[WorkloadWeight] | None = Field(
         None, description="Each rank's share of the work (null: an even split)."
     )
+    preflight: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The pre-flight checks that warned (the launch went on) or failed: "
+        "name, status (warn|fail), message, fix_command.",
+    )
 
 
 class JobSummary(BaseModel):

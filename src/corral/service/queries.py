@@ -16,6 +16,7 @@ from corral.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.job.events import FINAL_KINDS, JobEvent, LogLines, decode_event
 from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
+from corral.job.summary import preflight_findings, reason_text
 from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
 from corral.service.ingest import Ingest, Live, machine_ids
 from corral.service.jobrows import job_row
@@ -29,7 +30,7 @@ from corral.service.models import (
     WorkloadWeight,
 )
 from corral.store import Store
-from corral.store.models import Attempt, Event, Job, Machine, Node, Rank
+from corral.store.models import Attempt, Event, Job, Machine, Node, Rank, Task
 
 FILE_ALIASES = {
     "result": "result.json",
@@ -74,7 +75,17 @@ class Queries:
                     select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
                 ).all()
             )
-        return _status(job, nodes, ranks, attempts)
+            task = s.get(Task, job.task_id) if job.task_id else None
+            checked = s.scalars(
+                select(Event)
+                .where(Event.job_id == job_id, Event.kind == "checked")
+                .order_by(Event.pos.desc())
+                .limit(1)
+            ).first()
+        status = _status(job, nodes, ranks, attempts, task.name if task else None)
+        if checked is not None:
+            status.preflight = preflight_findings((checked.data or {}).get("report"))
+        return status
 
     def list_jobs(
         self,
@@ -100,12 +111,17 @@ class Queries:
             with self.store.session() as s:
                 total = s.scalar(select(func.count()).select_from(query.subquery()))
                 page = list(s.scalars(query.offset(offset).limit(limit)).all())
+                tasks = _task_names(s, page)
             return JobList(
-                jobs=[_summary(r) for r in page], total=int(total or 0), limit=limit, offset=offset
+                jobs=[_summary(r, tasks) for r in page],
+                total=int(total or 0),
+                limit=limit,
+                offset=offset,
             )
         with self.store.session() as s:
             rows = list(s.scalars(query).all())
             names = {m.id: m.name for m in s.scalars(select(Machine))}
+            tasks = _task_names(s, rows)
         rows = [
             r
             for r in rows
@@ -115,7 +131,7 @@ class Queries:
         ]
         page = rows[offset : offset + limit]
         return JobList(
-            jobs=[_summary(r) for r in page], total=len(rows), limit=limit, offset=offset
+            jobs=[_summary(r, tasks) for r in page], total=len(rows), limit=limit, offset=offset
         )
 
     def output(self, job_id: str, offset: int = 0, limit: int = 1000) -> OutputPage:
@@ -287,12 +303,34 @@ def prefixed_lines(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def _summary(r: Job) -> JobSummary:
+def _task_names(s: Any, rows: Sequence[Job]) -> dict[str, str]:
+    """Task id -> name of the tasks the jobs were made from."""
+    ids = {r.task_id for r in rows if r.task_id}
+    if not ids:
+        return {}
+    return {t.id: t.name for t in s.scalars(select(Task).where(Task.id.in_(ids)))}
+
+
+def display_name(job: Job, task_name: str | None = None) -> str | None:
+    """The name every view shows for a job: its own, else its task's, else its
+    script's (file name), plugin's or command template's."""
+    request = job.request or {}
+    if request.get("name"):
+        return str(request["name"])
+    if task_name:
+        return task_name
+    if request.get("script"):
+        return Path(str(request["script"])).name
+    shown = request.get("plugin_name") or request.get("command_template")
+    return str(shown) if shown else None
+
+
+def _summary(r: Job, tasks: dict[str, str] | None = None) -> JobSummary:
     names = [m.get("name") for m in (r.plan or {}).get("machines", [])]
     end = r.ended or (time.time() if r.started and r.state in ACTIVE_STATES else None)
     return JobSummary(
         job_id=r.id,
-        name=(r.request or {}).get("name"),
+        name=display_name(r, (tasks or {}).get(r.task_id or "")),
         script=(r.request or {}).get("script")
         or (r.request or {}).get("plugin_name")
         or (r.request or {}).get("command_template"),
@@ -310,11 +348,23 @@ def _summary(r: Job) -> JobSummary:
 
 
 def _status(
-    job: Job, nodes: Sequence[Node], ranks: Sequence[Rank], attempts: Sequence[Attempt]
+    job: Job,
+    nodes: Sequence[Node],
+    ranks: Sequence[Rank],
+    attempts: Sequence[Attempt],
+    task_name: str | None = None,
 ) -> DistributedJobStatus:
     by_host: dict[str, list[Rank]] = {}
     for r in ranks:
         by_host.setdefault(r.host, []).append(r)
+    running = job.state in ACTIVE_STATES
+    # the master is where rank 0 ran (torchrun's rendezvous may put it on any node), and
+    # a node's rank is torchrun's GROUP_RANK: nodes in the order of their lowest rank
+    rank0 = next((r.host for r in ranks if r.rank == 0), None)
+    lowest = {host: min(r.rank for r in rows) for host, rows in by_host.items()}
+    order = {h: i for i, h in enumerate(sorted(lowest, key=lambda h: lowest[h]))}
+    if len(order) != len(nodes):
+        order = {}
     plan_nodes = (job.plan or {}).get("nodes", [])
     machine_by_name = machine_ids(job)
     out: list[NodeStatus] = []
@@ -324,12 +374,13 @@ def _status(
                 _node_status(
                     n.host,
                     n.machine_id,
-                    n.node_rank,
+                    order.get(n.host, n.node_rank),
                     n.state,
                     n.detail,
                     n.started,
                     n.ended,
                     by_host.get(n.host, []),
+                    running=running,
                 )
             )
     else:
@@ -345,16 +396,18 @@ def _status(
                     None,
                     by_host.get(p["host"], []),
                     planned=p.get("ranks") or [],
+                    running=running,
                 )
             )
+    out.sort(key=lambda n: n.node_rank)
     return DistributedJobStatus(
         job_id=job.id,
-        name=(job.request or {}).get("name"),
+        name=display_name(job, task_name),
         kind=job.kind,
         status=job.state,
-        reason=job.reason,
+        reason=reason_text(job.reason or "", (job.root_cause or {}).get("message")),
         world_size=job.world_size,
-        master=job.master,
+        master=rank0 or job.master,
         created=job.created,
         started=job.started,
         ended=job.ended,
@@ -416,6 +469,8 @@ def _node_status(
     ended: float | None,
     ranks: Sequence[Rank],
     planned: Sequence[int] = (),
+    *,
+    running: bool = True,
 ) -> NodeStatus:
     steps = [r.step for r in ranks if r.step is not None]
     rates = [r.steps_per_s for r in ranks if r.steps_per_s]
@@ -423,7 +478,8 @@ def _node_status(
     step = min(steps) if steps else None
     total = max(totals) if totals else None
     rate = min(rates) if rates else None
-    eta = (total - step) / rate if step is not None and total and rate else None
+    # no ETA once the job has ended (a failed job never reaches its last step)
+    eta = (total - step) / rate if running and step is not None and total and rate else None
     first = min(ranks, key=lambda r: r.rank) if ranks else None
     progress = {
         "step": step,

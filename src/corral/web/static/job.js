@@ -46,6 +46,7 @@
   const metricNames = [];   // numeric metrics seen, in order
   let chartMetric = "";     // the metric drawn ("" until one is seen)
   let chartMetricChosen = false;
+  let chartX = "step";      // the charts' x axis: "step" (when known) or "time"
 
   function hostIndex(host) {
     return nodeOf(host).index;
@@ -214,6 +215,7 @@
     renderAttempts(st.attempts || []);
     renderRootCause(st);
     renderWeights(st.workload_weights || []);
+    renderPreflight(st.preflight || []);
     markNodes();
   }
 
@@ -225,6 +227,18 @@
     weightsShown = key;
     $("weights").hidden = !rows.length;
     $("weights-body").replaceChildren(...(rows.length ? [corral.weightsTable(rows, "job-weights")] : []));
+  }
+
+  // the pre-flight's findings (warnings did not block the launch), as corral job status
+  // and corral run show them
+  let preflightShown = "";
+  function renderPreflight(findings) {
+    const key = JSON.stringify(findings);
+    if (key === preflightShown) return;
+    preflightShown = key;
+    $("preflight").hidden = !findings.length;
+    $("preflight").replaceChildren(...findings.map((f) => el("li", { class: f.status },
+      `pre-flight ${f.name}: ${f.message}${f.fix_command ? ` (fix: ${f.fix_command})` : ""}`)));
   }
 
   function renderFacts(st) {
@@ -304,7 +318,7 @@
       if (node.total) bits.push(`${((100 * node.step) / node.total).toFixed(0)}%`);
       const rate = rateOf(node);
       if (rate) bits.push(`${fmtNumber(rate)} steps/s`);
-      const ended = FINAL.has(node.status) || ["exited", "failed", "terminated"].includes(node.status);
+      const ended = job.final || FINAL.has(node.status) || ["exited", "failed", "terminated"].includes(node.status);
       if (!ended && rate && node.total && node.step < node.total) {
         bits.push(`ETA ${duration((node.total - node.step) / rate)}`);
       }
@@ -376,7 +390,7 @@
         if (!metricNames.includes(name)) addMetric(name);
         let pts = node.series.get(name);
         if (!pts) { pts = []; node.series.set(name, pts); }
-        pushPoint(pts, t, value);
+        pushPoint(pts, t, value, ev.step ?? null);
       }
     }
     markNodes();
@@ -397,15 +411,16 @@
     const pts = node.throughput;
     // one point per quarter second at most: a newer rate replaces the point of its bucket
     if (pts.length && t - node.rateBucket < 0.25) {
-      pts[pts.length - 1] = [t, rate];
+      pts[pts.length - 1] = [t, rate, step];
     } else {
       node.rateBucket = t;
-      pushPoint(pts, t, rate);
+      pushPoint(pts, t, rate, step);
     }
   }
 
-  function pushPoint(pts, t, v) {
-    pts.push([t, v]);
+  // a point: [time, value, step (null when unknown)]
+  function pushPoint(pts, t, v, step) {
+    pts.push([t, v, step]);
     if (pts.length > MAX_POINTS) {
       const kept = pts.filter((_, i) => i % 2 === 0 || i === pts.length - 1);
       pts.splice(0, pts.length, ...kept);
@@ -444,8 +459,15 @@
       if (pts && pts.length) metricSeries.push({ node, pts });
       if (node.throughput.length) rateSeries.push({ node, pts: node.throughput });
     }
-    drawChart($("chart"), metricSeries, chartMetric || "metric", "waiting for reported metrics…", false);
-    drawChart($("throughput-chart"), rateSeries, "steps/s", "waiting for progress…", true);
+    // over steps when every point knows its step (a short job's loss is a line, not a
+    // vertical stroke), else over time
+    const all = [...metricSeries, ...rateSeries];
+    const byStep = chartX === "step" && all.length > 0 &&
+      all.every(({ pts }) => pts.every((p) => p[2] !== null && p[2] !== undefined));
+    const none = job.final ? "no progress reported" : "waiting for progress…";
+    drawChart($("chart"), metricSeries, chartMetric || "metric",
+      job.final ? "no metrics reported" : "waiting for reported metrics…", false, byStep);
+    drawChart($("throughput-chart"), rateSeries, "steps/s", none, true, byStep);
   }
 
   function svgEl(tag, attrs, text) {
@@ -468,19 +490,22 @@
     return out;
   }
 
-  function drawChart(box, series, yTitle, emptyText, fromZero) {
+  function drawChart(box, series, yTitle, emptyText, fromZero, byStep) {
     const width = Math.max(260, box.clientWidth || 600);
     const height = width < 500 ? 170 : 200;
     const m = { l: 54, r: 12, t: 10, b: 36 };
     const w = width - m.l - m.r;
     const h = height - m.t - m.b;
     const svg = svgEl("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "plot",
-      role: "img", "aria-label": `${yTitle} per node over time` });
+      role: "img", "aria-label": `${yTitle} per node over ${byStep ? "steps" : "time"}`,
+      "data-x": byStep ? "step" : "time" });
     const t0 = job.t0 ?? 0;
+    const X = (p) => (byStep ? p[2] : p[0] - t0);
     let xmin = Infinity; let xmax = -Infinity; let ymin = Infinity; let ymax = -Infinity;
     for (const { pts } of series) {
-      for (const [t, v] of pts) {
-        const x = t - t0;
+      for (const p of pts) {
+        const x = X(p);
+        const v = p[1];
         if (x < xmin) xmin = x;
         if (x > xmax) xmax = x;
         if (v < ymin) ymin = v;
@@ -488,13 +513,13 @@
       }
     }
     if (!series.length) { xmin = 0; xmax = 60; ymin = 0; ymax = 1; }
-    xmin = Math.min(0, xmin);
+    if (!byStep) xmin = Math.min(0, xmin);
     if (xmax - xmin < 1e-9) xmax = xmin + 1;
     if (ymax - ymin < 1e-12) { const pad = Math.abs(ymax) * 0.1 || 1; ymin -= pad; ymax += pad; }
     else { const pad = (ymax - ymin) * 0.05; ymin -= pad; ymax += pad; }
     const nonNegative = series.every(({ pts }) => pts.every(([, v]) => v >= 0));
     if (nonNegative && (fromZero || ymin < 0)) ymin = 0;
-    const minutes = xmax - xmin > 300;
+    const minutes = !byStep && xmax - xmin > 300;
     const xs = (x) => m.l + ((x - xmin) / (xmax - xmin)) * w;
     const ys = (y) => m.t + h - ((y - ymin) / (ymax - ymin)) * h;
 
@@ -513,10 +538,11 @@
     axes.append(svgEl("line", { x1: m.l, x2: m.l + w, y1: m.t + h, y2: m.t + h, class: "axis" }));
     axes.append(svgEl("line", { x1: m.l, x2: m.l, y1: m.t, y2: m.t + h, class: "axis" }));
     axes.append(svgEl("text", { x: m.l + w / 2, y: height - 4, class: "title", "text-anchor": "middle" },
-      minutes ? "time since start (min)" : "time since start (s)"));
+      byStep ? "step" : minutes ? "time since start (min)" : "time since start (s)"));
     axes.append(svgEl("text", { x: 12, y: m.t + h / 2, class: "title", "text-anchor": "middle",
       transform: `rotate(-90 12 ${m.t + h / 2})` }, yTitle));
-    job.breaks.forEach((b, i) => {  // where each restart began
+    job.breaks.forEach((b, i) => {  // where each restart began (on the time axis)
+      if (byStep) return;
       const x = b - t0;
       if (x < xmin || x > xmax) return;
       const px = xs(x).toFixed(1);
@@ -532,7 +558,7 @@
       let d = "";
       for (let i = 0; i < pts.length; i += 1) {
         const gap = i === 0 || job.breaks.some((b) => pts[i - 1][0] < b && b <= pts[i][0]);
-        d += `${gap ? "M" : "L"}${xs(pts[i][0] - t0).toFixed(1)} ${ys(pts[i][1]).toFixed(1)}`;
+        d += `${gap ? "M" : "L"}${xs(X(pts[i])).toFixed(1)} ${ys(pts[i][1]).toFixed(1)}`;
       }
       const path = svgEl("path", {
         d, "data-node": node.host, fill: "none", stroke: COLORS[node.index % COLORS.length],
@@ -543,7 +569,7 @@
       path.append(svgEl("title", {}, `${node.host}: ${fmtNumber(pts[pts.length - 1][1])} ${yTitle}`));
       svg.append(path);
       if (pts.length === 1) {  // a lone point still shows
-        svg.append(svgEl("circle", { cx: xs(pts[0][0] - t0), cy: ys(pts[0][1]), r: 3,
+        svg.append(svgEl("circle", { cx: xs(X(pts[0])), cy: ys(pts[0][1]), r: 3,
           fill: COLORS[node.index % COLORS.length] }));
       }
     }
@@ -1062,8 +1088,14 @@
       log: onLog,
       // "detail": a note that belongs with the log lines (a node's folded teardown)
       message: (ev) => (ev.level === "detail" ? onNote(ev.text) : showMessage(ev.text, ev.level)),
-      checked: (ev) => showMessage(ev.blocking ? "pre-flight checks refused the launch" : "pre-flight checks passed",
-        ev.blocking ? "error" : "info"),
+      checked: (ev) => {
+        const checks = ((ev.report || {}).checks || []).filter((c) => c.status === "fail" || c.status === "warn");
+        const text = ev.blocking ? "pre-flight checks refused the launch"
+          : checks.length ? `pre-flight checks passed with ${checks.length} warning${checks.length === 1 ? "" : "s"}`
+            : "pre-flight checks passed";
+        showMessage(text, ev.blocking ? "error" : checks.length ? "warning" : "info");
+        refreshSoon();  // the findings come with the status
+      },
       attempt_started: (ev) => {
         newAttempt(ev.number, ev.time);
         showMessage(`attempt ${ev.number} started on ${(ev.hosts || []).join(", ")} (${ev.world_size} ranks)`, "info");
@@ -1148,6 +1180,10 @@
   }
 
   window.addEventListener("resize", markChart);
+  $("chart-x").addEventListener("change", () => {
+    chartX = $("chart-x").value;
+    drawCharts();
+  });
   $("chart-metric").addEventListener("change", () => {
     chartMetric = $("chart-metric").value;
     chartMetricChosen = true;
