@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from corral.api.errors import status_of
 from corral.calibrate.model import Calibration, RankRate, save_calibration
 from corral.cluster.model import Cluster, Host
 from corral.errors import Conflict, Invalid
@@ -226,7 +227,7 @@ def test_manual_selection_of_an_ineligible_machine_is_a_conflict() -> None:
     machines = [machine("a"), machine("b", status="offline", last_error="timeout")]
     with pytest.raises(Conflict) as info:
         select_machines(machines, request(num=2), {}, chosen=machines)
-    assert info.value.status == 409
+    assert status_of(info.value) == 409
     assert info.value.info["unavailable"] == {"b": ["offline: timeout"]}
     assert [s["name"] for s in info.value.info["suggestions"]] == ["a", "b"]
     assert "b: offline: timeout" in str(info.value)
@@ -306,7 +307,7 @@ def test_adjust_keys_are_configurable() -> None:
 def test_adjust_without_its_keys_is_invalid(config: dict[str, Any]) -> None:
     with pytest.raises(Invalid) as info:
         adjusted_config(config_request(**config), 2)
-    assert info.value.status == 422
+    assert status_of(info.value) == 422
     assert info.value.info == {"field": "config"}
 
 
