@@ -29,8 +29,8 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from corral.api.app import create_app
 from corral.api.hardening import CSP
 from corral.api.services import Services
-from corral.api.sessions import CSRF_HEADER, SESSION_COOKIE, Sessions
 from corral.service.settings import ServerSettings
+from corral.sessions import CSRF_HEADER, SESSION_COOKIE, Sessions
 from corral.store import open_store
 from tests.serverlib import TOKEN, free_port, live_server
 

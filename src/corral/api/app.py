@@ -28,7 +28,7 @@ from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders,
 from corral.api.metrics import CONTENT_TYPE, Metrics
 from corral.api.routers import jobs, network, tasks
 from corral.api.services import Services
-from corral.api.sessions import (
+from corral.sessions import (
     CSRF_HEADER,
     SAFE_METHODS,
     SESSION_COOKIE,
@@ -43,7 +43,7 @@ class TokenMiddleware:
     """Authentication for every request (pure ASGI, so streams pass straight through).
 
     A request is let in with ``Authorization: Bearer <token>``, or with a web
-    session's cookie (:mod:`corral.api.sessions`), in which case a state-changing
+    session's cookie (:mod:`corral.sessions`), in which case a state-changing
     request to the API must also carry the session's CSRF token (header
     ``X-CSRF-Token``). Without either: a 401 in the one error shape for the API,
     a redirect to the login page for a page. ``/healthz``, the login page and the

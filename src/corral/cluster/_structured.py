@@ -23,7 +23,7 @@ from pydantic import (
     ValidationError,
 )
 
-from corral.cluster.hostfile import (
+from corral.cluster._text import (
     _HOST_NAME_EXPECTED,
     _build,
     _check_env_name,

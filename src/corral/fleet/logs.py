@@ -24,12 +24,14 @@ from typing import Any
 
 from corral.cluster.model import Host
 from corral.errors import ConfigError, LaunchError
-from corral.job.logfiles import ATTEMPT_INDEX  # in the job's logs/ directory
 from corral.transport.base import Transport
 
 _COORD_LOG = re.compile(r"^(?P<host>.+)\.(?P<rank>\d+|node)\.log$")
 _HOST_LOG = re.compile(r"^rank-(?P<rank>\d+)\.log$|^node\.log$")
 LATEST = "latest"
+#: Where each attempt's output begins in each log file, in the job's ``logs/`` directory
+#: (written by :class:`corral.job.logfiles.LogFiles`).
+ATTEMPT_INDEX = "attempts.jsonl"
 _RUN_DIR_HINT = "pass --run-dir (or set CORRAL_RUN_DIR) if the job ran elsewhere"
 
 

@@ -14,12 +14,11 @@ import os
 from pathlib import Path
 from typing import IO
 
+from corral.fleet.logs import ATTEMPT_INDEX as ATTEMPT_INDEX  # its format: corral logs reads it
 from corral.logflush import FlushSoon
 from corral.private import append_private, private_dir
 
 NODE_RANK_LABEL = -1
-#: Where each attempt's output begins in each log file (``corral logs`` marks attempts).
-ATTEMPT_INDEX = "attempts.jsonl"
 
 
 class LogFiles:

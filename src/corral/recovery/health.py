@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from corral.job.states import IllegalTransition
+from corral.states import IllegalTransition
 
 #: the host-timeout default (seconds without any frame from a host's agent)
 DEFAULT_HOST_TIMEOUT = 20.0

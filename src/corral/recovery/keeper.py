@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.job.events import Level
+from corral.outcomes import Level
 from corral.plan.render import node_cwd
 from corral.plan.spec import JobSpec, NodeCommand
 from corral.recovery.checkpoints import Replica, place_latest

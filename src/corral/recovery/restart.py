@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import ConfigError
-from corral.job.result import EXIT_LAUNCH, JobResult
-from corral.job.states import JobState
+from corral.outcomes import EXIT_LAUNCH, AttemptOutcome
 from corral.private import write_private
+from corral.states import JobState
 
 MAX_BACKOFF = 60.0
 ATTEMPTS_FILE = "attempts.json"
@@ -83,8 +83,8 @@ class AttemptRecord:
         """Seconds the attempt ran (None while running)."""
         return None if self.ended is None else max(0.0, self.ended - self.started)
 
-    def finish(self, result: JobResult) -> None:
-        """Fill in the outcome from the attempt's JobResult."""
+    def finish(self, result: AttemptOutcome) -> None:
+        """Fill in the outcome from the attempt's result."""
         self.ended = result.ended
         self.state = result.state.value
         self.exit_code = result.exit_code
@@ -156,7 +156,7 @@ class Decision:
 
 def decide(
     policy: RestartPolicy,
-    result: JobResult,
+    result: AttemptOutcome,
     *,
     restarts_done: int,
     hosts: Sequence[str],

@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from corral import __version__
-from corral.api.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
+from corral.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
