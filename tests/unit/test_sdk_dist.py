@@ -310,6 +310,8 @@ def test_public_api_is_pinned() -> None:
             "krum_hook", "local_batch_size", "loss_scale", "set_qos", "workload_weights",
             # "checkpoint now" (before a Slurm time limit)
             "checkpoint_requested", "request_checkpoint",
+            # in-place recovery (torchft)
+            "FaultTolerant", "fault_tolerant",
         ]
     )  # fmt: skip
     for name in sdk.__all__:

@@ -52,6 +52,7 @@ from corral.sdk._env import (
     should_save_outputs,
 )
 from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
+from corral.sdk._ft import FaultTolerant, fault_tolerant
 from corral.sdk._krum import krum_hook
 from corral.sdk._preempt import checkpoint_requested, request_checkpoint
 from corral.sdk._qos import set_qos
@@ -65,6 +66,7 @@ __all__ = [
     "CheckpointWriteError",
     "Chunk",
     "DistInfo",
+    "FaultTolerant",
     "MasterNotReadyError",
     "WeightedDistributedSampler",
     "barrier",
@@ -75,6 +77,7 @@ __all__ = [
     "destroy",
     "enable_stack_dumps",
     "error_file_path",
+    "fault_tolerant",
     "get_accelerator",
     "info",
     "init_distributed",

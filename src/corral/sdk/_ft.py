@@ -1,0 +1,463 @@
+"""In-place recovery with torchft: one call makes a training script fault tolerant.
+
+Each replica group (under corral, one node: its local ranks started by one
+``torchrun`` with its own store) is a data-parallel replica of the others.
+torchft's Lighthouse forms a quorum of the live groups before every step; when a
+group dies the survivors go on with a smaller quorum at the next step, and a
+group that comes back heals from a live peer's weights (torchft's checkpoint
+transport), not from disk.
+
+```python
+from corral import sdk
+
+ft = sdk.fault_tolerant(model, optimizer, global_batch=256, dataset_size=len(data))
+model, optimizer = ft.model, ft.optimizer
+ft.resume("ckpts")                          # whole-job loss: the newest disk checkpoint
+while ft.step < total:
+    optimizer.zero_grad()                   # starts the step's quorum
+    x, y = data[ft.indices()]               # this rank's share of the step's global batch
+    (loss_fn(model(x), y) * ft.loss_scale).backward()
+    optimizer.step()                        # commits only when the quorum agrees
+    ft.save("ckpts", every=100)
+ft.shutdown()
+```
+
+The environment (corral sets all of it under ``--recovery in-place``; without
+corral set it yourself): ``TORCHFT_LIGHTHOUSE`` (the Lighthouse's
+``http://host:port``), ``CORRAL_REPLICA_GROUP`` (this group's id, 0 to groups -
+1), ``CORRAL_REPLICA_GROUPS`` (the configured number of groups; needed with
+weights), ``CORRAL_MIN_REPLICAS`` (fewest groups that may commit a step,
+default 1), the group's own ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/
+``WORLD_SIZE`` (torchrun's; under plain ``python`` the SDK hosts a store on a
+free port itself) and, for a proportional split, ``CORRAL_WORKLOAD_WEIGHTS``
+(see :func:`corral.sdk._ftsplit.group_weights`). The sharding is documented in
+:mod:`corral.sdk._ftsplit`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from corral.contract import (
+    LIGHTHOUSE_ENV,
+    MIN_REPLICAS_ENV,
+    REPLICA_GROUP_ENV,
+    REPLICA_GROUPS_ENV,
+    WORKLOAD_WEIGHTS_ENV,
+)
+from corral.sdk._checkpoint import save_checkpoint
+from corral.sdk._env import info
+from corral.sdk._ftsplit import Share, group_weights, quorum_share, stream_indices
+from corral.sdk._report import send_event
+from corral.sdk._resume import resume
+
+__all__ = ["FaultTolerant", "fault_tolerant"]
+
+INSTALL_HINT = "pip install 'corral[ft]'"
+Backend = Literal["auto", "gloo", "nccl"]
+
+#: torchft's log lines about quorums and healing that the SDK passes on to stderr.
+_SHOWN = (
+    "reconfiguring for",
+    "healing required",
+    "fetching checkpoint from",
+    "peers need recovery",
+)
+
+
+def _torchft() -> Any:
+    try:
+        import torchft
+    except ImportError as exc:
+        raise ImportError(
+            f"sdk.fault_tolerant needs torchft, which is not installed in {sys.executable}: "
+            f"{INSTALL_HINT} (installs torchft-nightly)"
+        ) from exc
+    return torchft
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+class _Echo(logging.Handler):
+    """Prints torchft's quorum/healing lines, and tells corral about healing."""
+
+    def __init__(self, owner: FaultTolerant) -> None:
+        super().__init__(logging.INFO)
+        self.owner = owner
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if not any(key in message for key in _SHOWN):
+            return
+        print(f"[torchft] {message}", file=sys.stderr, flush=True)
+        if self.owner.group_rank != 0:
+            return
+        if "healing required" in message:
+            self.owner._event("healing")
+        elif "peers need recovery" in message:
+            self.owner._event("sending")
+
+
+def _ddp_class(torchft: Any, group_size: int) -> Any:
+    """torchft's DDP; with several ranks per group, one whose hook first averages
+    the bucket over the group's own process group, then across the groups."""
+    base = torchft.DistributedDataParallel
+    if group_size == 1:
+        return base
+
+    class _GroupDDP(base):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def _comm_hook(state: Any, bucket: Any) -> Any:
+            import torch.distributed as dist
+
+            buffer = bucket.buffer()
+            dist.all_reduce(buffer)
+            buffer.div_(group_size)
+            return base._comm_hook(state, bucket)
+
+    return _GroupDDP
+
+
+class FaultTolerant:
+    """A script's torchft state: the Manager, the wrapped model and optimizer, and
+    this step's share of the global batch (see :func:`fault_tolerant`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        *,
+        global_batch: int | None,
+        dataset_size: int | None,
+        seed: int,
+        shuffle: bool,
+        weights: str | None,
+        min_replicas: int | None,
+        backend: Backend,
+        timeout: float,
+        quorum_timeout: float,
+        replica_group: int | None,
+        replica_groups: int | None,
+        lighthouse: str | None,
+        env: Mapping[str, str],
+    ) -> None:
+        torchft = _torchft()
+        import torch
+        import torch.distributed as dist
+
+        me = info(env)
+        group = (
+            replica_group if replica_group is not None else _env_int(env, REPLICA_GROUP_ENV, None)
+        )
+        if group is None:
+            raise ValueError(
+                f"sdk.fault_tolerant: which replica group is this? set {REPLICA_GROUP_ENV} "
+                "(0 to groups - 1; corral sets it under --recovery in-place) or pass replica_group="
+            )
+        lighthouse = lighthouse or env.get(LIGHTHOUSE_ENV, "").strip()
+        if not lighthouse:
+            raise ValueError(
+                f"sdk.fault_tolerant: no Lighthouse: set {LIGHTHOUSE_ENV}=http://HOST:PORT "
+                "(corral starts one under --recovery in-place; by hand: torchft_lighthouse "
+                "--min_replicas 1) or pass lighthouse="
+            )
+        groups = (
+            replica_groups
+            if replica_groups is not None
+            else _env_int(env, REPLICA_GROUPS_ENV, None)
+        )
+        minimum = min_replicas if min_replicas is not None else _env_int(env, MIN_REPLICAS_ENV, 1)
+        assert minimum is not None
+        if minimum < 1:
+            raise ValueError(f"min_replicas must be at least 1, got {minimum}")
+        if groups is not None and not 0 <= group < groups:
+            raise ValueError(
+                f"replica group {group} is outside 0..{groups - 1} ({REPLICA_GROUPS_ENV})"
+            )
+        if global_batch is not None and (isinstance(global_batch, bool) or global_batch < 1):
+            raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
+        if dataset_size is not None and global_batch is None:
+            raise ValueError("dataset_size needs global_batch (the examples every step reads)")
+
+        self.group, self.groups = group, groups
+        self.group_rank, self.group_size = me.rank, me.world_size
+        self.global_batch, self.dataset_size = global_batch, dataset_size
+        self.seed, self.shuffle = seed, shuffle
+        self._weights: tuple[float, ...] | None = None
+        self._local_weights: tuple[float, ...] = (1.0,) * self.group_size
+        raw = weights if weights is not None else env.get(WORKLOAD_WEIGHTS_ENV, "").strip()
+        if raw:
+            if groups is None:
+                raise ValueError(
+                    f"weights ({WORKLOAD_WEIGHTS_ENV}) need the number of replica groups: "
+                    f"set {REPLICA_GROUPS_ENV} or pass replica_groups="
+                )
+            per_group, per_rank = group_weights(
+                raw, groups, self.group_size, source=WORKLOAD_WEIGHTS_ENV
+            )
+            self._weights, self._local_weights = per_group, per_rank[group]
+
+        on_gpu = any(p.is_cuda for p in model.parameters())
+        chosen = ("nccl" if on_gpu else "gloo") if backend == "auto" else backend
+        if chosen not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+        self.backend = chosen
+        pg_timeout = timedelta(seconds=timeout)
+        if self.group_size > 1 and not dist.is_initialized():
+            from corral.sdk._dist import init_distributed
+
+            init_distributed("nccl" if on_gpu else "gloo", timeout=timeout)
+        store_addr, store_port = me.master_addr, None
+        self._store: Any = None
+        if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+            # plain python, one rank: host the group's store ourselves
+            store_class: Any = dist.TCPStore  # type: ignore[attr-defined]
+            self._store = store_class("127.0.0.1", 0, 1, True, wait_for_workers=False)
+            store_addr, store_port = "127.0.0.1", int(self._store.port)
+        else:
+            store_port = me.master_port
+        pg = (
+            torchft.ProcessGroupBabyNCCL(timeout=pg_timeout)
+            if chosen == "nccl"
+            else torchft.ProcessGroupGloo(timeout=pg_timeout)
+        )
+        self._inner_model, self._inner_optimizer = model, optimizer
+        self.manager: Any = torchft.Manager(
+            pg=pg,
+            min_replica_size=minimum,
+            load_state_dict=self._load_user_state,
+            state_dict=self._user_state,
+            replica_id=f"corral_{group}",
+            rank=me.rank,
+            world_size=me.world_size,
+            store_addr=store_addr,
+            store_port=store_port,
+            lighthouse_addr=lighthouse,
+            timeout=pg_timeout,
+            quorum_timeout=timedelta(seconds=quorum_timeout),
+            connect_timeout=pg_timeout,
+        )
+        self._echo = _Echo(self)
+        manager_log = logging.getLogger("torchft.manager")
+        manager_log.addHandler(self._echo)
+        if manager_log.getEffectiveLevel() > logging.INFO:
+            manager_log.setLevel(logging.INFO)
+        self.model: Any = _ddp_class(torchft, self.group_size)(self.manager, model)
+        self.optimizer: Any = torchft.Optimizer(self.manager, optimizer)
+        self._torch = torch
+        self._last: tuple[int, bool] | None = None
+        self._share: Share | None = None
+
+    # --- state -------------------------------------------------------------------------
+    def _user_state(self) -> dict[str, Any]:
+        return {
+            "model": self._inner_model.state_dict(),
+            "optimizer": self._inner_optimizer.state_dict(),
+        }
+
+    def _load_user_state(self, state: dict[str, Any]) -> None:
+        self._inner_model.load_state_dict(state["model"])
+        self._inner_optimizer.load_state_dict(state["optimizer"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, the step and torchft's manager state (for a disk checkpoint)."""
+        return {**self._user_state(), "torchft": self.manager.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the manager's step included, as torchft requires)."""
+        self._load_user_state(dict(state))
+        self.manager.load_state_dict(state["torchft"])
+
+    def save(
+        self, directory: str | os.PathLike[str], *, every: int = 1, keep: int | None = 3
+    ) -> Path | None:
+        """Write a disk checkpoint of :meth:`state_dict` when ``step`` is a multiple of
+        ``every``: rank 0 of the live group with participating rank 0 writes (exactly one
+        writer per step, whichever groups are alive). Returns the path, None elsewhere."""
+        step = self.step
+        if step == 0 or step % every != 0 or self.group_rank != 0:
+            return None
+        if self.manager.participating_rank() != 0 or self.manager.errored() is not None:
+            return None
+        return save_checkpoint(self.state_dict(), directory, step, keep=keep)
+
+    def resume(self, directory: str | os.PathLike[str] | None = None) -> int:
+        """Load the newest complete disk checkpoint (``sdk.resume``) into the model,
+        the optimizer and the manager; the step it reached (0 when there is none).
+        A group that joins a running quorum heals from a live peer afterwards anyway."""
+        state = resume(directory)
+        if state is None or "torchft" not in state:
+            return 0
+        self.load_state_dict(state)
+        return int(state["torchft"]["step"])
+
+    # --- the step ----------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """torchft's committed step count (the same on every participant)."""
+        return int(self.manager.current_step())
+
+    @property
+    def participants(self) -> int:
+        """The replica groups taking part in the current step (waits for the quorum)."""
+        return int(self.manager.num_participants())
+
+    def _live(self) -> dict[int, float]:
+        """The participating groups and their weights (this step's quorum)."""
+        prank = self.manager.participating_rank()
+        n = self.manager.num_participants()
+        if self._weights is None:
+            # equal weights: the quorum's participating ranks are the group ids
+            return {r: 1.0 for r in range(n)}
+        torch = self._torch
+        # which groups take part: each adds 1 at its id (torchft zeroes a non-participant's)
+        flags = torch.zeros(len(self._weights), dtype=torch.float32)
+        flags[self.group] = 1.0
+        from torch.distributed import ReduceOp
+
+        if not self.manager.allreduce(flags, reduce_op=ReduceOp.SUM).wait():
+            flags.zero_()
+        live = {g: self._weights[g] for g in range(len(self._weights)) if flags[g] > 0.5}
+        if prank is not None and (self.manager.errored() is not None or self.group not in live):
+            live = {self.group: self._weights[self.group]}  # this step will not commit anyway
+        return live
+
+    def share(self) -> Share:
+        """This rank's share of the current step's global batch (call it after
+        ``optimizer.zero_grad()``, which starts the step's quorum)."""
+        if self.global_batch is None:
+            raise ValueError("share() needs global_batch= in sdk.fault_tolerant")
+        live = self._live()
+        me = self.group if self._weights is not None else self.manager.participating_rank()
+        share = quorum_share(
+            self.step,
+            self.global_batch,
+            live,
+            -1 if me is None else me,
+            self.group_rank,
+            self._local_weights,
+        )
+        self._share = share
+        key = (share.participants, share.participating)
+        if key != self._last:
+            self._last = key
+            if self.group_rank == 0:
+                self._event("quorum")
+        return share
+
+    def indices(self) -> list[int]:
+        """The dataset indices this rank reads in the current step (see :meth:`share`)."""
+        if self.dataset_size is None:
+            raise ValueError("indices() needs dataset_size= in sdk.fault_tolerant")
+        share = self.share()
+        return stream_indices(
+            share.start, share.count, self.dataset_size, seed=self.seed, shuffle=self.shuffle
+        )
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor for this rank's mean loss in the current step (from the last
+        :meth:`share`/:meth:`indices`; 1.0 before either)."""
+        return 1.0 if self._share is None else self._share.loss_scale
+
+    @property
+    def epoch(self) -> float:
+        """Epochs read so far: committed steps * global batch / dataset size."""
+        if self.global_batch is None or self.dataset_size is None:
+            raise ValueError("epoch needs global_batch= and dataset_size=")
+        return self.step * self.global_batch / self.dataset_size
+
+    def _event(self, kind: str) -> None:
+        share = self._share
+        send_event(
+            {
+                "type": "quorum",
+                "kind": kind,
+                "group": self.group,
+                "step": self.step,
+                "participants": None if share is None else share.participants,
+                "participating": None if share is None else share.participating,
+            }
+        )
+
+    def shutdown(self) -> None:
+        """Stop the manager (its server and checkpoint transport)."""
+        logging.getLogger("torchft.manager").removeHandler(self._echo)
+        self.manager.shutdown(wait=False)
+
+    def __enter__(self) -> FaultTolerant:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def fault_tolerant(
+    model: Any,
+    optimizer: Any,
+    *,
+    global_batch: int | None = None,
+    dataset_size: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    weights: str | None = None,
+    min_replicas: int | None = None,
+    backend: Backend = "auto",
+    timeout: float = 30.0,
+    quorum_timeout: float = 60.0,
+    replica_group: int | None = None,
+    replica_groups: int | None = None,
+    lighthouse: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FaultTolerant:
+    """Wrap ``model`` and ``optimizer`` for in-place recovery with torchft.
+
+    Returns a :class:`FaultTolerant` whose ``model`` (torchft's
+    DistributedDataParallel) and ``optimizer`` (torchft's Optimizer wrapper:
+    ``zero_grad()`` starts the step's quorum, ``step()`` steps only when the
+    quorum commits) replace the originals. ``backend="auto"`` picks NCCL when the
+    model is on a GPU (torchft's ProcessGroupBabyNCCL) and gloo otherwise. With
+    ``global_batch`` (and ``dataset_size``), :meth:`FaultTolerant.indices` gives
+    each rank its share of every step's batch, following the live quorum (and
+    the weights, default ``$CORRAL_WORKLOAD_WEIGHTS``), and
+    :attr:`FaultTolerant.loss_scale` keeps the update that of the global batch.
+    ``timeout`` bounds collectives and healing, ``quorum_timeout`` the wait for a
+    quorum (seconds; torchft's ``TORCHFT_TIMEOUT_SEC``/``TORCHFT_QUORUM_TIMEOUT_SEC``
+    override them). The other settings default to the environment (module doc).
+    ImportError naming ``corral[ft]`` when torchft is missing; ValueError for
+    missing or bad settings.
+    """
+    return FaultTolerant(
+        model,
+        optimizer,
+        global_batch=global_batch,
+        dataset_size=dataset_size,
+        seed=seed,
+        shuffle=shuffle,
+        weights=weights,
+        min_replicas=min_replicas,
+        backend=backend,
+        timeout=timeout,
+        quorum_timeout=quorum_timeout,
+        replica_group=replica_group,
+        replica_groups=replica_groups,
+        lighthouse=lighthouse,
+        env=os.environ if env is None else env,
+    )

@@ -1,0 +1,142 @@
+"""In-place recovery with torchft, by hand: a Lighthouse and three replica groups
+(one ``torchrun --nproc-per-node 1`` each, with its own store) running
+examples/train_ft.py over gloo. One group is SIGKILLed mid-run: the survivors go
+on with two participants; started again, it heals from a live peer and all three
+finish at the same step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from corral.contract import LIGHTHOUSE_ENV, REPLICA_GROUP_ENV, REPLICA_GROUPS_ENV
+from tests.conftest import require
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_ft.py"
+STEPS = 60
+STEP_LINE = re.compile(r"^step (\d+)/\d+ participants (\d+)", re.M)
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Group:
+    """One replica group: a torchrun of one rank in its own session, output to a file."""
+
+    def __init__(self, group: int, lighthouse: str, log: Path) -> None:
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(REPO / "src"),
+            PYTHONUNBUFFERED="1",
+            RUST_LOG="warn",  # torchft's per-step INFO lines
+            **{LIGHTHOUSE_ENV: lighthouse, REPLICA_GROUP_ENV: str(group), REPLICA_GROUPS_ENV: "3"},
+        )
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+            str(EXAMPLE), "--steps", str(STEPS), "--step-sleep", "0.05",
+            "--degraded-step-sleep", "0.5", "--batch-size", "48", "--examples", "512",
+        ]  # fmt: skip
+        self.log = log
+        self._fh = open(log, "w")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def steps(self) -> list[tuple[int, int]]:
+        return [(int(s), int(p)) for s, p in STEP_LINE.findall(self.text())]
+
+    def kill(self) -> None:
+        """SIGKILL torchrun and its ranks (torchrun gives its ranks their own sessions)."""
+        try:
+            tree = [psutil.Process(self.proc.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGKILL)
+        psutil.wait_procs(tree, timeout=30)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill()
+        self._fh.close()
+
+
+def _wait(what: str, check: object, groups: list[Group], within: float = 180) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        if any(g.proc.poll() not in (None, 0) for g in groups):
+            break
+        time.sleep(0.2)
+    logs = "\n".join(f"--- {g.log.name}\n{g.text()[-3000:]}" for g in groups)
+    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+
+def test_survivors_go_on_and_the_lost_group_heals_from_a_peer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUST_LOG", "warn")  # the in-process Lighthouse's per-quorum lines
+    require("torchft", "install the [ft] extra: make setup")
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(
+        bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000
+    )
+    groups = [Group(g, lighthouse.address(), tmp_path / f"group{g}.log") for g in range(3)]
+    everyone = list(groups)
+    try:
+        victim = groups[2]
+        _wait("3 participants", lambda: any(p == 3 for _, p in victim.steps()), everyone)
+        _wait("step 5 on group 2", lambda: victim.steps()[-1][0] >= 5, everyone)
+        victim.kill()
+        killed_at = victim.steps()[-1][0]
+        _wait(
+            "the survivors' steps with 2 participants",
+            lambda: all(any(p == 2 and s > killed_at for s, p in g.steps()) for g in groups[:2]),
+            everyone,
+        )
+        back = Group(2, lighthouse.address(), tmp_path / "group2-again.log")
+        everyone.append(back)
+        for g in (groups[0], groups[1], back):
+            assert g.proc.wait(timeout=240) == 0, g.text()[-3000:]
+        # the survivors went on past the kill with 2, then trained with 3 again
+        for g in groups[:2]:
+            steps = g.steps()
+            degraded = [s for s, p in steps if p == 2 and s > killed_at]
+            assert degraded, g.text()[-3000:]
+            assert any(p == 3 for s, p in steps if s > degraded[-1])
+            assert f"done at step {STEPS}" in g.text()
+        # the restarted group healed from a live peer at a step past the kill
+        heal = re.search(r"healing required.*max_step=(\d+)", back.text())
+        assert heal is not None and int(heal.group(1)) > killed_at, back.text()[-3000:]
+        assert any("peers need recovery from us" in g.text() for g in groups[:2])
+        assert any(p == 3 for _, p in back.steps())
+        assert max(p for g in everyone for _, p in g.steps()) == 3  # the killed group is gone
+        assert f"done at step {STEPS}" in back.text()
+    finally:
+        for g in everyone:
+            g.stop()
+        lighthouse.shutdown()
