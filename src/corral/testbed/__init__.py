@@ -13,17 +13,10 @@ from __future__ import annotations
 
 from corral.testbed._cgroup import CpuQuota
 from corral.testbed._model import DEFAULT_SUBNET, SRV_DIR
+from corral.testbed._registry import exclusive
+from corral.testbed._report import DownResult, HostStatus, TestbedHost, TestbedStatus, UpResult
 from corral.testbed._system import check_requirements, missing_requirements
-from corral.testbed._testbed import (
-    DownResult,
-    HostStatus,
-    Testbed,
-    TestbedHost,
-    TestbedStatus,
-    UpResult,
-    default_state_dir,
-    exclusive,
-)
+from corral.testbed._testbed import Testbed, default_state_dir
 
 __all__ = [
     "DEFAULT_SUBNET",

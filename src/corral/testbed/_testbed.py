@@ -22,27 +22,22 @@ exactly that, processes by PID *and* start time, even after a crashed ``up``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
-import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import corral
 from corral.errors import CommandTimeout, ConfigError, LaunchError
 from corral.testbed import _system as sysx
 from corral.testbed._model import (
     DEFAULT_SUBNET,
-    NETNS_PREFIX,
     SRV_DIR,
     HostRecord,
     MountPlan,
@@ -58,11 +53,17 @@ from corral.testbed._model import (
     render_ssh_config,
     render_sshd_config,
 )
+from corral.testbed._registry import REGISTRY, check_free, read_registry
+from corral.testbed._report import (
+    DownResult,
+    HostStatus,
+    TestbedHost,
+    TestbedStatus,
+    UpResult,
+)
 
 SSH_PORT = 22
 START_TIMEOUT = 20.0
-REGISTRY = sysx.RUN_DIR / "testbed.json"
-EXCLUSIVE_LOCK = Path("/tmp/corral-testbed.lock")
 
 # Runs as the holder: configure the host's interface, hostname and private
 # files inside fresh UTS + mount namespaces, then become ``sleep infinity``.
@@ -95,140 +96,6 @@ def default_state_dir() -> Path:
     """``$XDG_CACHE_HOME/corral/testbed``, else ``~/.cache/corral/testbed``."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "corral" / "testbed"
-
-
-@dataclass(frozen=True)
-class TestbedHost:
-    """One simulated host: ``name`` is its hostname and ssh alias."""
-
-    __test__ = False
-
-    name: str
-    address: str
-    netns: str
-    veth: str
-
-    @property
-    def interface(self) -> str:
-        """The host's network device inside its namespace (``nic-tbK``)."""
-        return peer_ifname(self.name)
-
-
-@dataclass(frozen=True)
-class HostStatus:
-    """Health of one host, as seen from the root namespace."""
-
-    name: str
-    address: str
-    netns: bool
-    holder: bool
-    sshd: bool
-    link_up: bool
-    ssh_answers: bool
-
-    @property
-    def healthy(self) -> bool:
-        """Everything in place and sshd answering."""
-        return self.netns and self.holder and self.sshd and self.link_up and self.ssh_answers
-
-    def problems(self) -> list[str]:
-        """What is wrong with the host, in words."""
-        out: list[str] = []
-        if not self.netns:
-            out.append("network namespace missing")
-        if not self.holder:
-            out.append("namespace holder process gone")
-        if not self.sshd:
-            out.append("sshd not running")
-        if not self.link_up:
-            out.append("link down")
-        if self.sshd and self.link_up and not self.ssh_answers:
-            out.append("sshd does not answer on port 22")
-        return [f"{self.name}: {p}" for p in out]
-
-
-@dataclass(frozen=True)
-class TestbedStatus:
-    """State of a testbed; ``exists`` is False when the state dir records none."""
-
-    __test__ = False
-
-    state_dir: str
-    exists: bool
-    phase: str = ""
-    subnet: str = ""
-    bridge: str = ""
-    bridge_present: bool = False
-    hosts: tuple[HostStatus, ...] = ()
-    other_state_dir: str | None = None
-
-    @property
-    def healthy(self) -> bool:
-        """Fully up: every host healthy and the bridge present."""
-        return (
-            self.exists
-            and self.phase == "up"
-            and self.bridge_present
-            and all(h.healthy for h in self.hosts)
-        )
-
-    def problems(self) -> list[str]:
-        """Everything wrong, one line each."""
-        if not self.exists:
-            return []
-        out: list[str] = []
-        if self.phase != "up":
-            out.append("creation did not finish")
-        if not self.bridge_present:
-            out.append(f"bridge {self.bridge} missing")
-        for h in self.hosts:
-            out.extend(h.problems())
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``corral testbed status --json``)."""
-        return {
-            "state_dir": self.state_dir,
-            "exists": self.exists,
-            "healthy": self.healthy,
-            "phase": self.phase,
-            "subnet": self.subnet,
-            "bridge": self.bridge,
-            "bridge_present": self.bridge_present,
-            "other_state_dir": self.other_state_dir,
-            "problems": self.problems(),
-            "hosts": [
-                {
-                    "name": h.name,
-                    "address": h.address,
-                    "healthy": h.healthy,
-                    "netns": h.netns,
-                    "holder": h.holder,
-                    "sshd": h.sshd,
-                    "link_up": h.link_up,
-                    "ssh_answers": h.ssh_answers,
-                }
-                for h in self.hosts
-            ],
-        }
-
-
-@dataclass(frozen=True)
-class UpResult:
-    """What ``up`` did: ``already_up`` when a healthy testbed was found and left as is."""
-
-    state_dir: Path
-    hosts: tuple[TestbedHost, ...]
-    already_up: bool
-    seconds: float
-
-
-@dataclass(frozen=True)
-class DownResult:
-    """What ``down`` removed, one description each (empty when there was nothing)."""
-
-    state_dir: Path
-    removed: tuple[str, ...] = field(default_factory=tuple)
 
 
 class Testbed:
@@ -313,7 +180,7 @@ class Testbed:
     @classmethod
     def running(cls) -> Testbed | None:
         """The testbed currently registered on this machine (whatever its state dir)."""
-        rec = _read_registry()
+        rec = read_registry()
         return cls(rec.state_dir) if rec is not None else None
 
     def _load(self) -> TestbedState | None:
@@ -324,7 +191,7 @@ class Testbed:
                 return TestbedState.from_json(self.state_file.read_text())
             except ConfigError as exc:
                 error = exc
-        rec = _read_registry()
+        rec = read_registry()
         if rec is not None and Path(rec.state_dir) == self.state_dir:
             return rec
         if error is not None:
@@ -386,14 +253,14 @@ class Testbed:
             existing = self._load()
             if existing is not None:
                 return self._reuse(existing, n, str(plan.subnet), slots, started)
-            other = _read_registry()
+            other = read_registry()
             if other is not None:
                 raise LaunchError(
                     f"a testbed is already up with state dir {other.state_dir}; run "
                     f"`corral testbed down --state-dir {other.state_dir}` first"
                 )
             state = new_state(self.state_dir, plan, slots)
-            _check_free(state)
+            check_free(state)
             try:
                 self._create(state)
             except BaseException:
@@ -655,7 +522,7 @@ class Testbed:
             (sd / name).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             sd.rmdir()
-        rec = _read_registry()
+        rec = read_registry()
         if rec is not None and rec.state_dir == state.state_dir:
             REGISTRY.unlink(missing_ok=True)
         if stuck is not None:
@@ -668,7 +535,7 @@ class Testbed:
         """Each host's namespace, processes, link and whether its sshd answers."""
         state = self._load()
         if state is None:
-            other = _read_registry()
+            other = read_registry()
             return TestbedStatus(
                 str(self.state_dir),
                 exists=False,
@@ -832,66 +699,4 @@ class Testbed:
         return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, *command]
 
 
-@contextlib.contextmanager
-def exclusive() -> Iterator[None]:
-    """Hold the machine-wide testbed lock for the block (blocks while another holder
-    has it): test sessions and benchmarks that each bring up a testbed take turns."""
-    with open(EXCLUSIVE_LOCK, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _read_registry() -> TestbedState | None:
-    try:
-        return TestbedState.from_json(REGISTRY.read_text())
-    except (OSError, ConfigError):
-        return None
-
-
-def _check_free(state: TestbedState) -> None:
-    """Refuse to create over names or routes that exist without a testbed record."""
-    taken = [f"bridge {state.bridge}"] if sysx.link_exists(state.bridge) else []
-    taken += [f"link {h.veth}" for h in state.hosts if sysx.link_exists(h.veth)]
-    taken += [f"netns {h.netns}" for h in state.hosts if sysx.netns_inode(h.netns) is not None]
-    with contextlib.suppress(OSError):
-        taken += [
-            f"netns {name}"
-            for name in os.listdir(sysx.NETNS_DIR)
-            if name.startswith(NETNS_PREFIX) and f"netns {name}" not in taken
-        ]
-    if taken:
-        fixes = []
-        for t in taken:
-            kind, name = t.split(" ", 1)
-            fixes.append(f"ip netns del {name}" if kind == "netns" else f"ip link del {name}")
-        raise LaunchError(
-            f"{', '.join(taken)} already exist but no testbed state records them (left over "
-            f"from a crashed run?); check and remove them with: {'; '.join(fixes)}"
-        )
-    net = ipaddress.ip_network(state.subnet)
-    routes = json.loads(sysx.run([sysx.tool("ip"), "-4", "-j", "route", "show"]) or "[]")
-    for r in routes:
-        dst = str(r.get("dst", "default"))
-        if dst == "default":
-            continue
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_network(dst, strict=False).overlaps(net):
-                raise ConfigError(
-                    f"{state.subnet} overlaps the existing route {dst} dev {r.get('dev')}; "
-                    "choose another --subnet",
-                    option="--subnet",
-                )
-
-
-__all__ = [
-    "DownResult",
-    "HostStatus",
-    "Testbed",
-    "TestbedHost",
-    "TestbedStatus",
-    "UpResult",
-    "default_state_dir",
-]
+__all__ = ["Testbed", "default_state_dir"]
