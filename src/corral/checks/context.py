@@ -18,6 +18,8 @@ from corral.transport.options import SshOptions
 
 DEFAULT_MIN_FREE_GB = 1.0
 DEFAULT_SMOKE_TIMEOUT = 30.0
+DEFAULT_LINKS_MIN_RATIO = 0.3
+DEFAULT_LINKS_SECONDS = 12.0
 
 
 @dataclass
@@ -50,6 +52,11 @@ class ChecklistOptions:
     shared_data_path: str | None = None  # must be one filesystem on every host (seed 003)
     harness: bool = False  # --harness: Accelerate must be there whatever the launcher
     command_template: str | None = None  # --launcher command: its first word is looked for
+    links: bool = False  # the link matrix (corral.checks.links)
+    links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO  # slow below this x the reference
+    links_min_gbs: float = 0.0  # slow below this many GB/s (0: no floor)
+    links_fail: bool = True  # a culprit fails the check (else it warns)
+    links_seconds: float = DEFAULT_LINKS_SECONDS  # measurement budget, all pairs together
 
 
 @dataclass

@@ -18,7 +18,9 @@ from corral.checks import (
     clock,
     connectivity,
     consistency,
+    gpu,
     hardware,
+    links,
     network,
     shared_data,
     software,
@@ -46,7 +48,9 @@ CHECK_NAMES = (
     "shared_data",  # only with --shared-data-path
     "clock",
     "stale",
+    "gpu",
     "collective",
+    "links",  # only with --links / --check-links
     "sync",
 )
 Check = Callable[[CheckContext], CheckResult]
@@ -168,6 +172,12 @@ async def _shared(tp: Transport, opts: ChecklistOptions) -> SharedProbe | None:
     return await probe_shared(tp, opts.cluster, opts.shared_data_path, opts.python)
 
 
+def port_for(ctx: CheckContext) -> int:
+    """The port the collectives rendezvous on: the one the network check found free."""
+    listener = ctx.facts[ctx.master.name].facts.get("listener") or {}
+    return int(listener.get("port") or ctx.options.master_port)
+
+
 def _skipped(name: str, cluster: Cluster, why: str) -> CheckResult:
     return CheckResult.from_hosts(
         name, {h.name: HostCheck(Status.SKIP, why) for h in cluster.hosts}, summary=why
@@ -251,17 +261,20 @@ async def run_checklist(
         results += [_timed(m.check, ctx) for m in (network, checkpoint)]
         if shared is not None:
             results.append(_timed(shared_data.check, ctx))
-        results += [_timed(m.check, ctx) for m in (clock, stale)]
+        results += [_timed(m.check, ctx) for m in (clock, stale, gpu)]
         if opts.smoke:
             t1 = time.perf_counter()
-            listener = facts_map[master.name].facts.get("listener") or {}
-            port = int(listener.get("port") or opts.master_port)
-            smoke = await _smoke(ctx, tp, port)
+            smoke = await _smoke(ctx, tp, port_for(ctx))
             smoke.duration_s = time.perf_counter() - t1
             phases["collective"] = smoke.duration_s
         else:
             smoke = _skipped("collective", ctx.cluster, "smoke test not requested")
         results.append(smoke)
+        if opts.links:
+            t2 = time.perf_counter()
+            linked = await links.check(ctx, tp, port=port_for(ctx), collective=smoke)
+            linked.duration_s = phases["links"] = time.perf_counter() - t2
+            results.append(linked)
         results.append(_timed(sync_status.check, ctx))
     finally:
         if own_transport:

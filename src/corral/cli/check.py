@@ -16,7 +16,14 @@ from typing import Annotated
 
 import typer
 
-from corral.checks.context import DEFAULT_MIN_FREE_GB, DEFAULT_SMOKE_TIMEOUT, ChecklistOptions
+from corral.checks.context import (
+    DEFAULT_LINKS_MIN_RATIO,
+    DEFAULT_LINKS_SECONDS,
+    DEFAULT_MIN_FREE_GB,
+    DEFAULT_SMOKE_TIMEOUT,
+    ChecklistOptions,
+)
+from corral.checks.links import print_links
 from corral.checks.render import print_report
 from corral.checks.runner import run_checklist
 from corral.checks.shared_data import validate_path
@@ -32,6 +39,9 @@ from corral.cli.options import (
     ExcludeOpt,
     GlooOpt,
     LauncherOpt,
+    LinksMinGbsOpt,
+    LinksMinRatioOpt,
+    LinksWarnOpt,
     MasterAddrOpt,
     MasterPortOpt,
     MinFreeOpt,
@@ -64,6 +74,16 @@ SmokeTimeoutOpt = Annotated[
         "--smoke-timeout",
         metavar="SECONDS",
         help="Deadline of the collective smoke test, in seconds.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+LinksSecondsOpt = Annotated[
+    float,
+    typer.Option(
+        "--links-seconds",
+        metavar="SECONDS",
+        help="Time budget of the link matrix's measurements, all pairs together (each "
+        "direction of a pair gets a share, at most 0.5 s).",
         rich_help_panel=CHECKS_PANEL,
     ),
 ]
@@ -102,6 +122,11 @@ def checklist_options(
     connect_timeout: float,
     shared_data_path: str | None = None,
     harness: bool = False,
+    links: bool = False,
+    links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO,
+    links_min_gbs: float = 0.0,
+    links_warn_only: bool = False,
+    links_seconds: float = DEFAULT_LINKS_SECONDS,
 ) -> ChecklistOptions:
     """Validated ChecklistOptions from the command line (with ``harness``, the
     command is ``PLUGIN_DIR_OR_SCRIPT [ARGS]`` as for ``corral run --harness``)."""
@@ -119,6 +144,7 @@ def checklist_options(
     if not 0 <= master_port <= 65535:
         raise ConfigError(f"{master_port} is not a TCP port", option="--master-port")
     validate_path(shared_data_path)
+    validate_links(links_min_ratio, links_min_gbs, links_seconds)
     cluster = load_hosts(hosts, ssh)
     return ChecklistOptions(
         cluster=cluster,
@@ -142,7 +168,22 @@ def checklist_options(
         connect_timeout=connect_timeout,
         shared_data_path=shared_data_path,
         harness=harness,
+        links=links,
+        links_min_ratio=links_min_ratio,
+        links_min_gbs=links_min_gbs,
+        links_fail=not links_warn_only,
+        links_seconds=links_seconds,
     )
+
+
+def validate_links(min_ratio: float, min_gbs: float, seconds: float = 1.0) -> None:
+    """ConfigError naming the option for a links threshold out of range."""
+    if not 0.0 <= min_ratio < 1.0:
+        raise ConfigError(f"must be in [0, 1) (got {min_ratio:g})", option="--links-min-ratio")
+    if not min_gbs >= 0.0 or min_gbs == float("inf"):
+        raise ConfigError(f"must be >= 0 (got {min_gbs:g})", option="--links-min-gbs")
+    if not 0.0 < seconds <= 600.0:
+        raise ConfigError(f"must be in (0, 600] (got {seconds:g})", option="--links-seconds")
 
 
 def _script(command: list[str] | None, harness: bool) -> str | None:
@@ -191,6 +232,20 @@ def check(
         ),
     ] = True,
     smoke_timeout: SmokeTimeoutOpt = DEFAULT_SMOKE_TIMEOUT,
+    links: Annotated[
+        bool,
+        typer.Option(
+            "--links",
+            help="Measure the link matrix over the training network: bandwidth and round "
+            "trip of every host pair, a ring figure (NCCL bus bandwidth where every host "
+            "has a GPU), naming the host behind slow links.",
+            rich_help_panel=CHECKS_PANEL,
+        ),
+    ] = False,
+    links_min_ratio: LinksMinRatioOpt = DEFAULT_LINKS_MIN_RATIO,
+    links_min_gbs: LinksMinGbsOpt = 0.0,
+    links_warn_only: LinksWarnOpt = False,
+    links_seconds: LinksSecondsOpt = DEFAULT_LINKS_SECONDS,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     wide: Annotated[
@@ -201,6 +256,10 @@ def check(
     versions, code consistency, network (master port, reachability, interfaces),
     checkpoint dir, clock skew, stale processes, a collective smoke test, sync status;
     with --shared-data-path, that the path is one filesystem on every host.
+
+    With --links, the link matrix too: every host pair's bandwidth and round trip
+    over the training network (a host x host heatmap), naming the host behind
+    slow links.
 
     Exit 0 when no check failed, 1 when one did, 2 for bad options.
     """
@@ -226,6 +285,11 @@ def check(
         connect_timeout=connect_timeout,
         shared_data_path=shared_data_path,
         harness=harness,
+        links=links,
+        links_min_ratio=links_min_ratio,
+        links_min_gbs=links_min_gbs,
+        links_warn_only=links_warn_only,
+        links_seconds=links_seconds,
     )
     outcome = asyncio.run(run_checklist(opts, run_dir=run_dir))
     report = outcome.report
@@ -236,7 +300,9 @@ def check(
         doc["phases_s"] = {k: round(v, 4) for k, v in outcome.phases.items()}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        print_report(make_console(), report, wide=wide)
+        console = make_console()
+        print_report(console, report, wide=wide)
+        print_links(console, report)
     raise typer.Exit(1 if report.failed else 0)
 
 

@@ -349,6 +349,44 @@ SmokeTestOpt = Annotated[
         rich_help_panel=CHECKS_PANEL,
     ),
 ]
+CheckLinksOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check-links",
+        help="Add the link matrix (as `corral check --links`) to the pre-flight: a host "
+        "behind slow links blocks the launch.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+LinksMinRatioOpt = Annotated[
+    float,
+    typer.Option(
+        "--links-min-ratio",
+        metavar="FRACTION",
+        envvar="CORRAL_LINKS_MIN_RATIO",
+        help="A link below this fraction of the network's reference bandwidth (the median "
+        "of each host's best link) is slow.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+LinksMinGbsOpt = Annotated[
+    float,
+    typer.Option(
+        "--links-min-gbs",
+        metavar="GBPS",
+        envvar="CORRAL_LINKS_MIN_GBS",
+        help="A link below this many GB/s (gigabytes per second) is slow, whatever the others do (0: no floor).",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
+LinksWarnOpt = Annotated[
+    bool,
+    typer.Option(
+        "--links-warn-only",
+        help="A host behind slow links is a warning, not a failure.",
+        rich_help_panel=CHECKS_PANEL,
+    ),
+]
 SyncOpt = Annotated[
     bool,
     typer.Option(

@@ -1,0 +1,1 @@
+"""Diagnosis of a cluster and its jobs: the link matrix (:mod:`corral.diagnose.links`)."""
