@@ -8,6 +8,7 @@ a transaction.
 from corral.store.db import Store, default_db_url, open_store
 from corral.store.models import (
     Attempt,
+    AuditEntry,
     Base,
     Event,
     Job,
@@ -16,10 +17,12 @@ from corral.store.models import (
     Preference,
     Rank,
     Task,
+    User,
 )
 
 __all__ = [
     "Attempt",
+    "AuditEntry",
     "Base",
     "Event",
     "Job",
@@ -29,6 +32,7 @@ __all__ = [
     "Rank",
     "Store",
     "Task",
+    "User",
     "default_db_url",
     "open_store",
 ]

@@ -2,7 +2,8 @@
 
 One row per registered machine, job, attempt, node of a job, rank of a job,
 structured event (log lines stay in the run dir's files, see
-:mod:`corral.service.eventlog`), task (a saved job template) and preference.
+:mod:`corral.service.eventlog`), task (a saved job template), preference, user
+(its token only as a hash) and audited request.
 Ids are short random strings made by the service; times are UNIX seconds
 (floats) from the coordinator's clock; free-form data is JSON.
 
@@ -111,6 +112,10 @@ class Job(Base):
     supervisor_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     supervisor_started: Mapped[float | None] = mapped_column(Float, nullable=True)
     events_offset: Mapped[int] = mapped_column(BigInteger, default=0)  # events.jsonl ingested
+    #: the name of the user who submitted or queued it (None: before users existed)
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    #: the queue's order: higher first, first in first out within a priority
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Attempt(Base):
@@ -196,6 +201,9 @@ class Task(Base):
     kind: Mapped[str] = mapped_column(String(16), default="distributed")  # |single
     request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created: Mapped[float] = mapped_column(Float)
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: the priority of the jobs queued from it (unless the queue request names one)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Preference(Base):
@@ -206,3 +214,34 @@ class Preference(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     updated: Mapped[float] = mapped_column(Float)
+
+
+class User(Base):
+    """A user of the server: a role and the sha256 of their token (never the token).
+
+    A revoked user keeps the row (their jobs and audit entries name them) but no
+    token of theirs is accepted. ``max_jobs``/``max_machines``: how many jobs and
+    machines their running jobs may hold at once (None: no limit)."""
+
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))  # admin|user|viewer
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created: Mapped[float] = mapped_column(Float)
+    revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_machines: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class AuditEntry(Base):
+    """One state-changing request: who, what (method and path), when, the outcome."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float, index=True)
+    user: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: no valid token
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(Text)
+    status: Mapped[int] = mapped_column(Integer)
