@@ -562,6 +562,14 @@ def gpu_processes() -> list[dict[str, Any]]:
     return procs
 
 
+def gpu_health() -> dict[str, Any]:
+    """GPU health through NVML (:func:`corral.diagnose.gpuprobe.probe`, shipped
+    alongside this module): ``{"state": "no_gpus"}`` on a host without GPUs."""
+    from corral.diagnose import gpuprobe  # shipped alongside this module
+
+    return gpuprobe.probe()
+
+
 # ----------------------------------------------------------------------- storage
 
 
@@ -662,6 +670,7 @@ def facts(params: dict[str, Any], listener: dict[str, Any] | None) -> dict[str, 
         "code": code(params),
         **_stale_and_busy(skip, params.get("job_id")),
         "gpu_processes": gpu_processes(),
+        "gpu_health": gpu_health(),
         "listener": listener,
     }
     if params.get("master_addr"):
