@@ -132,6 +132,14 @@ def _ddp_class(torchft: Any, group_size: int) -> Any:
             buffer.div_(group_size)
             return base._comm_hook(state, bucket)
 
+    # DDP checks the hook's annotations as objects (these module's are strings)
+    import torch
+    import torch.distributed as dist
+
+    _GroupDDP._comm_hook.__annotations__ = {
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     return _GroupDDP
 
 
