@@ -137,7 +137,7 @@ def _ddp_class(torchft: Any, group_size: int) -> Any:
     import torch.distributed as dist
 
     _GroupDDP._comm_hook.__annotations__ = {
-        "bucket": dist.GradBucket,
+        "bucket": dist.GradBucket,  # type: ignore[attr-defined]
         "return": torch.futures.Future[torch.Tensor],
     }
     return _GroupDDP
