@@ -149,7 +149,7 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
             assert (machine.labels, machine.slots, machine.latency_ms) == ({"gpu": "a100"}, 8, None)
             job = session.get_one(Job, "j1")
             assert (job.machine_ids, rank.steps_per_s) == (["m1"], None)
-            assert (job.owner, job.priority) == (None, 0)
+            assert (job.owner, job.priority) == ("admin", 0)
             rank.steps_per_s = 1.5
         with store.session() as session:
             assert session.get_one(Rank, ("j1", 0)).steps_per_s == 1.5

@@ -1,5 +1,6 @@
 """Users and roles (tokens as hashes), the audit log, job and task owners, the queue's
-priorities and per-user limits.
+priorities and per-user limits. The jobs and tasks already there become the user
+``admin``'s (the holder of the server's token, which becomes that user's).
 
 Revision ID: 0005
 Revises: 0004
@@ -48,6 +49,8 @@ def upgrade() -> None:
         op.add_column(
             table, sa.Column("priority", sa.Integer(), server_default="0", nullable=False)
         )
+        # what was there was submitted with the server's token: now the user "admin"'s
+        op.execute(sa.text(f"UPDATE {table} SET owner = 'admin'"))
     op.create_index(op.f("ix_jobs_owner"), "jobs", ["owner"])
 
 
