@@ -125,12 +125,14 @@ async def start_agent(
     workdir: str | None,
     port: int | None,
     job_id: str | None = None,
+    argv: Sequence[str] | None = None,
 ) -> tuple[NodeProcess, HostProbe]:
     """Start ``host``'s agent (with ``CORRAL_JOB_ID=job_id`` in its environment, so
     the pre-flight's stale check knows it as this job's) and read its probe
-    (TransportError / LaunchError)."""
+    (TransportError / LaunchError). ``argv``: the agent's command when the
+    interpreter is known (default: :func:`agent_argv`, the first one found)."""
     env = {JOB_ID_ENV: job_id} if job_id else None
-    proc = await transport.start(host, agent_argv(python), env=env)
+    proc = await transport.start(host, list(argv or agent_argv(python)), env=env)
     proc.write(encode_op({"op": "probe", "workdir": workdir, "port": port}))
     try:
         probe = await asyncio.wait_for(_probe_reply(proc, host, python), PROBE_TIMEOUT)

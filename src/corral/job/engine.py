@@ -28,13 +28,13 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from corral.checks.result import ChecklistReport
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError
-from corral.job.agents import abort, start_agents
+from corral.job.agents import abort, start_agent, start_agents
 from corral.job.events import (
     AttemptEnded,
     AttemptStarted,
@@ -373,7 +373,7 @@ class Job:
             )
         if self.cluster.is_local:
             if self.checks.enabled:
-                prepared = await self._checked_local(prepared, transport, sync)
+                return await self._checked_local(prepared, transport, sync)
             return prepared, {}
         if self.checks.enabled:
             return await self._checked_remote(prepared, transport, sync)
@@ -392,33 +392,74 @@ class Job:
         self.cluster = cluster
         return plan_attempt(prepared.spec, cluster, prepared.attempt)
 
-    async def _checked_local(self, prepared: Prepared, transport: Transport, sync: Any) -> Prepared:
-        from corral.job.preflight import apply
-
-        outcome = await self._checklist(prepared, transport, sync)
-        cluster = apply(outcome, self.cluster)
-        return prepared if cluster == self.cluster else self._replan(prepared, cluster)
-
-    async def _checked_remote(
+    async def _checked_local(
         self, prepared: Prepared, transport: Transport, sync: Any
     ) -> tuple[Prepared, dict[str, NodeProcess]]:
-        """The checklist and the agents' start-up at the same time (both are a Python
-        start on every host): nothing is launched until the checklist passed. The
-        checklist tests the master port, so the agents do not (port 0 excepted)."""
+        """The checklist, and meanwhile every simulated node's agent started and probed:
+        its interpreter start and imports are off the launch's path. Nothing is
+        launched until the checklist passed."""
         from corral.job.preflight import apply
 
-        checks = asyncio.ensure_future(self._checklist(prepared, transport, sync))
-        agents = asyncio.ensure_future(
-            self._start_remote(prepared, self.cluster, transport, check_port=False)
+        outcome, (_, started) = await self._checks_and_agents(
+            self._checklist(prepared, transport, sync), self._warm_local(prepared, transport)
         )
+        cluster = apply(outcome, self.cluster)
+        if cluster == self.cluster:
+            return prepared, started
+        keep = {h.name for h in cluster.hosts}
+        await _abort_all(started.pop(name) for name in list(started) if name not in keep)
+        return self._replan(prepared, cluster), started
+
+    async def _warm_local(
+        self, prepared: Prepared, transport: Transport
+    ) -> tuple[Prepared, dict[str, NodeProcess]]:
+        """Start the agents of the local nodes with the command the supervisor would
+        use and wait for their probe. A node whose agent did not answer is left to the
+        supervisor, which starts it (and reports a failure) as without this head start."""
+        argv = _agent_argv(prepared.spec)
+
+        async def one(host: Host) -> NodeProcess:
+            proc, _ = await start_agent(
+                transport,
+                host,
+                python=None,
+                workdir=None,
+                port=None,
+                job_id=prepared.spec.job_id,
+                argv=argv(host),
+            )
+            return proc
+
+        hosts = [c.host for c in prepared.commands]
+        results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
+        started: dict[str, NodeProcess] = {}
+        for host, result in zip(hosts, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, CorralError):
+                    await _abort_all(started.values())
+                    raise result
+            else:
+                started[host.name] = result
+        return prepared, started
+
+    async def _checks_and_agents(
+        self, checks: Awaitable[Any], agents: Awaitable[tuple[Prepared, dict[str, NodeProcess]]]
+    ) -> tuple[Any, tuple[Prepared, dict[str, NodeProcess]]]:
+        """Run the checklist and the agents' start-up at the same time; the checklist's
+        outcome and the agents started. If either fails (the checklist's error first)
+        or the job is stopped meanwhile, every agent started is told to exit."""
+        checking = asyncio.ensure_future(checks)
+        starting = asyncio.ensure_future(agents)
         outcome: Any
         started_agents: Any
         try:
-            outcome, started_agents = await asyncio.gather(checks, agents, return_exceptions=True)
+            outcome, started_agents = await asyncio.gather(
+                checking, starting, return_exceptions=True
+            )
         except asyncio.CancelledError:
-            checks.cancel()
-            agents.cancel()
-            done = await asyncio.gather(agents, return_exceptions=True)
+            checking.cancel()
+            starting.cancel()
+            done = await asyncio.gather(starting, return_exceptions=True)
             if not isinstance(done[0], BaseException):
                 await _abort_all(done[0][1].values())
             raise
@@ -428,7 +469,20 @@ class Job:
             error = outcome if isinstance(outcome, BaseException) else started_agents
             assert isinstance(error, BaseException)
             raise error
-        planned, started = started_agents
+        return outcome, started_agents
+
+    async def _checked_remote(
+        self, prepared: Prepared, transport: Transport, sync: Any
+    ) -> tuple[Prepared, dict[str, NodeProcess]]:
+        """The checklist and the agents' start-up at the same time (both are a Python
+        start on every host): nothing is launched until the checklist passed. The
+        checklist tests the master port, so the agents do not (port 0 excepted)."""
+        from corral.job.preflight import apply
+
+        outcome, (planned, started) = await self._checks_and_agents(
+            self._checklist(prepared, transport, sync),
+            self._start_remote(prepared, self.cluster, transport, check_port=False),
+        )
         cluster = apply(outcome, self.cluster)
         if cluster == self.cluster:
             return planned, started
