@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from corral.agent import gpuprobe
 from corral.checks import gpu as gpu_check
 from corral.checks.context import CheckContext, ChecklistOptions
 from corral.checks.gather import GatherRequest, gather
@@ -19,7 +20,6 @@ from corral.checks.result import Status
 from corral.checks.runner import CHECK_NAMES, run_checklist
 from corral.cluster import load_cluster
 from corral.cluster.model import Host
-from corral.diagnose import gpuprobe
 from corral.diagnose.gpu import HostInput, evaluate, require_nvml
 from corral.errors import ConfigError
 from corral.transport.local import LocalTransport

@@ -100,12 +100,27 @@ class RankExitEvent(_Event):
     error: dict[str, Any] | None = None  # the rank's error file, as written by the SDK
 
 
+class GpuSample(BaseModel):
+    """A rank's GPU at its report (``corral.agent.gpusample``): NVML index,
+    utilisation %, memory used / total MiB, temperature C (None: not supported)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, defer_build=True)
+
+    index: Annotated[int, Field(ge=0, lt=1 << 16)]
+    util: Annotated[int, Field(ge=0, le=100)] | None = None
+    mem_used_mib: Annotated[int, Field(ge=0)] | None = None
+    mem_total_mib: Annotated[int, Field(ge=0)] | None = None
+    temp_c: Annotated[int, Field(ge=-100, le=300)] | None = None
+
+
 class ProgressReport(ProgressMessage):
-    """A rank's progress report, forwarded by the agent."""
+    """A rank's progress report, forwarded by the agent (``gpu``: its GPU's last
+    sample, on hosts with NVIDIA GPUs and NVML)."""
 
     event: Literal["report"]
     rank: Rank
     time: Time
+    gpu: GpuSample | None = None
 
 
 class CheckpointReport(CheckpointMessage):

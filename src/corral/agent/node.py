@@ -135,6 +135,9 @@ class NodeAgent:
         self.node_dir = Path(os.path.expanduser(self.env.get(NODE_DIR_ENV, ".corral-node")))
         self.node_dir = self.node_dir.absolute()
         self.env[NODE_DIR_ENV] = str(self.node_dir)
+        from corral.agent.stacks import flight_recorder_env  # NCCL flight recorder on GPU nodes
+
+        self.env.update(flight_recorder_env(self.node_dir, self.env))
         self.ranks: dict[int, RankTrack] = {}
         self.workloads: dict[int, Workload] = {}
         self.pgids: set[int] = set()
@@ -153,6 +156,8 @@ class NodeAgent:
         # host-side logs reach the disk within a moment of a line (tail -f while it runs)
         self._soon = FlushSoon(on_error=self._log_flush_failed)
         self._complaints = Complaints()
+        # each rank's last GPU sample (corral.agent.gpusample), sent with its next report
+        self.gpu: dict[int, dict[str, Any]] = {}
 
     # -- output ---------------------------------------------------------------------
 
@@ -444,7 +449,10 @@ class NodeAgent:
                 track.code = msg.code
                 self._maybe_report_rank(track, final=False)
             else:
-                self.emit(encode_event(report_event(msg, rank)))
+                event = report_event(msg, rank)
+                if rank in self.gpu and event.get("type", "progress") == "progress":
+                    event["gpu"] = self.gpu[rank]
+                self.emit(encode_event(event))
 
     def _complain(self, text: str) -> None:
         """One line on the agent's stderr, rate-limited (a rank cannot flood it)."""
@@ -626,6 +634,27 @@ class NodeAgent:
                 self._record_pgid(proc.pid)
             await asyncio.sleep(1.0)
 
+    async def _sample_gpus(self) -> None:
+        """Each live rank's GPU utilisation, memory and temperature every few seconds
+        (nothing on a host without NVIDIA devices or NVML)."""
+        from corral.agent.gpusample import INTERVAL, GpuSampler, nvidia_devices
+
+        if not nvidia_devices():
+            return
+        sampler = await asyncio.to_thread(GpuSampler.open)  # NVML starts in ~0.1-1 s
+        if sampler is None:
+            return
+        try:
+            while not self.stopping:
+                ranks = {
+                    t.rank: (t.pid, t.local_rank) for t in self.ranks.values() if t.code is None
+                }
+                visible = self.env.get("CUDA_VISIBLE_DEVICES")
+                self.gpu = await asyncio.to_thread(sampler.take, ranks, visible)
+                await asyncio.sleep(INTERVAL)
+        finally:
+            sampler.close()
+
     # -- teardown --------------------------------------------------------------------
 
     def request_teardown(self, grace: float, *, reason: str, finished: bool = False) -> None:
@@ -719,6 +748,7 @@ class NodeAgent:
         self._spawn(self._watch_heartbeat())
         self._spawn(self._send_heartbeats())
         self._spawn(self._track_groups())
+        self._spawn(self._sample_gpus())
         if self.node.get("hosts_master"):
             self._spawn(self._probe_master())
         self._reap()  # a child may have exited before the SIGCHLD handler was in place

@@ -22,7 +22,7 @@ from corral.errors import CorralError
 from corral.remote.python import start_program
 from corral.transport.base import NodeProcess, Transport
 
-SHIPPED = ("corral.sync.fingerprint", "corral.diagnose.gpuprobe", "corral.checks.hostside")
+SHIPPED = ("corral.sync.fingerprint", "corral.agent.gpuprobe", "corral.checks.hostside")
 FACTS_TIMEOUT = 60.0
 REPLY_TIMEOUT = 15.0
 

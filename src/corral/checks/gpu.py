@@ -1,6 +1,6 @@
 """Check ``gpu``: GPU health through NVML on every host (see
 :mod:`corral.diagnose.gpu` for what fails and what warns). The facts come from
-:func:`corral.diagnose.gpuprobe.probe`, run by the checklist's host session
+:func:`corral.agent.gpuprobe.probe`, run by the checklist's host session
 (``gpu_health`` in the facts); a host without GPUs is skipped ("no GPUs")."""
 
 from __future__ import annotations

@@ -563,9 +563,9 @@ def gpu_processes() -> list[dict[str, Any]]:
 
 
 def gpu_health() -> dict[str, Any]:
-    """GPU health through NVML (:func:`corral.diagnose.gpuprobe.probe`, shipped
+    """GPU health through NVML (:func:`corral.agent.gpuprobe.probe`, shipped
     alongside this module): ``{"state": "no_gpus"}`` on a host without GPUs."""
-    from corral.diagnose import gpuprobe  # shipped alongside this module
+    from corral.agent import gpuprobe  # shipped alongside this module
 
     return gpuprobe.probe()
 

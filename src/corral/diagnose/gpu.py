@@ -1,6 +1,6 @@
 """Judge every host's GPU health (pure: no I/O).
 
-The input is what :func:`corral.diagnose.gpuprobe.probe` answered on each host;
+The input is what :func:`corral.agent.gpuprobe.probe` answered on each host;
 the output is one :class:`HostHealth` per host: a status (``skip``, ``pass``,
 ``warn`` or ``fail``, the words of :mod:`corral.checks.result`) and the
 :class:`Finding` behind it, each with a fix. What fails: fewer GPUs than ranks,
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from corral.diagnose.gpuprobe import EXTRA_HINT, SLOWDOWN_REASONS
+from corral.agent.gpuprobe import EXTRA_HINT, SLOWDOWN_REASONS
 from corral.errors import ConfigError
 
 Severity = Literal["fail", "warn", "info"]
