@@ -188,3 +188,26 @@ def test_cli_names_a_bad_links_option() -> None:
     )
     assert isinstance(result.exception, ConfigError)  # the CLI's main prints it, exit 2
     assert str(result.exception) == "--links-min-ratio: must be in [0, 1) (got 1.5)"
+
+
+def test_run_check_links_reaches_the_preflight_checklist() -> None:
+    from corral.cluster import load_cluster
+    from corral.job.build import JobOptions, build_job
+    from corral.job.preflight import checklist_options
+    from corral.transport.options import SshOptions
+
+    spec, pol = build_job(
+        JobOptions(command=("train.py",), check_links=True, links_min_gbs=0.5, links_warn_only=True)
+    )
+    opts = checklist_options(pol.checks, spec, load_cluster("local:2"), SshOptions(), None, None)
+    assert (opts.links, opts.links_min_gbs, opts.links_fail) == (True, 0.5, False)
+    assert not checklist_options(
+        build_job(JobOptions(command=("train.py",)))[1].checks,
+        spec,
+        load_cluster("local:2"),
+        SshOptions(),
+        None,
+        None,
+    ).links
+    with pytest.raises(ConfigError, match="--links-min-ratio"):
+        build_job(JobOptions(command=("train.py",), links_min_ratio=2.0))

@@ -93,6 +93,18 @@ class CheckContext:
         return ssh_command(self.options.ssh, host, command, verbose=verbose)
 
 
+def validate_links(min_ratio: float, min_gbs: float, seconds: float = 1.0) -> None:
+    """ConfigError naming the option for a links setting out of range."""
+    from corral.errors import ConfigError
+
+    if not 0.0 <= min_ratio < 1.0:
+        raise ConfigError(f"must be in [0, 1) (got {min_ratio:g})", option="--links-min-ratio")
+    if not 0.0 <= min_gbs < float("inf"):
+        raise ConfigError(f"must be >= 0 (got {min_gbs:g})", option="--links-min-gbs")
+    if not 0.0 < seconds <= 600.0:
+        raise ConfigError(f"must be in (0, 600] (got {seconds:g})", option="--links-seconds")
+
+
 def cli_ssh_options(options: SshOptions) -> list[str]:
     """The CLUSTER options a printed ``corral ...`` command needs to reach the hosts
     the same way (never a secret: ``--ssh-password-env`` names a variable)."""

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from corral.checks.joinwindow import RunnerFacts, host_cap, join_window, late_summary
 from corral.checks.result import CheckResult, HostCheck, Status
 from corral.errors import CorralError, TransportError
 from corral.remote.python import candidates
@@ -93,6 +94,8 @@ KILL_GRACE = 2.0
 #: Exit codes of workers and runners.
 EXIT_FAILED = 3
 EXIT_DEADLINE = 124
+#: Late hosts named one by one in the error; more are counted (joinwindow.late_summary).
+SHOWN_LATE = 3
 #: Error kinds that do not blame the reporting rank's host (it only waited for others).
 WAITING = "waiting"
 
@@ -228,7 +231,7 @@ def _join(args: Mapping[str, Any], store: Any, gpu: bool) -> None:
         store.add("corral/joined", 1)
     except Exception as exc:
         raise _Failed("connect", f"lost the master's store while joining: {_short(exc)}") from exc
-    _emit({"event": "joined", "rank": rank, "host": args["host"]})
+    _emit({"event": "joined", "rank": rank, "host": args["host"], "import_s": args.get("import_s")})
     give_up = args["deadline"] + (0.0 if rank == 0 else JOIN_SLACK)
     while True:
         try:
@@ -366,11 +369,13 @@ def worker_main(args: Mapping[str, Any]) -> int:
     _die_with_parent(int(args["parent"]))
     _exit_when_stdin_closes()
     try:
+        began = time.monotonic()
         try:
             import torch
             import torch.distributed as dist
         except ImportError as exc:
             raise _Failed("torch", f"torch cannot be imported by {sys.executable}: {exc}") from exc
+        args = dict(args, import_s=round(time.monotonic() - began, 3))
         gpu = args["backend"] != "gloo" and _has_gpu(torch, int(args["local_rank"]))
         store = _open_store(args, dist)
         _join(args, store, gpu)
@@ -387,6 +392,21 @@ def worker_main(args: Mapping[str, Any]) -> int:
 
 def _code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _machine() -> dict[str, Any]:
+    """Which machine this is (hosts with one kernel share its CPUs) and its CPUs."""
+    found: dict[str, Any] = {}
+    with (
+        contextlib.suppress(OSError),
+        open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh,
+    ):
+        found["machine"] = fh.read().strip()
+    try:
+        found["cpus"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        found["cpus"] = os.cpu_count()
+    return found
 
 
 def runner_main(args: Mapping[str, Any], *, watch_stdin: bool) -> int:
@@ -414,7 +434,9 @@ def runner_main(args: Mapping[str, Any], *, watch_stdin: bool) -> int:
         threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
 
     ranks: list[int] = [int(r) for r in args["ranks"]]
-    _emit({"event": "runner", "host": args["host"], "pid": os.getpid(), "ranks": ranks})
+    _emit(
+        {"event": "runner", "host": args["host"], "pid": os.getpid(), "ranks": ranks, **_machine()}
+    )
     common = {
         k: args[k]
         for k in ("master_addr", "port", "host", "world_size", "backend", "size_bytes")
@@ -523,6 +545,8 @@ class _HostRun:
     stopped: bool = False  # we told it to stop before it exited
     killed: str | None = None  # why the runner killed its workers (e.g. "deadline")
     worker_exits: dict[int, int] = field(default_factory=dict)
+    facts: RunnerFacts | None = None  # the runner's machine and CPUs
+    import_s: list[float] = field(default_factory=list)  # each joined rank's torch import
     stderr: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=_TAIL_LINES)
     )
@@ -543,13 +567,29 @@ class _Smoke:
     transport: Transport
     runs: list[_HostRun]
     args: dict[str, Any]
-    join_deadline: float
+    join_deadline: float  # the hosts' own (the largest window there can be)
     deadline: float
+    began: float = 0.0
+    base: float = 0.0  # the window asked for
+    window: float = 0.0  # the window sized for the machines: late ranks are stopped after it
     abort: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
     timed_out: bool = False
     first_failure: str | None = None
     result: dict[str, Any] | None = None
+
+    def resize(self) -> None:
+        """The join window for what the runners said about their machines."""
+        facts = {
+            r.host.name: r.facts
+            or RunnerFacts(len(r.ranks), None, len(r.ranks))  # not yet: one wave
+            for r in self.runs
+        }
+        self.window = join_window(self.base, facts)
+
+    @property
+    def all_joined(self) -> bool:
+        return all(r.all_joined for r in self.runs)
 
     def fail(self, host: str) -> None:
         if self.first_failure is None:
@@ -590,8 +630,19 @@ def _host_env(host: Host, extra: Mapping[str, str] | None) -> dict[str, str]:
 
 def _on_event(smoke: _Smoke, run: _HostRun, event: Mapping[str, Any]) -> None:
     kind = event.get("event")
-    if kind == "joined":
+    if kind == "runner":
+        cpus = event.get("cpus")
+        machine = event.get("machine")
+        run.facts = RunnerFacts(
+            len(run.ranks),
+            str(machine) if machine else None,
+            int(cpus) if isinstance(cpus, int) else None,
+        )
+        smoke.resize()
+    elif kind == "joined":
         run.joined.add(int(event.get("rank", -1)))
+        if isinstance(event.get("import_s"), (int, float)):
+            run.import_s.append(float(event["import_s"]))
     elif kind == "result":
         smoke.result = dict(event)
     elif kind == "error":
@@ -644,7 +695,7 @@ async def _read_stderr(run: _HostRun, proc: NodeProcess) -> None:
 
 
 async def _run_host(smoke: _Smoke, run: _HostRun) -> None:
-    left = smoke.join_deadline - time.monotonic()
+    left = smoke.began + smoke.window - time.monotonic()
     try:
         proc = await asyncio.wait_for(
             smoke.transport.start(run.host, runner_argv(run.python), env=run.env),
@@ -710,6 +761,13 @@ def _tail(run: _HostRun) -> str:
         if "Error" in line or "error" in line or "No module named" in line:
             return line.strip()
     return lines[-1].strip() if lines else ""
+
+
+def _late(smoke: _Smoke) -> None:
+    """The sized join window is over: the ranks that did not join are missing."""
+    for run in smoke.runs:
+        if run.start_error is None and not run.missing and not run.all_joined:
+            run.missing = [r for r in run.ranks if r not in run.joined]
 
 
 def _verdict(smoke: _Smoke, run: _HostRun, seconds: float) -> HostCheck:
@@ -811,6 +869,10 @@ def _report(smoke: _Smoke, seconds: float, backend: str, size_bytes: int) -> Che
         }
     world = sum(len(run.ranks) for run in smoke.runs)
     never = [n for n, v in verdicts.items() if v.detail.startswith("never joined")]
+    joined = [run.host.name for run in smoke.runs if run.all_joined]
+    late = [run.host.name for run in smoke.runs if not run.all_joined]
+    imports = [t for run in smoke.runs for t in run.import_s]
+    timed_late = bool(late) and (smoke.timed_out or any(run.missing for run in smoke.runs))
     res = smoke.result or {}
     data: dict[str, Any] = {
         "backend": res.get("backend", backend),
@@ -822,6 +884,9 @@ def _report(smoke: _Smoke, seconds: float, backend: str, size_bytes: int) -> Che
         "iterations": res.get("iterations", smoke.args["iterations"]),
         "never_joined": never,
         "ranks": {run.host.name: run.ranks for run in smoke.runs},
+        "join_window_s": round(seconds, 1),
+        "joined_hosts": joined,
+        "import_s": {run.host.name: max(run.import_s) for run in smoke.runs if run.import_s},
     }
     if ok:
         summary = (
@@ -833,9 +898,15 @@ def _report(smoke: _Smoke, seconds: float, backend: str, size_bytes: int) -> Che
     fix, hint = _fix(smoke, verdicts)
     failing = [(n, v.detail) for n, v in verdicts.items() if v.status is Status.FAIL]
     error = "; ".join(f"{n}: {d}" for n, d in failing)
+    if timed_late and len(late) > SHOWN_LATE:
+        error = late_summary(joined, late, seconds, imports)
+    elif timed_late:
+        error += f"; {late_summary(joined, late, seconds, imports, named=False)}"
     if hint:
         error += f" ({hint})"
-    if never:
+    if timed_late:
+        summary = late_summary(joined, late, seconds, ())
+    elif never:
         summary = f"{', '.join(never)} never joined the all-reduce"
     else:
         summary = f"all-reduce across {world} ranks failed on {', '.join(n for n, _ in failing)}"
@@ -899,8 +970,12 @@ async def smoke_test(
     on the master. ``python`` gives the interpreter per host name (default: this
     interpreter's path where it exists there, else ``python3``); ``env`` adds
     variables per host name (e.g. ``GLOO_SOCKET_IFNAME``) to the host's own env
-    and interface. Every runner is gone when this returns, pass or fail, at the
-    latest about ``deadline + 5`` s (plus kill grace) after the call. Bad
+    and interface. ``deadline`` is the join window's base: it grows with the ranks
+    per CPU of the busiest machine (:func:`corral.checks.joinwindow.join_window`,
+    sized from what each runner says about its machine); late ranks are stopped
+    about 5 s after the window. Every runner is gone when this returns, pass or
+    fail, at the latest about the window + 5 s (plus kill grace), or, once every
+    rank joined, the hosts' cap (:func:`~corral.checks.joinwindow.host_cap`) + 5 s. Bad
     arguments (unknown backend, port 0, master not among ``hosts``) raise ValueError.
     """
     if backend not in ("auto", "gloo", "nccl"):
@@ -934,16 +1009,24 @@ async def smoke_test(
             "iterations": int(iterations),
             "rank_hosts": rank_hosts,
         },
-        join_deadline=began + deadline,
-        deadline=began + deadline + MARGIN,
+        join_deadline=began + host_cap(deadline, len(rank_hosts)),
+        deadline=began + host_cap(deadline, len(rank_hosts)) + MARGIN,
+        began=began,
+        base=deadline,
     )
+    smoke.resize()
     tasks = [asyncio.ensure_future(_run_host(smoke, run)) for run in runs]
     aborted = asyncio.ensure_future(smoke.abort.wait())
     try:
         while not all(t.done() for t in tasks):
-            left = smoke.deadline - time.monotonic()
+            now = time.monotonic()
+            left = smoke.deadline - now
+            if not smoke.all_joined:  # the late are stopped once the sized window is over
+                left = min(left, smoke.began + smoke.window + MARGIN - now)
             if left <= 0:
                 smoke.timed_out = True
+                if not smoke.all_joined:
+                    _late(smoke)
                 break
             await asyncio.wait([*tasks, aborted], timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if aborted.done():
@@ -955,7 +1038,7 @@ async def smoke_test(
     for task in tasks:  # a bug here must not pass for a host problem
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-    result = _report(smoke, deadline, backend, size_bytes)
+    result = _report(smoke, smoke.window, backend, size_bytes)
     result.duration_s = time.monotonic() - began
     return result
 

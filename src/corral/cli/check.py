@@ -22,6 +22,7 @@ from corral.checks.context import (
     DEFAULT_MIN_FREE_GB,
     DEFAULT_SMOKE_TIMEOUT,
     ChecklistOptions,
+    validate_links,
 )
 from corral.checks.links import print_links
 from corral.checks.render import print_report
@@ -174,16 +175,6 @@ def checklist_options(
         links_fail=not links_warn_only,
         links_seconds=links_seconds,
     )
-
-
-def validate_links(min_ratio: float, min_gbs: float, seconds: float = 1.0) -> None:
-    """ConfigError naming the option for a links threshold out of range."""
-    if not 0.0 <= min_ratio < 1.0:
-        raise ConfigError(f"must be in [0, 1) (got {min_ratio:g})", option="--links-min-ratio")
-    if not min_gbs >= 0.0 or min_gbs == float("inf"):
-        raise ConfigError(f"must be >= 0 (got {min_gbs:g})", option="--links-min-gbs")
-    if not 0.0 < seconds <= 600.0:
-        raise ConfigError(f"must be in (0, 600] (got {seconds:g})", option="--links-seconds")
 
 
 def _script(command: list[str] | None, harness: bool) -> str | None:

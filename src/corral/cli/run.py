@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from corral.checks.context import DEFAULT_MIN_FREE_GB
+from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.checks.render import print_report as print_checklist
 from corral.checks.render import problems, verdict
 from corral.checks.result import Status
@@ -20,6 +20,7 @@ from corral.cli.options import (
     AdditionalArgsOpt,
     CalibrationOpt,
     CalibrationSecondsOpt,
+    CheckLinksOpt,
     CheckpointOpt,
     CodeDirOpt,
     CommandTemplateOpt,
@@ -31,6 +32,9 @@ from corral.cli.options import (
     HarnessOpt,
     HostTimeoutOpt,
     JobIdOpt,
+    LinksMinGbsOpt,
+    LinksMinRatioOpt,
+    LinksWarnOpt,
     LrScalingOpt,
     MasterAddrOpt,
     MasterPortOpt,
@@ -183,6 +187,10 @@ def run(
     smoke_test: SmokeTestOpt = False,
     min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
     consistency_threshold: ThresholdOpt = 1.0,
+    check_links: CheckLinksOpt = False,
+    links_min_ratio: LinksMinRatioOpt = DEFAULT_LINKS_MIN_RATIO,
+    links_min_gbs: LinksMinGbsOpt = 0.0,
+    links_warn_only: LinksWarnOpt = False,
     exclude_divergent: ExcludeOpt = False,
     code_dir: CodeDirOpt = None,
     sync: SyncOpt = False,
@@ -234,6 +242,10 @@ def run(
             consistency_threshold=consistency_threshold,
             exclude_divergent=exclude_divergent,
             code_dir=code_dir,
+            check_links=check_links,
+            links_min_ratio=links_min_ratio,
+            links_min_gbs=links_min_gbs,
+            links_warn_only=links_warn_only,
             sync=sync,
             sync_script=sync_script,
             max_restarts=max_restarts,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from corral.checks.context import DEFAULT_MIN_FREE_GB
+from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster
 from corral.contract import QOS_CLASSES
 from corral.errors import ConfigError
@@ -80,6 +80,10 @@ class JobOptions:
     preflight: bool = True
     smoke_test: bool = False
     min_free_gb: float = DEFAULT_MIN_FREE_GB
+    check_links: bool = False
+    links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO
+    links_min_gbs: float = 0.0
+    links_warn_only: bool = False
     consistency_threshold: float = 1.0
     exclude_divergent: bool = False
     code_dir: str | None = None
@@ -181,6 +185,10 @@ def policies(options: JobOptions) -> Policies:
 
 def build_job(options: JobOptions) -> tuple[JobSpec, Policies]:
     """``options`` as the engine takes a job: its spec and its policies."""
+            links=options.check_links,
+            links_min_ratio=options.links_min_ratio,
+            links_min_gbs=options.links_min_gbs,
+            links_fail=not options.links_warn_only,
     made = policies(options)  # the policies' errors first, as corral run has always named them
     return job_spec(options), made
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corral.checks.context import DEFAULT_MIN_FREE_GB
+from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB, validate_links
 from corral.errors import ConfigError
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.recovery.restart import RestartPolicy
@@ -35,8 +35,13 @@ class CheckPolicy:
     code_dir: str | None = None  # the code tree here the hosts must match
 
     def __post_init__(self) -> None:
+    links: bool = False  # the link matrix (--check-links)
+    links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO
+    links_min_gbs: float = 0.0
+    links_fail: bool = True  # a host behind slow links blocks the launch
         if not 0.0 < self.consistency_threshold <= 1.0:
             raise ConfigError(
+        validate_links(self.links_min_ratio, self.links_min_gbs)
                 f"must be in (0, 1] (got {self.consistency_threshold:g})",
                 option="--consistency-threshold",
             )

@@ -6,7 +6,8 @@ the launch: hosts dropped by ``--exclude-divergent`` leave the cluster, and the
 interface each host routes to the master on becomes its
 ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` unless one was given. The
 collective smoke test costs a torch import per rank, so it runs only with
-``--smoke-test``. A ``spec.shared_data_path`` (``--shared-data-path``) adds the
+``--smoke-test``; the link matrix (``corral.checks.links``) only with
+``--check-links``. A ``spec.shared_data_path`` (``--shared-data-path``) adds the
 shared data check: the path must be one filesystem on every host.
 """
 
@@ -56,6 +57,10 @@ def checklist_options(
         exclude_divergent=policy.exclude_divergent,
         smoke=policy.smoke_test,
         sync=sync,
+        links=policy.links,
+        links_min_ratio=policy.links_min_ratio,
+        links_min_gbs=policy.links_min_gbs,
+        links_fail=policy.links_fail,
         job_id=spec.job_id,
         shared_data_path=validate_path(spec.shared_data_path),
         harness=spec.harness is not None,
