@@ -10,6 +10,7 @@ from corral.checks.context import ChecklistOptions
 from corral.checks.result import Status
 from corral.job.options import CheckPolicy
 from corral.job.preflight import checklist_options
+from corral.plan.launchers import CommandOptions
 from corral.plan.spec import JobSpec
 from corral.transport.options import SshOptions
 
@@ -165,7 +166,7 @@ def test_preflight_options_carry_the_harness_and_the_template() -> None:
     options = checklist_options(CheckPolicy(), harness, cluster, SshOptions(), None, None)
     assert options.harness and options.launcher == "python"
     template = "deepspeed --node_rank {node_rank} t.py"
-    command = JobSpec(script="", launcher="command", command_template=template)
+    command = JobSpec(script="", launcher="command", launcher_options=CommandOptions(template))
     options = checklist_options(CheckPolicy(), command, cluster, SshOptions(), None, None)
     assert options.command_template == template and not options.harness
 

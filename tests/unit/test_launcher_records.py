@@ -9,6 +9,7 @@ from corral.cluster import load_cluster
 from corral.job.engine import dry_run, job_json, redact_words
 from corral.job.result import NodeRun, RankRecord
 from corral.job.summary import _exit_text
+from corral.plan.launchers import CommandOptions
 from corral.plan.spec import JobSpec
 from corral.redact import REDACTED
 from corral.transport.options import SshOptions
@@ -16,7 +17,7 @@ from corral.transport.options import SshOptions
 SPEC = JobSpec(
     script="",
     launcher="command",
-    command_template="echo {node_rank}",
+    launcher_options=CommandOptions("echo {node_rank}"),
     env={"HF_TOKEN": "hf_0123456789", "DB": "postgres://u:pw@h/db", "SHORT_KEY": "ab"},
     secret_env=("DB",),
 )

@@ -20,6 +20,8 @@ from corral.harness.config import config_value, harness_target, read_config, rep
 from corral.plan.display import command_lines, join, reference_line
 from corral.plan.launchers import (
     PLACEHOLDERS,
+    CommandOptions,
+    MadengineOptions,
     NodeFacts,
     command_argv,
     madengine_context,
@@ -64,9 +66,8 @@ def _madengine(**kw: object) -> JobSpec:
         launcher="madengine",
         script="",
         args=(),
-        madengine_tags=SEED_TAGS,
         shared_data_path="/nfs/data",
-        **kw,
+        **{"launcher_options": MadengineOptions(tags=SEED_TAGS), **kw},
     )
 
 
@@ -81,13 +82,18 @@ CASES = {
             launcher="command",
             script="",
             args=(),
-            command_template="deepspeed --num_nodes {nnodes} --num_gpus {nproc_per_node} "
-            "--master_addr {master_addr} --master_port {master_port} --node_rank {node_rank} "
-            "train.py --tag {job_id}",
+            launcher_options=CommandOptions(
+                "deepspeed --num_nodes {nnodes} --num_gpus {nproc_per_node} "
+                "--master_addr {master_addr} --master_port {master_port} --node_rank {node_rank} "
+                "train.py --tag {job_id}"
+            ),
         ),
         _remote(),
     ),
-    "madengine_remote": lambda: (_madengine(madengine_args="--live-output"), _remote()),
+    "madengine_remote": lambda: (
+        _madengine(launcher_options=MadengineOptions(SEED_TAGS, "--live-output")),
+        _remote(),
+    ),
     "harness_plugin_remote": lambda: (
         _spec(
             launcher="accelerate",
@@ -224,7 +230,10 @@ def test_literal_braces_pass_through() -> None:
 def test_bad_templates_name_the_problem(template: str, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         plan_job(
-            _spec(launcher="command", script="", args=(), command_template=template), _remote()
+            _spec(
+                launcher="command", script="", args=(), launcher_options=CommandOptions(template)
+            ),
+            _remote(),
         )
     assert err.value.option == "--command-template"
     assert needle in str(err.value)
@@ -234,12 +243,20 @@ def test_bad_templates_name_the_problem(template: str, needle: str) -> None:
     ("kw", "option", "needle"),
     [
         (dict(launcher="command", script="", args=()), "--command-template", "needs"),
-        (dict(launcher="command", command_template="x"), "--launcher", "takes no SCRIPT"),
-        (dict(command_template="echo"), "--command-template", "--launcher command only"),
-        (dict(launcher="madengine", script="", args=()), "--tags", "needs --tags"),
-        (dict(madengine_tags="t"), "--tags", "--launcher madengine only"),
         (
-            dict(launcher="madengine", script="", args=(), madengine_tags="t"),
+            dict(launcher="command", launcher_options=CommandOptions("x")),
+            "--launcher",
+            "takes no SCRIPT",
+        ),
+        (
+            dict(launcher_options=CommandOptions("echo")),
+            "--command-template",
+            "--launcher command only",
+        ),
+        (dict(launcher="madengine", script="", args=()), "--tags", "needs --tags"),
+        (dict(launcher_options=MadengineOptions("t")), "--tags", "--launcher madengine only"),
+        (
+            dict(launcher="madengine", script="", args=(), launcher_options=MadengineOptions("t")),
             "--shared-data-path",
             "needs --shared-data-path",
         ),
@@ -248,14 +265,19 @@ def test_bad_templates_name_the_problem(template: str, needle: str) -> None:
                 launcher="madengine",
                 script="",
                 args=(),
-                madengine_tags="t",
+                launcher_options=MadengineOptions("t", "--x 'unclosed"),
                 shared_data_path="/d",
-                madengine_args="--x 'unclosed",
             ),
             "--additional-args",
             "cannot split",
         ),
-        (dict(launcher="madengine", madengine_tags="t", shared_data_path="/d"), "--launcher", ""),
+        (
+            dict(
+                launcher="madengine", launcher_options=MadengineOptions("t"), shared_data_path="/d"
+            ),
+            "--launcher",
+            "",
+        ),
         (dict(launcher="mlx", harness="script"), "--harness", "not mlx"),
         (dict(harness="script", lr_scaling="cubic"), "--lr-scaling", "unknown rule"),
         (
@@ -273,7 +295,9 @@ def test_bad_launcher_options(kw: dict[str, object], option: str, needle: str) -
 
 
 def test_command_node_env_keeps_corrals_variables() -> None:
-    spec = _spec(launcher="command", script="", args=(), command_template="run {node_rank}")
+    spec = _spec(
+        launcher="command", script="", args=(), launcher_options=CommandOptions("run {node_rank}")
+    )
     for rank, cmd in enumerate(plan_job(spec, _remote())):
         assert cmd.argv == ("bash", "-c", f"run {rank}")
         assert cmd.ranks == () and cmd.nproc == 2

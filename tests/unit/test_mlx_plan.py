@@ -13,7 +13,7 @@ import pytest
 from corral.agent import mlx_env
 from corral.cluster import Cluster, Host, load_cluster
 from corral.errors import ConfigError
-from corral.plan.mlx import ring_hostfile
+from corral.plan.launchers.mlx import MlxOptions, ring_hostfile
 from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec
 from tests.conftest import require
@@ -83,7 +83,9 @@ def test_a_single_rank_needs_no_hostfile() -> None:
 
 def test_jaccl_gets_the_coordinator_on_node_zero() -> None:
     spec = _spec(
-        mlx_backend="jaccl", nproc_per_node=1, env={"MLX_IBV_DEVICES": "/etc/mlx/ibv.json"}
+        launcher_options=MlxOptions("jaccl"),
+        nproc_per_node=1,
+        env={"MLX_IBV_DEVICES": "/etc/mlx/ibv.json"},
     )
     commands = plan_job(spec, _remote())
     assert [c.env["MLX_JACCL_COORDINATOR"] for c in commands] == ["node1:29500"] * 2
@@ -94,11 +96,15 @@ def test_jaccl_gets_the_coordinator_on_node_zero() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match", "option"),
     [
-        ({"mlx_backend": "nccl"}, "unknown MLX backend 'nccl'", "--mlx-backend"),
-        ({"mlx_backend": "mpi"}, "started by mpirun", "--mlx-backend"),
-        ({"mlx_backend": "jaccl", "nproc_per_node": 1}, "MLX_IBV_DEVICES=FILE", "--env"),
+        ({"launcher_options": MlxOptions("nccl")}, "unknown MLX backend 'nccl'", "--mlx-backend"),
+        ({"launcher_options": MlxOptions("mpi")}, "started by mpirun", "--mlx-backend"),
         (
-            {"mlx_backend": "jaccl", "env": {"MLX_IBV_DEVICES": "/x"}},
+            {"launcher_options": MlxOptions("jaccl"), "nproc_per_node": 1},
+            "MLX_IBV_DEVICES=FILE",
+            "--env",
+        ),
+        (
+            {"launcher_options": MlxOptions("jaccl"), "env": {"MLX_IBV_DEVICES": "/x"}},
             "one rank per host",
             "--nproc-per-node",
         ),

@@ -12,6 +12,7 @@ import pytest
 
 from corral.cluster.model import Cluster, Host
 from corral.plan.display import command_lines, home_path, makes_cwd, python_note, shell_line
+from corral.plan.launchers import CommandOptions, MadengineOptions
 from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec, NodeCommand
 
@@ -93,10 +94,16 @@ def test_the_python3_note_only_where_a_command_starts_with_python3() -> None:
         "there, else python3 (or pass --python)"
     )
     assert python_note(_plan(ssh, launcher="torchrun"), TRIED) is not None
-    command = _plan(ssh, launcher="command", script="", command_template="echo {node_rank}")
+    command = _plan(
+        ssh, launcher="command", script="", launcher_options=CommandOptions("echo {node_rank}")
+    )
     assert command[0].argv[0] == "bash" and python_note(command, TRIED) is None
     madengine = _plan(
-        ssh, launcher="madengine", script="", madengine_tags="pyt_x", shared_data_path="/nfs"
+        ssh,
+        launcher="madengine",
+        script="",
+        launcher_options=MadengineOptions("pyt_x"),
+        shared_data_path="/nfs",
     )
     assert "python3" not in madengine[0].argv and python_note(madengine, TRIED) is None
     assert python_note(_plan(ssh, python="/opt/py/bin/python"), TRIED) is None

@@ -1,4 +1,4 @@
-"""Rank side of the ``mlx`` launcher (:mod:`corral.plan.mlx`), run by the worker
+"""Rank side of the ``mlx`` launcher (:mod:`corral.plan.launchers.mlx`), run by the worker
 before the script.
 
 It checks that MLX and the planned backend are there on this host, writes MLX's

@@ -24,6 +24,7 @@ from corral.checks.shared_data import validate_path
 from corral.cluster.model import Cluster
 from corral.errors import CheckFailed
 from corral.job.options import CheckPolicy
+from corral.plan.launchers.command import template_of
 from corral.plan.spec import JobSpec
 from corral.transport.base import Transport
 from corral.transport.options import SshOptions
@@ -56,15 +57,15 @@ def checklist_options(
         consistency_threshold=policy.consistency_threshold,
         exclude_divergent=policy.exclude_divergent,
         smoke=policy.smoke_test,
-        sync=sync,
         links=policy.links,
         links_min_ratio=policy.links_min_ratio,
         links_min_gbs=policy.links_min_gbs,
         links_fail=policy.links_fail,
+        sync=sync,
         job_id=spec.job_id,
         shared_data_path=validate_path(spec.shared_data_path),
         harness=spec.harness is not None,
-        command_template=spec.command_template,
+        command_template=template_of(spec),
     )
 
 

@@ -2,12 +2,13 @@
 
 No I/O happens here, so every launch has a dry run (``corral plan``). Anything
 that needs the outside world (a free port, the interpreter on a host) is
-resolved before planning by the runtime.
+resolved before planning by the runtime. What every launcher shares (the job's
+checks, the env corral sets on every node) is here; each launcher's own part is
+its module in :mod:`corral.plan.launchers`, looked up in its table.
 """
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import json
 import os
@@ -28,31 +29,21 @@ from corral.contract import (
     JOB_ID_ENV,
     LAUNCH_DIR_ENV,
     NODE_DIR_ENV,
-    PLAN_NODE_ENV,
-    PLAN_NPROCS_ENV,
     QOS_ENV,
     SHARED_DATA_PATH_ENV,
-    STREAMS_ENV,
     WORKLOAD_WEIGHTS_ENV,
     ScaleRule,
     adjust_config,
 )
 from corral.errors import ConfigError
-from corral.plan.launchers import (
-    NodeFacts,
-    accelerate_reference,
-    command_argv,
-    madengine_argv,
-    validate_launcher,
-)
-from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand, RankProcess
+from corral.plan.launchers import launcher, validate_launcher
+from corral.plan.launchers.base import NodeContext, NodeFacts
+from corral.plan.spec import JobSpec, NodeCommand
 
 # HARNESS_ENV is set on every rank of a ``--harness`` job (``plugin`` or ``script``);
 # ACCELERATE_ENV (``1``) on ranks that run Accelerate code: the worker prepares
 # Accelerate's env (``ACCELERATE_USE_CPU`` on a host without a GPU) and refuses a
 # world size other than the plan's.
-
-WORKER_MODULE = "corral.agent.worker"
 
 # AGENT_VARS are set on every rank by the node agent when it starts (not planned):
 # the address of its private control socket and the token that authenticates a
@@ -67,12 +58,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
-
-
-def rdzv_id(job_id: str, attempt: int) -> str:
-    """torchrun's rendezvous id: one per attempt, so a straggler of an earlier attempt
-    can never join a later one."""
-    return job_id if attempt == 0 else f"{job_id}-a{attempt}"
 
 
 def node_dir(spec: JobSpec, host: Host) -> str:
@@ -107,11 +92,7 @@ def master_index(cluster: Cluster, master_addr: str) -> int:
 
 def _validate(spec: JobSpec, cluster: Cluster) -> str:
     world = sum(_procs_per_node(spec, h) for h in cluster.hosts)
-    if spec.launcher not in LAUNCHERS:
-        raise ConfigError(
-            f"unknown launcher {spec.launcher!r}; choose one of {', '.join(LAUNCHERS)}",
-            option="--launcher",
-        )
+    kind = launcher(spec.launcher)
     if cluster.size == 0:
         raise ConfigError("the cluster has no hosts", option="--hosts")
     if spec.workload_weights and (
@@ -126,7 +107,7 @@ def _validate(spec: JobSpec, cluster: Cluster) -> str:
         raise ConfigError(
             f"must be at least 1 (got {spec.nproc_per_node})", option="--nproc-per-node"
         )
-    if not spec.script and spec.launcher not in NODE_LAUNCHERS:
+    if not spec.script and not kind.runs_own_command:
         raise ConfigError("no script given: corral run [OPTIONS] -- SCRIPT [ARGS...]")
     validate_launcher(spec)
     if not 0 <= spec.master_port <= 65535:
@@ -197,26 +178,13 @@ def harness_config(spec: JobSpec, world: int) -> dict[str, Any] | None:
         ) from exc
 
 
-def _rank_processes(rank_base: int, nproc: int) -> tuple[RankProcess, ...]:
-    return tuple(
-        RankProcess(
-            rank=rank_base + local,
-            local_rank=local,
-            env={"RANK": str(rank_base + local), "LOCAL_RANK": str(local)},
-        )
-        for local in range(nproc)
-    )
-
-
-def _fmt_seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
 def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeCommand]:
     """Plan one NodeCommand per host of ``cluster`` for ``spec``'s ``attempt``."""
     master_addr = _validate(spec, cluster)
+    kind = launcher(spec.launcher)
     nnodes = cluster.size
     per_node = [_procs_per_node(spec, h) for h in cluster.hosts]
+    peers = tuple((h.address, n) for h, n in zip(cluster.hosts, per_node, strict=True))
     world = sum(per_node)
     master_node = master_index(cluster, master_addr)
     config = harness_config(spec, world)
@@ -224,7 +192,6 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
     rank_base = 0
     for node_rank, host in enumerate(cluster.hosts):
         nproc = per_node[node_rank]
-        python = host.python or spec.python or "python3"
         env = _base_env(spec, host, attempt, master_addr)
         env["NNODES"] = str(nnodes)
         facts = NodeFacts(
@@ -244,81 +211,36 @@ def plan_job(spec: JobSpec, cluster: Cluster, attempt: int = 0) -> list[NodeComm
             env[ACCELERATE_ENV] = "1"
             if config is not None:
                 env[JOB_CONFIG_ENV] = json.dumps(config, separators=(",", ":"))
-        ranks: tuple[RankProcess, ...] = ()
-        reference: tuple[str, ...] = ()
-        if spec.launcher == "torchrun":
-            rdzv_conf = (
-                f"join_timeout={_fmt_seconds(spec.rdzv_timeout)},read_timeout=60,"
-                f"is_host={1 if node_rank == master_node else 0}"
+        node = kind.plan_node(
+            NodeContext(
+                spec=spec,
+                host=host,
+                facts=facts,
+                env=env,
+                python=host.python or spec.python or "python3",
+                attempt=attempt,
+                rank_base=rank_base,
+                master_node=master_node,
+                peers=peers,
             )
-            argv: tuple[str, ...] = (
-                python,
-                "-m",
-                "torch.distributed.run",
-                f"--nnodes={nnodes}",
-                f"--nproc-per-node={nproc}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={master_addr}:{spec.master_port}",
-                f"--rdzv-id={rdzv_id(spec.job_id, attempt)}",
-                f"--rdzv-conf={rdzv_conf}",
-                "--max-restarts=0",
-                "--monitor-interval=0.1",
-                f"--local-addr={host.address}",
-                "-m",
-                WORKER_MODULE,
-                spec.script,
-                *spec.args,
-            )
-            env[STREAMS_ENV] = "socket"
-            if spec.workload_weights:  # ranks are numbered at the rendezvous, not here:
-                # the SDK finds its own weight by plan node and exchanges them
-                env[PLAN_NODE_ENV] = str(node_rank)
-                env[PLAN_NPROCS_ENV] = ",".join(str(n) for n in per_node)
-        elif spec.launcher in NODE_LAUNCHERS:
-            # one process per node that starts the ranks itself (like torchrun); a
-            # corral worker it starts reports its rank over the control socket
-            if spec.launcher == "command":
-                assert spec.command_template is not None  # validated
-                argv = command_argv(spec.command_template, facts)
-            else:
-                argv = madengine_argv(spec, facts)
-            env["NODE_RANK"] = str(node_rank)
-            env[STREAMS_ENV] = "socket"
-        elif spec.launcher == "mlx":
-            # lazy: the MLX planner is only loaded for MLX jobs
-            mlx = importlib.import_module("corral.plan.mlx")
-            peers = [(h.address, n) for h, n in zip(cluster.hosts, per_node, strict=True)]
-            mlx_argv, mlx_ranks = mlx.plan_mlx_node(
-                spec, host, node_rank, nproc, rank_base, world, python, env, peers=peers
-            )
-            argv, ranks = tuple(mlx_argv), tuple(mlx_ranks)
-        else:
-            argv = (python, "-u", "-m", WORKER_MODULE, spec.script, *spec.args)
-            env["WORLD_SIZE"] = str(world)
-            env["LOCAL_WORLD_SIZE"] = str(nproc)
-            env["NODE_RANK"] = str(node_rank)
-            ranks = _rank_processes(rank_base, nproc)
-            if spec.launcher == "accelerate":
-                env[ACCELERATE_ENV] = "1"
-                reference = accelerate_reference(spec, facts)
+        )
         commands.append(
             NodeCommand(
                 host=host,
                 node_rank=node_rank,
-                argv=argv,
+                argv=node.argv,
                 env=env,
                 cwd=node_cwd(spec, host),
                 nproc=nproc,
-                ranks=ranks,
+                ranks=node.ranks,
                 master_addr=master_addr,
                 master_port=spec.master_port,
-                # MLX has no endpoint at the master port to probe (its ring uses the ports
-                # after); the ranks of a calibration run alone, with no process group
+                # the ranks of a calibration run alone, with no process group
                 hosts_master=node_rank == master_node
-                and spec.launcher != "mlx"
+                and kind.probes_master
                 and spec.env.get(CALIBRATE_ENV) != "1",
                 secret_env=spec.secret_env,
-                reference_argv=reference,
+                reference_argv=node.reference,
             )
         )
         rank_base += nproc

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from corral.cluster.model import Host
 from corral.redact import redact_env
@@ -21,6 +21,20 @@ HarnessMode = Literal["plugin", "script"]
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_RDZV_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """The options of one launcher (``JobSpec.launcher_options``): each launcher that
+    has some defines its subclass in its own module of :mod:`corral.plan.launchers`."""
+
+    LAUNCHER: ClassVar[str] = ""
+    """The launcher these options belong to."""
+    FLAGS: ClassVar[Mapping[str, str]] = {}
+    """Each field's command-line option (errors name it)."""
+    LEGACY: ClassVar[Mapping[str, str]] = {}
+    """Each field's name as a flat field of a job (``corral run``'s options, the API's
+    request, a spec written before launcher options were typed)."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +70,10 @@ class JobSpec:
     ``CORRAL_WORKLOAD_WEIGHTS``; empty = a uniform split."""
     qos: str | None = None
     """macOS QoS class every rank applies at start (``--qos``), ``CORRAL_QOS``."""
-    mlx_backend: str = "ring"
-    """MLX's distributed backend for the ``mlx`` launcher (``--mlx-backend``)."""
-    command_template: str | None = None
-    """The ``command`` launcher's per-node command (``--command-template``)."""
-    madengine_tags: str | None = None
-    """The ``madengine`` launcher's model tags (``--tags``)."""
-    madengine_args: str | None = None
-    """Extra words for ``madengine run`` in shell syntax (``--additional-args``)."""
+    launcher_options: LauncherOptions | None = None
+    """The launcher's own options (``--mlx-backend``, ``--command-template``, madengine's
+    ``--tags``): an instance of its type in :mod:`corral.plan.launchers`; None = its
+    defaults."""
     harness: HarnessMode | None = None
     """Run ``script`` through the plugin harness (``--harness``): ``plugin`` (a
     plugin directory's ``main.py``, imported as ``main``) or ``script``."""

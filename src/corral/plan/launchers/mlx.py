@@ -29,16 +29,38 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from corral.cluster.model import Host
 from corral.contract import MLX_BACKEND_ENV, MLX_HOSTS_ENV, MLX_INIT_TIMEOUT_ENV
 from corral.errors import ConfigError
-from corral.plan.spec import MLX_BACKENDS, JobSpec, RankProcess
+from corral.plan.launchers.base import (
+    Launcher,
+    NodeContext,
+    NodePlan,
+    options_of,
+    set_rank_layout,
+    worker_argv,
+)
+from corral.plan.spec import MLX_BACKENDS, JobSpec, LauncherOptions, RankProcess
 
 # MLX's own variables that corral sets (MLX_HOSTFILE on the rank, from MLX_HOSTS_ENV)
 MLX_OWN_VARS = ("MLX_RANK", "MLX_HOSTFILE", "MLX_JACCL_COORDINATOR")
 IBV_DEVICES = "MLX_IBV_DEVICES"
+
+
+@dataclass(frozen=True)
+class MlxOptions(LauncherOptions):
+    """``--launcher mlx``'s options."""
+
+    LAUNCHER: ClassVar[str] = "mlx"
+    FLAGS: ClassVar[Mapping[str, str]] = {"backend": "--mlx-backend"}
+    LEGACY: ClassVar[Mapping[str, str]] = {"backend": "mlx_backend"}
+
+    backend: str = "ring"
+    """MLX's distributed backend (``--mlx-backend``): ring, jaccl (mpi is refused)."""
 
 
 def ring_port(master_port: int, rank: int) -> int:
@@ -65,13 +87,20 @@ def _is_ipv6(address: str) -> bool:
         return False
 
 
-def _validate(spec: JobSpec, host: Host, peers: Sequence[tuple[str, int]], world: int) -> None:
-    if spec.mlx_backend not in MLX_BACKENDS:
+def check_backend(backend: str) -> None:
+    """``backend`` is one of MLX's (ConfigError naming ``--mlx-backend``)."""
+    if backend not in MLX_BACKENDS:
         raise ConfigError(
-            f"unknown MLX backend {spec.mlx_backend!r}; choose one of {', '.join(MLX_BACKENDS)}",
+            f"unknown MLX backend {backend!r}; choose one of {', '.join(MLX_BACKENDS)}",
             option="--mlx-backend",
         )
-    if spec.mlx_backend == "mpi":
+
+
+def _validate(
+    spec: JobSpec, backend: str, host: Host, peers: Sequence[tuple[str, int]], world: int
+) -> None:
+    check_backend(backend)
+    if backend == "mpi":
         raise ConfigError(
             "MLX's mpi backend needs its ranks started by mpirun, which hides each rank's "
             "exit code from corral; use --mlx-backend ring (TCP) or jaccl (RDMA)",
@@ -83,7 +112,7 @@ def _validate(spec: JobSpec, host: Host, peers: Sequence[tuple[str, int]], world
                 f"{key} is set by corral for every MLX rank and cannot be overridden",
                 option="--env",
             )
-    if spec.mlx_backend == "ring":
+    if backend == "ring":
         top = ring_port(spec.master_port, world - 1)
         if top > 65535:
             raise ConfigError(
@@ -97,7 +126,7 @@ def _validate(spec: JobSpec, host: Host, peers: Sequence[tuple[str, int]], world
                     f"MLX's ring backend takes IPv4 addresses or host names, not {address}",
                     option="--hosts",
                 )
-    elif spec.mlx_backend == "jaccl":
+    elif backend == "jaccl":
         if any(nproc != 1 for _, nproc in peers):
             raise ConfigError(
                 "MLX's jaccl backend runs one rank per host: use --nproc-per-node 1",
@@ -111,48 +140,46 @@ def _validate(spec: JobSpec, host: Host, peers: Sequence[tuple[str, int]], world
             )
 
 
-def plan_mlx_node(
-    spec: JobSpec,
-    host: Host,
-    node_rank: int,
-    nproc: int,
-    rank_base: int,
-    world: int,
-    python: str,
-    env: MutableMapping[str, str],
-    *,
-    peers: Sequence[tuple[str, int]],
-) -> tuple[tuple[str, ...], tuple[RankProcess, ...]]:
-    """Plan node ``node_rank`` of an MLX job: the argv started once per rank and
-    each rank's own env; the node-wide variables are added to ``env``.
-
-    ``peers`` is ``(address, nproc)`` of every node, in node-rank order. Pure.
-    """
-    from corral.plan.render import WORKER_MODULE  # render imports this module lazily
-
-    _validate(spec, host, peers, world)
-    argv = (python, "-u", "-m", WORKER_MODULE, spec.script, *spec.args)
-    env["WORLD_SIZE"] = str(world)
-    env["LOCAL_WORLD_SIZE"] = str(nproc)
-    env["NODE_RANK"] = str(node_rank)
-    env[MLX_BACKEND_ENV] = spec.mlx_backend
+def _plan_node(ctx: NodeContext) -> NodePlan:
+    """Plan one node of an MLX job: the argv started once per rank and each rank's
+    own env; the node-wide variables are added to ``ctx.env``. Pure."""
+    spec, facts, env = ctx.spec, ctx.facts, ctx.env
+    backend = options_of(spec, MlxOptions).backend
+    world = facts.world_size
+    _validate(spec, backend, ctx.host, ctx.peers, world)
+    set_rank_layout(ctx)
+    env[MLX_BACKEND_ENV] = backend
     env[MLX_INIT_TIMEOUT_ENV] = f"{spec.rdzv_timeout:g}"
-    if spec.mlx_backend == "ring" and world > 1:
+    if backend == "ring" and world > 1:
         env[MLX_HOSTS_ENV] = json.dumps(
-            ring_hostfile(peers, spec.master_port), separators=(",", ":")
+            ring_hostfile(ctx.peers, spec.master_port), separators=(",", ":")
         )
-    elif spec.mlx_backend == "jaccl":
-        env["MLX_JACCL_COORDINATOR"] = f"{peers[0][0]}:{spec.master_port}"
+    elif backend == "jaccl":
+        env["MLX_JACCL_COORDINATOR"] = f"{ctx.peers[0][0]}:{spec.master_port}"
     ranks = tuple(
         RankProcess(
-            rank=rank_base + local,
+            rank=ctx.rank_base + local,
             local_rank=local,
             env={
-                "RANK": str(rank_base + local),
+                "RANK": str(ctx.rank_base + local),
                 "LOCAL_RANK": str(local),
-                "MLX_RANK": str(rank_base + local),
+                "MLX_RANK": str(ctx.rank_base + local),
             },
         )
-        for local in range(nproc)
+        for local in range(facts.nproc_per_node)
     )
-    return argv, ranks
+    return NodePlan(worker_argv(ctx), ranks=ranks)
+
+
+def _check_options(spec: JobSpec) -> None:
+    check_backend(options_of(spec, MlxOptions).backend)
+
+
+LAUNCHER = Launcher(
+    "mlx",
+    _plan_node,
+    options=MlxOptions,
+    validate=_check_options,
+    # MLX has no endpoint at the master port to probe (its ring uses the ports after)
+    probes_master=False,
+)
