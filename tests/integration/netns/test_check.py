@@ -60,6 +60,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                             "checkpoint",
                             "clock",
                             "stale",
+                            "gpu",
                             "collective",
                             "sync",
                         ]
