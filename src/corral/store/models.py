@@ -3,7 +3,8 @@
 One row per registered machine, job, attempt, node of a job, rank of a job,
 structured event (log lines stay in the run dir's files, see
 :mod:`corral.service.eventlog`), task (a saved job template), preference, user
-(its token only as a hash) and audited request.
+(its token only as a hash), audited request, notification target (webhook or apprise
+URL) and delivery.
 Ids are short random strings made by the service; times are UNIX seconds
 (floats) from the coordinator's clock; free-form data is JSON.
 
@@ -245,3 +246,43 @@ class AuditEntry(Base):
     method: Mapped[str] = mapped_column(String(8))
     path: Mapped[str] = mapped_column(Text)
     status: Mapped[int] = mapped_column(Integer)
+
+
+class Webhook(Base):
+    """A notification target (:mod:`corral.notify`): a webhook (``kind`` ``webhook``:
+    the events POSTed as JSON, signed with ``secret``) or a chat/mail service through
+    apprise (``kind`` ``apprise``: ``url`` is its apprise URL). ``events``: the names
+    it wants. The secret and an apprise URL's credentials are never returned."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # webhook|apprise
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str | None] = mapped_column(Text, nullable=True)
+    events: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created: Mapped[float] = mapped_column(Float)
+
+
+class Delivery(Base):
+    """One event for one target, and how its delivery went (the target's log):
+    ``pending`` until delivered or given up (``failed``) after the last attempt;
+    ``next_try`` is when the worker tries again."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (Index("ix_deliveries_due", "state", "next_try"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    hook_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("webhooks.id", ondelete="CASCADE"), index=True
+    )
+    event: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created: Mapped[float] = mapped_column(Float)
+    last_try: Mapped[float | None] = mapped_column(Float, nullable=True)
+    next_try: Mapped[float] = mapped_column(Float)
