@@ -209,6 +209,7 @@
         if (info.step !== undefined && (mine.step === null || info.step >= mine.step)) mine.step = info.step;
         if (info.total) mine.total = info.total;
         if (info.code !== undefined && info.code !== null) mine.code = info.code;
+        if (info.metrics && info.metrics.gpu) mine.gpu = info.metrics.gpu;
       }
     }
     renderTopology(st);
@@ -290,6 +291,15 @@
     return { card, swatch, role, state, bar, label, ranks, metrics, load };
   }
 
+  // a rank's GPU sample (NVML, sent with its progress): "GPU 0 87% 31.2 GiB 71°C"
+  function gpuText(g) {
+    const bits = [`GPU ${g.index}`];
+    if (g.util !== null && g.util !== undefined) bits.push(`${g.util}%`);
+    if (g.mem_used_mib !== null && g.mem_used_mib !== undefined) bits.push(`${(g.mem_used_mib / 1024).toFixed(1)} GiB`);
+    if (g.temp_c !== null && g.temp_c !== undefined) bits.push(`${g.temp_c}°C`);
+    return bits.join(" ");
+  }
+
   function rateOf(node) {
     return node.liveRate ?? node.serverRate;
   }
@@ -325,7 +335,7 @@
       d.label.textContent = bits.join(" · ");
     }
     const metricText = Object.entries(node.metrics || {})
-      .filter(([, v]) => v !== null && v !== undefined)
+      .filter(([k, v]) => v !== null && v !== undefined && k !== "gpu")
       .map(([k, v]) => `${k} ${typeof v === "number" ? fmtNumber(v) : String(v)}`);
     d.metrics.textContent = metricText.length ? metricText.join(" · ") : "";
     // ranks
@@ -336,6 +346,7 @@
       let text = `rank ${r}`;
       let cls = "chip";
       if (info && info.step !== null) text += `: step ${info.step}`;
+      if (info && info.gpu) text += ` · ${gpuText(info.gpu)}`;
       if (info && info.code !== null && info.code !== undefined) {
         text += info.code === 0 ? " ✓ exited 0" : ` ✕ ${exitText(info.code)}`;
         cls += info.code === 0 ? " ok" : " bad";
@@ -368,6 +379,7 @@
     if (ev.step !== undefined && ev.step !== null) info.step = ev.step;
     if (ev.total) info.total = ev.total;
     info.metrics = ev.metrics || {};
+    if (ev.gpu) info.gpu = ev.gpu;
     if (rank >= 0) addOption($("log-rank"), rank, `${rank} · ${ev.host}`);
     // the node's step: its slowest rank
     let step = null; let total = null;
