@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Security
+from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.responses import FileResponse
 
 from corral.api.auth import bearer
 from corral.api.services import Services, services
 from corral.fleet.capabilities import local_health
+from corral.service.links import LinksIn, LinksOut, measure_machines
 from corral.service.models import (
     DispatchIn,
     DistributedJobStatus,
@@ -264,3 +265,25 @@ def local_job_file(job_id: str, key: str, svc: Svc) -> FileResponse:
     path = svc.jobs.file(job_id, key)
     media = "application/json" if path.suffix == ".json" else "text/plain"
     return FileResponse(path, media_type=media, filename=path.name)
+
+
+# -- links ---------------------------------------------------------------------------------
+
+
+@router.get("/links", summary="The last link matrix measured between machines")
+def last_links(request: Request) -> LinksOut:
+    found: LinksOut | None = getattr(request.app.state, "links", None)
+    return found or LinksOut(measured=False)
+
+
+@router.post(
+    "/links",
+    responses=ERRORS,
+    summary="Measure the link matrix between machines (bandwidth, round trip, heatmap)",
+)
+async def measure_links_now(request: Request, body: LinksIn, svc: Svc) -> LinksOut:
+    ids = body.machine_ids or [m.id for m in svc.machines.list_all()]
+    machines = svc.machines.rows(ids)
+    result = await measure_machines(machines, svc.settings, body)
+    request.app.state.links = result
+    return result
