@@ -440,6 +440,29 @@ MinNodesOpt = Annotated[
         rich_help_panel=FAULTS_PANEL,
     ),
 ]
+RecoveryOpt = Annotated[
+    str,
+    typer.Option(
+        "--recovery",
+        metavar="restart|in-place",
+        envvar="CORRAL_RECOVERY",
+        help="restart: a failure restarts every node from the last checkpoint. in-place "
+        "(torchft): only the failed node's replica group is torn down and restarted; the "
+        "others train on and it rejoins by healing from a live peer.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
+SparesOpt = Annotated[
+    int,
+    typer.Option(
+        "--spares",
+        metavar="N",
+        envvar="CORRAL_SPARES",
+        help="With --recovery in-place: hold the hostfile's last N hosts in reserve for "
+        "a lost node's group.",
+        rich_help_panel=FAULTS_PANEL,
+    ),
+]
 HostTimeoutOpt = Annotated[
     float,
     typer.Option(

@@ -49,6 +49,7 @@ from corral.cli.options import (
     QosOpt,
     RdzvTimeoutOpt,
     RebalanceOpt,
+    RecoveryOpt,
     ReplicateOpt,
     RestartBackoffOpt,
     RunDirOpt,
@@ -57,6 +58,7 @@ from corral.cli.options import (
     SecretEnvOpt,
     SharedDataPathOpt,
     SmokeTestOpt,
+    SparesOpt,
     SyncOpt,
     SyncScriptOpt,
     TagsOpt,
@@ -201,6 +203,8 @@ def run(
     host_timeout: HostTimeoutOpt = DEFAULT_HOST_TIMEOUT,
     hang_timeout: HangTimeoutOpt = None,
     replicate_checkpoints: ReplicateOpt = False,
+    recovery: RecoveryOpt = "restart",
+    spares: SparesOpt = 0,
 ) -> None:
     """Launch SCRIPT on every node and supervise it; the exit code is the job's result.
 
@@ -255,6 +259,8 @@ def run(
             hang_timeout=hang_timeout,
             replicate_checkpoints=replicate_checkpoints,
             grace=grace,
+            recovery=recovery,
+            spares=spares,
         )
     )
     if rebalance and not calibration:

@@ -24,6 +24,7 @@ from corral.job.engine import Job
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
+    RecoveryPolicy,
     RestartPolicy,
     SupervisionPolicy,
     SyncPolicy,
@@ -97,6 +98,10 @@ class JobOptions:
     hang_timeout: float | None = None
     replicate_checkpoints: bool = False
     grace: float = 10.0
+    recovery: str = "restart"
+    """``restart`` (every failure restarts the whole job) or ``in-place`` (torchft)."""
+    spares: int = 0
+    """Hosts of the cluster (the last ones) held in reserve for in-place recovery."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class Policies:
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     supervision: SupervisionPolicy = field(default_factory=SupervisionPolicy)
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
 
 
 def job_spec(options: JobOptions) -> JobSpec:
@@ -162,6 +168,8 @@ def job_spec(options: JobOptions) -> JobSpec:
             option="--qos",
         )
     validate_launcher(spec)  # before resolve() rewrites the script's path
+    # in-place recovery's launcher check needs no cluster: the same error everywhere
+    RecoveryPolicy(options.recovery).check(spec.launcher, hosts=2, min_nodes=None)
     return spec
 
 
@@ -180,6 +188,7 @@ def policies(options: JobOptions) -> Policies:
         restarts=RestartPolicy(options.max_restarts, options.restart_backoff, options.min_nodes),
         checkpoints=CheckpointPolicy(options.checkpoint_dir, options.replicate_checkpoints),
         supervision=SupervisionPolicy(options.grace, options.host_timeout, options.hang_timeout),
+        recovery=RecoveryPolicy(options.recovery, options.spares),
     )
 
 
@@ -211,5 +220,6 @@ def new_job(
         restarts=made.restarts,
         checkpoints=made.checkpoints,
         supervision=made.supervision,
+        recovery=made.recovery,
         transport=transport,
     )

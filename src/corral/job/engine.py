@@ -34,6 +34,7 @@ from typing import Any
 from corral.checks.result import ChecklistReport
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError
+from corral.job import inplace as ip
 from corral.job.agents import abort, start_agent, start_agents
 from corral.job.events import (
     AttemptEnded,
@@ -51,6 +52,7 @@ from corral.job.logfiles import LogFiles
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
+    RecoveryPolicy,
     RestartPolicy,
     SupervisionPolicy,
     SyncPolicy,
@@ -195,6 +197,7 @@ def result_json(result: JobResult) -> dict[str, Any]:
             for f in result.failures
         ],
         "attempts": result.attempts,
+        "groups": result.groups,  # --recovery in-place: each group's loss and rejoin
     }
 
 
@@ -217,6 +220,7 @@ class Job:
         restarts: RestartPolicy | None = None,
         checkpoints: CheckpointPolicy | None = None,
         supervision: SupervisionPolicy | None = None,
+        recovery: RecoveryPolicy | None = None,
         transport: Transport | None = None,
     ) -> None:
         self.checks = checks or CheckPolicy()
@@ -231,6 +235,12 @@ class Job:
                 "of the cluster",
                 option="--min-nodes",
             )
+        self.recovery = recovery or RecoveryPolicy()
+        self.recovery.check(spec.launcher, len(cluster.hosts), self.restarts.min_nodes)
+        # in-place recovery's spare hosts (the cluster's last ones), held in reserve
+        self.spares = cluster.hosts[len(cluster.hosts) - self.recovery.spares :]
+        if self.spares:
+            cluster = Cluster(cluster.hosts[: -len(self.spares)], source=cluster.source)
         if self.checkpoints.directory:
             spec = dataclasses.replace(
                 spec,
@@ -677,6 +687,9 @@ class Job:
         keeper: CheckpointKeeper,
         placed: str | None,
     ) -> JobResult:
+        inplace: dict[str, Any] = {}
+        if self.recovery.in_place:  # every node its own replica group (torchft)
+            prepared, inplace = await ip.setup(prepared, self.spares, self.restarts.min_nodes)
         spec = prepared.spec
         private_dir(prepared.job_dir)
         _write_json(prepared.job_dir / "plan.json", plan_json(prepared))
@@ -696,7 +709,7 @@ class Job:
                 workload_weights=list(spec.workload_weights),
             )
         )
-        supervisor = Supervisor(
+        supervisor = (ip.InPlaceSupervisor if inplace else Supervisor)(
             prepared.commands,
             transport,
             self.emit,
@@ -716,6 +729,7 @@ class Job:
             holding=keeper.holding,
             machine=self.machine,
             settle=False,
+            **inplace,
         )
         self._supervisor = supervisor
         if self._stops:  # stopped while the attempt was being set up
@@ -726,6 +740,8 @@ class Job:
             self._supervisor = None
             logs.close()
             self._subscribers.remove(marker)
+            if inplace:
+                await inplace["lighthouse"].close()
 
     # -- the end ------------------------------------------------------------------------
 

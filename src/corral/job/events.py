@@ -130,6 +130,24 @@ class AttemptEnded(JobEvent):
     decision: str = ""
 
 
+class GroupChanged(JobEvent):
+    """``--recovery in-place``: a node's replica group changed (``lost``: torn down,
+    the others go on; ``restarting``: started again on ``host``; ``rejoined``: it
+    trains again at ``step``, ``healed_from`` the live peer it healed from;
+    ``continuing``: the others go on without it; ``fallback``: the attempt ends and
+    the whole job restarts from the disk checkpoint). ``participants`` is the number
+    of live groups after the change (the ``/metrics`` gauge)."""
+
+    kind: Literal["group"] = "group"
+    host: str
+    group: int
+    change: Literal["lost", "restarting", "rejoined", "continuing", "fallback"]
+    participants: int
+    step: int | None = None
+    healed_from: str | None = None
+    detail: str = ""
+
+
 class Finished(JobEvent):
     """The job ended: ``result`` is the last attempt's
     :class:`~corral.job.result.JobResult` (with every attempt in ``result.attempts``)."""
@@ -175,6 +193,7 @@ _DECODED: dict[str, type[JobEvent]] = {
     "attempt_started": AttemptStarted,
     "attempt_ended": AttemptEnded,
     "finished": Finished,
+    "group": GroupChanged,
     "error": LaunchFailed,
     "lost": Lost,
 }

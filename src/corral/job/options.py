@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB, validate_links
 from corral.errors import ConfigError
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.recovery.inplace import RecoveryPolicy
 from corral.recovery.restart import RestartPolicy
 
 __all__ = [
     "CheckPolicy",
     "CheckpointPolicy",
+    "RecoveryPolicy",
     "RestartPolicy",
     "SupervisionPolicy",
     "SyncPolicy",

@@ -135,6 +135,7 @@ class JobResult:
     ended: float
     reason: str = ""
     attempts: list[dict[str, Any]] = field(default_factory=list)  # every attempt so far
+    groups: list[dict[str, Any]] = field(default_factory=list)  # in-place group episodes
 
     @property
     def root_cause(self) -> Failure | None:

@@ -14,6 +14,7 @@ from corral.job.events import Finished
 from corral.job.output import format_progress
 from corral.job.result import Failure, JobResult, NodeRun, signal_name
 from corral.job.states import JobState, NodeState
+from corral.recovery.inplace import episode_lines
 from corral.recovery.restart import AttemptRecord
 
 OOM_HINT = (
@@ -155,6 +156,8 @@ def root_cause_text(failure: Failure, others: list[Failure]) -> Text:
 def print_report(result: JobResult, console: Console) -> None:
     """Print the summary table, then the root cause (if the job failed)."""
     console.print(summary_table(result))
+    for line in episode_lines(result.groups):  # --recovery in-place
+        console.print(Text(f"in place: {line}", style="cyan"))
     cause = result.root_cause
     if result.state == JobState.FAILED and cause is not None:
         console.print(root_cause_text(cause, result.failures[1:]))

@@ -1,0 +1,364 @@
+"""The supervisor of an in-place attempt (``--recovery in-place``, torchft).
+
+The same :class:`~corral.job.supervisor.Supervisor` (agents, heartbeats, hang
+detection, ``[host:rank]`` output, teardown), with one difference: a failure of
+a node (a rank died, its host was lost, it hung) tears down only that node's
+replica group; the other groups go on with a smaller torchft quorum and the
+lost group is started again (same host when it answers, else a spare host) to
+rejoin by healing from a live peer. What follows a loss is decided by
+:func:`corral.recovery.inplace.decide_group`: below ``--min-nodes`` live groups,
+or when the Lighthouse child is gone, the whole attempt is stopped as a failure
+and the engine's restart policy restarts every node from the disk checkpoint.
+Group changes go out as :class:`~corral.job.events.GroupChanged` events and end
+up in the result (``JobResult.groups``) for the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from corral.agent.protocol import encode_op
+from corral.cluster.model import Host
+from corral.contract import NODE_DIR_ENV
+from corral.job.events import GroupChanged, Progress
+from corral.job.result import EXIT_LOST, Failure, JobResult, NodeRun
+from corral.job.states import NodeState
+from corral.job.supervisor import Supervisor, kill_recorded_groups
+from corral.plan.spec import NodeCommand
+from corral.recovery.hangwatch import HangWatch
+from corral.recovery.health import HostWatch
+from corral.recovery.inplace import GroupEpisode, GroupLog, decide_group, parse_healing
+from corral.recovery.lighthouse import Lighthouse
+
+#: Plans replica group ``group`` on ``host`` (a fresh store port when needed).
+Replan = Callable[[int, Host], NodeCommand]
+
+
+class InPlaceSupervisor(Supervisor):
+    """Supervises an attempt whose nodes are torchft replica groups."""
+
+    def __init__(
+        self,
+        commands: Sequence[NodeCommand],
+        *args: Any,
+        lighthouse: Lighthouse,
+        replan: Replan,
+        spares: Sequence[Host] = (),
+        min_nodes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(commands, *args, **kwargs)
+        self.lighthouse = lighthouse
+        self.replan = replan
+        self.spares = list(spares)
+        self.min_nodes = min_nodes
+        self.groups = GroupLog()
+        self._group: dict[int, int] = {id(n): n.command.node_rank for n in self.nodes}
+        self._retired: set[int] = set()
+        self._restarts: dict[tuple[int, str], int] = {}
+        self._current: NodeRun | None = None  # the node whose event is being handled
+        self._last_step: dict[int, int] = {}  # group -> its latest committed step
+        self._hang_timeout = kwargs.get("hang_timeout")
+        self._hang_dir = kwargs.get("hang_dir")
+        self._falling_back = False
+
+    # -- which node a failure belongs to ---------------------------------------------
+
+    def _group_of(self, node: NodeRun) -> int:
+        return self._group[id(node)]
+
+    def _live(self) -> list[NodeRun]:
+        return [n for n in self.nodes if id(n) not in self._retired and not n.state.terminal]
+
+    def _node_for(self, failure: Failure) -> NodeRun | None:
+        if self._current is not None:
+            return self._current
+        for node in reversed(self.nodes):  # the newest node on that host
+            if node.host.name == failure.host:
+                return node
+        return None
+
+    def _on_event(self, node: NodeRun, event: dict[str, Any]) -> None:
+        self._current = node
+        try:
+            super()._on_event(node, event)
+        finally:
+            self._current = None
+        if event.get("event") == "report" and event.get("type", "progress") == "progress":
+            self._stepped(node, event.get("step"))
+
+    def _node_gone(self, node: NodeRun, code: int) -> None:
+        self._current = node
+        try:
+            super()._node_gone(node, code)
+        finally:
+            self._current = None
+
+    def _declare_lost(self, node: NodeRun, detail: str) -> None:
+        self._current = node
+        try:
+            super()._declare_lost(node, detail)
+        finally:
+            self._current = None
+
+    # -- a group fails -----------------------------------------------------------------
+
+    def _fail(self, failure: Failure, exit_code: int) -> None:
+        if self._falling_back or self.machine.stopping:
+            super()._fail(failure, exit_code)
+            return
+        node = self._node_for(failure)
+        if node is None or id(node) in self._retired:
+            return  # a torn-down group's late news (its other ranks, its launcher)
+        self._lose_group(node, failure)
+
+    def _lose_group(self, node: NodeRun, failure: Failure) -> None:
+        """Tear down ``node``'s group only and decide, once it is down, what follows."""
+        self._retired.add(id(node))
+        group = self._group_of(node)
+        live = self._live()
+        before = {
+            self._group_of(n): self._last_step[self._group_of(n)]
+            for n in live
+            if self._group_of(n) in self._last_step
+        }
+        episode = self.groups.lost(group, node.host.name, before, time.time(), failure.message)
+        self._say(
+            f"{failure.message}: in-place recovery tears down only group {group} "
+            f"({node.host.name}); {len(live)} group(s) go on",
+            "warning",
+        )
+        self._group_event(
+            node.host.name, group, "lost", len(live), episode.lost_step, failure.message
+        )
+        if node.proc is not None and not node.state.terminal:
+            node.set_state(NodeState.STOPPING)
+            node.proc.write(encode_op({"op": "stop", "grace": self.grace}))
+        self._tasks.append(asyncio.ensure_future(self._recover(node, group, episode)))
+
+    async def _down(self, node: NodeRun) -> None:
+        """Until ``node`` is terminal; SIGKILL after the grace period."""
+        deadline = time.monotonic() + self.grace + 5.0
+        while not node.state.terminal and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if node.state.terminal or node.proc is None:
+            return
+        node.proc.write(encode_op({"op": "kill"}))
+        node.proc.signal(signal.SIGKILL)
+        if node.host.local:
+            kill_recorded_groups(node.command.env.get(NODE_DIR_ENV, ""))
+        deadline = time.monotonic() + 10.0
+        while not node.state.terminal and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+    async def _recover(self, node: NodeRun, group: int, episode: GroupEpisode) -> None:
+        await self._down(node)
+        if self.machine.stopping:
+            return
+        host = node.host
+        answers = True
+        if node.state == NodeState.LOST and not host.local:
+            answers = await self._answers(host)
+        if self.machine.stopping:
+            return
+        live = self._live()
+        decision = decide_group(
+            host=host.name,
+            live=len(live),
+            min_nodes=self.min_nodes,
+            host_answers=answers,
+            restarts_on_host=self._restarts.get((group, host.name), 0),
+            spares=[h.name for h in self.spares],
+            lighthouse_alive=self.lighthouse.alive,
+            finished=any(n.state == NodeState.EXITED for n in self.nodes),
+        )
+        episode.action = decision.action
+        if decision.action == "fallback":
+            self._fallback(decision.reason, host.name, group)
+            return
+        if decision.action == "continue":
+            self._say(f"group {group} ({host.name}): {decision.reason}", "warning")
+            self._group_event(host.name, group, "continuing", len(live), None, decision.reason)
+            return
+        target = host
+        if decision.host != host.name:
+            target = next(h for h in self.spares if h.name == decision.host)
+            self.spares.remove(target)
+        key = (group, target.name)
+        self._restarts[key] = self._restarts.get(key, 0) + 1
+        episode.restarted_on = target.name
+        fresh = NodeRun(
+            command=self.replan(group, target),
+            watch=HostWatch(target.name, time.monotonic()),
+            listener=self._node_changed,
+        )
+        self._group[id(fresh)] = group
+        self.nodes.append(fresh)
+        self._say(f"group {group}: {decision.reason}; it rejoins by healing from a live peer")
+        self._group_event(target.name, group, "restarting", len(live), None, decision.reason)
+        await self._start_node(fresh)
+
+    async def _answers(self, host: Host) -> bool:
+        """The connectivity check of a lost host before its group is restarted there."""
+        from corral.fleet.ping import failed_hosts, ping_hosts
+
+        try:
+            return not failed_hosts(await ping_hosts(self.transport, [host]))
+        except Exception:
+            return False
+
+    def _fallback(self, why: str, host: str, group: int) -> None:
+        """Below ``--min-nodes`` or without a Lighthouse: end the attempt as a failure
+        (the engine's restart policy restarts every node from the disk checkpoint)."""
+        live = self._live()
+        self._group_event(host, group, "fallback", len(live), None, why)
+        message = f"{why}: falling back to a restart of every node from the disk checkpoint"
+        self._falling_back = True
+        self._fail(Failure(host, None, None, time.time(), message, []), EXIT_LOST)
+
+    async def _watch_lighthouse(self) -> None:
+        code = await self.lighthouse.wait()
+        if self.machine.stopping:
+            return
+        self._fallback(f"torchft's Lighthouse exited (code {code})", self.nodes[0].host.name, -1)
+
+    # -- a group comes back ------------------------------------------------------------
+
+    def _stepped(self, node: NodeRun, step: Any) -> None:
+        if id(node) in self._retired or isinstance(step, bool) or not isinstance(step, int):
+            return
+        group = self._group_of(node)
+        now = time.time()
+        self._last_step[group] = step
+        self.groups.survivors_stepped(group, step, now)
+        episode = self.groups.open_for(group)
+        if episode is None or episode.restarted_on != node.host.name:
+            return
+        if episode.rejoined_step is None and node.started >= episode.lost_time:
+            episode.rejoined_step, episode.rejoined_time = step, now
+            live = len(self._live())
+            self._say(
+                f"group {group} ({node.host.name}) rejoined at step {step}"
+                + (f", healed from {episode.healed_from}" if episode.healed_from else "")
+                + f"; {live} group(s) train",
+                "success",
+            )
+            self._group_event(
+                node.host.name, group, "rejoined", live, step, "", episode.healed_from
+            )
+
+    def _lines(self, host: str, rank: int, data: bytes) -> None:
+        super()._lines(host, rank, data)
+        if b"healing is required" not in data:
+            return
+        found = parse_healing(data.decode("utf-8", "replace"))
+        node = next((n for n in reversed(self.nodes) if n.host.name == host), None)
+        if found is None or node is None:
+            return
+        episode = self.groups.open_for(self._group_of(node))
+        if episode is None:
+            return
+        # torchft's source replica rank indexes the quorum's members by replica id: the
+        # groups, in order, that train now
+        members = sorted({self._group_of(n) for n in self._live()})
+        source = found[2]
+        if 0 <= source < len(members):
+            peer = next(
+                (n for n in reversed(self.nodes) if self._group_of(n) == members[source]), None
+            )
+            if peer is not None and peer is not node:
+                episode.healed_from = peer.host.name
+
+    def _group_event(
+        self,
+        host: str,
+        group: int,
+        change: Any,
+        participants: int,
+        step: int | None,
+        detail: str,
+        healed_from: str | None = None,
+    ) -> None:
+        self.emit(
+            GroupChanged(
+                job_id=self.job_id,
+                host=host,
+                group=group,
+                change=change,
+                participants=participants,
+                step=step,
+                healed_from=healed_from,
+                detail=detail,
+            )
+        )
+
+    # -- hang detection goes on after a hung group was replaced ------------------------
+
+    async def _watch_progress(self) -> None:
+        while not self.machine.stopping:
+            await super()._watch_progress()
+            self.hang = HangWatch(self._hang_timeout, self._hang_dir)
+
+    # -- main ----------------------------------------------------------------------------
+
+    async def run(self, *, handle_signals: bool = False) -> JobResult:
+        """Run the attempt; the Lighthouse is watched throughout."""
+        self._tasks.append(asyncio.ensure_future(self._watch_lighthouse()))
+        result = await super().run(handle_signals=handle_signals)
+        result.groups = self.groups.to_json()
+        return result
+
+
+def progress_participants(event: Progress) -> int | None:
+    """The live group count a progress report carries (``participants``), if any."""
+    value = event.metrics.get("participants")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def setup(
+    prepared: Any, spares: Sequence[Host], min_nodes: int | None
+) -> tuple[Any, dict[str, Any]]:
+    """Start the attempt's Lighthouse and plan every node as its own replica group:
+    the re-planned ``prepared`` and the :class:`InPlaceSupervisor`'s own arguments."""
+    import dataclasses
+    import sys
+
+    from corral.job.resolve import free_port
+    from corral.plan.inplace import plan_group
+    from corral.recovery.inplace import RecoveryPolicy
+    from corral.recovery.lighthouse import reachable_address
+
+    spec = prepared.spec
+    hosts = [c.host for c in prepared.commands]
+    local = all(h.local for h in hosts)
+    address = "127.0.0.1" if local else reachable_address(hosts[0].address)
+    min_replicas = RecoveryPolicy.min_replicas(min_nodes)
+    lighthouse = await Lighthouse.start(sys.executable, address, min_replicas, job_id=spec.job_id)
+    groups = len(hosts)
+
+    def replan(group: int, host: Host) -> NodeCommand:
+        # local nodes share one machine: each group's store gets its own free port
+        port = free_port() if host.local else spec.master_port
+        return plan_group(
+            spec,
+            host,
+            group,
+            groups=groups,
+            port=port,
+            lighthouse=lighthouse.url,
+            min_replicas=min_replicas,
+            attempt=prepared.attempt,
+        )
+
+    commands = [replan(i, h) for i, h in enumerate(hosts)]
+    extra = {
+        "lighthouse": lighthouse,
+        "replan": replan,
+        "spares": list(spares),
+        "min_nodes": min_nodes,
+    }
+    return dataclasses.replace(prepared, commands=commands), extra

@@ -1,0 +1,270 @@
+"""In-place recovery (``--recovery in-place``, torchft): the policy and its decisions (pure).
+
+Every node is one torchft replica group: its local ranks form the group, the
+groups are data-parallel replicas of each other and agree on each step through
+torchft's Lighthouse, which corral runs on the coordinator
+(:mod:`corral.recovery.lighthouse`). When a group fails (a rank dies, its host is
+lost, it hangs) only that group is torn down: the others go on at their next step
+with a smaller quorum, and corral restarts the lost group, on the same host when
+it answers, else on a spare host (``--spares N``: the last N hosts of the cluster,
+held in reserve); it rejoins by healing from a live peer (torchft's checkpoint
+transport), not from disk. Below ``--min-nodes`` live groups, or when the
+Lighthouse itself is gone, the attempt ends and the restart policy
+(:mod:`corral.recovery.restart`) takes over: every node restarts from the disk
+checkpoint, as with ``--recovery restart``.
+
+This module decides; :mod:`corral.job.inplace` (the supervisor of such an attempt)
+acts. :class:`GroupLog` keeps what happened for the events and the summary
+(``node local-2 lost at step 57, rejoined at step 71 healed from local-0; 0 steps
+redone``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from corral.errors import ConfigError
+
+RECOVERY_MODES: tuple[str, ...] = ("restart", "in-place")
+INPLACE_LAUNCHERS: tuple[str, ...] = ("torchrun", "python")
+"""Launchers whose node command corral can start as one single-node replica group."""
+MAX_GROUP_RESTARTS = 3
+"""In-place restarts of a group on one host before the host is given up (a spare, or
+the job goes on without it)."""
+TORCHFT_INSTALL = "python -m pip install torchft-nightly"
+"""How a host gets torchft (the pre-flight names it when torchft is missing)."""
+
+Recovery = Literal["restart", "in-place"]
+Action = Literal["restart", "continue", "fallback"]
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """``--recovery`` (``restart``: every failure restarts the whole job;
+    ``in-place``: only the failed node's replica group) and ``--spares``."""
+
+    mode: str = "restart"
+    spares: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in RECOVERY_MODES:
+            raise ConfigError(
+                f"unknown recovery {self.mode!r}; choose one of {', '.join(RECOVERY_MODES)}",
+                option="--recovery",
+            )
+        if self.spares < 0:
+            raise ConfigError(f"must be 0 or more (got {self.spares})", option="--spares")
+        if self.spares and self.mode != "in-place":
+            raise ConfigError(
+                "spare hosts replace a lost node's replica group: needs --recovery in-place",
+                option="--spares",
+            )
+
+    @property
+    def in_place(self) -> bool:
+        """True for ``--recovery in-place``."""
+        return self.mode == "in-place"
+
+    def check(self, launcher: str, hosts: int, min_nodes: int | None) -> None:
+        """Refuse what in-place recovery cannot run (ConfigError naming the option)."""
+        if not self.in_place:
+            return
+        if launcher not in INPLACE_LAUNCHERS:
+            raise ConfigError(
+                f"the {launcher} launcher cannot start a node as its own replica group; "
+                f"use --launcher {' or '.join(INPLACE_LAUNCHERS)}",
+                option="--recovery",
+            )
+        groups = hosts - self.spares
+        if self.spares and groups < 1:
+            raise ConfigError(
+                f"{self.spares} spare(s) leave no host of the {hosts} to train on",
+                option="--spares",
+            )
+        if groups < 2:
+            raise ConfigError(
+                f"in-place recovery needs at least 2 nodes to train on (got {groups}): with one "
+                "replica group there is no live peer to continue or heal from; use "
+                "--recovery restart",
+                option="--recovery",
+            )
+        if min_nodes is not None and min_nodes > groups:
+            raise ConfigError(
+                f"{min_nodes} is more than the {groups} nodes that train "
+                f"({hosts} hosts, {self.spares} spare)",
+                option="--min-nodes",
+            )
+
+    @staticmethod
+    def min_replicas(min_nodes: int | None) -> int:
+        """The Lighthouse's ``min_replicas``: ``--min-nodes``, else 1 (any live group
+        keeps training)."""
+        return max(1, min_nodes or 1)
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    """What follows the loss of one replica group: ``restart`` it on ``host``,
+    ``continue`` without it, or ``fallback`` to a restart of the whole job."""
+
+    action: Action
+    reason: str
+    host: str | None = None
+
+
+def decide_group(
+    *,
+    host: str,
+    live: int,
+    min_nodes: int | None,
+    host_answers: bool,
+    restarts_on_host: int,
+    spares: Sequence[str],
+    lighthouse_alive: bool = True,
+    finished: bool = False,
+) -> GroupDecision:
+    """After the group on ``host`` was torn down: ``live`` groups still run; the
+    host answered a ping (``host_answers``); its group was restarted there
+    ``restarts_on_host`` times already; ``spares`` are the free spare hosts;
+    ``finished``: a group already ended its training (nothing to rejoin)."""
+    need = RecoveryPolicy.min_replicas(min_nodes)
+    if not lighthouse_alive:
+        return GroupDecision("fallback", "the torchft Lighthouse is gone")
+    if live < need:
+        return GroupDecision(
+            "fallback",
+            f"only {live} replica group(s) remain, fewer than --min-nodes {need}",
+        )
+    if finished:
+        return GroupDecision("continue", "the other groups finished training: nothing to rejoin")
+    if host_answers and restarts_on_host < MAX_GROUP_RESTARTS:
+        return GroupDecision("restart", f"restarting its group on {host}", host)
+    if spares:
+        why = "does not answer" if not host_answers else f"failed {restarts_on_host} times"
+        return GroupDecision(
+            "restart", f"{host} {why}: restarting its group on spare {spares[0]}", spares[0]
+        )
+    why = "does not answer" if not host_answers else f"failed {restarts_on_host} times"
+    return GroupDecision(
+        "continue", f"{host} {why} and no spare host is left: {live} group(s) go on without it"
+    )
+
+
+# torchft's manager log line of a group that heals from a live peer
+_HEALING = re.compile(
+    r"healing is required step=(\d+), max_step=(\d+), recover_src_replica_rank=(\d+)"
+)
+
+
+def parse_healing(text: str) -> tuple[int, int, int] | None:
+    """``(step, max_step, source replica rank)`` of torchft's "healing is required"
+    line, or None."""
+    match = _HEALING.search(text)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3))
+
+
+@dataclass
+class GroupEpisode:
+    """One loss of a replica group and what followed."""
+
+    group: int
+    host: str
+    lost_step: int | None  # the survivors' latest step when it was lost
+    lost_time: float
+    cause: str
+    action: str = ""  # restart | continue | fallback
+    restarted_on: str | None = None
+    rejoined_step: int | None = None
+    rejoined_time: float | None = None
+    healed_from: str | None = None
+    next_step: int | None = None  # the survivors' first step after the loss
+    next_step_time: float | None = None
+    before: dict[int, int] = field(default_factory=dict)  # each survivor's last step
+    redone: int | None = None  # the most steps a survivor trained again
+
+    @property
+    def steps_redone(self) -> int | None:
+        """Steps the survivors trained twice (0 in place: they never go back)."""
+        return self.redone
+
+    def line(self) -> str:
+        """``node local-2 lost at step 57, rejoined at step 71 healed from local-0; 0
+        steps redone``."""
+        at = f" at step {self.lost_step}" if self.lost_step is not None else ""
+        text = f"node {self.host} lost{at}"
+        if self.rejoined_step is not None:
+            where = (
+                f" on {self.restarted_on}"
+                if self.restarted_on and self.restarted_on != self.host
+                else ""
+            )
+            healed = f" healed from {self.healed_from}" if self.healed_from else ""
+            text += f", rejoined{where} at step {self.rejoined_step}{healed}"
+        elif self.action == "fallback":
+            text += ", fell back to a restart from the disk checkpoint"
+        elif self.action == "continue":
+            text += ", not rejoined (the others went on without it)"
+        else:
+            text += ", not rejoined before the job ended"
+        redone = self.steps_redone
+        if redone is not None:
+            text += f"; {redone} step{'' if redone == 1 else 's'} redone"
+        return text
+
+
+@dataclass
+class GroupLog:
+    """Every group episode of an attempt, in order."""
+
+    episodes: list[GroupEpisode] = field(default_factory=list)
+
+    def lost(
+        self, group: int, host: str, before: dict[int, int], when: float, cause: str
+    ) -> GroupEpisode:
+        """Record the loss of ``group`` on ``host``; ``before``: each surviving group's
+        latest step then."""
+        step = max(before.values()) if before else None
+        episode = GroupEpisode(group, host, step, when, cause, before=dict(before))
+        self.episodes.append(episode)
+        return episode
+
+    def open_for(self, group: int) -> GroupEpisode | None:
+        """The latest episode of ``group`` not yet closed by its rejoin."""
+        for episode in reversed(self.episodes):
+            if episode.group == group:
+                return episode if episode.rejoined_step is None else None
+        return None
+
+    def survivors_stepped(self, group: int, step: int, when: float) -> None:
+        """Surviving ``group`` reported ``step``: its first report after a loss says
+        how many steps it trained again (its step before minus this one, plus one)."""
+        for episode in self.episodes:
+            last = episode.before.pop(group, None)
+            if last is None:
+                continue
+            if episode.next_step is None:
+                episode.next_step, episode.next_step_time = step, when
+            episode.redone = max(episode.redone or 0, last - step + 1)
+
+    def lines(self) -> list[str]:
+        """The summary's lines, one per episode."""
+        return [e.line() for e in self.episodes]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """Every episode as JSON (``result.json``, the API)."""
+        return [{**asdict(e), "steps_redone": e.steps_redone} for e in self.episodes]
+
+
+def episode_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The summary's lines of group episodes as ``JobResult.groups`` holds them."""
+    names = set(GroupEpisode.__dataclass_fields__)
+    lines = []
+    for record in records:
+        episode = GroupEpisode(**{k: v for k, v in record.items() if k in names})
+        lines.append(episode.line())
+    return lines

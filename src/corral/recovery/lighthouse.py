@@ -1,0 +1,177 @@
+"""torchft's Lighthouse as a child process of the coordinator (``--recovery in-place``).
+
+:meth:`Lighthouse.start` runs ``python -m corral.recovery.lighthouse`` (this
+module's :func:`main`: a :class:`torchft.coordination.LighthouseServer` bound to
+the address the hosts reach, with ``min_replicas`` from ``--min-nodes``), reads
+the port it bound and hands out ``http://ADDRESS:PORT`` (torchft's
+``TORCHFT_LIGHTHOUSE``). The child dies with the coordinator (stdin EOF, and
+PR_SET_PDEATHSIG on Linux), so it is never an orphan; :meth:`Lighthouse.close`
+ends it. Its exit while the attempt runs is how the supervisor learns the
+Lighthouse is gone (and falls back to a restart from the disk checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+
+from corral.contract import JOB_ID_ENV
+from corral.errors import LaunchError
+
+START_TIMEOUT = 30.0
+JOIN_TIMEOUT_MS = 2000  # how long a new quorum waits for heartbeating stragglers
+HEARTBEAT_TIMEOUT_MS = 5000
+
+
+def reachable_address(peer: str) -> str:
+    """This machine's address on the route to ``peer`` (what a host uses to reach the
+    coordinator): a UDP socket's local address after ``connect`` (no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return "127.0.0.1"
+    for family, kind, proto, _, addr in infos:
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as sock:
+            sock.connect(addr)
+            return str(sock.getsockname()[0])
+    return "127.0.0.1"
+
+
+def url(address: str, port: int) -> str:
+    """``http://address:port`` (IPv6 literals bracketed)."""
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(address).version == 6:
+            address = f"[{address}]"
+    return f"http://{address}:{port}"
+
+
+class Lighthouse:
+    """The running Lighthouse child: its address and its process."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, address: str, port: int) -> None:
+        self.proc = proc
+        self.address = address
+        self.port = port
+        self._drain: asyncio.Future[None] | None = None
+
+    @property
+    def url(self) -> str:
+        """What every group's ``TORCHFT_LIGHTHOUSE`` is."""
+        return url(self.address, self.port)
+
+    @property
+    def alive(self) -> bool:
+        """The child has not exited."""
+        return self.proc.returncode is None
+
+    @classmethod
+    async def start(
+        cls, python: str, address: str, min_replicas: int, *, port: int = 0, job_id: str = ""
+    ) -> Lighthouse:
+        """Start the Lighthouse bound to ``address`` (``port`` 0: a free one) and wait
+        for it to listen (LaunchError if it cannot: torchft missing, address taken).
+        ``CORRAL_JOB_ID=job_id`` marks it as the job's process (as the ranks are)."""
+        env = {**os.environ, JOB_ID_ENV: job_id} if job_id else None
+        proc = await asyncio.create_subprocess_exec(
+            python,
+            "-m",
+            "corral.recovery.lighthouse",
+            "--bind",
+            f"{address}:{port}" if ":" not in address else f"[{address}]:{port}",
+            "--min-replicas",
+            str(min_replicas),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
+        except asyncio.TimeoutError:
+            line = b""
+        try:
+            bound = int(json.loads(line)["port"])
+        except (ValueError, KeyError, TypeError):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            err = (await proc.stderr.read()).decode(errors="replace").strip().splitlines()
+            await proc.wait()
+            tail = err[-1] if err else f"exit {proc.returncode}"
+            if "No module named 'torchft'" in "\n".join(err):
+                tail = "torchft is not installed here (python -m pip install torchft-nightly)"
+            raise LaunchError(f"could not start torchft's Lighthouse: {tail}") from None
+        lighthouse = cls(proc, address, bound)
+        # torchft logs every quorum tick on stderr: drained, never shown
+        lighthouse._drain = asyncio.ensure_future(_drain(proc.stderr))
+        return lighthouse
+
+    async def wait(self) -> int:
+        """Until the child exits; its exit code."""
+        return await self.proc.wait()
+
+    async def close(self) -> None:
+        """End the child (SIGTERM, SIGKILL after 5 s) and wait for it."""
+        if self.proc.returncode is None:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5.0)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            await asyncio.gather(self._drain, return_exceptions=True)
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(1 << 16):
+        pass
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: serve the Lighthouse until stdin closes or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m corral.recovery.lighthouse")
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--min-replicas", type=int, required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(
+        bind=args.bind,
+        min_replicas=args.min_replicas,
+        join_timeout_ms=JOIN_TIMEOUT_MS,
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+    )
+    port = int(server.address().rsplit(":", 1)[1])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(json.dumps({"port": port}), flush=True)
+    try:
+        sys.stdin.read()  # until the coordinator closes it (or dies)
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Test job for ``--recovery in-place``: one torchft replica group per node, trained
+over gloo on CPU, using torchft directly (Manager, DDP, Optimizer).
+
+Every step it prints ``group G step S participants P`` and reports the step to corral;
+``--kill-group G --kill-at S`` SIGKILLs that group's rank once, at step S or later
+(a marker file in the node's working directory keeps its restart alive). Every group trains until step N
+(``--steps``) *and* a step with every configured group in the quorum: the survivors
+keep going until the lost group is back, so the test never depends on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+from corral.sdk import report
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--kill-group", type=int, default=-1)
+parser.add_argument("--kill-at", type=int, default=10)
+parser.add_argument("--sleep", type=float, default=0.05)
+args = parser.parse_args()
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+for name in ("torchft.manager",):
+    logging.getLogger(name).setLevel(logging.INFO)
+
+group = int(os.environ["CORRAL_REPLICA_GROUP"])
+groups = int(os.environ["CORRAL_REPLICA_GROUPS"])
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+inner = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def state_dict() -> dict[str, object]:
+    return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+
+def load_state_dict(sd: dict[str, object]) -> None:
+    model.load_state_dict(sd["model"])  # type: ignore[arg-type]
+    inner.load_state_dict(sd["optim"])  # type: ignore[arg-type]
+
+
+manager = Manager(
+    pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+    min_replica_size=int(os.environ.get("CORRAL_MIN_REPLICAS", "1")),
+    load_state_dict=load_state_dict,
+    state_dict=state_dict,
+    replica_id=f"corral_{group}",
+    timeout=timedelta(seconds=10),
+    quorum_timeout=timedelta(seconds=60),
+    hostname=os.environ["MASTER_ADDR"],  # the group's host, as the other groups reach it
+)
+ddp = DistributedDataParallel(manager, model)
+optimizer = Optimizer(manager, inner)
+data = torch.randn(64, 8)
+target = data.sum(dim=1, keepdim=True)
+participants = 0
+while manager.current_step() < args.steps or participants < groups:
+    step = manager.current_step()
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(ddp(data), target)
+    loss.backward()
+    optimizer.step()
+    participants = manager.num_participants()
+    done = manager.current_step()
+    if done > step:  # committed (a healed group jumps to the quorum's step)
+        print(f"group {group} step {done} participants {participants}", flush=True)
+        report(step=done, total=args.steps, loss=float(loss), participants=participants)
+    marker = Path("killed-once")  # the node's own working dir: a restarted group skips it
+    if group == args.kill_group and step >= args.kill_at and not marker.exists():
+        marker.write_text("1")
+        print(f"group {group} is about to be killed", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(args.sleep)
+print(f"group {group} done at step {manager.current_step()}", flush=True)
+manager.shutdown(wait=False)

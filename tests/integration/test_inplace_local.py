@@ -1,0 +1,67 @@
+"""``--recovery in-place`` on ``local:3`` (real torchrun groups, torchft over gloo, a
+real Lighthouse child): a SIGKILLed rank costs its group only."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.conftest import require_torch
+
+from .conftest import REPO, run_corral, wait_no_job_processes
+
+require_torch()
+
+SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
+
+
+def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:
+    result = run_corral(
+        "run",
+        "--hosts",
+        "local:3",
+        "--recovery",
+        "in-place",
+        "--no-preflight",
+        "--master-port",
+        "0",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--job-id",
+        "inplace1",
+        "--grace",
+        "3",
+        "--",
+        SCRIPT,
+        "--steps",
+        "30",
+        "--kill-group",
+        "2",
+        "--kill-at",
+        "8",
+        cwd=tmp_path,
+        timeout=400,
+    )
+    err = result.stderr + result.stdout
+    assert result.returncode == 0, err[-4000:]
+    assert "rank 0 on local-2 killed by SIGKILL: in-place recovery tears down only group 2" in err
+    assert "group 2: restarting its group on local-2" in err
+    # the restarted group healed from a live peer (torchft's own line) and trained on
+    assert re.search(r"\[local-2:0\].*healing is required step=0, max_step=\d+", err)
+    assert re.search(r"group 2 \(local-2\) rejoined at step \d+, healed from local-[01]", err)
+    assert re.search(
+        r"in place: node local-2 lost at step \d+, rejoined at step \d+ healed from "
+        r"local-[01]; 0 steps redone",
+        err,
+    )
+    # the survivors never stopped: one attempt, their groups never restarted
+    job = tmp_path / "runs" / "inplace1"
+    attempts = json.loads((job / "attempts.json").read_text())
+    assert [a["state"] for a in attempts] == ["succeeded"]
+    saved = json.loads((job / "result.json").read_text())
+    assert [n["host"] for n in saved["nodes"]] == ["local-0", "local-1", "local-2", "local-2"]
+    assert saved["groups"][0]["steps_redone"] == 0
+    for group in (0, 1, 2):
+        assert f"group {group} done at step" in err
+    assert wait_no_job_processes("inplace1", within=15) == []

@@ -1,0 +1,352 @@
+"""In-place recovery (torchft): the policy, its decisions, the group plan, and the
+in-place supervisor against the scripted fake transport (no process is started)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.cluster import Cluster, Host
+from corral.contract import LIGHTHOUSE_ENV, MIN_REPLICAS_ENV, REPLICA_GROUP_ENV, REPLICA_GROUPS_ENV
+from corral.errors import ConfigError
+from corral.job.build import JobOptions, build_job, new_job
+from corral.job.events import GroupChanged, JobEvent, decode_event
+from corral.job.inplace import InPlaceSupervisor
+from corral.job.logfiles import LogFiles
+from corral.job.states import JobState
+from corral.plan.inplace import plan_group, plan_groups
+from corral.plan.spec import JobSpec
+from corral.recovery.inplace import (
+    MAX_GROUP_RESTARTS,
+    GroupLog,
+    decide_group,
+    parse_healing,
+)
+from corral.transport.fake import FakeNode, FakeTransport
+
+HOSTS = ("a", "b", "c")
+
+
+def _cluster(n: int = 3) -> Cluster:
+    return Cluster(tuple(Host(f"h{i}", address=f"10.0.0.{i + 1}") for i in range(n)))
+
+
+# -- the policy: what is refused, with the option named ----------------------------------
+
+
+def test_one_node_is_refused_with_the_reason() -> None:
+    spec, made = build_job(JobOptions(command=("t.py",), recovery="in-place"))
+    with pytest.raises(ConfigError) as err:
+        new_job(spec, _cluster(1), made)
+    assert err.value.option == "--recovery"
+    assert "at least 2 nodes" in str(err.value) and "no live peer" in str(err.value)
+
+
+def test_launchers_that_cannot_carry_a_group_are_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_job(
+            JobOptions(command=(), launcher="command", command_template="run", recovery="in-place")
+        )
+    assert err.value.option == "--recovery" and "torchrun or python" in str(err.value)
+    build_job(JobOptions(command=("t.py",), launcher="python", recovery="in-place"))
+
+
+def test_spares_need_in_place_and_leave_two_nodes() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_job(JobOptions(command=("t.py",), spares=1))
+    assert err.value.option == "--spares"
+    with pytest.raises(ConfigError) as err:
+        build_job(JobOptions(command=("t.py",), recovery="bogus"))
+    assert err.value.option == "--recovery"
+    spec, made = build_job(JobOptions(command=("t.py",), recovery="in-place", spares=2))
+    with pytest.raises(ConfigError, match="at least 2 nodes"):
+        new_job(spec, _cluster(3), made)
+    job = new_job(spec, _cluster(4), made)
+    assert [h.name for h in job.cluster.hosts] == ["h0", "h1"]
+    assert [h.name for h in job.spares] == ["h2", "h3"]
+
+
+def test_min_nodes_above_the_training_nodes_is_refused() -> None:
+    spec, made = build_job(
+        JobOptions(command=("t.py",), recovery="in-place", spares=1, min_nodes=3)
+    )
+    with pytest.raises(ConfigError) as err:
+        new_job(spec, _cluster(3), made)
+    assert err.value.option == "--min-nodes"
+
+
+# -- the decisions --------------------------------------------------------------------
+
+
+def _decide(**kw: Any) -> Any:
+    base: dict[str, Any] = {
+        "host": "h2",
+        "live": 2,
+        "min_nodes": None,
+        "host_answers": True,
+        "restarts_on_host": 0,
+        "spares": [],
+    }
+    return decide_group(**{**base, **kw})
+
+
+def test_a_lost_group_restarts_on_its_host_when_it_answers() -> None:
+    d = _decide()
+    assert d.action == "restart" and d.host == "h2"
+
+
+def test_an_unanswering_host_is_replaced_by_a_spare() -> None:
+    d = _decide(host_answers=False, spares=["s0", "s1"])
+    assert d.action == "restart" and d.host == "s0" and "does not answer" in d.reason
+    d = _decide(restarts_on_host=MAX_GROUP_RESTARTS, spares=["s0"])
+    assert d.action == "restart" and d.host == "s0"
+
+
+def test_without_a_spare_the_others_go_on() -> None:
+    d = _decide(host_answers=False)
+    assert d.action == "continue" and "no spare" in d.reason
+
+
+def test_below_min_nodes_or_without_lighthouse_falls_back() -> None:
+    d = _decide(live=1, min_nodes=2)
+    assert d.action == "fallback" and "--min-nodes 2" in d.reason
+    d = _decide(lighthouse_alive=False)
+    assert d.action == "fallback" and "Lighthouse" in d.reason
+
+
+def test_nothing_rejoins_a_finished_training() -> None:
+    assert _decide(finished=True).action == "continue"
+
+
+def test_healing_line_and_summary_lines() -> None:
+    line = "[Replica corral_2] healing is required step=0, max_step=71, recover_src_replica_rank=0"
+    assert parse_healing(line) == (0, 71, 0)
+    assert parse_healing("nothing") is None
+    log = GroupLog()
+    episode = log.lost(2, "local-2", {0: 57, 1: 56}, 100.0, "rank 0 killed")
+    episode.restarted_on = "local-2"
+    log.survivors_stepped(0, 58, 101.0)
+    log.survivors_stepped(1, 57, 101.0)
+    episode.rejoined_step, episode.healed_from = 71, "local-0"
+    assert log.lines() == [
+        "node local-2 lost at step 57, rejoined at step 71 healed from local-0; 0 steps redone"
+    ]
+    redo = log.lost(1, "local-1", {0: 80}, 200.0, "x")
+    log.survivors_stepped(0, 78, 201.0)  # a survivor that went back (restart path)
+    assert redo.steps_redone == 3
+    assert log.to_json()[1]["steps_redone"] == 3
+
+
+# -- the plan --------------------------------------------------------------------------
+
+
+def test_every_node_is_its_own_single_node_group() -> None:
+    spec = JobSpec(script="t.py", job_id="j", python="python3", workdir="/w")
+    commands = plan_groups(
+        spec,
+        _cluster(3),
+        ports=[29500, 29500, 29500],
+        lighthouse="http://10.0.0.9:7",
+        min_replicas=2,
+    )
+    for index, command in enumerate(commands):
+        assert "--nnodes=1" in command.argv
+        assert f"--rdzv-endpoint=10.0.0.{index + 1}:29500" in command.argv
+        assert command.env["MASTER_ADDR"] == f"10.0.0.{index + 1}"
+        assert command.env[LIGHTHOUSE_ENV] == "http://10.0.0.9:7"
+        assert command.env[REPLICA_GROUP_ENV] == str(index)
+        assert command.env[REPLICA_GROUPS_ENV] == "3"
+        assert command.env[MIN_REPLICAS_ENV] == "2"
+        assert command.node_rank == index and command.hosts_master
+    python = dataclass_replace(spec, launcher="python")
+    one = plan_group(
+        python,
+        Host("s", address="10.0.0.7"),
+        1,
+        groups=3,
+        port=4000,
+        lighthouse="h",
+        min_replicas=1,
+    )
+    assert one.env["WORLD_SIZE"] == "1" and one.env["MASTER_PORT"] == "4000"
+    assert one.env[REPLICA_GROUP_ENV] == "1" and one.ranks[0].env["RANK"] == "0"
+
+
+def dataclass_replace(spec: JobSpec, **kw: Any) -> JobSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, **kw)
+
+
+def test_group_events_round_trip() -> None:
+    event = GroupChanged(job_id="j", host="a", group=1, change="rejoined", participants=3, step=9)
+    back = decode_event(event.model_dump(mode="json"), "j")
+    assert isinstance(back, GroupChanged) and back.step == 9 and back.participants == 3
+
+
+# -- the supervisor against the scripted fake transport --------------------------------
+
+
+class FakeLighthouse:
+    """Stands in for the Lighthouse child: alive until ``die()``."""
+
+    url = "http://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    @property
+    def alive(self) -> bool:
+        return not self._exit.done()
+
+    def die(self) -> None:
+        self._exit.set_result(-9)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    async def close(self) -> None:
+        if not self._exit.done():
+            self._exit.set_result(0)
+
+
+async def _until(condition: Callable[[], bool], deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def _commands() -> list[Any]:
+    spec = JobSpec(script="t.py", launcher="python", job_id="j", python="python3", workdir="/w")
+    cluster = Cluster(tuple(Host(h, address=f"10.77.0.{i + 1}") for i, h in enumerate(HOSTS)))
+    return plan_groups(spec, cluster, ports=[1, 1, 1], lighthouse="http://x:1", min_replicas=1)
+
+
+async def _stop_on_request(node: FakeNode) -> int:
+    await node.next_op("stop")
+    node.event("rank_exit", rank=0, code=-15, eof_time=time.time())
+    node.event("node_exit", ranks={})
+    return 0
+
+
+async def _supervise(
+    behaviours: dict[str, Any], tmp_path: Path, **kw: Any
+) -> tuple[Any, list[JobEvent], FakeTransport]:
+    events: list[JobEvent] = []
+    transport = FakeTransport(behaviours)
+    lighthouse = kw.pop("lighthouse", None) or FakeLighthouse()
+    spec = JobSpec(script="t.py", launcher="python", job_id="j", python="python3", workdir="/w")
+
+    def replan(group: int, host: Host) -> Any:
+        return plan_group(spec, host, group, groups=3, port=1, lighthouse="x", min_replicas=1)
+
+    sup = InPlaceSupervisor(
+        _commands(),
+        transport,
+        events.append,
+        logs=LogFiles(tmp_path / "logs"),
+        job_id="j",
+        agent_argv=lambda h: ["python3", "-m", "corral.agent"],
+        heartbeat_interval=0.05,
+        grace=1.0,
+        lighthouse=lighthouse,
+        replan=replan,
+        **kw,
+    )
+    kw_state["sup"] = sup
+    result = await asyncio.wait_for(sup.run(), 30)
+    return result, events, transport
+
+
+kw_state: dict[str, Any] = {}
+
+
+def test_a_killed_group_is_restarted_alone_and_rejoins(tmp_path: Path) -> None:
+    rejoined = asyncio.Event()
+    lives = {"c": 0}
+
+    async def survivor(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        node.event("report", rank=0, type="progress", step=5)
+        await rejoined.wait()  # they never stop while c is away
+        node.event("report", rank=0, type="progress", step=6)
+        node.event("report", rank=0, type="progress", step=8)
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def victim(node: FakeNode) -> int:
+        lives["c"] += 1
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        if lives["c"] == 1:
+            node.event("report", rank=0, type="progress", step=5)
+            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
+            node.event("node_exit", ranks={})
+            return 0
+        node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=0\n")
+        node.event("report", rank=0, type="progress", step=8)
+        rejoined.set()
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    result, events, _ = asyncio.run(
+        _supervise({"a": survivor, "b": survivor, "c": victim}, tmp_path)
+    )
+    assert result.state == JobState.SUCCEEDED and result.exit_code == 0
+    assert lives["c"] == 2
+    changes = [(e.change, e.host, e.participants) for e in events if isinstance(e, GroupChanged)]
+    assert changes == [("lost", "c", 2), ("restarting", "c", 2), ("rejoined", "c", 3)]
+    rejoin = next(e for e in events if isinstance(e, GroupChanged) and e.change == "rejoined")
+    assert rejoin.step == 8 and rejoin.healed_from == "a"
+    assert result.groups[0]["steps_redone"] == 0
+    sup = kw_state["sup"]
+    assert sup.groups.lines() == [
+        "node c lost at step 5, rejoined at step 8 healed from a; 0 steps redone"
+    ]
+
+
+def test_below_min_nodes_the_attempt_falls_back_to_a_restart(tmp_path: Path) -> None:
+    async def survivor(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        return await _stop_on_request(node)
+
+    async def victim(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    result, events, transport = asyncio.run(
+        _supervise({"a": survivor, "b": survivor, "c": victim}, tmp_path, min_nodes=3)
+    )
+    assert result.state == JobState.FAILED
+    assert "falling back to a restart of every node" in result.failures[0].message
+    assert [e.change for e in events if isinstance(e, GroupChanged)] == ["lost", "fallback"]
+    assert all(n.received[-1]["op"] in ("stop", "kill", "hb") for n in transport.nodes.values())
+
+
+def test_a_dead_lighthouse_falls_back(tmp_path: Path) -> None:
+    async def survivor(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        return await _stop_on_request(node)
+
+    async def main() -> Any:
+        lighthouse = FakeLighthouse()
+        asyncio.get_running_loop().call_later(0.3, lighthouse.die)
+        return await _supervise({h: survivor for h in HOSTS}, tmp_path, lighthouse=lighthouse)
+
+    result, _, _ = asyncio.run(main())
+    assert result.state == JobState.FAILED
+    assert "Lighthouse exited" in result.failures[0].message
