@@ -44,6 +44,7 @@ DEFAULT_TIMEOUTS = {
     "fanout": 420.0,
     "ssh": 400.0,
     "check": 420.0,
+    "links": 300.0,
     "sync": 420.0,
     "faults": 1200.0,
     "replica": 400.0,
