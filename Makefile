@@ -22,7 +22,7 @@ elif command -v nvidia-smi >/dev/null 2>&1; then echo gpu; \
 else echo cpu-index; fi
 endef
 
-.PHONY: setup system-deps demo test test-fast unit lint bench clean torch-source
+.PHONY: setup system-deps demo test test-fast unit lint bench gpu-check clean torch-source
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,12 @@ test-fast: setup
 
 test: setup system-deps lint
 	$(PY) -m pytest -q -ra
+
+# corral's GPU paths on this machine's GPUs (NCCL, FSDP2 bf16, calibrate, NVML health,
+# launch/teardown benchmarks); without a GPU: a CPU dry run of its plumbing, exit 0
+gpu-check: setup
+	@$(PY) -c 'import pynvml' 2>/dev/null || $(PY) -m pip install -q -e '.[gpu]' || true
+	$(PY) scripts/gpu_check.py
 
 bench: setup system-deps
 	$(PY) benchmarks/run_all.py

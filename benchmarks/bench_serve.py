@@ -142,7 +142,7 @@ def _event_counts(jobs: int, events: int, rng: random.Random) -> list[int]:
 def build_store(url: str, run_dir: Path, jobs: int, events: int, seed: int = 7) -> dict[str, Any]:
     """Fill a new store at ``url``; what was inserted."""
     from corral.service.models import JobRequest, ResourceRequirements
-    from corral.service.planner import Selection, execution_plan, launch_request, stored_request
+    from corral.service.planner import Selection, execution_plan, job_description, stored_request
     from corral.service.settings import ServerSettings
     from corral.store import Attempt, Job, Node, Rank, open_store
 
@@ -180,7 +180,7 @@ def build_store(url: str, run_dir: Path, jobs: int, events: int, seed: int = 7) 
                 max_restarts=1,
                 checkpoint_dir="/srv/ckpt",
             )
-            launch = launch_request(job_id, request, chosen, settings)
+            launch = job_description(job_id, request, chosen, settings)
             plan = execution_plan(
                 launch, Selection(chosen=chosen, reasons={m.id: ["online"] for m in chosen})
             )

@@ -26,6 +26,7 @@ class Session:
 
     csrf: str
     created: float
+    user: str = "admin"  # whose token was typed (their role is looked up per request)
 
 
 class Sessions:
@@ -35,11 +36,11 @@ class Sessions:
         self.ttl_s = ttl_s
         self._by_id: dict[str, Session] = {}
 
-    def create(self) -> tuple[str, Session]:
-        """A new session: its cookie value and its CSRF token."""
+    def create(self, user: str = "admin") -> tuple[str, Session]:
+        """A new session of ``user``: its cookie value and its CSRF token."""
         self._expire()
         sid = secrets.token_urlsafe(32)
-        session = Session(csrf=secrets.token_urlsafe(32), created=time.time())
+        session = Session(csrf=secrets.token_urlsafe(32), created=time.time(), user=user)
         self._by_id[sid] = session
         return sid, session
 

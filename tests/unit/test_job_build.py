@@ -12,6 +12,7 @@ import signal
 import pytest
 
 from corral.cluster import load_cluster
+from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
 from corral.job.build import JobOptions, Policies, build_job, job_spec, new_job
 from corral.job.options import (
@@ -21,18 +22,17 @@ from corral.job.options import (
     SupervisionPolicy,
     SyncPolicy,
 )
-from corral.service.launch import HostSpec, LaunchRequest
+from corral.job.describe import JobDescription
+from corral.service.launch import handover, job_of, received
 from corral.signals import STOP_SIGNALS, stop_on_signals
 
 
-def _request(**fields: object) -> LaunchRequest:
-    base: dict[str, object] = {
-        "job_id": "j1",
-        "run_dir": "runs",
-        "script": "train.py",
-        "hosts": [HostSpec(name="n0", local=True), HostSpec(name="n1", local=True)],
-    }
-    return LaunchRequest.model_validate({**base, **fields})
+def _request(**fields: object) -> JobDescription:
+    """The description the supervisor receives (through its stdin handover)."""
+    script = str(fields.pop("script", "train.py"))
+    options = JobOptions(command=(script,), job_id="j1", run_dir="runs", **fields)  # type: ignore[arg-type]
+    hosts = (Host(name="n0", local=True), Host(name="n1", local=True))
+    return received(handover(JobDescription(options, Cluster(hosts))))
 
 
 def test_defaults_are_the_engines_defaults() -> None:
@@ -57,13 +57,13 @@ def test_the_supervisor_builds_the_policies_corral_run_builds() -> None:
         sync=True,
         code_dir="src",
     )
-    job = request.job()
+    job = job_of(request)
     assert job.restarts == RestartPolicy(2, 0.5, 1)
     assert job.supervision == SupervisionPolicy(3.0, 7.0, 9.0)
     assert job.checkpoints == CheckpointPolicy("/ckpt", True)
     assert job.checks == CheckPolicy(enabled=False, smoke_test=True, code_dir="src")
     assert job.sync == SyncPolicy(push=True, source="src")
-    _, made = build_job(request.options())
+    _, made = build_job(request.options)
     cli = JobOptions(
         command=("train.py",),
         max_restarts=2,
@@ -97,9 +97,9 @@ def test_the_supervisor_refuses_what_corral_run_refuses(
 ) -> None:
     request = _request(**fields)
     with pytest.raises(ConfigError) as from_server:
-        request.job()
+        job_of(request)
     with pytest.raises(ConfigError) as from_cli:
-        build_job(request.options())
+        build_job(request.options)
     assert from_server.value.option == from_cli.value.option == option
     assert str(from_server.value) == str(from_cli.value)
 

@@ -18,7 +18,8 @@ from corral.errors import Conflict
 from corral.service.dispatch import SupervisorProcess
 from corral.service.eventlog import EVENTS_FILE
 from corral.service.jobs import JobManager
-from corral.service.launch import LaunchRequest
+from corral.job.describe import JobDescription
+from corral.service.launch import handover, received
 from corral.service.machines import MachineService
 from corral.service.models import DispatchIn, JobRequest, ResourceRequirements
 from corral.service.settings import ServerSettings
@@ -28,13 +29,16 @@ from tests.unit.test_service_planner import machine
 
 
 class Spawned:
-    """The seam: records the launch requests handed to a supervisor (none started)."""
+    """The seam: records the job descriptions handed to a supervisor (none started), as
+    the supervisor reads them from its stdin."""
 
     def __init__(self) -> None:
-        self.launches: list[LaunchRequest] = []
+        self.launches: list[JobDescription] = []
+        self.stdin: list[bytes] = []
 
-    def __call__(self, launch: LaunchRequest) -> SupervisorProcess:
-        self.launches.append(launch)
+    def __call__(self, launch: JobDescription) -> SupervisorProcess:
+        self.stdin.append(handover(launch))
+        self.launches.append(received(self.stdin[-1]))
         me = psutil.Process()
         return SupervisorProcess(me.pid, me.create_time())  # "alive": this process
 
@@ -77,11 +81,11 @@ def planned(store: Store, tmp_path: Path) -> tuple[JobManager, Spawned, str]:
     return jobs, spawned, jobs.plan(job_request(tmp_path)).job_id
 
 
-def stored(store: Store, job_id: str) -> LaunchRequest:
+def stored(store: Store, job_id: str) -> JobDescription:
     with store.session() as s:
         row = s.get_one(Job, job_id)
         assert row.launch is not None
-        return LaunchRequest.model_validate(row.launch)
+        return JobDescription.from_dict(row.launch)
 
 
 # -- the plan that runs --------------------------------------------------------------------
@@ -93,7 +97,7 @@ def test_dispatch_hands_the_supervisor_exactly_the_stored_request(
     jobs, spawned, job_id = planned
     status = jobs.dispatch(DispatchIn(job_id=job_id))
     assert spawned.launches == [stored(store, job_id)]
-    assert [h.name for h in spawned.launches[0].hosts] == ["a", "b"]
+    assert [h.name for h in spawned.launches[0].cluster.hosts] == ["a", "b"]
     assert status.status == "pending"
 
 
@@ -106,7 +110,7 @@ def test_a_server_restarted_after_planning_runs_the_stored_request(
     again, spawned = manager(store, tmp_path)  # nothing in memory
     again.dispatch(DispatchIn(job_id=job_id))
     assert spawned.launches == [stored(store, job_id)]
-    assert [h.name for h in spawned.launches[0].hosts] == ["a", "b"]
+    assert [h.name for h in spawned.launches[0].cluster.hosts] == ["a", "b"]
 
 
 @pytest.mark.parametrize(

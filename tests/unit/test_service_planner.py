@@ -14,6 +14,7 @@ from corral.api.errors import status_of
 from corral.calibrate.model import Calibration, RankRate, save_calibration
 from corral.cluster.model import Cluster, Host
 from corral.errors import Conflict, Invalid
+from corral.job.build import job_spec
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines
 from corral.plan.spec import JobSpec
@@ -25,7 +26,7 @@ from corral.service.planner import (
     adjusted_config,
     eligibility,
     execution_plan,
-    launch_request,
+    job_description,
     score,
     select_machines,
     stored_request,
@@ -361,7 +362,7 @@ def test_execution_plan_of_two_local_machines_matches_corral_plan(tmp_path: Path
         resource_requirements=ResourceRequirements(num_machines=2),
     )
     settings = ServerSettings(run_dir=tmp_path / "runs")
-    launch = launch_request("j-test", req, machines, settings)
+    launch = job_description("j-test", req, machines, settings)
     plan = execution_plan(launch, Selection(chosen=machines, reasons={"m-sim1": ["online"]}))
 
     assert plan["world_size"] == 4
@@ -405,14 +406,14 @@ def test_execution_plan_of_two_local_machines_matches_corral_plan(tmp_path: Path
         assert node["env"]["MY_PASS_PHRASE"] == REDACTED
         assert node["env"]["PLAIN"] == "1"
         assert f"'HF_TOKEN={REDACTED}'" in node["commands"][0]["line"]
-    # the launch request itself (what the supervisor gets over stdin) keeps them
-    assert launch.env["HF_TOKEN"] == "hf_very_secret"
+    # the job description itself (what the supervisor gets over stdin) keeps them
+    assert launch.options.env["HF_TOKEN"] == "hf_very_secret"
 
 
 def test_a_job_cannot_mix_local_and_ssh_machines(tmp_path: Path) -> None:
     machines = [machine("sim1", local=True), machine("gpu1")]
     with pytest.raises(Invalid):
-        launch_request("j-x", request(num=2), machines, ServerSettings(run_dir=tmp_path))
+        job_description("j-x", request(num=2), machines, ServerSettings(run_dir=tmp_path))
 
 
 # -- launchers ------------------------------------------------------------------------------
@@ -426,8 +427,8 @@ def _plan_for(tmp_path: Path, **fields: Any) -> dict[str, Any]:
         resource_requirements=ResourceRequirements(num_machines=2),
         **fields,
     )
-    launch = launch_request("j-l", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
-    assert launch.spec().launcher == req.launcher
+    launch = job_description("j-l", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
+    assert job_spec(launch.options).launcher == req.launcher
     return execution_plan(launch, Selection(chosen=machines))
 
 
@@ -539,7 +540,7 @@ def _weighted_plan(tmp_path: Path, machines: list[Machine], **fields: Any) -> di
         resource_requirements=ResourceRequirements(num_machines=len(machines)),
         **fields,
     )
-    launch = launch_request("j-w", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
+    launch = job_description("j-w", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
     return execution_plan(launch, Selection(chosen=machines))
 
 
@@ -576,9 +577,9 @@ def test_ssh_machines_match_a_calibration_by_address(tmp_path: Path) -> None:
     machines = [machine("gpu1", slots=1), machine("gpu2", slots=1)]
     cal = calibration_file(tmp_path / "cal.json", {"gpu1.lan": [200.0], "gpu2.lan": [100.0]})
     req = request(num=2, calibration=str(cal))
-    launch = launch_request("j-a", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
-    assert launch.workload_weights == [round(2 / 3, 6), round(1 / 3, 6)]
-    assert launch.spec().workload_weights == tuple(launch.workload_weights)
+    launch = job_description("j-a", req, machines, ServerSettings(run_dir=tmp_path / "runs"))
+    assert list(launch.options.workload_weights) == [round(2 / 3, 6), round(1 / 3, 6)]
+    assert job_spec(launch.options).workload_weights == tuple(launch.options.workload_weights)
 
 
 def test_workload_weights_given_directly_are_normalised(tmp_path: Path) -> None:

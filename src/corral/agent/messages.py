@@ -1,7 +1,8 @@
 """Messages from a node's ranks to its agent (the control socket), validated.
 
 Each line a rank's SDK sends on its ``ctl`` connection is one JSON object with
-a ``type``: ``progress`` (:func:`corral.sdk.report`), ``checkpoint``
+a ``type``: ``progress`` (:func:`corral.sdk.report`, with the ``sections``
+timings of ``sdk.section``), ``checkpoint``
 (``save_checkpoint``'s announcement, ``"ack": true`` when the rank waits for
 the coordinator's answer) or ``exit`` (the rank wrapper's exit code). Anything
 else, or a field of the wrong type or size, is rejected with ``ValueError``.
@@ -25,6 +26,7 @@ from corral.agent.protocol import Complaints
 __all__ = [
     "AGENT_KEYS",
     "MAX_MESSAGE",
+    "MAX_SECTIONS",
     "CheckpointMessage",
     "Complaints",
     "ExitMessage",
@@ -38,6 +40,7 @@ __all__ = [
 #: Longest line accepted from a rank (bytes, newline included).
 MAX_MESSAGE = 64 * 1024
 MAX_METRICS = 64
+MAX_SECTIONS = 32
 MAX_KEY = 128
 MAX_PATH = 4096
 #: Keys of a forwarded event that only the agent sets.
@@ -45,6 +48,7 @@ AGENT_KEYS = frozenset({"event", "rank", "time"})
 
 Step = Annotated[int, Field(ge=-(2**62), le=2**62)]
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEY)]
+Seconds = Annotated[float, Field(ge=0, le=1e7)]
 
 
 class _Message(BaseModel):
@@ -62,6 +66,10 @@ class ProgressMessage(_Message):
     step: Step
     total: Step | None = None
     metrics: Annotated[dict[MetricName, float | None], Field(max_length=MAX_METRICS)] = Field(
+        default_factory=dict
+    )
+    #: ``sdk.section`` timings since the previous report: mean seconds per section.
+    sections: Annotated[dict[MetricName, Seconds], Field(max_length=MAX_SECTIONS)] = Field(
         default_factory=dict
     )
 

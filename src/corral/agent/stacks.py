@@ -10,11 +10,18 @@ writing to ``<node_dir>/stacks/rank-<rank>.txt``; the signal is sent only when
 would kill it), and what the handler appended to the file is the dump.
 
 Every dump is also kept on the node in ``<node_dir>/hang/rank-<rank>.txt``.
+
+On a node with NVIDIA GPUs the agent turns PyTorch's NCCL flight recorder on
+for its ranks (:func:`flight_recorder_env`: a bounded trace buffer, a dump on
+the watchdog's timeout and on request through a named pipe, all under
+``<node_dir>/nccl/``); on a hang each rank is asked for its dump
+(:func:`collect_traces`), which travels with its stack to the coordinator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import shutil
@@ -34,11 +41,16 @@ from corral.contract import DUMP_SIGNAL, stack_file
 
 __all__ = [
     "EVENT_TEXT_LIMIT",
+    "FLIGHT_ENV",
+    "TRACE_BUFFER_SIZE",
+    "TRACE_LIMIT",
     "StackDump",
+    "collect_traces",
     "dump_event",
     "dump_stack",
     "dump_stacks",
     "find_py_spy",
+    "flight_recorder_env",
     "hang_file",
 ]
 
@@ -49,6 +61,14 @@ _SETTLE = 0.1  # the dump is complete once the file stopped growing for this lon
 _POLL = 0.02
 #: Longest stack text sent in a ``stacks`` event (the file on the node keeps it all).
 EVENT_TEXT_LIMIT = 256 * 1024
+#: Collectives the NCCL flight recorder keeps per rank (a ring buffer).
+TRACE_BUFFER_SIZE = 1000
+#: Largest flight recorder dump sent to the coordinator (bytes; larger ones stay on the node).
+TRACE_LIMIT = 1 << 20
+#: ``1`` turns the flight recorder on without a GPU seen, ``0`` off (default: on GPU nodes).
+FLIGHT_ENV = "CORRAL_FLIGHT_RECORDER"
+TRACE_WAIT = 3.0  # how long a rank gets to write its flight recorder dump
+_GPU_DEVICE = Path("/dev/nvidiactl")
 
 
 @dataclass
@@ -60,9 +80,10 @@ class StackDump:
     method: DumpMethod
     text: str
     error: str | None = None
+    trace: str | None = None  # the NCCL flight recorder dump, base64
 
     def to_json(self) -> dict[str, Any]:
-        """The event form: ``{"rank", "pid", "method", "text", "error"}``."""
+        """The event form: ``{"rank", "pid", "method", "text", "error", "trace"}``."""
         return asdict(self)
 
     @classmethod
@@ -75,6 +96,7 @@ class StackDump:
             method=method if method in ("py-spy", "faulthandler") else "none",
             text=str(data.get("text") or ""),
             error=None if data.get("error") is None else str(data["error"]),
+            trace=None if data.get("trace") is None else str(data["trace"]),
         )
 
     def render(self) -> str:
@@ -228,6 +250,9 @@ def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0)
         return []
     with ThreadPoolExecutor(max_workers=min(len(items), 16)) as pool:
         dumps = list(pool.map(lambda item: dump_stack(item[1], item[0], node_dir, timeout), items))
+    traces = collect_traces([rank for rank, _ in items], node_dir)
+    for dump in dumps:
+        dump.trace = traces.get(dump.rank)
     for dump in dumps:
         target = hang_file(node_dir, dump.rank)
         try:
@@ -239,6 +264,73 @@ def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0)
             note = f"not kept on the node: {exc}"
             dump.error = f"{dump.error}; {note}" if dump.error else note
     return dumps
+
+
+def flight_recorder_env(
+    node_dir: Path, env: Mapping[str, str], *, gpus: bool | None = None
+) -> dict[str, str]:
+    """The variables that turn on PyTorch's NCCL flight recorder for a node's ranks,
+    leaving alone any the user set: on a node with NVIDIA GPUs (``gpus`` None: the
+    driver's device exists), unless ``CORRAL_FLIGHT_RECORDER=0`` (``1``: on anyway).
+    Creates ``<node_dir>/nccl/`` (0700) for the dumps and request pipes."""
+    wanted = env.get(FLIGHT_ENV, "")
+    if wanted == "0" or (wanted != "1" and not (_GPU_DEVICE.exists() if gpus is None else gpus)):
+        return {}
+    folder = Path(node_dir) / "nccl"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return {}
+    values = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_BUFFER_SIZE),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/rank_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{folder}/pipe_",
+    }
+    return {key: value for key, value in values.items() if key not in env}
+
+
+def collect_traces(ranks: list[int], node_dir: Path, wait: float = TRACE_WAIT) -> dict[int, str]:
+    """Each rank's NCCL flight recorder dump (base64), where the recorder is on.
+
+    A rank with a request pipe (``nccl/pipe_<rank>.pipe``, made by
+    ProcessGroupNCCL) is asked to dump through it and waited for (at most ``wait``
+    seconds for all); a dump already there (the watchdog's, on its timeout) is
+    taken as it is. Dumps over :data:`TRACE_LIMIT` bytes stay on the node."""
+    folder = Path(node_dir) / "nccl"
+    if not folder.is_dir():
+        return {}
+    asked: dict[int, float] = {}
+    for rank in ranks:
+        pipe = folder / f"pipe_{rank}.pipe"
+        with contextlib.suppress(OSError):
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"1\n")
+                asked[rank] = time.time()
+            finally:
+                os.close(fd)
+    deadline = time.monotonic() + wait
+    while asked and time.monotonic() < deadline:
+        fresh = [r for r, t in asked.items() if _mtime(folder / f"rank_{r}") >= t - 1.0]
+        if len(fresh) == len(asked):
+            time.sleep(_SETTLE)  # let the last write finish
+            break
+        time.sleep(_POLL * 5)
+    traces: dict[int, str] = {}
+    for rank in ranks:
+        path = folder / f"rank_{rank}"
+        with contextlib.suppress(OSError):
+            if 0 < path.stat().st_size <= TRACE_LIMIT:
+                traces[rank] = base64.b64encode(path.read_bytes()).decode("ascii")
+    return traces
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 async def dump_event(

@@ -2,8 +2,9 @@
 
 On start it re-attaches to the jobs whose supervisor still runs (and marks the
 others lost), then runs two background tasks: the ingest of every active job's
-events and the scheduler of queued jobs. Every route but ``/healthz`` needs the
-bearer token (checked by :class:`TokenMiddleware`, before any route runs).
+events and the scheduler of queued jobs. Every route but ``/healthz`` needs a
+user's bearer token or web session (checked by :class:`TokenMiddleware`, before any
+route runs, which also keeps the audit log).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.api import errors
-from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, token_matches
+from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, bearer_value
 from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders, no_nul_in_path
 from corral.api.metrics import CONTENT_TYPE, Metrics
-from corral.api.routers import jobs, network, tasks
+from corral.api.routers import jobs, network, notify, queue, tasks, users
 from corral.api.services import Services
+from corral.service.audit import AuditLog
+from corral.service.users import Principal, Role, UserService
 from corral.sessions import (
     CSRF_HEADER,
     SAFE_METHODS,
@@ -40,19 +43,31 @@ log = logging.getLogger("corral.serve")
 
 
 class TokenMiddleware:
-    """Authentication for every request (pure ASGI, so streams pass straight through).
+    """Authentication, the viewer's read-only rule and the audit log, for every request
+    (pure ASGI, so streams pass straight through).
 
-    A request is let in with ``Authorization: Bearer <token>``, or with a web
-    session's cookie (:mod:`corral.sessions`), in which case a state-changing
-    request to the API must also carry the session's CSRF token (header
-    ``X-CSRF-Token``). Without either: a 401 in the one error shape for the API,
-    a redirect to the login page for a page. ``/healthz``, the login page and the
-    static files are open. Each request's latency goes to ``/metrics``.
+    A request is let in with ``Authorization: Bearer <token>`` of an active user, or
+    with a web session's cookie (:mod:`corral.sessions`), in which case a
+    state-changing request to the API must also carry the session's CSRF token
+    (header ``X-CSRF-Token``). Without either: a 401 in the one error shape for the
+    API, a redirect to the login page for a page. ``/healthz``, the login page and the
+    static files are open. A viewer's state-changing request to the API is a 403.
+    Who made the request is ``request.state.principal`` (and ``request.state.via``:
+    ``bearer`` or ``session``). Every state-changing request goes to the audit log
+    with its outcome; each request's latency goes to ``/metrics``.
     """
 
-    def __init__(self, app: ASGIApp, token: str, metrics: Metrics, sessions: Sessions) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        users: UserService,
+        audit: AuditLog,
+        metrics: Metrics,
+        sessions: Sessions,
+    ) -> None:
         self.app = app
-        self.token = token
+        self.users = users
+        self.audit = audit
         self.metrics = metrics
         self.sessions = sessions
 
@@ -72,28 +87,60 @@ class TokenMiddleware:
                 ).observe(time.perf_counter() - started)
             await send(message)
 
-        refusal = self._refusal(Request(scope))
-        if refusal is not None:
-            await refusal(scope, receive, timed_send)
-            return
-        await self.app(scope, receive, timed_send)
+        request = Request(scope)
+        try:
+            refusal = await asyncio.to_thread(self._refusal, request)
+            if refusal is not None:
+                await refusal(scope, receive, timed_send)
+            else:
+                await self.app(scope, receive, timed_send)
+        finally:
+            if request.method not in SAFE_METHODS:
+                principal = scope.get("state", {}).get("principal")
+                who = principal.name if isinstance(principal, Principal) else None
+                await self._record(who, request.method, request.url.path, status["code"])
+
+    async def _record(self, who: str | None, method: str, path: str, code: int) -> None:
+        try:
+            await asyncio.to_thread(self.audit.record, who, method, path, code)
+        except Exception:  # the answer is sent: a failed entry is logged, never raised
+            log.exception("writing the audit entry of %s %s failed", method, path)
 
     def _refusal(self, request: Request) -> Response | None:
         path = request.url.path
         if path in OPEN_PATHS or path.startswith(PUBLIC_PREFIXES):
             return None
-        if token_matches(request.headers.get("authorization"), self.token):
-            return None
-        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
-        if session is not None:
-            api = path.startswith("/api/") or path == "/metrics"
+        api = path.startswith("/api/") or path == "/metrics"
+        principal = self.users.authenticate(bearer_value(request.headers.get("authorization")))
+        via = "bearer"
+        if principal is None:
+            session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+            principal = self.users.principal(session.user) if session is not None else None
+            via = "session"
             if (
-                api
+                session is not None
+                and principal is not None
+                and api
                 and request.method not in SAFE_METHODS
                 and not same_token(request.headers.get(CSRF_HEADER), session.csrf)
             ):
                 return errors.error_response(
                     403, "csrf", "missing or wrong CSRF token (X-CSRF-Token header)"
+                )
+        if principal is not None:
+            request.state.principal = principal
+            request.state.via = via
+            if (
+                api
+                and request.method not in SAFE_METHODS
+                and not principal.role.at_least(Role.USER)
+            ):
+                return errors.error_response(
+                    403,
+                    "forbidden",
+                    f"{principal.name} is a viewer: a viewer only reads "
+                    f"({request.method} {path} changes state)",
+                    {"user": principal.name, "role": principal.role.value, "needed": "user"},
                 )
             return None
         if path.startswith("/api/") or path in ("/metrics", "/openapi.json", "/docs"):
@@ -141,6 +188,7 @@ def create_app(
             running.append(asyncio.create_task(svc.jobs.run_ingest()))
             running.append(asyncio.create_task(svc.tasks.run(svc.settings.schedule_interval)))
             running.append(asyncio.create_task(svc.machines.run_health_checks()))
+            running.append(asyncio.create_task(svc.jobs.notifications.run()))
         try:
             yield
         finally:
@@ -164,12 +212,15 @@ def create_app(
     app.state.services = svc
     app.state.sessions = sessions
     app.state.token = token
+    svc.users.ensure_admin(token)  # the server's token is the user admin's
     # outermost last: headers on every answer, then the token, then the input guard
     app.add_middleware(InputGuard, max_bytes=max_request_bytes)
-    app.add_middleware(TokenMiddleware, token=token, metrics=metrics, sessions=sessions)
+    app.add_middleware(
+        TokenMiddleware, users=svc.users, audit=svc.audit, metrics=metrics, sessions=sessions
+    )
     app.add_middleware(SecurityHeaders)
     errors.install(app)
-    for module in (network, tasks, jobs):
+    for module in (network, tasks, queue, jobs, users, notify):
         app.include_router(module.router)
     from corral.web import pages
 

@@ -1,7 +1,10 @@
-"""The API token: made on first start into a 0600 file, checked on every request.
+"""Tokens and roles: the server's token (made on first start into a 0600 file, the
+token of the user ``admin``), every user's token checked on every request, and the
+dependencies that give a route its caller and refuse a role (403).
 
-Every route except ``/healthz`` needs ``Authorization: Bearer <token>``. A
-missing or wrong token is a 401 that says nothing about the resource asked for.
+Every route except ``/healthz`` needs ``Authorization: Bearer <token>`` (any active
+user's). A missing, wrong or revoked token is a 401 that says nothing about the
+resource asked for; a role that may not do what was asked is a 403 naming it.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import os
 import secrets
 import string
 from pathlib import Path
+from typing import Annotated
 
+from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
 
-from corral.errors import ConfigError
+from corral.errors import ConfigError, Forbidden
 from corral.private import private_dir, write_private
+from corral.service.users import Principal, Role
 
 OPEN_PATHS = frozenset({"/healthz", "/login"})
 PUBLIC_PREFIXES = ("/static/",)  # the web page's own JS/CSS: nothing secret
@@ -108,3 +114,36 @@ def token_matches(header: str | None, token: str) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+def bearer_value(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None: no such header)."""
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
+def caller(request: Request) -> Principal:
+    """Who made the request (a dependency; the middleware authenticated them)."""
+    found = request.state.principal if hasattr(request.state, "principal") else None
+    if not isinstance(found, Principal):  # an open path: nobody authenticated
+        raise Forbidden("this route needs a user's token")
+    return found
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def require_admin(request: Request) -> None:
+    """A dependency of the routes only an admin may call (403 for anyone else)."""
+    who = caller(request)
+    what = f"{request.method} {request.url.path}"
+    who.require(Role.ADMIN, what)
+
+
+def require_user(request: Request) -> None:
+    """A dependency of the routes that change state (403 for a viewer)."""
+    caller(request).require(Role.USER, f"{request.method} {request.url.path}")

@@ -13,7 +13,6 @@ from fastapi.exceptions import RequestValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api import errors
-from corral.api.auth import token_matches
 from corral.errors import Forbidden
 
 #: The default request-size limit (``corral serve --max-request-bytes``): a job
@@ -168,7 +167,7 @@ def bearer_only(request: Request) -> None:
     """A dependency of the GET routes that change state (the seed's queue routes): a
     browser session cannot call them (its CSRF check trusts GET), only a bearer
     token; the page uses their POST twins."""
-    if not token_matches(request.headers.get("authorization"), request.app.state.token):
+    if getattr(request.state, "via", None) != "bearer":
         raise Forbidden(
             "this GET route changes state: it needs the bearer token "
             "(a web session uses POST with its CSRF token)",

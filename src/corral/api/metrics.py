@@ -21,11 +21,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
+from corral.job.events import GPU_KEY
 from corral.service.machines import ACTIVE_STATES
 from corral.store import Store
 from corral.store.models import Job, Machine, Rank
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The per-rank GPU gauges: the sample's key, the metric's name and help.
+_GPU_GAUGES = (
+    ("util", "utilization_percent", "Utilisation (%)"),
+    ("mem_used_mib", "memory_used_bytes", "Memory in use (bytes)"),
+    ("temp_c", "temperature_celsius", "Temperature (Celsius)"),
+)
+_MIB = float(1 << 20)
 
 
 class StoreCollector(Collector):
@@ -47,6 +55,14 @@ class StoreCollector(Collector):
             "Steps per second of each rank of an active job.",
             labels=["job_id", "host", "rank"],
         )
+        gpu = {
+            key: GaugeMetricFamily(
+                f"corral_rank_gpu_{name}",
+                f"{text} of the GPU of each rank of an active job (NVML).",
+                labels=["job_id", "host", "rank", "gpu"],
+            )
+            for key, name, text in _GPU_GAUGES
+        }
         up = GaugeMetricFamily(
             "corral_machine_up", "1 when the last check saw the machine online.", labels=["machine"]
         )
@@ -67,11 +83,18 @@ class StoreCollector(Collector):
                     step.add_metric(labels, float(r.step))
                 if r.steps_per_s is not None:
                     rate.add_metric(labels, float(r.steps_per_s))
+                sample = (r.metrics or {}).get(GPU_KEY)
+                if isinstance(sample, dict):
+                    for key, family in gpu.items():
+                        value = sample.get(key)
+                        if isinstance(value, (int, float)):
+                            scale = _MIB if key == "mem_used_mib" else 1
+                            family.add_metric([*labels, str(sample.get("index"))], value * scale)
             for m in s.scalars(select(Machine)):
                 up.add_metric([m.name], 1.0 if m.status == "online" else 0.0)
                 if m.last_seen is not None:
                     age.add_metric([m.name], max(0.0, now - m.last_seen))
-        yield from (jobs, restarts, step, rate, up, age)
+        yield from (jobs, restarts, step, rate, *gpu.values(), up, age)
 
 
 class Metrics:

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from corral.service.audit import AuditLog
 from corral.service.jobs import JobManager
 from corral.service.machines import MachineService
 from corral.service.settings import ServerSettings
 from corral.service.tasks import TaskService
+from corral.service.users import UserService
 from corral.store import Store
 
 
@@ -22,13 +24,17 @@ class Services:
     machines: MachineService
     jobs: JobManager
     tasks: TaskService
+    users: UserService
+    audit: AuditLog
 
     @classmethod
     def build(cls, store: Store, settings: ServerSettings) -> Services:
         """Wire the services over ``store``."""
         machines = MachineService(store, settings)
         jobs = JobManager(store, settings, machines)
-        return cls(store, settings, machines, jobs, TaskService(store, jobs))
+        users = UserService(store)
+        tasks = TaskService(store, jobs, users)
+        return cls(store, settings, machines, jobs, tasks, users, AuditLog(store))
 
 
 def services(request: Request) -> Services:

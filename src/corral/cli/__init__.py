@@ -61,6 +61,10 @@ VERBS: dict[str, Verb] = {
         "machine",
         "Register, list, check and remove the machines of a corral server (corral serve).",
     ),
+    "notify": Verb(
+        "notify",
+        "Webhooks and chat/mail notifications of a corral server's job events (corral serve).",
+    ),
     "testbed": Verb(
         "testbed",
         "Simulated N-host cluster on this machine: network namespaces with their own sshd "

@@ -314,10 +314,19 @@ def submit(
         bool,
         typer.Option(
             "--queue",
-            help="When the machines are busy, wait in the server's queue (first in, first "
-            "out) instead of failing; the job starts once they are free.",
+            help="When the machines are busy, wait in the server's queue (higher priority "
+            "first, then first in first out) instead of failing; the job starts once they "
+            "are free.",
         ),
     ] = False,
+    priority: Annotated[
+        int,
+        typer.Option(
+            "--priority",
+            metavar="N",
+            help="With --queue: its place in the queue (higher first; above 0: admins).",
+        ),
+    ] = 0,
     plan_only: Annotated[
         bool,
         typer.Option("--plan-only", help="Print the plan (per-node commands); start nothing."),
@@ -342,6 +351,8 @@ def submit(
     """
     if queue and plan_only:
         raise ConfigError("a queued job is planned when it starts", option="--plan-only")
+    if priority and not queue:
+        raise ConfigError("a priority orders the queue: give --queue too", option="--priority")
     body = _request(
         command,
         server=server,
@@ -372,7 +383,7 @@ def submit(
             if plan_only:
                 plan = api.plan(client, body)["execution_plan"]
             elif queue:
-                plan = api.queue(client, body)
+                plan = api.queue(client, body, priority=priority)
             else:
                 plan = api.submit(client, body)
         except (Conflict, NotFound) as exc:
@@ -409,13 +420,17 @@ def list_jobs(
     limit: Annotated[
         int, typer.Option("--limit", metavar="N", min=1, max=1000, help="At most N jobs.")
     ] = 20,
+    mine: Annotated[bool, typer.Option("--mine", help="Only my own jobs.")] = False,
+    owner: Annotated[
+        str | None, typer.Option("--owner", metavar="USER", help="Only this user's jobs.")
+    ] = None,
     as_json: JsonOpt = False,
     server: ServerOpt = DEFAULT_SERVER,
     token_file: TokenFileOpt = None,
 ) -> None:
     """List the server's jobs, newest first (a job made from a task is named after it)."""
     with connect(server, token_file) as client:
-        page = api.list_jobs(client, states=status, limit=limit)
+        page = api.list_jobs(client, states=status, limit=limit, mine=mine, owner=owner)
     if as_json:
         print_json(page)
     elif not page["jobs"]:
@@ -494,6 +509,41 @@ def stop(
     sys.stdout.write(str(answer.get("message") or answer) + "\n")
 
 
+def queue(
+    move: Annotated[
+        str | None,
+        typer.Option("--move", metavar="JOB", help="Reorder this queued job (admins only)."),
+    ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option("--priority", metavar="N", help="With --move: its new priority."),
+    ] = None,
+    top: Annotated[
+        bool, typer.Option("--top", help="With --move: ahead of every other queued job.")
+    ] = False,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token_file: TokenFileOpt = None,
+) -> None:
+    """List the queue in its order (higher priority first, then first in first out):
+    position, job, priority, owner and what each job waits for; or, with --move JOB
+    --priority N | --top, reorder it (admins)."""
+    if move is None and (priority is not None or top):
+        raise ConfigError("--priority and --top reorder the job given by --move", option="--move")
+    if move is not None and (priority is None) == (not top):
+        raise ConfigError("give --move JOB either --priority N or --top", option="--move")
+    with connect(server, token_file) as client:
+        if move is not None:
+            api.move(client, move, priority=priority, top=top)
+        entries = api.list_queue(client)
+    if as_json:
+        print_json(entries)
+    elif not entries:
+        say(make_console(), "the queue is empty", "dim")
+    else:
+        make_console(stderr=False).print(jobview.queue_table(entries))
+
+
 job_app = typer.Typer(
     name="job",
     help="Submit, watch and stop jobs on a corral server (corral serve).",
@@ -503,10 +553,11 @@ job_app = typer.Typer(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``job`` group (submit, list, status, logs, stop) to ``app``."""
+    """Add the ``job`` group (submit, list, status, logs, stop, queue) to ``app``."""
     job_app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
     job_app.command("list")(list_jobs)
     job_app.command("status")(status)
     job_app.command("logs")(logs)
     job_app.command("stop")(stop)
+    job_app.command("queue")(queue)
     app.add_typer(job_app, name="job")

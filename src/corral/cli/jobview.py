@@ -132,6 +132,7 @@ def print_status(status: dict[str, Any], console: Console) -> None:
     if status.get("started"):
         ran = (status.get("ended") or time.time()) - status["started"]
     facts = [
+        f"owner {status.get('owner') or '-'}, priority {status.get('priority', 0)}",
         f"master {status.get('master') or '-'}, world size {status.get('world_size')}, "
         f"machines {', '.join(status.get('machines') or []) or '-'}",
         f"attempt {status.get('attempt', 0)} ({plural(status.get('restarts', 0), 'restart')}), "
@@ -193,18 +194,37 @@ def jobs_table(page: dict[str, Any]) -> Table:
     """A page of jobs (``corral job list``)."""
     shown = len(page["jobs"])
     table = Table(title=f"{shown} of {plural(page['total'], 'job')}", title_justify="left")
-    for column in ("job", "name", "status", "machines", "ranks", "duration", "exit"):
+    for column in ("job", "name", "owner", "status", "machines", "ranks", "duration", "exit"):
         table.add_column(column, overflow="fold")
     for job in page["jobs"]:
         code = job.get("exit_code")
         table.add_row(
             job["job_id"],
             job.get("name") or "",
+            job.get("owner") or "-",
             state_text(str(job["status"])),
             ",".join(job.get("machines") or []),
             str(job.get("world_size") or "-"),
             duration_text(job.get("duration")),
             "-" if code is None else str(code),
+        )
+    return table
+
+
+def queue_table(entries: list[dict[str, Any]]) -> Table:
+    """The queue in its order (``corral job queue``)."""
+    table = Table(title=f"queue: {plural(len(entries), 'job')}", title_justify="left")
+    for column in ("#", "job", "name", "priority", "owner", "machines", "waiting for"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        table.add_row(
+            str(entry["position"] + 1),
+            entry["job_id"],
+            entry.get("name") or "",
+            str(entry.get("priority", 0)),
+            entry.get("owner") or "-",
+            str(entry.get("machines", "")),
+            entry.get("reason") or "starts now",
         )
     return table
 

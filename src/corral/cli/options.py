@@ -519,3 +519,19 @@ SecretEnvOpt = Annotated[
         rich_help_panel=_L,
     ),
 ]
+
+
+TRACK_PANEL = "Experiment tracking"
+TrackOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--track",
+        metavar="mlflow:URI|tensorboard:DIR|wandb:PROJECT",
+        help="Forward what the ranks report (corral.sdk.report: per-step metrics, per-rank "
+        "throughput), the job's parameters and its final state to an experiment tracker; "
+        "the coordinator does it, the script is unchanged. Repeatable. Each backend is an "
+        "extra: pip install 'corral[mlflow]' / '[tensorboard]' / '[wandb]' (W&B runs "
+        "offline, under the run dir, unless WANDB_MODE says otherwise).",
+        rich_help_panel=TRACK_PANEL,
+    ),
+]

@@ -64,6 +64,7 @@ from corral.cli.options import (
     TagsOpt,
     ThresholdOpt,
     TimeoutOpt,
+    TrackOpt,
     WorkdirOpt,
 )
 from corral.cluster.model import Cluster
@@ -187,12 +188,12 @@ def run(
     qos: QosOpt = None,
     no_preflight: NoPreflightOpt = False,
     smoke_test: SmokeTestOpt = False,
-    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
-    consistency_threshold: ThresholdOpt = 1.0,
     check_links: CheckLinksOpt = False,
     links_min_ratio: LinksMinRatioOpt = DEFAULT_LINKS_MIN_RATIO,
     links_min_gbs: LinksMinGbsOpt = 0.0,
     links_warn_only: LinksWarnOpt = False,
+    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
+    consistency_threshold: ThresholdOpt = 1.0,
     exclude_divergent: ExcludeOpt = False,
     code_dir: CodeDirOpt = None,
     sync: SyncOpt = False,
@@ -205,6 +206,7 @@ def run(
     replicate_checkpoints: ReplicateOpt = False,
     recovery: RecoveryOpt = "restart",
     spares: SparesOpt = 0,
+    track: TrackOpt = None,
 ) -> None:
     """Launch SCRIPT on every node and supervise it; the exit code is the job's result.
 
@@ -242,14 +244,14 @@ def run(
             qos=qos,
             preflight=not no_preflight,
             smoke_test=smoke_test,
-            min_free_gb=min_free_gb,
-            consistency_threshold=consistency_threshold,
-            exclude_divergent=exclude_divergent,
-            code_dir=code_dir,
             check_links=check_links,
             links_min_ratio=links_min_ratio,
             links_min_gbs=links_min_gbs,
             links_warn_only=links_warn_only,
+            min_free_gb=min_free_gb,
+            consistency_threshold=consistency_threshold,
+            exclude_divergent=exclude_divergent,
+            code_dir=code_dir,
             sync=sync,
             sync_script=sync_script,
             max_restarts=max_restarts,
@@ -261,6 +263,7 @@ def run(
             grace=grace,
             recovery=recovery,
             spares=spares,
+            track=tuple(track or ()),
         )
     )
     if rebalance and not calibration:

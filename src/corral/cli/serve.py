@@ -1,4 +1,5 @@
-"""``corral serve``: the REST API and the web page over a persistent store.
+"""``corral serve``: the REST API and the web page over a persistent store, and
+``corral serve user add|list|revoke|limit``: its users.
 
 Jobs dispatched through it run in their own supervisor processes, so stopping or
 restarting the server never stops training (it re-attaches on start).
@@ -8,14 +9,16 @@ from __future__ import annotations
 
 import ipaddress
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from corral.console import make_console
 from corral.errors import ConfigError
 
+_T = TypeVar("_T")
 _S = "Server"
 _M = "Machines"
 #: corral.api.hardening.MAX_REQUEST_BYTES (not imported here: it drags in FastAPI)
@@ -32,6 +35,7 @@ def _loopback(host: str) -> bool:
 
 
 def serve(
+    ctx: typer.Context,
     host: Annotated[
         str,
         typer.Option(
@@ -179,13 +183,13 @@ def serve(
 ) -> None:
     """Serve the REST API: machines, planning, dispatch, status, logs, queue.
 
-    Every route but /healthz needs `Authorization: Bearer <token>`; the token is made
-    on first start and shown by --print-token.
+    Every route but /healthz needs `Authorization: Bearer <token>` of a user; the
+    server's own token (the user admin's) is made on first start and shown by
+    --print-token; `corral serve user add` makes more.
     """
-    from corral.api.auth import default_token_file, load_or_create_token
-
-    token_path = Path(token_file).expanduser() if token_file else default_token_file()
-    token = load_or_create_token(token_path)
+    if ctx.invoked_subcommand is not None:
+        return
+    token_path, token = _server_token(token_file)
     if print_token:
         sys.stdout.write(token + "\n")
         return
@@ -254,6 +258,145 @@ def serve(
         store.close()
 
 
+def _server_token(token_file: str | None) -> tuple[Path, str]:
+    """The token file's path and the server's token (made when missing)."""
+    from corral.api.auth import default_token_file, load_or_create_token
+
+    token_path = Path(token_file).expanduser() if token_file else default_token_file()
+    return token_path, load_or_create_token(token_path)
+
+
+_DB = Annotated[
+    str | None,
+    typer.Option("--db", metavar="URL", envvar="CORRAL_DB", help="The server's store."),
+]
+_TOKEN_FILE = Annotated[
+    str | None,
+    typer.Option(
+        "--token-file",
+        metavar="FILE",
+        envvar="CORRAL_TOKEN_FILE",
+        help="The server's token file (its token is the user admin's).",
+    ),
+]
+_NAME = Annotated[str, typer.Argument(metavar="NAME", help="The user's name.")]
+
+
+class _Users:
+    """The user service over the store, the server's admin made first."""
+
+    def __init__(self, db: str | None, token_file: str | None) -> None:
+        from corral.service.users import UserService
+        from corral.store import open_store
+
+        self.store = open_store(db)
+        self.users = UserService(self.store)
+        self.users.ensure_admin(_server_token(token_file)[1])
+
+    def __enter__(self) -> Any:
+        return self.users
+
+    def __exit__(self, *_exc: object) -> None:
+        self.store.close()
+
+
+def user_add(
+    name: _NAME,
+    role: Annotated[
+        str, typer.Option("--role", metavar="admin|user|viewer", help="What they may do.")
+    ] = "user",
+    db: _DB = None,
+    token_file: _TOKEN_FILE = None,
+) -> None:
+    """Add a user and print their token (shown this once: only its hash is stored)."""
+    from pydantic import ValidationError
+
+    from corral.service.users import Role, UserIn
+
+    roles = [r.value for r in Role]
+    if role not in roles:
+        raise ConfigError(f"unknown role {role!r}: one of {', '.join(roles)}", option="--role")
+    try:
+        body = UserIn(name=name, role=Role(role))
+    except ValidationError as exc:
+        raise ConfigError(
+            f"invalid user name {name!r}: letters, digits, '.', '_', '-' (at most 64)",
+            option="NAME",
+        ) from exc
+    with _Users(db, token_file) as users:
+        created = _service_call(lambda: users.add(body))
+    console = make_console(stderr=True)
+    console.print(
+        f"added {created.name} ({created.role.value}); their token, shown this once:",
+        markup=False,
+    )
+    sys.stdout.write(created.token + "\n")
+
+
+def user_list(db: _DB = None, token_file: _TOKEN_FILE = None) -> None:
+    """List the users, their roles and limits (never a token)."""
+    import time
+
+    with _Users(db, token_file) as users:
+        rows = users.list_users()
+    console = make_console(stderr=False)
+    for u in rows:
+        limits = ", ".join(
+            f"{what} {n}" for what, n in (("jobs", u.max_jobs), ("machines", u.max_machines)) if n
+        )
+        revoked = (
+            f"  revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(u.revoked))}"
+            if u.revoked
+            else ""
+        )
+        line = f"{u.name:<20} {u.role.value:<7} {'limit ' + limits if limits else ''}{revoked}"
+        console.print(line.rstrip(), markup=False)
+
+
+def user_revoke(name: _NAME, db: _DB = None, token_file: _TOKEN_FILE = None) -> None:
+    """Revoke a user's token (their jobs stay theirs; the web sessions end)."""
+    with _Users(db, token_file) as users:
+        _service_call(lambda: users.revoke(name))
+    make_console(stderr=False).print(f"revoked {name}", markup=False)
+
+
+def user_limit(
+    name: _NAME,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", metavar="N", min=0, help="Running jobs at most (omit: none)."),
+    ] = None,
+    machines: Annotated[
+        int | None,
+        typer.Option(
+            "--machines", metavar="M", min=0, help="Machines their running jobs hold at most."
+        ),
+    ] = None,
+    db: _DB = None,
+    token_file: _TOKEN_FILE = None,
+) -> None:
+    """Limit a user's running jobs and the machines those hold (omitted: no limit)."""
+    from corral.service.users import LimitsIn
+
+    with _Users(db, token_file) as users:
+        out = _service_call(lambda: users.set_limits(name, LimitsIn(jobs=jobs, machines=machines)))
+    make_console(stderr=False).print(
+        f"{out.name}: jobs {out.max_jobs if out.max_jobs is not None else 'unlimited'}, "
+        f"machines {out.max_machines if out.max_machines is not None else 'unlimited'}",
+        markup=False,
+    )
+
+
+def _service_call(call: Callable[[], _T]) -> _T:
+    """A service's refusal (unknown user, duplicate) as a one-line ConfigError."""
+    from corral.errors import ServiceError
+
+    try:
+        return call()
+    except ServiceError as exc:
+        raise ConfigError(str(exc), option="NAME") from exc
+
+
 def _log_to_stderr() -> None:
     """The server's own INFO lines (jobs re-attached or lost at start, failures of its
     background rounds) on stderr."""
@@ -267,5 +410,15 @@ def _log_to_stderr() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve`` to the root app."""
-    app.command("serve")(serve)
+    """Add ``serve`` and ``serve user ...`` to the root app."""
+    serve_app = typer.Typer(
+        invoke_without_command=True, no_args_is_help=False, rich_markup_mode="rich"
+    )
+    serve_app.callback()(serve)
+    user_app = typer.Typer(help="The server's users: roles, tokens, limits.", no_args_is_help=True)
+    user_app.command("add")(user_add)
+    user_app.command("list")(user_list)
+    user_app.command("revoke")(user_revoke)
+    user_app.command("limit")(user_limit)
+    serve_app.add_typer(user_app, name="user")
+    app.add_typer(serve_app, name="serve")

@@ -57,11 +57,27 @@ def submit(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     return execution_plan
 
 
-def queue(client: Client, body: dict[str, Any]) -> dict[str, Any]:
-    """Queue a job: it starts when its machines are free (first in, first out).
-    ``{"job_id", "status", "position", "reason"}``."""
-    queued: dict[str, Any] = client.call("POST", "/api/jobs/queue", json=body)
+def queue(client: Client, body: dict[str, Any], *, priority: int = 0) -> dict[str, Any]:
+    """Queue a job: it starts when its machines are free (higher priority first, then
+    first in first out). ``{"job_id", "status", "position", "reason", "priority"}``."""
+    params = {"priority": priority} if priority else None
+    queued: dict[str, Any] = client.call("POST", "/api/jobs/queue", json=body, params=params)
     return queued
+
+
+def list_queue(client: Client) -> list[dict[str, Any]]:
+    """The queue in its order: position, job_id, name, owner, priority, machines, reason."""
+    entries: list[dict[str, Any]] = client.call("GET", "/api/queue")
+    return entries
+
+
+def move(
+    client: Client, job_id: str, *, priority: int | None = None, top: bool = False
+) -> dict[str, Any]:
+    """Give a queued job a new priority, or put it at the top (admins only)."""
+    body: dict[str, Any] = {"top": True} if top else {"priority": priority}
+    entry: dict[str, Any] = client.call("POST", f"/api/queue/{segment(job_id)}/move", json=body)
+    return entry
 
 
 def status(client: Client, job_id: str) -> dict[str, Any]:
@@ -70,12 +86,24 @@ def status(client: Client, job_id: str) -> dict[str, Any]:
     return data
 
 
-def list_jobs(client: Client, *, states: str | None = None, limit: int = 20) -> dict[str, Any]:
-    """A page of jobs, newest first; a job made from a task and given no name of its
-    own is named after the task (as the web lists it)."""
+def list_jobs(
+    client: Client,
+    *,
+    states: str | None = None,
+    limit: int = 20,
+    mine: bool = False,
+    owner: str | None = None,
+) -> dict[str, Any]:
+    """A page of jobs, newest first (``mine``: the caller's; ``owner``: that user's); a
+    job made from a task and given no name of its own is named after the task (as the
+    web lists it)."""
     params: dict[str, Any] = {"limit": limit}
     if states:
         params["status"] = states
+    if mine:
+        params["mine"] = "true"
+    if owner:
+        params["owner"] = owner
     page: dict[str, Any] = client.call("GET", "/api/jobs", params=params)
     if any(job.get("task_id") and not job.get("name") for job in page["jobs"]):
         names = {t["id"]: t["name"] for t in client.call("GET", "/api/tasks")}

@@ -30,16 +30,18 @@ from corral.job.options import (
     SyncPolicy,
 )
 from corral.job.resolve import check_launch, new_job_id
-from corral.plan.launchers import validate_launcher
+from corral.job.tracking import attach_tracking
+from corral.plan.launchers import launcher_options, validate_launcher
+from corral.plan.launchers.mlx import check_backend
 from corral.plan.spec import (
     DEFAULT_MASTER_PORT,
     DEFAULT_RDZV_TIMEOUT,
-    MLX_BACKENDS,
     HarnessMode,
     JobSpec,
     Launcher,
 )
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.track.targets import TrackPolicy
 from corral.transport.base import Transport
 from corral.transport.options import SshOptions
 
@@ -80,11 +82,11 @@ class JobOptions:
     # the pre-flight and the code sync
     preflight: bool = True
     smoke_test: bool = False
-    min_free_gb: float = DEFAULT_MIN_FREE_GB
     check_links: bool = False
     links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO
     links_min_gbs: float = 0.0
     links_warn_only: bool = False
+    min_free_gb: float = DEFAULT_MIN_FREE_GB
     consistency_threshold: float = 1.0
     exclude_divergent: bool = False
     code_dir: str | None = None
@@ -102,6 +104,11 @@ class JobOptions:
     """``restart`` (every failure restarts the whole job) or ``in-place`` (torchft)."""
     spares: int = 0
     """Hosts of the cluster (the last ones) held in reserve for in-place recovery."""
+    # experiment tracking
+    track: Sequence[str] = ()
+    """``--track BACKEND:WHERE`` values (mlflow:URI, tensorboard:DIR, wandb:PROJECT)."""
+    rebalance: bool = False
+    """With workload weights: recompute them from the live rates at a restart."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ class Policies:
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     supervision: SupervisionPolicy = field(default_factory=SupervisionPolicy)
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    tracking: TrackPolicy = field(default_factory=TrackPolicy)
 
 
 def job_spec(options: JobOptions) -> JobSpec:
@@ -121,11 +129,16 @@ def job_spec(options: JobOptions) -> JobSpec:
     launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
     script, *args = options.command or [""]
     check_launch(script, launcher)
-    if options.mlx_backend not in MLX_BACKENDS:
-        raise ConfigError(
-            f"unknown MLX backend {options.mlx_backend!r}; choose one of {', '.join(MLX_BACKENDS)}",
-            option="--mlx-backend",
-        )
+    check_backend(options.mlx_backend)
+    own = launcher_options(
+        launcher,
+        {
+            "mlx_backend": options.mlx_backend,
+            "command_template": options.command_template,
+            "madengine_tags": options.tags,
+            "madengine_args": options.additional_args,
+        },
+    )
     harness: HarnessMode | None = None
     config: str | None = None
     if options.harness:
@@ -137,11 +150,8 @@ def job_spec(options: JobOptions) -> JobSpec:
         script=script,
         args=tuple(args),
         launcher=cast(Launcher, launcher),
-        mlx_backend=options.mlx_backend,
+        launcher_options=own,
         shared_data_path=options.shared_data_path,
-        command_template=options.command_template,
-        madengine_tags=options.tags,
-        madengine_args=options.additional_args,
         harness=harness,
         harness_config=config,
         lr_scaling=options.lr_scaling,
@@ -183,21 +193,22 @@ def policies(options: JobOptions) -> Policies:
             consistency_threshold=options.consistency_threshold,
             exclude_divergent=options.exclude_divergent,
             code_dir=options.code_dir,
+            links=options.check_links,
+            links_min_ratio=options.links_min_ratio,
+            links_min_gbs=options.links_min_gbs,
+            links_fail=not options.links_warn_only,
         ),
         sync=SyncPolicy(push=options.sync, script=options.sync_script, source=options.code_dir),
         restarts=RestartPolicy(options.max_restarts, options.restart_backoff, options.min_nodes),
         checkpoints=CheckpointPolicy(options.checkpoint_dir, options.replicate_checkpoints),
         supervision=SupervisionPolicy(options.grace, options.host_timeout, options.hang_timeout),
         recovery=RecoveryPolicy(options.recovery, options.spares),
+        tracking=TrackPolicy(tuple(options.track)),
     )
 
 
 def build_job(options: JobOptions) -> tuple[JobSpec, Policies]:
     """``options`` as the engine takes a job: its spec and its policies."""
-            links=options.check_links,
-            links_min_ratio=options.links_min_ratio,
-            links_min_gbs=options.links_min_gbs,
-            links_fail=not options.links_warn_only,
     made = policies(options)  # the policies' errors first, as corral run has always named them
     return job_spec(options), made
 
@@ -210,8 +221,9 @@ def new_job(
     ssh: SshOptions | None = None,
     transport: Transport | None = None,
 ) -> Job:
-    """The engine's Job of a built spec and its policies on ``cluster``."""
-    return Job(
+    """The engine's Job of a built spec and its policies on ``cluster`` (its trackers,
+    if any, subscribed first)."""
+    job = Job(
         spec,
         cluster,
         ssh=ssh,
@@ -223,3 +235,5 @@ def new_job(
         recovery=made.recovery,
         transport=transport,
     )
+    attach_tracking(job, spec, made.tracking)
+    return job

@@ -33,6 +33,7 @@ from typing import Any
 
 from corral.checks.result import ChecklistReport
 from corral.cluster.model import Cluster, Host
+from corral.contract import NODE_DIR_ENV
 from corral.errors import ConfigError, CorralError
 from corral.job import inplace as ip
 from corral.job.agents import abort, start_agent, start_agents
@@ -61,6 +62,7 @@ from corral.job.resolve import Prepared, plan_attempt, resolve
 from corral.job.result import EXIT_INTERRUPTED, JobResult
 from corral.job.states import JobMachine, JobState, NodeState
 from corral.job.supervisor import Supervisor
+from corral.plan.launchers.command import template_of
 from corral.plan.render import master_index
 from corral.plan.spec import NODE_LAUNCHERS, JobSpec
 from corral.private import private_dir, write_private
@@ -132,7 +134,7 @@ def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
                 "user": c.host.user,
                 "local": c.host.local,
                 "python": c.host.python,
-                "node_dir": c.env.get("CORRAL_NODE_DIR"),
+                "node_dir": c.env.get(NODE_DIR_ENV),
                 **({"argv": redact_words(c.argv, spec)} if per_node else {}),
             }
             for c in prepared.commands
@@ -150,8 +152,8 @@ def job_json(prepared: Prepared, ssh: SshOptions) -> dict[str, Any]:
         "launcher": prepared.spec.launcher,
         "command": job_command(prepared),
     }
-    if spec.command_template is not None:
-        doc["command_template"] = redact_words([spec.command_template], spec)[0]
+    if (template := template_of(spec)) is not None:
+        doc["command_template"] = redact_words([template], spec)[0]
     return doc
 
 
@@ -260,8 +262,8 @@ class Job:
         self._preparing: asyncio.Task[Any] | None = None
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
-        self._task: asyncio.Task[JobResult] | None = None
         self._stopped_by: str | None = None
+        self._task: asyncio.Task[JobResult] | None = None
         #: Called with the next attempt's spec and cluster before a restart is planned;
         #: returns the spec to plan (e.g. re-weighed, see corral.calibrate.drift).
         self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
@@ -738,8 +740,8 @@ class Job:
             return await supervisor.run()
         finally:
             self._supervisor = None
-            logs.close()
             self._subscribers.remove(marker)
+            logs.close()
             if inplace:
                 await inplace["lighthouse"].close()
 

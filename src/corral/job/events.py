@@ -18,9 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.job.states import JobState, NodeState
-
-Level = Literal["info", "success", "warning", "error", "detail", "output"]
-"""How a message matters: ``output`` is a line of someone else's (a sync script)."""
+from corral.outcomes import Level as Level  # how a message matters (a leaf, for recovery/)
 
 
 class JobEvent(BaseModel):
@@ -63,7 +61,9 @@ class RankExited(JobEvent):
 
 
 class Progress(JobEvent):
-    """A rank's progress report (``corral.sdk.report``)."""
+    """A rank's progress report (``corral.sdk.report``); ``gpu``: its GPU's last
+    sample on a host with NVIDIA GPUs (``index``, ``util`` %, ``mem_used_mib``,
+    ``mem_total_mib``, ``temp_c``: :mod:`corral.agent.gpusample`)."""
 
     kind: Literal["progress"] = "progress"
     host: str
@@ -71,6 +71,11 @@ class Progress(JobEvent):
     step: int | None = None
     total: int | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
+    gpu: dict[str, Any] | None = None
+
+
+GPU_KEY = "gpu"
+"""Where the store keeps a rank's last :attr:`Progress.gpu` in its metrics."""
 
 
 class LogLines(JobEvent):
@@ -148,6 +153,22 @@ class GroupChanged(JobEvent):
     detail: str = ""
 
 
+class StragglerFound(JobEvent):
+    """A rank the job waits for (:mod:`corral.diagnose.stragglers`): its ``section``
+    took ``ratio`` times the ``basis`` (``median`` of the other ranks, or its own
+    ``best``) for ``span`` steps up to ``step``; ``text`` is the live line."""
+
+    kind: Literal["straggler"] = "straggler"
+    host: str
+    rank: int
+    section: str
+    ratio: float
+    basis: Literal["median", "best"]
+    span: int
+    step: int | None = None
+    text: str = ""
+
+
 class Finished(JobEvent):
     """The job ended: ``result`` is the last attempt's
     :class:`~corral.job.result.JobResult` (with every attempt in ``result.attempts``)."""
@@ -194,6 +215,7 @@ _DECODED: dict[str, type[JobEvent]] = {
     "attempt_ended": AttemptEnded,
     "finished": Finished,
     "group": GroupChanged,
+    "straggler": StragglerFound,
     "error": LaunchFailed,
     "lost": Lost,
 }

@@ -35,15 +35,15 @@ class CheckPolicy:
     consistency_threshold: float = 1.0
     exclude_divergent: bool = False
     code_dir: str | None = None  # the code tree here the hosts must match
-
-    def __post_init__(self) -> None:
     links: bool = False  # the link matrix (--check-links)
     links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO
     links_min_gbs: float = 0.0
     links_fail: bool = True  # a host behind slow links blocks the launch
+
+    def __post_init__(self) -> None:
+        validate_links(self.links_min_ratio, self.links_min_gbs)
         if not 0.0 < self.consistency_threshold <= 1.0:
             raise ConfigError(
-        validate_links(self.links_min_ratio, self.links_min_gbs)
                 f"must be in (0, 1] (got {self.consistency_threshold:g})",
                 option="--consistency-threshold",
             )

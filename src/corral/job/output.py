@@ -45,6 +45,7 @@ from corral.job.events import (
     LogLines,
     Message,
     Progress,
+    StragglerFound,
 )
 from corral.job.fold import TeardownFold
 from corral.job.logfiles import NODE_RANK_LABEL
@@ -184,6 +185,7 @@ class TerminalOutput:
         self.fold = TeardownFold()  # node-level lines hidden during a teardown
         self._on_finish = on_finish
         self._on_checked = on_checked
+        self.stragglers: dict[tuple[str, int, str], StragglerFound] = {}  # for the summary
         self._writer = StreamWriterThread(self.stream)
 
     def _add_host(self, host: str) -> None:
@@ -205,6 +207,9 @@ class TerminalOutput:
             self.report(event.host, event.model_dump())
         elif isinstance(event, Message):
             self.message(event.text, event.level)
+        elif isinstance(event, StragglerFound):
+            self.stragglers[(event.host, event.rank, event.section)] = event
+            self.message(event.text, "warning")
         elif isinstance(event, AttemptStarted):
             for host in event.hosts:
                 self._add_host(host)
@@ -220,6 +225,13 @@ class TerminalOutput:
             self.close()
             if self._on_finish is not None:
                 self._on_finish(event, self.console)
+            if self.stragglers:
+                named = [
+                    f"rank {s.rank} on {s.host} ({s.section} {s.ratio:.1f}x "
+                    f"{'the median' if s.basis == 'median' else 'its own best'})"
+                    for s in self.stragglers.values()
+                ]
+                say(self.console, "stragglers: " + ", ".join(named), "yellow")
 
     def _flush_folded(self) -> None:
         for note in self.fold.flush():

@@ -5,13 +5,13 @@ restart policy and the engine all read these types)."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral import outcomes
 from corral.cluster.model import Host
 from corral.job.states import JobState, NodeState, check_node_transition
 from corral.plan.spec import NodeCommand
@@ -20,26 +20,15 @@ from corral.transport.base import NodeProcess
 
 STDERR_TAIL = 20
 
-#: corral's exit codes besides 0 and the failing rank's own code.
-EXIT_SIGNAL_BASE = 128  # rank killed by signal N -> 128 + N
-EXIT_TIMEOUT = 124  # --timeout reached
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM to corral
-EXIT_LOST = 255  # a host was lost (connection or agent died)
-EXIT_LAUNCH = 3  # a node could not be started / the master never came up
-EXIT_HANG = 125  # hang detection stopped the job (no progress for --hang-timeout)
-
-
-def signal_name(code: int | None) -> str | None:
-    """``SIGKILL`` for -9 (and for 137, the shell's 128+9), else None."""
-    if code is None:
-        return None
-    num = -code if code < 0 else code - EXIT_SIGNAL_BASE if code > EXIT_SIGNAL_BASE else 0
-    if num <= 0:
-        return None
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
+# corral's exit codes and signal names live in the leaf corral.outcomes (recovery/
+# reads them); the engine's modules import them from here as they always have
+EXIT_SIGNAL_BASE = outcomes.EXIT_SIGNAL_BASE
+EXIT_TIMEOUT = outcomes.EXIT_TIMEOUT
+EXIT_INTERRUPTED = outcomes.EXIT_INTERRUPTED
+EXIT_LOST = outcomes.EXIT_LOST
+EXIT_LAUNCH = outcomes.EXIT_LAUNCH
+EXIT_HANG = outcomes.EXIT_HANG
+signal_name = outcomes.signal_name
 
 
 @dataclass

@@ -30,6 +30,7 @@ from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
+from corral.diagnose.stragglers import StragglerScores
 from corral.errors import CorralError
 from corral.job.events import (
     JobEvent,
@@ -39,6 +40,7 @@ from corral.job.events import (
     NodeChanged,
     Progress,
     RankExited,
+    StragglerFound,
 )
 from corral.job.logfiles import LogFiles
 from corral.job.result import (
@@ -135,6 +137,7 @@ class Supervisor:
         self.prestarted = dict(started or {})  # agents already running (probed SSH hosts)
         self.host_timeout = host_timeout
         self.hang = HangWatch(hang_timeout, hang_dir)
+        self.stragglers = StragglerScores()  # sdk.section timings -> named stragglers
         self.on_report = on_report
         # True while the job waits on corral itself (a checkpoint copy a save waits for)
         self.holding = holding
@@ -268,6 +271,27 @@ class Supervisor:
         self._complained.add(node.host.name)
         self._say(f"{node.host.name}: dropped {why} (further ones are dropped silently)", "warning")
 
+    def _score_sections(self, host: str, rank: int, event: Mapping[str, Any]) -> None:
+        """A report's ``sdk.section`` timings: emit the stragglers they name."""
+        sections, step = event.get("sections"), event.get("step")
+        if not isinstance(sections, dict) or not sections:
+            return
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        for found in self.stragglers.observe(host, rank, step, sections):
+            self.emit(
+                StragglerFound(
+                    job_id=self.job_id,
+                    host=found.host,
+                    rank=found.rank,
+                    section=found.section,
+                    ratio=round(found.ratio, 3),
+                    basis=found.basis,
+                    span=found.span,
+                    step=found.step,
+                    text=found.message(),
+                )
+            )
+
     def _rank(self, node: NodeRun, rank: int) -> RankRecord:
         record = node.ranks.get(rank)
         if record is None:
@@ -304,6 +328,7 @@ class Supervisor:
             if record.health == RankHealth.STARTED:
                 record.set_health(RankHealth.PROGRESSING)
             self.hang.observe(node.host.name, record.rank, event.get("step"))
+            self._score_sections(node.host.name, record.rank, event)
             metrics = event.get("metrics")
             self.emit(
                 Progress.model_construct(
@@ -314,6 +339,7 @@ class Supervisor:
                     step=event.get("step"),
                     total=event.get("total"),
                     metrics=metrics if isinstance(metrics, dict) else {},
+                    gpu=event.get("gpu"),
                 )
             )
         elif name == "stacks":
@@ -636,12 +662,24 @@ class Supervisor:
         paths = self.hang.write(stacks)
         for line in self.hang.describe(verdict, stacks, paths):
             self._say(line, "error")
+        traces = {  # NCCL flight recorder dumps the agents collected (GPU jobs)
+            int(entry["rank"]): str(entry["trace"])
+            for node in asking
+            for entry in node.stacks or []
+            if entry.get("trace")
+        }
+        report, report_path = self.hang.report(verdict, stacks, paths, traces)
+        self._say(report["summary"] + (f" (report: {report_path})" if report_path else ""), "error")
         key = self.hang.culprit(verdict, stacks)
         blamed: str = key[0] if key is not None else self.nodes[0].host.name
         blamed_rank: int | None = key[1] if key is not None else None
         where = self.hang.where(stacks, key)
         stuck = f"; rank {blamed_rank} on {blamed} is stuck in {where[0]}" if where else ""
+        if report["odd"] or report["flight_recorder"]:
+            stuck = f"; {report['summary']}"
         message = f"hang: {verdict.message()}{stuck}"
+        if report_path is not None:
+            where = [*where, f"hang report: {report_path}"]
         self._fail(Failure(blamed, blamed_rank, None, time.time(), message, where), EXIT_HANG)
 
     async def _deadline(self, timeout: float) -> None:

@@ -59,6 +59,7 @@ from corral.sdk._qos import set_qos
 from corral.sdk._report import report
 from corral.sdk._resume import resume
 from corral.sdk._sampler import WeightedDistributedSampler
+from corral.sdk._section import section, straggler_hook
 from corral.sdk._stacks import enable_stack_dumps
 from corral.sdk._weights import local_batch_size, loss_scale, workload_weights
 
@@ -99,8 +100,10 @@ __all__ = [
     "resume",
     "save_checkpoint",
     "scale_config",
+    "section",
     "set_qos",
     "should_save_outputs",
+    "straggler_hook",
     "wait_for_master",
     "workload_weights",
     "write_error_file",

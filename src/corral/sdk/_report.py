@@ -38,6 +38,7 @@ import time
 from collections.abc import Mapping
 
 from corral.contract import CONTROL_ENV, CONTROL_TOKEN_ENV, auth_line
+from corral.sdk import _section
 from corral.sdk._env import info
 
 __all__ = [
@@ -133,6 +134,9 @@ class _Reporter:
                 "metrics": {str(k): _metric(v) for k, v in metrics.items()},
                 "time": time.time(),
             }
+            sections = _section.drain()  # sdk.section timings since the last report
+            if sections:
+                payload["sections"] = sections
             line = (json.dumps(payload, allow_nan=False) + "\n").encode()
         except (TypeError, ValueError):
             return  # a bad value in this one report: drop it, keep reporting
@@ -247,7 +251,8 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
 
     A no-op without ``CORRAL_CONTROL``. Cheap enough to call every step; never
     raises and never blocks for more than about a second. Non-finite metric
-    values are sent as ``null``.
+    values are sent as ``null``. The :func:`corral.sdk.section` timings since the
+    previous report travel with it (``"sections"``: mean seconds per section).
     """
     _reporter.send(step, total, dict(metrics))
 

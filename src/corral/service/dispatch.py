@@ -1,11 +1,11 @@
 """Dispatching a planned job: the claim, its supervisor process, and stopping it.
 
-Dispatch runs the launch request stored when the job was planned
+Dispatch runs the job description stored when the job was planned
 (:mod:`corral.service.planning`), never a new plan: when a machine of the plan
 was removed or edited since, or is busy with another job, it refuses (Conflict,
 with the reason) and the job stays ``planned``. The supervisor is
-``python -m corral.service.launch`` in its own session, handed the request over
-stdin (secret env values never appear in argv or a file).
+``python -m corral.service.launch`` in its own session, handed that description
+as is over stdin, its secret env values beside it (never in argv or a file).
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from typing import Any
 import psutil
 from sqlalchemy import select
 
-from corral.errors import Conflict
+from corral.errors import ConfigError, Conflict
+from corral.job.describe import JobDescription
 from corral.job.states import TERMINAL_STATES, WAITING_STATES, JobState
 from corral.private import append_private, private_dir
 from corral.service.jobrows import job_row, move, set_values
-from corral.service.launch import LaunchRequest, job_dir, request_stop
+from corral.service.launch import handover, job_dir, request_stop, stored_description
 from corral.service.machines import busy_machines
 from corral.service.models import DispatchIn, StopOut
-from corral.service.planning import launch_has_secrets, machine_changes
+from corral.service.planning import machine_changes
 from corral.service.settings import ServerSettings
 from corral.store import Store
 from corral.store.models import Job, Machine
@@ -62,10 +63,12 @@ def alive(pid: int | None, started: float | None) -> bool:
         return False
 
 
-def spawn_supervisor(launch: LaunchRequest) -> SupervisorProcess:
-    """Start ``python -m corral.service.launch`` for ``launch`` (the request on its
-    stdin, its output in the job dir's ``supervisor.log``)."""
-    directory = private_dir(job_dir(launch.run_dir, launch.job_id))
+def spawn_supervisor(description: JobDescription) -> SupervisorProcess:
+    """Start ``python -m corral.service.launch`` for ``description`` (it and its
+    secret values on its stdin, its output in the job dir's ``supervisor.log``)."""
+    options = description.options
+    assert options.job_id is not None  # the planner gives every job its id
+    directory = private_dir(job_dir(options.run_dir, options.job_id))
     env = {k: v for k, v in os.environ.items() if k not in SERVER_ONLY_ENV}
     with append_private(directory / "supervisor.log") as log:
         proc = subprocess.Popen(
@@ -79,7 +82,7 @@ def spawn_supervisor(launch: LaunchRequest) -> SupervisorProcess:
         )
     assert proc.stdin is not None
     try:
-        proc.stdin.write(launch.model_dump_json().encode())
+        proc.stdin.write(handover(description))
     finally:
         proc.stdin.close()
     try:
@@ -96,9 +99,9 @@ class Dispatch:
         self,
         store: Store,
         settings: ServerSettings,
-        launches: dict[str, LaunchRequest],
+        launches: dict[str, JobDescription],
         notify: Callable[[str], None],
-        spawn: Callable[[LaunchRequest], SupervisorProcess] = spawn_supervisor,
+        spawn: Callable[[JobDescription], SupervisorProcess] = spawn_supervisor,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -122,29 +125,35 @@ class Dispatch:
         check_seed_fields(row, body)
         self.start(row)
 
-    def planned_launch(self, row: Job) -> LaunchRequest:
-        """The launch request the job was planned with (Conflict when the server no
-        longer has it whole)."""
+    def planned_launch(self, row: Job) -> JobDescription:
+        """The job description the job was planned with (Conflict when the server no
+        longer has it whole, or cannot read the stored one)."""
         launch = self.launches.get(row.id)
         if launch is not None:
             return launch
         if row.launch is None:
             raise Conflict(
-                f"job {row.id} has no stored launch request (it was planned by an older "
+                f"job {row.id} has no stored job description (it was planned by an older "
                 "corral serve): plan the job again",
                 details={"job_id": row.id},
             )
-        launch = LaunchRequest.model_validate(row.launch)
-        if launch_has_secrets(launch):
+        try:
+            launch = stored_description(row.launch)
+        except ConfigError as exc:
+            raise Conflict(
+                f"job {row.id}'s stored plan cannot be run: {exc}. Plan the job again",
+                details={"job_id": row.id},
+            ) from exc
+        if launch.withheld:
             raise Conflict(
                 f"job {row.id} was planned with secret env values, which the server keeps "
                 "only in memory and lost when it restarted: plan the job again",
-                details={"job_id": row.id},
+                details={"job_id": row.id, "withheld": list(launch.withheld)},
             )
         return launch
 
     def start(self, row: Job) -> None:
-        """Run the job's stored launch request: refused (Conflict, the job stays as it
+        """Run the job's stored description: refused (Conflict, the job stays as it
         is) when its machines changed since the plan or are busy; else claim the job
         (planned/queued -> pending, once) and start its supervisor."""
         launch = self.planned_launch(row)
@@ -181,7 +190,7 @@ class Dispatch:
         ):
             raise Conflict(f"job {job_id} was dispatched already", details={"job_id": job_id})
 
-    def launch(self, job_id: str, launch: LaunchRequest) -> None:
+    def launch(self, job_id: str, launch: JobDescription) -> None:
         """Start the claimed job's supervisor (the job fails when it cannot start)."""
         try:
             sup = self.spawn(launch)

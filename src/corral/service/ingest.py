@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from corral.job.events import (
+    GPU_KEY,
     AttemptEnded,
     AttemptStarted,
     Finished,
@@ -46,6 +48,10 @@ from corral.store import Store
 from corral.store.models import Attempt, Event, Job, Node, Rank
 
 log = logging.getLogger("corral.serve")
+
+Observer = Callable[[Session, Job, JobEvent], None]
+"""Told of each typed event once it is folded in, in the ingest's transaction (the
+notifications, :meth:`corral.notify.Notifications.record`): it must be quick."""
 
 
 class Live:
@@ -80,9 +86,10 @@ class Live:
 class Ingest:
     """Folds the active jobs' new events into the store."""
 
-    def __init__(self, store: Store, live: Live) -> None:
+    def __init__(self, store: Store, live: Live, observer: Observer | None = None) -> None:
         self.store = store
         self.live = live
+        self.observer = observer
         self._lock = threading.Lock()  # the background round and a reader may both ask
 
     def active_ids(self) -> list[str]:
@@ -125,15 +132,19 @@ class Ingest:
             new = list(read_events(path, job.events_offset))
             names = machine_ids(job)
             for ev in new:
-                apply(s, job, ev, names)
+                event = apply(s, job, ev, names)
                 job.events_offset = ev.next_pos
+                if event is not None and self.observer is not None:
+                    self.observer(s, job, event)
             gone = not running and job.supervisor_pid is not None
             if (
                 job.state in ACTIVE_STATES
                 and gone
                 and not any(read_events(path, job.events_offset))
             ):
-                _lost(s, job, path)
+                lost = _lost(s, job, path)
+                if self.observer is not None:
+                    self.observer(s, job, lost)
             finished = job.state not in ACTIVE_STATES
         if new or finished:
             self.live.notify(job_id)
@@ -145,7 +156,7 @@ def machine_ids(job: Job) -> dict[str, str]:
     return {m["name"]: m["id"] for m in (job.plan or {}).get("machines", [])}
 
 
-def _lost(s: Session, job: Job, path: Path) -> None:
+def _lost(s: Session, job: Job, path: Path) -> Lost:
     """The supervisor ended without a result: the job is lost (and says so in its
     events file, so a reader of the stream sees its end)."""
     job.state = check_job_transition(JobState(job.state), JobState.LOST).value
@@ -161,14 +172,16 @@ def _lost(s: Session, job: Job, path: Path) -> None:
         Event(job_id=job.id, pos=pos, time=event.time, kind=event.kind, data={"reason": job.reason})
     )
     job.events_offset = path.stat().st_size if path.exists() else pos
+    return event
 
 
-def apply(s: Session, job: Job, ev: LoggedEvent, names: dict[str, str]) -> None:
+def apply(s: Session, job: Job, ev: LoggedEvent, names: dict[str, str]) -> JobEvent | None:
     """Fold one event of the job's file into its rows (every event but the log lines
-    is kept as an :class:`~corral.store.models.Event`, as written)."""
+    is kept as an :class:`~corral.store.models.Event`, as written); the typed event
+    (None for log lines and what is not understood)."""
     event = decode_event(ev.data, job.id)
     if isinstance(event, LogLines):
-        return
+        return None
     if event is None:
         log.warning("job %s: event at byte %d not understood; kept as is", job.id, ev.pos)
     else:
@@ -183,6 +196,7 @@ def apply(s: Session, job: Job, ev: LoggedEvent, names: dict[str, str]) -> None:
             data={k: v for k, v in ev.data.items() if k not in ("kind", "time")},
         )
     )
+    return event
 
 
 def _fold(s: Session, job: Job, event: JobEvent, names: dict[str, str]) -> None:
@@ -294,6 +308,8 @@ def _progress(s: Session, job: Job, event: Progress) -> None:
     if event.total is not None:
         rank.total = event.total
     rank.metrics = dict(event.metrics)
+    if event.gpu:  # the rank's GPU sample rides with its metrics (GPU_KEY, not a metric)
+        rank.metrics[GPU_KEY] = dict(event.gpu)
     rank.updated = when
     rank.host = event.host
     if event.rank == 0 or not job.last_metrics:
@@ -303,7 +319,7 @@ def _progress(s: Session, job: Job, event: Progress) -> None:
             "step": rank.step,
             "total": rank.total,
             "time": when,
-            **rank.metrics,
+            **{k: v for k, v in rank.metrics.items() if k != GPU_KEY},
         }
 
 

@@ -24,12 +24,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from corral.job.describe import JobDescription
 from corral.job.states import JobState
+from corral.notify import Notifications
 from corral.service.dispatch import Dispatch
 from corral.service.eventlog import LoggedEvent
 from corral.service.ingest import Ingest, Live
 from corral.service.jobrows import job_row, move, set_values
-from corral.service.launch import LaunchRequest
 from corral.service.machines import MachineService
 from corral.service.models import (
     DispatchIn,
@@ -44,7 +45,7 @@ from corral.service.models import (
 from corral.service.planner import Selection
 from corral.service.planning import Planning
 from corral.service.queries import FILE_ALIASES, Queries, prefixed_lines
-from corral.service.settings import ServerSettings
+from corral.service.settings import ServerSettings, delivery_policy
 from corral.store import Store
 from corral.store.models import Job
 
@@ -58,11 +59,12 @@ class JobManager:
         self.store = store
         self.settings = settings
         self.machines = machines
-        launches: dict[str, LaunchRequest] = {}  # planned jobs, secret values included
+        launches: dict[str, JobDescription] = {}  # planned jobs, secret values included
         self.live = Live()
         self.planning = Planning(store, settings, machines, launches)
         self.dispatcher = Dispatch(store, settings, launches, self.live.notify)
-        self.ingester = Ingest(store, self.live)
+        self.notifications = Notifications(store, delivery_policy(settings))
+        self.ingester = Ingest(store, self.live, self.notifications.record)
         self.queries = Queries(store, self.ingester, self.live, launches)
         self.on_finished: list[Callable[[str], Any]] = []  # when a job ends (the scheduler)
 

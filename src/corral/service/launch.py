@@ -1,180 +1,145 @@
 """The supervisor process of one job started by ``corral serve``.
 
-``python -m corral.service.launch`` reads a :class:`LaunchRequest` (JSON) from
-stdin, runs the job with the same engine as ``corral run``
-(:class:`corral.job.engine.Job`: pre-flight, agents, supervision, restarts,
-checkpoints, the no-orphan teardown) and appends every event to the job's
-``events.jsonl`` (:mod:`corral.service.eventlog`). It runs in its own session,
-so the server can crash or restart without stopping training; SIGTERM (the
-server's stop) tears the job down like Ctrl-C does for ``corral run``, a second
-SIGTERM kills. A job with workload weights has a
-:class:`~corral.calibrate.drift.DriftMonitor` (as ``corral run --calibration``):
-its drift warnings and rebalanced weights are ``message`` events of the job, its
-live throughput is saved as ``calibration-live.json`` in the job dir. The request
-travels over stdin so the job's secret env values never appear in argv or in a
-file; the process exits with the job's exit code.
+``python -m corral.service.launch`` reads the job's
+:class:`~corral.job.describe.JobDescription` from stdin (the description stored
+when the job was planned, exactly, with its secret env values beside it), builds
+the job from it as ``corral run`` does (:func:`~corral.job.build.build_job` of its
+options: pre-flight, agents, supervision, restarts, checkpoints, the no-orphan
+teardown) and appends every event to the job's ``events.jsonl``
+(:mod:`corral.service.eventlog`). It runs in its own session, so the server can
+crash or restart without stopping training; SIGTERM (the server's stop) tears the
+job down like Ctrl-C does for ``corral run``, a second SIGTERM kills. A job with
+workload weights has a :class:`~corral.calibrate.drift.DriftMonitor` (as ``corral
+run --calibration``): its drift warnings and rebalanced weights are ``message``
+events of the job, its live throughput is saved as ``calibration-live.json`` in the
+job dir. The description travels over stdin so the job's secret env values never
+appear in argv or in a file; the process exits with the job's exit code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError
-from corral.job.build import JobOptions, build_job, job_spec, new_job
+from corral.job.build import JobOptions, build_job, new_job
+from corral.job.describe import SOURCE, JobDescription
 from corral.job.engine import Job
 from corral.job.result import EXIT_LAUNCH
-from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, JobSpec
 from corral.private import private_dir, write_private
-from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.redact import REDACTED, is_secret
 from corral.service.eventlog import EVENTS_FILE, EventWriter, write_supervisor
-from corral.service.models import ServiceLauncher
 from corral.signals import STOP_SIGNALS, stop_on_signals
 from corral.transport.options import SshOptions
 
 EXIT_CONFIG = 2
 
 
-class HostSpec(BaseModel):
-    """One node of the job (a registered machine)."""
+def handover(description: JobDescription) -> bytes:
+    """What the supervisor reads on stdin: the description's JSON and, beside it,
+    its secret env values (never in argv or a file)."""
+    payload = {"description": description.to_dict(), "secrets": description.secrets()}
+    return json.dumps(payload, separators=(",", ":")).encode()
 
-    model_config = ConfigDict(extra="forbid")
 
-    name: str
-    address: str = ""
-    port: int | None = None
-    user: str | None = None
-    slots: int = 1
-    local: bool = False
-    python: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+def received(data: bytes | str) -> JobDescription:
+    """The complete description of a :func:`handover` (ConfigError when it is not one,
+    lacks a secret value, or has no job id)."""
+    try:
+        payload = json.loads(data)
+    except ValueError as exc:
+        raise ConfigError(f"is not JSON: {exc}", source=SOURCE) from exc
+    if not isinstance(payload, dict) or set(payload) != {"description", "secrets"}:
+        raise ConfigError("expected {description, secrets}", source=SOURCE)
+    description = JobDescription.from_dict(payload["description"], payload["secrets"] or {})
+    if not description.options.job_id:
+        raise ConfigError("options.job_id: the supervisor runs a job with an id", source=SOURCE)
+    return description.complete()
 
-    def host(self) -> Host:
-        """As a :class:`~corral.cluster.model.Host`."""
-        return Host(
-            name=self.name,
-            address=self.address,
-            port=self.port,
-            user=self.user,
-            slots=self.slots,
-            local=self.local,
-            python=self.python,
-            labels=self.labels,
+
+def stored_description(data: Mapping[str, Any]) -> JobDescription:
+    """The description stored with a job (the ``launch`` column): a versioned
+    description, or the launch request an older ``corral serve`` stored (converted;
+    its redacted secret values are withheld). ConfigError for anything else."""
+    if "version" in data or not {"job_id", "script", "hosts"} <= set(data):
+        return JobDescription.from_dict(data)
+    return _from_launch_request(data)
+
+
+_OLD_OPTIONS = (
+    "launcher",
+    "command_template",
+    "job_id",
+    "python",
+    "nproc_per_node",
+    "master_addr",
+    "master_port",
+    "workdir",
+    "nccl_interface",
+    "gloo_interface",
+    "timeout",
+    "checkpoint_dir",
+    "rdzv_timeout",
+    "run_dir",
+    "preflight",
+    "smoke_test",
+    "code_dir",
+    "sync",
+    "max_restarts",
+    "restart_backoff",
+    "min_nodes",
+    "host_timeout",
+    "hang_timeout",
+    "replicate_checkpoints",
+    "grace",
+    "rebalance",
+)
+"""The fields of the old launch request that are JobOptions' fields of the same name."""
+
+
+def _from_launch_request(data: Mapping[str, Any]) -> JobDescription:
+    """The description of an old-shape stored launch request (corral serve before the
+    versioned description)."""
+    known = {*_OLD_OPTIONS, "script", "args", "env", "secret_env", "hosts", "ssh"}
+    unknown = sorted(set(data) - known - {"workload_weights"})
+    if unknown:
+        raise ConfigError(
+            f"an old launch request with unknown fields {', '.join(unknown)}", source=SOURCE
         )
-
-
-class SshSpec(BaseModel):
-    """How the job's hosts are reached (a key path or a password's variable *name*)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    user: str | None = None
-    key: str | None = None
-    port: int | None = None
-    password_env: str | None = None
-    config: str | None = None
-    accept_new_host_keys: bool = False
-    insecure_no_host_key_check: bool = False
-
-    def options(self) -> SshOptions:
-        """As :class:`~corral.transport.options.SshOptions`."""
-        return SshOptions(**self.model_dump())
-
-
-class LaunchRequest(BaseModel):
-    """Everything the supervisor process needs to run one job."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    job_id: str
-    run_dir: str
-    script: str
-    args: list[str] = Field(default_factory=list)
-    launcher: ServiceLauncher = "torchrun"
-    command_template: str | None = None
-    python: str | None = None
-    nproc_per_node: int | None = None
-    master_addr: str | None = None
-    master_port: int = 0
-    workdir: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: list[str] = Field(default_factory=list)
-    nccl_interface: str | None = None
-    gloo_interface: str | None = None
-    timeout: float | None = None
-    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
-    hosts: list[HostSpec]
-    ssh: SshSpec = Field(default_factory=SshSpec)
-    preflight: bool = True
-    smoke_test: bool = False
-    sync: bool = False
-    code_dir: str | None = None
-    max_restarts: int = 0
-    restart_backoff: float = 1.0
-    min_nodes: int | None = None
-    host_timeout: float = DEFAULT_HOST_TIMEOUT
-    hang_timeout: float | None = None
-    checkpoint_dir: str | None = None
-    replicate_checkpoints: bool = False
-    grace: float = 10.0
-    workload_weights: list[float] = Field(default_factory=list)
-    rebalance: bool = False
-
-    def options(self) -> JobOptions:
-        """The job as :func:`~corral.job.build.build_job` takes it (as ``corral run``)."""
-        return JobOptions(
-            command=(self.script, *self.args),
-            launcher=self.launcher,
-            command_template=self.command_template,
-            job_id=self.job_id,
-            python=self.python,
-            nproc_per_node=self.nproc_per_node,
-            master_addr=self.master_addr,
-            master_port=self.master_port,
-            workdir=self.workdir,
-            env=self.env,
-            secret_env=tuple(self.secret_env),
-            nccl_interface=self.nccl_interface,
-            gloo_interface=self.gloo_interface,
-            timeout=self.timeout,
-            checkpoint_dir=self.checkpoint_dir,
-            rdzv_timeout=self.rdzv_timeout,
-            run_dir=self.run_dir,
-            workload_weights=tuple(self.workload_weights),
-            preflight=self.preflight,
-            smoke_test=self.smoke_test,
-            code_dir=self.code_dir,
-            sync=self.sync,
-            max_restarts=self.max_restarts,
-            restart_backoff=self.restart_backoff,
-            min_nodes=self.min_nodes,
-            host_timeout=self.host_timeout,
-            hang_timeout=self.hang_timeout,
-            replicate_checkpoints=self.replicate_checkpoints,
-            grace=self.grace,
+    secret_env = tuple(data.get("secret_env") or ())
+    env = dict(data.get("env") or {})
+    withheld = tuple(k for k, v in env.items() if v == REDACTED and is_secret(k, secret_env))
+    try:
+        options = JobOptions(
+            command=(str(data["script"]), *(str(a) for a in data.get("args") or ())),
+            env={k: v for k, v in env.items() if k not in withheld},
+            secret_env=secret_env,
+            workload_weights=tuple(float(w) for w in data.get("workload_weights") or ()),
+            **{name: data[name] for name in _OLD_OPTIONS if name in data},
         )
+        hosts = tuple(Host(**h) for h in data["hosts"])
+        ssh = SshOptions(**(data.get("ssh") or {}))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"an old launch request that does not load: {exc}", source=SOURCE
+        ) from exc
+    return JobDescription(options, Cluster(hosts, source="corral serve"), ssh, withheld)
 
-    def spec(self) -> JobSpec:
-        """The job's validated :class:`~corral.plan.spec.JobSpec`."""
-        return job_spec(self.options())
 
-    def cluster(self) -> Cluster:
-        """The job's hosts, node 0 first."""
-        return Cluster(tuple(h.host() for h in self.hosts), source="corral serve")
-
-    def job(self) -> Job:
-        """The engine's :class:`~corral.job.engine.Job` for this request, built as
-        ``corral run`` builds its job (:func:`~corral.job.build.build_job`)."""
-        spec, policies = build_job(self.options())
-        return new_job(spec, self.cluster(), policies, ssh=self.ssh.options())
+def job_of(description: JobDescription) -> Job:
+    """The engine's :class:`~corral.job.engine.Job` of ``description``, built as
+    ``corral run`` builds its job (:func:`~corral.job.build.build_job`)."""
+    spec, policies = build_job(description.options)
+    return new_job(spec, description.cluster, policies, ssh=description.ssh)
 
 
 def job_dir(run_dir: str | Path, job_id: str) -> Path:
@@ -220,22 +185,23 @@ def _early_stop(signum: int, _frame: object) -> None:
     _EARLY_STOPS.append(signum)
 
 
-async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
+async def supervise(description: JobDescription, writer: EventWriter) -> int:
     """Run the job, SIGTERM/SIGINT mapped to ``job.stop()`` (one that came before the
     job existed stops it before launch); its exit code."""
+    options = description.options
     try:
-        job = request.job()
+        job = job_of(description)
     except CorralError as exc:
         event = error_event(exc)
         writer.write(event)
         return int(event["exit_code"])
-    if request.workload_weights:
+    if options.workload_weights:
         from corral.calibrate.launch import watch_drift
 
         # before the writer: its last message precedes `finished`
-        watch_drift(job, rebalance=request.rebalance)
+        watch_drift(job, rebalance=options.rebalance)
     job.subscribe(writer.on_event)
-    directory = job_dir(request.run_dir, request.job_id)
+    directory = job_dir(options.run_dir, job.spec.job_id)
     for _ in _EARLY_STOPS:
         job.stop(stopped_by(directory))
     try:
@@ -249,15 +215,21 @@ async def supervise(request: LaunchRequest, writer: EventWriter) -> int:
 
 
 def main() -> int:
-    """Entry point: the request on stdin, the events in the job dir."""
+    """Entry point: the description on stdin, the events in the job dir."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _early_stop)
-    request = LaunchRequest.model_validate_json(sys.stdin.buffer.read())
-    directory = private_dir(job_dir(request.run_dir, request.job_id))
+    try:
+        description = received(sys.stdin.buffer.read())
+    except ConfigError as exc:
+        print(f"corral supervisor: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    options = description.options
+    assert options.job_id is not None  # received() refuses a description without one
+    directory = private_dir(job_dir(options.run_dir, options.job_id))
     write_supervisor(directory, psutil.Process().pid, psutil.Process().create_time())
     writer = EventWriter(directory / EVENTS_FILE)
     try:
-        return asyncio.run(supervise(request, writer))
+        return asyncio.run(supervise(description, writer))
     finally:
         writer.close()
 

@@ -22,7 +22,7 @@ from corral.diagnose.links import (
 )
 from corral.diagnose.links_render import grid_json
 from corral.errors import Conflict
-from corral.service.machines import host_spec, ssh_spec
+from corral.service.machines import machine_host, machines_ssh
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
 from corral.transport.choose import transport_for
@@ -62,8 +62,8 @@ async def measure_machines(
             "the link matrix needs two or more remote machines",
             details={"machines": [m.name for m in remote]},
         )
-    hosts = [host_spec(m).host() for m in remote]
-    ssh = ssh_spec(remote, settings).options()
+    hosts = [machine_host(m) for m in remote]
+    ssh = machines_ssh(remote, settings)
     transport = transport_for(Cluster(tuple(hosts)), ssh, connect_timeout=10.0)
     try:
         matrix = await measure_links(transport, hosts, budget=LinkBudget(seconds=body.seconds))

@@ -17,17 +17,17 @@ from collections.abc import Callable, Iterable, Sequence
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from corral.cluster.model import Cluster
+from corral.cluster.model import Cluster, Host
 from corral.errors import Conflict, CorralError, Invalid, NotFound
 from corral.fleet.capabilities import MachineHealth, local_health, probe_machines
 from corral.job.states import ACTIVE_STATES as JOB_ACTIVE_STATES
 from corral.job.states import state_values
-from corral.service.launch import HostSpec, SshSpec
 from corral.service.models import MachineIn, MachineOut, NetworkStatus
 from corral.service.settings import ServerSettings, new_id
 from corral.store import Store
 from corral.store.models import Job, Machine
 from corral.transport.choose import transport_for
+from corral.transport.options import SshOptions
 
 ACTIVE_STATES = tuple(state_values(JOB_ACTIVE_STATES))
 """Job states in which a job holds its machines (:data:`corral.job.states.ACTIVE_STATES`)."""
@@ -73,9 +73,9 @@ def machine_out(m: Machine, busy: dict[str, list[str]]) -> MachineOut:
     )
 
 
-def host_spec(m: Machine) -> HostSpec:
+def machine_host(m: Machine) -> Host:
     """The machine as a node of a job."""
-    return HostSpec(
+    return Host(
         name=m.name,
         address="" if m.local else m.address,
         port=m.port,
@@ -87,7 +87,7 @@ def host_spec(m: Machine) -> HostSpec:
     )
 
 
-def ssh_spec(machines: Sequence[Machine], settings: ServerSettings) -> SshSpec:
+def machines_ssh(machines: Sequence[Machine], settings: ServerSettings) -> SshOptions:
     """How a job reaches ``machines``: one key / password variable for all of them
     (Conflict when they differ: one job connects one way)."""
     keys = {m.key_path for m in machines if not m.local}
@@ -102,7 +102,7 @@ def ssh_spec(machines: Sequence[Machine], settings: ServerSettings) -> SshSpec:
                 "password_envs": sorted(p or "" for p in passwords),
             },
         )
-    return SshSpec(
+    return SshOptions(
         key=next(iter(keys), None),
         password_env=next(iter(passwords), None),
         config=settings.ssh_config,
@@ -275,9 +275,9 @@ class MachineService:
                 *(asyncio.to_thread(self.local_probe, m.name) for m in machines)
             )
             return {h.name: h for h in found}
-        hosts = [host_spec(m).host() for m in machines]
+        hosts = [machine_host(m) for m in machines]
         try:
-            ssh = ssh_spec(machines, self.settings).options()
+            ssh = machines_ssh(machines, self.settings)
             ssh.password()  # an unset password variable: these machines are offline
             transport = transport_for(Cluster(tuple(hosts)), ssh, connect_timeout=deadline)
         except CorralError as exc:
@@ -306,4 +306,4 @@ def _apply(m: Machine, health: MachineHealth) -> None:
         m.last_error = health.error
 
 
-__all__ = ["ACTIVE_STATES", "MachineService", "busy_machines", "host_spec", "ssh_spec"]
+__all__ = ["ACTIVE_STATES", "MachineService", "busy_machines", "machine_host", "machines_ssh"]

@@ -397,6 +397,8 @@ class DistributedJobStatus(BaseModel):
         description="The pre-flight checks that warned (the launch went on) or failed: "
         "name, status (warn|fail), message, fix_command.",
     )
+    owner: str | None = Field(None, description="The user who submitted or queued it.")
+    priority: int = 0
 
 
 class JobSummary(BaseModel):
@@ -415,6 +417,8 @@ class JobSummary(BaseModel):
     machines: list[str]
     world_size: int
     task_id: str | None
+    owner: str | None = Field(None, description="The user who submitted or queued it.")
+    priority: int = 0
 
 
 class JobList(BaseModel):
@@ -442,6 +446,7 @@ class TaskIn(_Body):
     name: str = Field(min_length=1, max_length=255)
     kind: Literal["distributed", "single"] = "distributed"
     request: JobRequest
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="Of the jobs it queues.")
 
 
 class TaskOut(BaseModel):
@@ -452,6 +457,8 @@ class TaskOut(BaseModel):
     kind: str
     request: dict[str, Any]
     created: float
+    owner: str | None = None
+    priority: int = 0
 
 
 class QueuedOut(BaseModel):
@@ -462,6 +469,28 @@ class QueuedOut(BaseModel):
     status: str
     position: int
     reason: str = Field("", description="What it waits for (empty: it starts now).")
+    priority: int = 0
+    owner: str | None = None
+
+
+class QueueEntry(BaseModel):
+    """A queued job in the queue's order (higher priority first, then first in first out)."""
+
+    position: int
+    job_id: str
+    name: str | None
+    owner: str | None
+    priority: int
+    queued: float | None
+    machines: int = Field(description="How many machines it asks for.")
+    reason: str
+
+
+class QueueMove(_Body):
+    """A new priority for a queued job, or ``top``: ahead of every other queued job."""
+
+    priority: int | None = Field(None, ge=-1_000_000, le=1_000_000)
+    top: bool = False
 
 
 class Suggestion(BaseModel):

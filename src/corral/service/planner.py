@@ -26,12 +26,13 @@ from corral.calibrate.resolve import planned_ranks, resolve_weights
 from corral.cluster.model import Cluster
 from corral.contract import JOB_CONFIG_ENV, adjust_config
 from corral.errors import ConfigError, Conflict, Invalid
+from corral.job.build import JobOptions, job_spec
+from corral.job.describe import JobDescription
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
 from corral.plan.launchers import template_fields
 from corral.redact import is_secret, redact_env
-from corral.service.launch import LaunchRequest
-from corral.service.machines import host_spec, ssh_spec
+from corral.service.machines import machine_host, machines_ssh
 from corral.service.models import JobRequest, Suggestion
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
@@ -265,7 +266,7 @@ def script_of(request: JobRequest, settings: ServerSettings) -> str:
 def _calibration_cluster(machines: Sequence[Machine]) -> Cluster:
     """The job's nodes as a calibration names them: by machine name (or address);
     the ``corral calibrate`` an error suggests is for these machines."""
-    hosts = tuple(host_spec(m).host() for m in machines)
+    hosts = tuple(machine_host(m) for m in machines)
     if all(m.local for m in machines):
         return Cluster(hosts, source=f"local:{len(machines)}")
     return Cluster(hosts, source=",".join(h.address or h.name for h in hosts))
@@ -348,17 +349,19 @@ def workload_weights(
     return [round(w / total, 6) for w in given]
 
 
-def launch_request(
+def job_description(
     job_id: str,
     request: JobRequest,
     machines: Sequence[Machine],
     settings: ServerSettings,
     *,
     weights: Sequence[float] | None = None,
-) -> LaunchRequest:
-    """What the supervisor process runs (real env values: never stored or returned).
-    ``weights``: the ranks' workload weights as planned (default: resolved now from
-    the request's calibration or workload_weights)."""
+) -> JobDescription:
+    """The one job description of an API request on ``machines``: what is stored as
+    the plan and what the supervisor process runs, as is (it holds the real secret
+    env values, which its JSON never does). ``weights``: the ranks' workload weights
+    as planned (default: resolved now from the request's calibration or
+    workload_weights)."""
     needs = request.resource_requirements
     nproc = needs.gpus_per_machine or request.nproc_per_node
     env = dict(request.env)
@@ -376,31 +379,30 @@ def launch_request(
         weights = workload_weights(request, machines, nproc)
     if not os.path.isabs(script) and os.path.isfile(script):
         script = os.path.abspath(script)  # relative to the server's directory
-    return LaunchRequest(
-        job_id=job_id,
-        run_dir=str(settings.run_dir),
-        script=script,
-        args=list(request.args),
+    options = JobOptions(
+        command=(script, *request.args),
         launcher=request.launcher,
         command_template=request.command_template,
+        job_id=job_id,
+        run_dir=str(settings.run_dir),
         python=request.python,
         nproc_per_node=nproc,
         master_port=request.master_port,
         workdir=request.workdir,
         env=env,
-        secret_env=list(request.secret_env),
+        secret_env=tuple(request.secret_env),
         timeout=request.timeout,
-        hosts=[host_spec(m) for m in machines],
-        ssh=ssh_spec(machines, settings),
         preflight=request.preflight,
         sync=request.sync,
         code_dir=request.code_dir or _code_dir(script, request.workdir),
         max_restarts=request.max_restarts,
         checkpoint_dir=request.checkpoint_dir,
         hang_timeout=request.hang_timeout,
-        workload_weights=list(weights),
+        workload_weights=tuple(weights),
         rebalance=request.rebalance,
     )
+    cluster = Cluster(tuple(machine_host(m) for m in machines), source="corral serve")
+    return JobDescription(options, cluster, machines_ssh(machines, settings))
 
 
 def _code_dir(script: str, workdir: str | None) -> str | None:
@@ -412,23 +414,25 @@ def _code_dir(script: str, workdir: str | None) -> str | None:
     return os.path.dirname(script) if os.path.isabs(script) else None
 
 
-def weight_rows(launch: LaunchRequest) -> list[dict[str, Any]] | None:
+def weight_rows(description: JobDescription) -> list[dict[str, Any]] | None:
     """The plan's ``workload_weights``: ``{host, node_rank, local_rank, weight}`` per
     rank in plan order; None for an even split."""
-    if not launch.workload_weights:
+    options, cluster = description.options, description.cluster
+    if not options.workload_weights:
         return None
-    ranks = planned_ranks(launch.cluster(), launch.nproc_per_node)
-    node_of = {h.name: i for i, h in enumerate(launch.cluster().hosts)}
+    ranks = planned_ranks(cluster, options.nproc_per_node)
+    node_of = {h.name: i for i, h in enumerate(cluster.hosts)}
     return [
         {"host": host.name, "node_rank": node_of[host.name], "local_rank": local, "weight": w}
-        for (host, local), w in zip(ranks, launch.workload_weights, strict=True)
+        for (host, local), w in zip(ranks, options.workload_weights, strict=True)
     ]
 
 
-def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any]:
+def execution_plan(description: JobDescription, selection: Selection) -> dict[str, Any]:
     """The plan as the API shows it: machines (and why), master, per-node commands
     and env exactly as ``corral plan`` prints them (secret values redacted)."""
-    prepared = dry_run(launch.spec(), launch.cluster())
+    options = description.options
+    prepared = dry_run(job_spec(options), description.cluster)
     nodes = []
     for cmd in prepared.commands:
         nodes.append(
@@ -444,13 +448,14 @@ def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any
         )
     master = prepared.commands[0] if prepared.commands else None
     master_cmd = next((c for c in prepared.commands if c.hosts_master), master)
-    config_json = launch.env.get(CONFIG_ENV)
+    config_json = options.env.get(CONFIG_ENV)
+    script, *args = options.command or [""]
     return {
-        "job_id": launch.job_id,
+        "job_id": options.job_id,
         "launcher": prepared.spec.launcher,
-        "script": launch.script,
-        "args": launch.args,
-        "command_template": launch.command_template,
+        "script": script,
+        "args": args,
+        "command_template": options.command_template,
         "world_size": prepared.world_size,
         "num_machines": len(selection.chosen),
         "master": {
@@ -466,16 +471,16 @@ def execution_plan(launch: LaunchRequest, selection: Selection) -> dict[str, Any
         "nodes": nodes,
         "config": None if config_json is None else json.loads(config_json),
         "env": redact_env(
-            {k: v for k, v in launch.env.items() if k != CONFIG_ENV}, launch.secret_env
+            {k: v for k, v in options.env.items() if k != CONFIG_ENV}, options.secret_env
         ),
         "fault_tolerance": {
-            "max_restarts": launch.max_restarts,
-            "checkpoint_dir": launch.checkpoint_dir,
-            "hang_timeout": launch.hang_timeout,
+            "max_restarts": options.max_restarts,
+            "checkpoint_dir": options.checkpoint_dir,
+            "hang_timeout": options.hang_timeout,
         },
-        "preflight": launch.preflight,
-        "workload_weights": weight_rows(launch),
-        "rebalance": launch.rebalance,
+        "preflight": options.preflight,
+        "workload_weights": weight_rows(description),
+        "rebalance": options.rebalance,
     }
 
 

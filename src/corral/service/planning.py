@@ -1,14 +1,16 @@
-"""Planning a server's job: machines chosen, the launch request fixed, stored ``planned``.
+"""Planning a server's job: machines chosen, the job description fixed, stored ``planned``.
 
-The launch request built here (:class:`~corral.service.launch.LaunchRequest`,
-what the supervisor process runs) is the plan the user confirms: it is stored
-with the job (secret env values redacted; the real ones stay in the server's
-memory) and dispatch runs exactly it (:mod:`corral.service.dispatch`), or
-refuses with the reason when the machines changed since (:func:`machine_changes`).
+The job description built here (:class:`~corral.job.describe.JobDescription`, by
+:func:`~corral.service.planner.job_description`; what the supervisor process runs)
+is the plan the user confirms: its JSON is stored with the job (secret env values
+never in it; the real ones stay in the server's memory) and dispatch runs exactly
+it (:mod:`corral.service.dispatch`), or refuses with the reason when the machines
+changed since (:func:`machine_changes`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -17,16 +19,16 @@ from typing import Any
 from sqlalchemy import select
 
 from corral.errors import Conflict, Invalid
+from corral.job.describe import JobDescription
 from corral.job.resolve import new_job_id
 from corral.job.states import JobState, job_sources
-from corral.redact import is_secret, redact_env
-from corral.service.launch import LaunchRequest, job_dir
-from corral.service.machines import MachineService, busy_machines, host_spec, ssh_spec
+from corral.service.launch import job_dir
+from corral.service.machines import MachineService, busy_machines, machine_host, machines_ssh
 from corral.service.models import JobRequest, PlanOut
 from corral.service.planner import (
     Selection,
     execution_plan,
-    launch_request,
+    job_description,
     select_machines,
     stored_request,
 )
@@ -35,20 +37,14 @@ from corral.store import Store
 from corral.store.models import Job, Machine, Preference
 
 
-def stored_launch(launch: LaunchRequest) -> dict[str, Any]:
-    """The launch request as stored with the job: secret env values redacted."""
-    data = launch.model_dump(mode="json")
-    data["env"] = redact_env(launch.env, launch.secret_env)
-    return data
-
-
-def launch_has_secrets(launch: LaunchRequest) -> bool:
-    """Whether the launch carries a secret env value (kept only in memory)."""
-    return any(is_secret(k, launch.secret_env) for k in launch.env)
+def stored_launch(description: JobDescription) -> dict[str, Any]:
+    """The job description as stored with the job (its JSON: secret env values are
+    never in it, only their names)."""
+    return description.to_dict()
 
 
 def machine_changes(
-    launch: LaunchRequest,
+    description: JobDescription,
     machine_ids: Sequence[str],
     current: Mapping[str, Machine],
     settings: ServerSettings,
@@ -58,29 +54,34 @@ def machine_changes(
     ``current``: the registered machines by id."""
     changes: list[str] = []
     now: list[Machine] = []
-    for spec, machine_id in zip(launch.hosts, machine_ids, strict=False):
+    for host, machine_id in zip(description.cluster.hosts, machine_ids, strict=False):
         machine = current.get(machine_id)
         if machine is None:
-            changes.append(f"machine {spec.name} was removed")
+            changes.append(f"machine {host.name} was removed")
             continue
         now.append(machine)
-        then, later = spec.model_dump(), host_spec(machine).model_dump()
+        later = machine_host(machine)
         diffs = [
-            f"{field} {then[field]!r} -> {later[field]!r}"
-            for field in then
-            if then[field] != later[field]
+            f"{f.name} {_plain(getattr(host, f.name))!r} -> {_plain(getattr(later, f.name))!r}"
+            for f in dataclasses.fields(host)
+            if getattr(host, f.name) != getattr(later, f.name)
         ]
         if diffs:
-            changes.append(f"machine {spec.name} changed ({', '.join(diffs)})")
+            changes.append(f"machine {host.name} changed ({', '.join(diffs)})")
     if not changes and now:
         try:
-            ssh = ssh_spec(now, settings)
+            ssh = machines_ssh(now, settings)
         except Conflict as exc:
             changes.append(str(exc))
         else:
-            if ssh != launch.ssh:
+            if ssh != description.ssh:
                 changes.append("the machines' SSH key or password variable changed")
     return changes
+
+
+def _plain(value: object) -> object:
+    """A host's field as a change names it (its frozen mappings as dicts)."""
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 class Planning:
@@ -91,12 +92,12 @@ class Planning:
         store: Store,
         settings: ServerSettings,
         machines: MachineService,
-        launches: dict[str, LaunchRequest],
+        launches: dict[str, JobDescription],
     ) -> None:
         self.store = store
         self.settings = settings
         self.machines = machines
-        self.launches = launches  # planned jobs' launch requests, secret values included
+        self.launches = launches  # planned jobs' descriptions, secret values included
 
     def _preferred(self) -> list[str]:
         with self.store.session() as s:
@@ -130,12 +131,14 @@ class Planning:
         kind: str = "distributed",
         task_id: str | None = None,
         job_id: str | None = None,
+        owner: str | None = None,
     ) -> PlanOut:
-        """Choose machines, fix the launch request and the execution plan, and store
-        the job as ``planned`` (a queued job ``job_id`` moves to ``planned``)."""
+        """Choose machines, fix the job description and the execution plan, and store
+        the job as ``planned`` (a queued job ``job_id`` moves to ``planned``; ``owner``:
+        the user it is planned for, a queued job keeps its own)."""
         selection = self.select(request)
         job_id = job_id or new_job_id()
-        launch = launch_request(job_id, request, selection.chosen, self.settings)
+        launch = job_description(job_id, request, selection.chosen, self.settings)
         plan = execution_plan(launch, selection)
         with self.store.session() as s:
             row = s.get(Job, job_id)
@@ -157,12 +160,14 @@ class Planning:
             row.world_size = int(plan["world_size"])
             row.task_id = task_id
             row.run_dir = str(job_dir(self.settings.run_dir, job_id))
+            if owner is not None:
+                row.owner = owner
         self.launches[job_id] = launch
         return PlanOut(job_id=job_id, status=JobState.PLANNED.value, execution_plan=plan)
 
-    def plan_here(self, request: JobRequest) -> str:
-        """Plan a job on the server's own machine (one local node), stored ``planned``
-        with kind ``local``; its id."""
+    def plan_here(self, request: JobRequest, owner: str | None = None) -> str:
+        """Plan ``owner``'s job on the server's own machine (one local node), stored
+        ``planned`` with kind ``local``; its id."""
         name = socket.gethostname().split(".")[0] or "localhost"
         here = Machine(
             id="",
@@ -178,7 +183,7 @@ class Planning:
         )
         selection = Selection(chosen=[here], reasons={"": ["the server's own machine"]})
         job_id = new_job_id()
-        launch = launch_request(job_id, request, [here], self.settings)
+        launch = job_description(job_id, request, [here], self.settings)
         plan = execution_plan(launch, selection)
         with self.store.session() as s:
             s.add(
@@ -194,6 +199,7 @@ class Planning:
                     world_size=int(plan["world_size"]),
                     created=time.time(),
                     run_dir=str(job_dir(self.settings.run_dir, job_id)),
+                    owner=owner,
                 )
             )
         self.launches[job_id] = launch

@@ -12,7 +12,7 @@ from typing import Any
 from corral.cluster.model import Cluster
 from corral.errors import Invalid
 from corral.fleet.fanout import run_on_hosts
-from corral.service.machines import host_spec, ssh_spec
+from corral.service.machines import machine_host, machines_ssh
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
 from corral.sync.push import normalize_dest, sync_tree
@@ -43,9 +43,9 @@ async def prepare_dependencies(
             raise Invalid(
                 f"{requirements!r} is not a file of {source}", details={"field": "requirements"}
             )
-    hosts = tuple(host_spec(m).host() for m in machines)
+    hosts = tuple(machine_host(m) for m in machines)
     cluster = Cluster(hosts, source="corral serve")
-    ssh = ssh_spec(machines, settings).options()
+    ssh = machines_ssh(machines, settings)
     report = await sync_tree(cluster, root, dest, ssh, python=python)
     target = normalize_dest(dest, str(root.resolve()))
     results: dict[str, dict[str, Any]] = {

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 
 from corral.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.job.describe import JobDescription
 from corral.job.events import FINAL_KINDS, JobEvent, LogLines, decode_event
 from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
@@ -20,7 +21,6 @@ from corral.job.summary import preflight_findings, reason_text
 from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
 from corral.service.ingest import Ingest, Live, machine_ids
 from corral.service.jobrows import job_row
-from corral.service.launch import LaunchRequest
 from corral.service.models import (
     DistributedJobStatus,
     JobList,
@@ -46,7 +46,7 @@ class Queries:
     """Reading jobs: every view catches up with the events written so far."""
 
     def __init__(
-        self, store: Store, ingest: Ingest, live: Live, launches: dict[str, LaunchRequest]
+        self, store: Store, ingest: Ingest, live: Live, launches: dict[str, JobDescription]
     ) -> None:
         self.store = store
         self.ingest = ingest
@@ -94,12 +94,15 @@ class Queries:
         machine: str | None = None,
         task_id: str | None = None,
         kind: str | None = None,
+        owner: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> JobList:
         """Jobs, newest first, filtered by state (comma-separated), machine (id or
-        name), task or kind."""
+        name), task, kind or owner."""
         query = select(Job)
+        if owner:
+            query = query.where(Job.owner == owner)
         if state:
             query = query.where(Job.state.in_([x.strip() for x in state.split(",")]))
         if task_id:
@@ -344,6 +347,8 @@ def _summary(r: Job, tasks: dict[str, str] | None = None) -> JobSummary:
         machines=[str(n) for n in names],
         world_size=r.world_size,
         task_id=r.task_id,
+        owner=r.owner,
+        priority=r.priority or 0,
     )
 
 
@@ -435,6 +440,8 @@ def _status(
         machines=[m["name"] for m in (job.plan or {}).get("machines", [])],
         task_id=job.task_id,
         workload_weights=_current_weights(job, attempts),
+        owner=job.owner,
+        priority=job.priority or 0,
     )
 
 

@@ -6,6 +6,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.notify.service import DeliveryPolicy
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -21,8 +23,29 @@ class ServerSettings:
     ingest_interval: float = 0.2
     schedule_interval: float = 1.0
     health_interval: float = 30.0  # background health checks (load, online); 0: none
+    #: the server's address as its users reach it (links in notifications); None: paths
+    public_url: str | None = None
+    #: notifications (corral.notify): tries per delivery, the first retry's delay (doubled
+    #: each time, at most notify_max_backoff), each try's timeout, deliveries in flight
+    notify_attempts: int = 10
+    notify_backoff: float = 5.0
+    notify_max_backoff: float = 600.0
+    notify_timeout: float = 10.0
+    notify_concurrency: int = 8
 
 
 def new_id(prefix: str) -> str:
     """A short random id: ``prefix-`` and 10 hex digits."""
     return f"{prefix}-{secrets.token_hex(5)}"
+
+
+def delivery_policy(settings: ServerSettings) -> DeliveryPolicy:
+    """How the server's notifications are sent (:mod:`corral.notify`)."""
+    return DeliveryPolicy(
+        attempts=settings.notify_attempts,
+        backoff=settings.notify_backoff,
+        max_backoff=settings.notify_max_backoff,
+        timeout=settings.notify_timeout,
+        concurrency=settings.notify_concurrency,
+        public_url=settings.public_url,
+    )

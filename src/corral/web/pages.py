@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from corral import __version__
+from corral.service.users import Principal, Role, UserService
 from corral.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
 
 HERE = Path(__file__).parent
@@ -49,10 +50,19 @@ def page(request: Request, name: str, title: str, **context: Any) -> Response:
     session = _session(request)
     if session is None:  # the middleware lets bearer clients in: pages need a session
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
+    who = request.state.principal if hasattr(request.state, "principal") else None
+    role = who.role if isinstance(who, Principal) else Role.VIEWER
+    # what the page offers: the actions the role may take (the API refuses the rest)
+    rights = {
+        "user": who.name if isinstance(who, Principal) else "",
+        "role": role.value,
+        "can_submit": role.at_least(Role.USER),
+        "is_admin": role is Role.ADMIN,
+    }
     return templates.TemplateResponse(
         request,
         name,
-        {"title": title, "csrf": session.csrf, "version": __version__, **context},
+        {"title": title, "csrf": session.csrf, "version": __version__, **rights, **context},
     )
 
 
@@ -93,9 +103,11 @@ def login(
     expected = request.cookies.get(LOGIN_COOKIE) or ""
     if not expected or not same_token(csrf_token, expected):
         return RedirectResponse("/login?error=csrf", status_code=303)
-    if not same_token(token.strip(), request.app.state.token):
+    users: UserService = request.app.state.services.users
+    who = users.authenticate(token.strip())
+    if who is None:
         return RedirectResponse(f"/login?error=token&next={_safe_next(next)}", status_code=303)
-    sid, _ = _sessions(request).create()
+    sid, _ = _sessions(request).create(who.name)
     response = RedirectResponse(_safe_next(next), status_code=303)
     response.set_cookie(
         SESSION_COOKIE, sid, httponly=True, samesite="strict", secure=_secure(request), path="/"
@@ -128,6 +140,11 @@ def new_job_page(request: Request) -> Response:
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request) -> Response:
     return page(request, "jobs.html", "Jobs and queue", nav="jobs")
+
+
+@router.get("/queue", response_class=HTMLResponse)
+def queue_page(request: Request) -> Response:
+    return page(request, "queue.html", "Queue", nav="queue")
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Security
 from sse_starlette.sse import EventSourceResponse
 
-from corral.api.auth import bearer
+from corral.api.auth import Caller, bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.service.models import DistributedJobStatus, JobList, JobRequest, JobSummary, QueuedOut
@@ -22,17 +22,26 @@ Svc = Annotated[Services, Depends(services)]
 @router.get("", summary="Jobs, newest first, with filters and paging")
 def list_jobs(
     svc: Svc,
+    who: Caller,
     status: Annotated[
         str | None, Query(max_length=200, description="State(s), comma-separated.")
     ] = None,
     machine: Annotated[str | None, Query(max_length=255)] = None,
     task_id: Annotated[str | None, Query(max_length=64)] = None,
     kind: Annotated[str | None, Query(max_length=16)] = None,
+    owner: Annotated[str | None, Query(max_length=64, description="A user's jobs.")] = None,
+    mine: Annotated[bool, Query(description="The caller's own jobs.")] = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
 ) -> JobList:
-    return svc.jobs.list_jobs(
-        state=status, machine=machine, task_id=task_id, kind=kind, limit=limit, offset=offset
+    return svc.jobs.queries.list_jobs(
+        state=status,
+        machine=machine,
+        task_id=task_id,
+        kind=kind,
+        owner=who.name if mine else owner,
+        limit=limit,
+        offset=offset,
     )
 
 
@@ -42,11 +51,20 @@ def list_jobs(
     responses=ERRORS,
     summary="Queue a job: it starts when its machines are free (first in, first out)",
     description="The job waits in state `queued`; its `reason` says for what (`waiting for "
-    "2 machines: gpu1 busy with J, gpu3 offline`). A request that could never run, even "
-    "with every machine free, is a 409 (a 404 for an unknown machine) instead.",
+    "2 machines: gpu1 busy with J, gpu3 offline`; `alice has 2 running, limit 2`). The "
+    "queue runs higher `priority` first, first in first out within a priority (above 0: "
+    "admins only). A request "
+    "that could never run, even with every machine free (or over the caller's machine "
+    "limit), is a 409 (a 404 for an unknown machine) instead.",
 )
-def queue_job(body: JobRequest, svc: Svc) -> QueuedOut:
-    return svc.tasks.queue_request(body)
+def queue_job(
+    body: JobRequest,
+    svc: Svc,
+    who: Caller,
+    priority: Annotated[int, Query(ge=-1_000_000, le=1_000_000)] = 0,
+) -> QueuedOut:
+    who.may_prioritise(priority)
+    return svc.tasks.queue_request(body, owner=who.name, priority=priority)
 
 
 @router.get("/{job_id}", responses=ERRORS, summary="A job's status")
@@ -59,7 +77,8 @@ def get_job(job_id: str, svc: Svc) -> DistributedJobStatus:
     responses=ERRORS,
     summary="Forget a planned, queued or finished job (its run dir stays)",
 )
-def delete_job(job_id: str, svc: Svc) -> JobSummary:
+def delete_job(job_id: str, svc: Svc, who: Caller) -> JobSummary:
+    who.require_owner(svc.jobs.row(job_id).owner, f"deleting job {job_id}")
     return svc.jobs.delete(job_id)
 
 

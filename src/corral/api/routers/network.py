@@ -7,9 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.responses import FileResponse
 
-from corral.api.auth import bearer
+from corral.api.auth import Caller, bearer, require_admin
 from corral.api.services import Services, services
 from corral.fleet.capabilities import local_health
+from corral.service.jobrows import set_values
 from corral.service.links import LinksIn, LinksOut, measure_machines
 from corral.service.models import (
     DispatchIn,
@@ -24,11 +25,13 @@ from corral.service.models import (
     StopOut,
 )
 from corral.service.prepare import prepare_dependencies
+from corral.service.users import Role
 
 router = APIRouter(prefix="/api/network", tags=["network"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or wrong bearer token (nothing about the resource)."},
+    403: {"description": "The caller's role may not do this, or it is another user's job."},
     404: {"description": "Unknown machine or job."},
     409: {"description": "Conflicts with the current state (duplicate, busy, too few machines)."},
     413: {"description": "Body larger than the server's limit (--max-request-bytes)."},
@@ -44,7 +47,13 @@ def list_machines(svc: Svc) -> list[MachineOut]:
     return svc.machines.list_all()
 
 
-@router.post("/machines", status_code=201, responses=ERRORS, summary="Add a machine")
+@router.post(
+    "/machines",
+    status_code=201,
+    responses=ERRORS,
+    dependencies=[Depends(require_admin)],
+    summary="Add a machine (admin)",
+)
 def add_machine(body: MachineIn, svc: Svc) -> MachineOut:
     return svc.machines.add(body)
 
@@ -55,13 +64,21 @@ def get_machine(machine_id: str, svc: Svc) -> MachineOut:
 
 
 @router.delete(
-    "/machines/by-name/{machine_name}", responses=ERRORS, summary="Remove a machine by name"
+    "/machines/by-name/{machine_name}",
+    responses=ERRORS,
+    dependencies=[Depends(require_admin)],
+    summary="Remove a machine by name (admin)",
 )
 def delete_machine_by_name(machine_name: str, svc: Svc) -> MachineOut:
     return svc.machines.delete_by_name(machine_name)
 
 
-@router.delete("/machines/{machine_id}", responses=ERRORS, summary="Remove a machine")
+@router.delete(
+    "/machines/{machine_id}",
+    responses=ERRORS,
+    dependencies=[Depends(require_admin)],
+    summary="Remove a machine (admin)",
+)
 def delete_machine(machine_id: str, svc: Svc) -> MachineOut:
     return svc.machines.delete(machine_id)
 
@@ -100,8 +117,9 @@ async def capabilities() -> dict[str, Any]:
 
 
 @router.post("/distributed/plan", responses=ERRORS, summary="Plan a distributed job")
-def plan(body: JobRequest, svc: Svc) -> PlanOut:
-    return svc.jobs.plan(body)
+def plan(body: JobRequest, svc: Svc, who: Caller) -> PlanOut:
+    who.require(Role.USER, "planning a job")
+    return svc.jobs.planning.plan(body, owner=who.name)
 
 
 @router.post(
@@ -109,7 +127,10 @@ def plan(body: JobRequest, svc: Svc) -> PlanOut:
     responses=ERRORS,
     summary="Start a planned job (pre-flight checklist first)",
 )
-def dispatch(body: DispatchIn, svc: Svc) -> DistributedJobStatus:
+def dispatch(body: DispatchIn, svc: Svc, who: Caller) -> DistributedJobStatus:
+    row = svc.jobs.row(body.job_id)
+    who.require_owner(row.owner, f"dispatching job {row.id}")
+    svc.tasks.check_limit(row.owner, len(row.machine_ids or []))
     return svc.jobs.dispatch(body)
 
 
@@ -124,8 +145,10 @@ def status(job_id: str, svc: Svc) -> DistributedJobStatus:
 def stop(
     job_id: str,
     svc: Svc,
+    who: Caller,
     force: Annotated[bool, Query(description="Kill now instead of a graceful stop.")] = False,
 ) -> StopOut:
+    who.require_owner(svc.jobs.row(job_id).owner, f"stopping job {job_id}")
     return svc.jobs.stop(job_id, force=force)
 
 
@@ -163,7 +186,8 @@ def status_old(job_id: str, svc: Svc) -> DistributedJobStatus:
     responses=ERRORS,
     summary="Run a whole job on one machine",
 )
-def dispatch_job(machine_id: str, body: JobRequest, svc: Svc) -> DistributedJobStatus:
+def dispatch_job(machine_id: str, body: JobRequest, svc: Svc, who: Caller) -> DistributedJobStatus:
+    svc.tasks.check_limit(who.name, 1)
     machine = svc.machines.row(machine_id)
     request = body.model_copy(
         update={
@@ -174,7 +198,7 @@ def dispatch_job(machine_id: str, body: JobRequest, svc: Svc) -> DistributedJobS
             ),
         }
     )
-    planned = svc.jobs.plan(request, kind="single")
+    planned = svc.jobs.planning.plan(request, kind="single", owner=who.name)
     return svc.jobs.dispatch(DispatchIn(job_id=planned.job_id))
 
 
@@ -202,8 +226,9 @@ def machine_job_status(machine_id: str, job_id: str, svc: Svc) -> DistributedJob
 @router.post(
     "/machines/{machine_id}/stop_job/{job_id}", responses=ERRORS, summary="Stop a job on a machine"
 )
-def machine_stop_job(machine_id: str, job_id: str, svc: Svc) -> StopOut:
+def machine_stop_job(machine_id: str, job_id: str, svc: Svc, who: Caller) -> StopOut:
     _job_on(svc, machine_id, job_id)
+    who.require_owner(svc.jobs.row(job_id).owner, f"stopping job {job_id}")
     return svc.jobs.stop(job_id)
 
 
@@ -228,8 +253,11 @@ async def prepare(body: PrepareIn, svc: Svc) -> dict[str, Any]:
 
 
 @router.post("/execute_job", responses=ERRORS, summary="Run a job on the server's machine")
-def execute_job(body: JobRequest, svc: Svc) -> DistributedJobStatus:
-    return svc.jobs.execute_here(body)
+def execute_job(body: JobRequest, svc: Svc, who: Caller) -> DistributedJobStatus:
+    svc.tasks.check_limit(who.name, 1)
+    status = svc.jobs.execute_here(body)
+    set_values(svc.store, status.job_id, owner=who.name)
+    return status.model_copy(update={"owner": who.name})
 
 
 @router.get("/local_job_status/{job_id}", responses=ERRORS, summary="A job's status")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Security
 
-from corral.api.auth import bearer
+from corral.api.auth import Caller, bearer, require_admin
 from corral.api.hardening import bearer_only
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
@@ -33,8 +33,9 @@ def list_tasks(svc: Svc) -> list[TaskOut]:
 
 
 @router.post("/tasks", status_code=201, responses=ERRORS, summary="Save a task")
-def create_task(body: TaskIn, svc: Svc) -> TaskOut:
-    return svc.tasks.create(body)
+def create_task(body: TaskIn, svc: Svc, who: Caller) -> TaskOut:
+    who.may_prioritise(body.priority)
+    return svc.tasks.create(body, owner=who.name)
 
 
 @router.get(
@@ -81,12 +82,24 @@ QUEUE_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def queue_distributed(task_id: str, svc: Svc) -> QueuedOut:
-    return svc.tasks.queue(task_id)
+Priority = Annotated[
+    int | None,
+    Query(ge=-1_000_000, le=1_000_000, description="Default: the task's (above 0: admins)."),
+]
 
 
-def queue_on_machine(task_id: str, machine_id: str, svc: Svc) -> QueuedOut:
-    return svc.tasks.queue(task_id, machine_id)
+def queue_distributed(task_id: str, svc: Svc, who: Caller, priority: Priority = None) -> QueuedOut:
+    who.require_owner(svc.tasks.row(task_id).owner, f"queuing task {task_id}")
+    who.may_prioritise(priority)
+    return svc.tasks.queue(task_id, owner=who.name, priority=priority)
+
+
+def queue_on_machine(
+    task_id: str, machine_id: str, svc: Svc, who: Caller, priority: Priority = None
+) -> QueuedOut:
+    who.require_owner(svc.tasks.row(task_id).owner, f"queuing task {task_id}")
+    who.may_prioritise(priority)
+    return svc.tasks.queue(task_id, machine_id, owner=who.name, priority=priority)
 
 
 # POST: what the web page (session cookie + CSRF token) and new clients use; the seed's
@@ -130,6 +143,11 @@ def get_preferences(svc: Svc) -> Preferences:
     return svc.tasks.preferences()
 
 
-@router.put("/preferences", responses=ERRORS, summary="Save preferences")
+@router.put(
+    "/preferences",
+    responses=ERRORS,
+    dependencies=[Depends(require_admin)],
+    summary="Save preferences (admin)",
+)
 def put_preferences(body: Preferences, svc: Svc) -> Preferences:
     return svc.tasks.save_preferences(body)

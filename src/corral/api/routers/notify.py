@@ -1,0 +1,81 @@
+"""``/api/webhooks`` and ``/api/notifiers``: where a job's events are pushed (admin
+only), and each target's delivery log (:mod:`corral.notify`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Security
+
+from corral.api.auth import bearer, require_admin
+from corral.api.routers.network import ERRORS
+from corral.api.services import Services, services
+from corral.notify.models import DeliveryOut, HookOut, NotifierIn, WebhookIn
+from corral.notify.service import APPRISE, WEBHOOK
+
+router = APIRouter(
+    prefix="/api",
+    tags=["notifications"],
+    dependencies=[Security(bearer), Depends(require_admin)],
+    responses={403: {"description": "Not an admin."}},
+)
+Svc = Annotated[Services, Depends(services)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+@router.post(
+    "/webhooks",
+    status_code=201,
+    responses=ERRORS,
+    summary="Add a webhook",
+    description="The events are POSTed as JSON with `X-Corral-Signature: sha256=<hex>`, the "
+    "HMAC-SHA256 of the raw body under the secret, and retried with backoff. The secret "
+    "is never returned.",
+)
+def add_webhook(body: WebhookIn, svc: Svc) -> HookOut:
+    return svc.jobs.notifications.add_webhook(body)
+
+
+@router.get("/webhooks", summary="Every webhook (no secrets)")
+def list_webhooks(svc: Svc) -> list[HookOut]:
+    return svc.jobs.notifications.targets(WEBHOOK)
+
+
+@router.delete("/webhooks/{hook_id}", responses=ERRORS, summary="Remove a webhook")
+def delete_webhook(hook_id: str, svc: Svc) -> HookOut:
+    return svc.jobs.notifications.delete(WEBHOOK, hook_id)
+
+
+@router.get("/webhooks/{hook_id}/deliveries", responses=ERRORS, summary="A webhook's delivery log")
+def webhook_deliveries(hook_id: str, svc: Svc, limit: Limit = 100) -> list[DeliveryOut]:
+    return svc.jobs.notifications.deliveries(WEBHOOK, hook_id, limit)
+
+
+@router.post(
+    "/notifiers",
+    status_code=201,
+    responses=ERRORS,
+    summary="Add a chat or mail target (apprise URL)",
+    description="One line per event with a link to the job page, through apprise "
+    "(`slack://`, `discord://`, `msteams://`, `mailto://`, `json://`, ...; the `notify` "
+    "extra). The URL is returned with its credentials masked.",
+)
+def add_notifier(body: NotifierIn, svc: Svc) -> HookOut:
+    return svc.jobs.notifications.add_notifier(body)
+
+
+@router.get("/notifiers", summary="Every chat or mail target (credentials masked)")
+def list_notifiers(svc: Svc) -> list[HookOut]:
+    return svc.jobs.notifications.targets(APPRISE)
+
+
+@router.delete("/notifiers/{hook_id}", responses=ERRORS, summary="Remove a chat or mail target")
+def delete_notifier(hook_id: str, svc: Svc) -> HookOut:
+    return svc.jobs.notifications.delete(APPRISE, hook_id)
+
+
+@router.get(
+    "/notifiers/{hook_id}/deliveries", responses=ERRORS, summary="A notifier's delivery log"
+)
+def notifier_deliveries(hook_id: str, svc: Svc, limit: Limit = 100) -> list[DeliveryOut]:
+    return svc.jobs.notifications.deliveries(APPRISE, hook_id, limit)

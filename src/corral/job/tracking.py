@@ -1,0 +1,170 @@
+"""The job's side of ``--track``: its events as experiment-tracker records.
+
+:func:`attach_tracking` subscribes a :class:`TrackingSubscriber` to a job (in
+:func:`~corral.job.build.new_job`, so ``corral run`` and the server's supervisor
+process track alike). The coordinator forwards what the ranks report
+(``corral.sdk.report``), the ranks themselves know nothing of it:
+
+- at the first attempt, the job's parameters (script, args, launcher, world size,
+  hosts, workload weights) open each tracker's run;
+- every :class:`~corral.job.events.Progress` gives its numeric metrics at its step
+  (rank 0's under their own names, rank R's as ``rankR/NAME``), the rank's
+  throughput (``throughput/rankR/steps_per_s``, and ``examples_per_s`` when it
+  reports ``examples``) and its GPU sample (``gpu/rankR/util``, ``mem_used_mib``);
+- every attempt logs ``attempt`` and ``world_size`` (a restart shows on the chart);
+- :class:`~corral.job.events.Finished` records the final state, and waits (a
+  bounded time) for the trackers to write everything.
+
+The trackers run on a background thread (:class:`~corral.track.forward.Forwarder`);
+their errors come back as warning messages of the job, never as its failure.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from corral.job.engine import Job
+from corral.job.events import AttemptStarted, Finished, JobEvent, Message, Progress
+from corral.plan.spec import JobSpec
+from corral.track.base import FinalState, ParamValue, Point, RunInfo
+from corral.track.forward import Forwarder
+from corral.track.targets import TrackPolicy
+
+_GPU_KEYS = ("util", "mem_used_mib")
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float (None for anything else: text, bools, NaN, nested)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+class TrackingSubscriber:
+    """Turns one job's events into tracker records (on the job's event loop, quickly)."""
+
+    def __init__(self, job: Job, spec: JobSpec, forwarder: Forwarder) -> None:
+        self.job = job
+        self.spec = spec
+        self.forwarder = forwarder
+        self.started = False
+        self.attempts = 0
+        self.step = 0  # the highest step reported so far
+        self._last: dict[int, tuple[float, int]] = {}  # rank -> (time, step) of its last report
+        self._reports: dict[int, int] = {}  # rank -> reports without a step so far
+
+    def on_event(self, event: JobEvent) -> None:
+        """Handle one event (the subscriber of ``Job.subscribe``)."""
+        if isinstance(event, Progress):
+            self.forwarder.log(self._points(event))
+        elif isinstance(event, AttemptStarted):
+            self._attempt(event)
+        elif isinstance(event, Finished):
+            self._finished(event)
+        if not isinstance(event, Message):
+            self._say_warnings()
+
+    def _attempt(self, event: AttemptStarted) -> None:
+        self.attempts += 1
+        self._last.clear()
+        if not self.started:
+            self.started = True
+            self.forwarder.start_run(
+                RunInfo(
+                    job_id=self.spec.job_id,
+                    params=self._params(event),
+                    job_dir=Path(self.spec.run_dir) / self.spec.job_id,
+                )
+            )
+        self.forwarder.log(
+            [
+                Point("attempt", float(event.number), self.step, event.time),
+                Point("world_size", float(event.world_size), self.step, event.time),
+            ]
+        )
+
+    def _params(self, event: AttemptStarted) -> dict[str, ParamValue]:
+        spec = self.spec
+        params: dict[str, ParamValue] = {
+            "job_id": spec.job_id,
+            "script": spec.script,
+            "args": shlex.join(spec.args),
+            "launcher": event.launcher or spec.launcher,
+            "world_size": event.world_size,
+            "nnodes": len(event.hosts),
+            "hosts": ",".join(event.hosts),
+        }
+        if spec.nproc_per_node is not None:
+            params["nproc_per_node"] = spec.nproc_per_node
+        if event.workload_weights:
+            params["workload_weights"] = ",".join(f"{w:g}" for w in event.workload_weights)
+        if spec.checkpoint_dir:
+            params["checkpoint_dir"] = spec.checkpoint_dir
+        return params
+
+    def _points(self, event: Progress) -> list[Point]:
+        rank, now = event.rank, event.time
+        if isinstance(event.step, int) and not isinstance(event.step, bool):
+            step = event.step
+        else:  # a report without a step: its count stands in
+            step = self._reports[rank] = self._reports.get(rank, -1) + 1
+        self.step = max(self.step, step)
+        prefix = "" if rank == 0 else f"rank{rank}/"
+        points = [
+            Point(f"{prefix}{name}", value, step, now)
+            for name, raw in event.metrics.items()
+            if (value := _number(raw)) is not None
+        ]
+        last = self._last.get(rank)
+        self._last[rank] = (now, step)
+        if last is not None and now > last[0]:
+            elapsed = now - last[0]
+            if step > last[1]:
+                rate = (step - last[1]) / elapsed
+                points.append(Point(f"throughput/rank{rank}/steps_per_s", rate, step, now))
+            examples = _number(event.metrics.get("examples"))
+            if examples is not None:
+                rate = examples / elapsed
+                points.append(Point(f"throughput/rank{rank}/examples_per_s", rate, step, now))
+        for key in _GPU_KEYS:
+            value = _number((event.gpu or {}).get(key))
+            if value is not None:
+                points.append(Point(f"gpu/rank{rank}/{key}", value, step, now))
+        return points
+
+    def _finished(self, event: Finished) -> None:
+        if self.started:
+            result = event.result
+            summary: dict[str, ParamValue] = {}
+            cause = getattr(result, "root_cause", None)
+            if cause is not None:
+                where = cause.host if cause.rank is None else f"{cause.host} rank {cause.rank}"
+                summary["root_cause"] = f"{where}: {cause.message}"
+            self.forwarder.finish(
+                FinalState(
+                    state=event.state.value,
+                    exit_code=event.exit_code,
+                    attempts=max(self.attempts, len(getattr(result, "attempts", []) or [])),
+                    reason=str(getattr(result, "reason", "") or ""),
+                    summary=summary,
+                )
+            )
+        self.forwarder.close()
+
+    def _say_warnings(self) -> None:
+        """The forwarder's warnings as the job's warning messages (before this event
+        reaches the later subscribers: this one is subscribed first)."""
+        for text in self.forwarder.warnings():
+            self.job.emit(Message(job_id=self.job.job_id, text=text, level="warning"))
+
+
+def attach_tracking(job: Job, spec: JobSpec, policy: TrackPolicy) -> Forwarder | None:
+    """Forward ``job``'s reports to the trackers of ``policy`` (None: none asked)."""
+    if not policy.track:
+        return None
+    forwarder = Forwarder(policy.targets)
+    job.subscribe(TrackingSubscriber(job, spec, forwarder).on_event)
+    return forwarder

@@ -1,0 +1,256 @@
+"""Users of ``corral serve``: roles, tokens (stored only as their sha256), limits.
+
+Three roles: a ``viewer`` reads; a ``user`` also submits, queues, stops and deletes
+their own jobs and tasks; an ``admin`` also manages machines, users, webhooks,
+preferences and every job. A token is 32 random bytes (256 bits), shown once when
+the user is added; the store keeps its sha256 only, and a presented token is looked
+up by its hash and compared in constant time. A revoked user keeps their row (their
+jobs and audit entries name them) but none of their tokens is accepted.
+
+The server's own token (``corral serve --print-token``, the token file) is the
+token of the user ``admin``: :meth:`UserService.ensure_admin` makes it so on every
+start, so a store from before users existed gets its first admin from that file.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from corral.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.store import Store
+from corral.store.models import User
+
+ADMIN = "admin"
+"""The user whose token is the server's token file."""
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class Role(str, enum.Enum):
+    """What a user may do; each role may do everything of the ones before it."""
+
+    VIEWER = "viewer"
+    USER = "user"
+    ADMIN = "admin"
+
+    def at_least(self, other: Role) -> bool:
+        """Whether this role may do what ``other`` may."""
+        order = list(Role)
+        return order.index(self) >= order.index(other)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who made a request."""
+
+    name: str
+    role: Role
+
+    @property
+    def admin(self) -> bool:
+        """Whether they may act on everything."""
+        return self.role is Role.ADMIN
+
+    def require(self, role: Role, what: str) -> None:
+        """Forbidden unless their role is at least ``role``."""
+        if not self.role.at_least(role):
+            raise Forbidden(
+                f"{what} needs the role {role.value}; {self.name} is a {self.role.value}",
+                details={"user": self.name, "role": self.role.value, "needed": role.value},
+            )
+
+    def may_prioritise(self, priority: int | None) -> None:
+        """Forbidden when a non-admin asks for a priority above the default 0 (only an
+        admin puts a job ahead of others; anyone may put theirs behind)."""
+        if priority is not None and priority > 0 and not self.admin:
+            raise Forbidden(
+                f"a priority above 0 needs the role admin; {self.name} is a {self.role.value}",
+                details={"field": "priority", "user": self.name, "needed": Role.ADMIN.value},
+            )
+
+    def require_owner(self, owner: str | None, what: str) -> None:
+        """Forbidden unless they own the thing (``owner``) or are an admin."""
+        self.require(Role.USER, what)
+        if not self.admin and owner != self.name:
+            raise Forbidden(
+                f"{what}: it belongs to {owner or 'nobody'}, and only its owner or an "
+                f"admin may do that ({self.name} is a {self.role.value})",
+                details={"user": self.name, "owner": owner},
+            )
+
+
+class UserIn(BaseModel):
+    """A user to add."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Letters, digits, '.', '_', '-'.")
+    role: Role = Role.USER
+
+
+class LimitsIn(BaseModel):
+    """A user's limits on running jobs and on the machines those hold (null: none)."""
+
+    jobs: int | None = Field(default=None, ge=0, le=1_000_000)
+    machines: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+class UserOut(BaseModel):
+    """A user (never their token)."""
+
+    name: str
+    role: Role
+    created: float
+    revoked: float | None
+    max_jobs: int | None
+    max_machines: int | None
+
+
+class UserCreated(UserOut):
+    """A new user and their token, shown this once."""
+
+    token: str
+
+
+def hash_token(token: str) -> str:
+    """The sha256 (hex) under which a token is stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh 256-bit token."""
+    return secrets.token_urlsafe(32)
+
+
+def _out(row: User) -> UserOut:
+    return UserOut(
+        name=row.name,
+        role=Role(row.role),
+        created=row.created,
+        revoked=row.revoked,
+        max_jobs=row.max_jobs,
+        max_machines=row.max_machines,
+    )
+
+
+class UserService:
+    """Users over the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def ensure_admin(self, token: str) -> None:
+        """Make ``token`` the token of the admin user ``admin`` (added when missing)."""
+        digest = hash_token(token)
+        with self.store.session() as s:
+            row = s.get(User, ADMIN)
+            if row is None:
+                s.add(
+                    User(name=ADMIN, role=Role.ADMIN.value, token_hash=digest, created=time.time())
+                )
+            elif row.token_hash != digest or row.role != Role.ADMIN.value or row.revoked:
+                row.token_hash, row.role, row.revoked = digest, Role.ADMIN.value, None
+
+    def authenticate(self, token: str | None) -> Principal | None:
+        """Who holds ``token`` (None: nobody, or a revoked user)."""
+        if not token:
+            return None
+        digest = hash_token(token)
+        with self.store.session() as s:
+            row = s.scalar(select(User).where(User.token_hash == digest))
+        if row is None or row.revoked is not None:
+            return None
+        if not hmac.compare_digest(row.token_hash.encode(), digest.encode()):
+            return None
+        return Principal(row.name, Role(row.role))
+
+    def principal(self, name: str) -> Principal | None:
+        """The active user ``name`` (None: unknown or revoked)."""
+        with self.store.session() as s:
+            row = s.get(User, name)
+        if row is None or row.revoked is not None:
+            return None
+        return Principal(row.name, Role(row.role))
+
+    def add(self, body: UserIn) -> UserCreated:
+        """Add a user (or give a revoked one a new role and token): their token, once."""
+        token = new_token()
+        with self.store.session() as s:
+            row = s.get(User, body.name)
+            if row is not None and row.revoked is None:
+                raise Conflict(
+                    f"a user {body.name!r} exists: revoke it first to give it a new token",
+                    details={"name": body.name},
+                )
+            if row is None:
+                row = User(name=body.name, created=time.time())
+                s.add(row)
+            row.role, row.token_hash, row.revoked = body.role.value, hash_token(token), None
+            s.flush()
+            out = _out(row)
+        return UserCreated(**out.model_dump(), token=token)
+
+    def list_users(self) -> list[UserOut]:
+        """Every user, revoked ones included, by name."""
+        with self.store.session() as s:
+            return [_out(r) for r in s.scalars(select(User).order_by(User.name))]
+
+    def get(self, name: str) -> UserOut:
+        """One user (NotFound when unknown)."""
+        with self.store.session() as s:
+            row = s.get(User, name)
+            if row is None:
+                raise NotFound(f"no user {name!r}", details={"name": name})
+            return _out(row)
+
+    def revoke(self, name: str) -> UserOut:
+        """Revoke a user's token (the server's own admin cannot be revoked)."""
+        if name == ADMIN:
+            raise Invalid(
+                f"{ADMIN!r} holds the server's own token (corral serve --print-token): "
+                "delete the token file and restart the server to replace it",
+                details={"name": name},
+            )
+        with self.store.session() as s:
+            row = s.get(User, name)
+            if row is None:
+                raise NotFound(f"no user {name!r}", details={"name": name})
+            if row.revoked is None:
+                row.revoked = time.time()
+                # a hash nobody's token has, so the old token is dead even if un-revoked
+                row.token_hash = "revoked:" + secrets.token_hex(24)
+            return _out(row)
+
+    def set_limits(self, name: str, body: LimitsIn) -> UserOut:
+        """Set how many jobs and machines the user's running jobs may hold."""
+        with self.store.session() as s:
+            row = s.get(User, name)
+            if row is None:
+                raise NotFound(f"no user {name!r}", details={"name": name})
+            row.max_jobs, row.max_machines = body.jobs, body.machines
+            return _out(row)
+
+    def limits(self, name: str | None) -> tuple[int | None, int | None]:
+        """The user's (jobs, machines) limits; (None, None) for an unknown owner."""
+        if name is None:
+            return None, None
+        with self.store.session() as s:
+            row = s.get(User, name)
+        return (row.max_jobs, row.max_machines) if row else (None, None)
+
+
+def valid_name(name: str) -> str:
+    """``name`` when it is a valid user name; else Invalid naming the rule."""
+    if not re.match(NAME_PATTERN, name):
+        raise Invalid(
+            f"invalid user name {name!r}: letters, digits, '.', '_', '-' (at most 64, "
+            "not starting with a punctuation mark)",
+            details={"field": "name"},
+        )
+    return name

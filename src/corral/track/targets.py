@@ -1,0 +1,116 @@
+"""``--track BACKEND:WHERE``: the experiment trackers a job's reports go to.
+
+``mlflow:URI`` (a tracking URI: ``sqlite:///mlflow.db``, ``file:./mlruns``,
+``http://host:5000``), ``tensorboard:DIR`` (event files in ``DIR/<job id>``) and
+``wandb:PROJECT`` (or ``ENTITY/PROJECT``; offline unless ``WANDB_MODE`` says
+otherwise). Each backend is an optional extra of corral; :class:`TrackPolicy`
+validates the targets when a job is built, before anything is launched, so a
+typo or a missing extra is one clear error naming the option (and the extra).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
+from urllib.parse import urlsplit
+
+from corral.errors import ConfigError
+
+Backend = Literal["mlflow", "tensorboard", "wandb"]
+
+OPTION = "--track"
+
+BACKENDS: dict[str, tuple[str, str]] = {
+    "mlflow": ("mlflow", "mlflow"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+}
+"""Backend -> (the module it imports, the extra of corral that installs it)."""
+
+MAX_TARGETS = 8
+
+
+@dataclass(frozen=True)
+class TrackTarget:
+    """One parsed ``--track`` value."""
+
+    backend: Backend
+    where: str  # the MLflow tracking URI, the TensorBoard directory or the W&B project
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.where}"
+
+
+def parse_target(text: str) -> TrackTarget:
+    """``BACKEND:WHERE`` as a :class:`TrackTarget` (ConfigError naming ``--track``)."""
+    backend, sep, where = text.strip().partition(":")
+    if not sep or backend not in BACKENDS:
+        raise ConfigError(
+            f"{text!r} is not BACKEND:WHERE with BACKEND one of {', '.join(BACKENDS)} "
+            "(e.g. mlflow:sqlite:///mlflow.db, tensorboard:runs/tb, wandb:my-project)",
+            option=OPTION,
+        )
+    where = where.strip()
+    if not where or "\0" in where:
+        raise ConfigError(f"{backend}: needs a location after {backend}:", option=OPTION)
+    if backend == "mlflow" and urlsplit(where).password is not None:
+        raise ConfigError(
+            "mlflow: no password in the tracking URI (it would be stored and shown); "
+            "set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead",
+            option=OPTION,
+        )
+    if backend == "wandb" and (where.count("/") > 1 or any(c.isspace() for c in where)):
+        raise ConfigError(f"wandb: {where!r} is not PROJECT or ENTITY/PROJECT", option=OPTION)
+    return TrackTarget(cast(Backend, backend), where)
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_installed(backend: Backend) -> None:
+    """ConfigError naming the extra to install when ``backend``'s package is missing."""
+    module, extra = BACKENDS[backend]
+    if not installed(module):
+        raise ConfigError(
+            f"{backend} tracking needs the {module!r} package, which is not installed: "
+            f"pip install 'corral[{extra}]'",
+            option=OPTION,
+        )
+
+
+def parse_targets(texts: Sequence[str]) -> tuple[TrackTarget, ...]:
+    """Every ``--track`` value parsed and its backend checked installed; a target given
+    twice is an error."""
+    if len(texts) > MAX_TARGETS:
+        raise ConfigError(f"at most {MAX_TARGETS} trackers (got {len(texts)})", option=OPTION)
+    targets: list[TrackTarget] = []
+    for text in texts:
+        target = parse_target(text)
+        if target in targets:
+            raise ConfigError(f"{target} is given twice", option=OPTION)
+        check_installed(target.backend)
+        targets.append(target)
+    return tuple(targets)
+
+
+@dataclass(frozen=True)
+class TrackPolicy:
+    """Where the job's reports, parameters and final state are forwarded (``--track``,
+    repeatable); validated on construction."""
+
+    track: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        parse_targets(self.track)
+
+    @property
+    def targets(self) -> tuple[TrackTarget, ...]:
+        """The parsed targets."""
+        return tuple(parse_target(t) for t in self.track)
