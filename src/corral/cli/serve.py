@@ -170,6 +170,17 @@ def serve(
             rich_help_panel=_M,
         ),
     ] = False,
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            "--public-url",
+            metavar="URL",
+            envvar="CORRAL_PUBLIC_URL",
+            help="The server's address as its users reach it, for the job links in "
+            "notifications (default: the address it serves on).",
+            rich_help_panel=_S,
+        ),
+    ] = None,
     health_interval: Annotated[
         float,
         typer.Option(
@@ -223,6 +234,7 @@ def serve(
         insecure_no_host_key_check=insecure_no_host_key_check,
         plugins_dir=Path(plugins_dir).resolve() if plugins_dir else None,
         health_interval=health_interval,
+        public_url=public_url or f"{'https' if tls_cert else 'http'}://{host}:{port}",
     )
     app = create_app(Services.build(store, settings), token, max_request_bytes=max_request_bytes)
     console = make_console()
