@@ -52,18 +52,6 @@ def test_a_delayed_rank_is_named_with_its_host_and_equal_ranks_are_not(tmp_path:
     assert float(found[1]) >= 1.5 and int(found[2]) <= 20
     assert "straggler: rank 0" not in out
     assert "stragglers: rank 1 on local-1 (compute" in out  # the summary
-    events = (
-        [
-            json.loads(line)
-            for line in (tmp_path / "runs" / "strag1" / "events.jsonl").read_text().splitlines()
-        ]
-        if (tmp_path / "runs" / "strag1" / "events.jsonl").exists()
-        else []
-    )
-    named = [e for e in events if e.get("kind") == "straggler"]
-    if named:  # the typed event, as the store and the web page see it
-        assert named[0]["host"] == "local-1" and named[0]["step"] - 10 <= 20
-
     code, out = _run(tmp_path, "strag2", "local:2", "--steps", "30")
     assert code == 0, out[-4000:]
     assert "straggler:" not in out

@@ -180,10 +180,21 @@ def test_traces_are_requested_through_the_pipe_and_collected(tmp_path: Path) -> 
     (folder / "rank_0").write_bytes(b"dumped on timeout")  # the watchdog's own dump
     os.mkfifo(folder / "pipe_1.pipe")
 
-    def rank_one() -> None:  # what ProcessGroupNCCL does when the pipe is written
-        with open(folder / "pipe_1.pipe", "rb") as pipe:
-            pipe.read(1)
-        (folder / "rank_1").write_bytes(b"dumped on request")
+    # ProcessGroupNCCL keeps the pipe open and polls it; a write asks for a dump
+    reader_fd = os.open(folder / "pipe_1.pipe", os.O_RDONLY | os.O_NONBLOCK)
+
+    def rank_one() -> None:
+        try:
+            for _ in range(500):
+                try:
+                    if os.read(reader_fd, 16):
+                        (folder / "rank_1").write_bytes(b"dumped on request")
+                        return
+                except BlockingIOError:
+                    pass
+                threading.Event().wait(0.01)
+        finally:
+            os.close(reader_fd)
 
     reader = threading.Thread(target=rank_one)
     reader.start()
