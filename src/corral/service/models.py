@@ -13,7 +13,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -310,6 +317,30 @@ class JobRequest(_Body):
         description="With weights: at each restart, re-weigh the ranks from their live "
         "throughput (sdk.report(step, examples=N)) instead of the calibration.",
     )
+
+    recovery: Literal["restart", "in-place"] = Field(
+        "restart",
+        description="restart: a failure restarts every machine from the last checkpoint; "
+        "in-place (torchft): each machine is a replica group, only the failed one is "
+        "restarted and heals from a live peer (launcher torchrun or python, 2+ machines; "
+        "the script uses corral.sdk.fault_tolerant).",
+    )
+    spares: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="With recovery in-place: how many of the chosen machines (the last ones) "
+        "are held in reserve to take over a lost machine's replica group.",
+    )
+
+    @field_validator("spares")
+    @classmethod
+    def _spares_need_in_place(cls, value: int, info: ValidationInfo) -> int:
+        if value and info.data.get("recovery") != "in-place":
+            raise ValueError(
+                "spare machines replace a lost machine's replica group: needs recovery in-place"
+            )
+        return value
 
     @field_validator("env")
     @classmethod

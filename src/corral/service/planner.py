@@ -31,6 +31,7 @@ from corral.job.describe import JobDescription
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
 from corral.plan.launchers import template_fields
+from corral.recovery.inplace import RecoveryPolicy
 from corral.redact import is_secret, redact_env
 from corral.service.machines import machine_host, machines_ssh
 from corral.service.models import JobRequest, Suggestion
@@ -400,9 +401,26 @@ def job_description(
         hang_timeout=request.hang_timeout,
         workload_weights=tuple(weights),
         rebalance=request.rebalance,
+        recovery=request.recovery,
+        spares=request.spares,
+        track=tuple(request.track),
     )
+    _check_recovery(options, len(machines))
     cluster = Cluster(tuple(machine_host(m) for m in machines), source="corral serve")
     return JobDescription(options, cluster, machines_ssh(machines, settings))
+
+
+def _check_recovery(options: JobOptions, machines: int) -> None:
+    """Refuse an in-place job its machines or launcher cannot run (Invalid naming the
+    request's field), as ``corral run`` refuses it."""
+    try:
+        policy = RecoveryPolicy(options.recovery, options.spares)
+        policy.check(options.launcher or "torchrun", machines, options.min_nodes)
+    except ConfigError as exc:
+        field = (exc.option or "--recovery").lstrip("-").replace("-", "_")
+        raise Invalid(
+            f"{field}: {exc.message} ({machines} machine(s) chosen)", details={"field": field}
+        ) from exc
 
 
 def _code_dir(script: str, workdir: str | None) -> str | None:
@@ -477,6 +495,8 @@ def execution_plan(description: JobDescription, selection: Selection) -> dict[st
             "max_restarts": options.max_restarts,
             "checkpoint_dir": options.checkpoint_dir,
             "hang_timeout": options.hang_timeout,
+            "recovery": options.recovery,
+            "spares": options.spares,
         },
         "preflight": options.preflight,
         "workload_weights": weight_rows(description),

@@ -60,6 +60,7 @@
     config_scaling: "config_rule", rule: "config_rule", adjust_config: "adjust_config",
     preflight: "preflight", machine_selection: "selection-auto",
     calibration: "calibration", workload_weights: "calibration", rebalance: "rebalance",
+    recovery: "recovery", spares: "spares",
   };
 
   function inputFor(field) {
@@ -212,6 +213,11 @@
     if ($("rebalance").checked) request.rebalance = true;
     const hang = number("hang_timeout", { integer: false, optional: true });
     if (hang !== undefined) request.hang_timeout = hang;
+    if ($("recovery").value === "in-place") {
+      request.recovery = "in-place";
+      const spares = number("spares");
+      if (spares) request.spares = spares;
+    }
     const config = parseConfig();
     if (config !== undefined) request.config = config;
     if (request.adjust_config && config === undefined) {
@@ -385,6 +391,9 @@
     const parts = [`max restarts ${ft.max_restarts || 0}`];
     if (ft.checkpoint_dir) parts.push(`checkpoints in ${ft.checkpoint_dir}`);
     if (ft.hang_timeout) parts.push(`hang timeout ${ft.hang_timeout} s`);
+    if (ft.recovery === "in-place") {
+      parts.push(`in-place recovery (torchft)${ft.spares ? `, ${ft.spares} spare machine(s)` : ""}`);
+    }
     return parts.join(", ");
   }
 
@@ -477,6 +486,13 @@
   const syncRule = () => { $("config_rule").disabled = !$("adjust_config").checked; };
   $("adjust_config").addEventListener("change", syncRule);
   syncRule();
+  // in-place recovery: spare machines only make sense with it
+  const syncRecovery = () => {
+    const inPlace = $("recovery").value === "in-place";
+    for (const node of form.querySelectorAll(".only-in-place")) node.hidden = !inPlace;
+  };
+  $("recovery").addEventListener("change", syncRecovery);
+  syncRecovery();
 
   // -- start: preferences prefill the form ------------------------------------------------
 
