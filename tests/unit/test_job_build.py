@@ -15,6 +15,7 @@ from corral.cluster import load_cluster
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
 from corral.job.build import JobOptions, Policies, build_job, job_spec, new_job
+from corral.job.describe import JobDescription
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -22,7 +23,6 @@ from corral.job.options import (
     SupervisionPolicy,
     SyncPolicy,
 )
-from corral.job.describe import JobDescription
 from corral.service.launch import handover, job_of, received
 from corral.signals import STOP_SIGNALS, stop_on_signals
 

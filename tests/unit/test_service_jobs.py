@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import select, update
 
 from corral.errors import Conflict
+from corral.job.describe import JobDescription
 from corral.service.dispatch import SupervisorProcess
 from corral.service.eventlog import EVENTS_FILE
 from corral.service.jobs import JobManager
-from corral.job.describe import JobDescription
 from corral.service.launch import handover, received
 from corral.service.machines import MachineService
 from corral.service.models import DispatchIn, JobRequest, ResourceRequirements
@@ -166,6 +166,55 @@ def test_a_plan_with_secrets_is_not_run_after_a_restart(store: Store, tmp_path: 
     with pytest.raises(Conflict, match="secret env values"):
         again.dispatch(DispatchIn(job_id=job_id))
     assert spawned.launches == []
+
+
+def test_the_supervisor_stdin_holds_the_stored_description_and_the_secrets_beside_it(
+    store: Store, tmp_path: Path
+) -> None:
+    add_machines(store, machine("a", local=True))
+    jobs, spawned = manager(store, tmp_path)
+    job_id = jobs.plan(job_request(tmp_path, num=1, env={"HF_TOKEN": "hf_xyz", "A": "1"})).job_id
+    jobs.dispatch(DispatchIn(job_id=job_id))
+    with store.session() as s:
+        row = s.get_one(Job, job_id)
+    sent = json.loads(spawned.stdin[0])
+    assert sent["description"] == row.launch  # the stored JSON, exactly
+    assert sent["secrets"] == {"HF_TOKEN": "hf_xyz"}
+    assert spawned.launches[0].options.env["HF_TOKEN"] == "hf_xyz"
+    assert spawned.launches[0].options.env["A"] == "1"
+
+
+def test_a_plan_stored_by_an_older_server_runs_converted(
+    planned: tuple[JobManager, Spawned, str], store: Store, tmp_path: Path
+) -> None:
+    from tests.unit.test_job_describe import old_launch_request
+
+    _, _, job_id = planned
+    with store.session() as s:
+        row = s.get_one(Job, job_id)
+        hosts = [
+            {**old_launch_request()["hosts"][0], "name": h.name, "slots": h.slots, "labels": {}}
+            for h in JobDescription.from_dict(row.launch).cluster.hosts
+        ]
+        row.launch = old_launch_request(job_id=job_id, hosts=hosts)
+    again, spawned = manager(store, tmp_path)
+    again.dispatch(DispatchIn(job_id=job_id))
+    assert [h.name for h in spawned.launches[0].cluster.hosts] == ["a", "b"]
+    assert spawned.launches[0].options.command == ("/srv/train.py", "--steps", "3")
+
+
+def test_a_stored_plan_that_cannot_be_read_is_refused_with_the_reason(
+    planned: tuple[JobManager, Spawned, str], store: Store, tmp_path: Path
+) -> None:
+    _, _, job_id = planned
+    with store.session() as s:
+        row = s.get_one(Job, job_id)
+        row.launch = {**(row.launch or {}), "version": 7}
+    again, spawned = manager(store, tmp_path)
+    with pytest.raises(Conflict, match="stored plan cannot be run: job description: version 7"):
+        again.dispatch(DispatchIn(job_id=job_id))
+    assert spawned.launches == []
+    assert again.row(job_id).state == "planned"
 
 
 # -- states along the table ----------------------------------------------------------------

@@ -6,8 +6,9 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -36,7 +37,7 @@ from corral.k8s.render import (
     render_k8s,
     to_yaml,
 )
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec, Launcher
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec
 
 _K = "Kubernetes"
 
@@ -284,12 +285,13 @@ def _render(
         raise ConfigError("no script given: corral k8s render [OPTIONS] -- SCRIPT [ARGS...]")
     if not image:
         raise ConfigError("the pods need an image: --image IMAGE", option="--image")
+    from corral.job.build import JobOptions, job_spec  # the engine: only when rendering
+
     env, secret_keys = _env(kw["env"], kw["secret_env"])
-    script, *args = command
-    spec = JobSpec(
-        script=script,
-        args=tuple(args),
-        launcher=cast(Launcher, kw["launcher"]),
+    # the job as every entry point describes and validates it (corral run's JobOptions)
+    options = JobOptions(
+        command=tuple(command),
+        launcher=kw["launcher"],
         job_id=kw["job_id"] or f"corral-{new_job_id()}",
         python=kw["python"],
         nproc_per_node=_nproc(kw["nproc_per_node"]),
@@ -304,6 +306,8 @@ def _render(
         checkpoint_dir=kw["checkpoint_dir"],
         rdzv_timeout=kw["rdzv_timeout"],
     )
+    # torchrun's own restarts on Kubernetes: the spec carries the budget
+    spec = replace(job_spec(options), max_restarts=options.max_restarts)
     codes = kw["fail_exit_code"]
     target = K8sTarget(
         image=image,

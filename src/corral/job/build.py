@@ -1,8 +1,9 @@
 """One function from what a user asked for to a job: its JobSpec and its policies.
 
 ``corral run`` and ``corral plan`` (from their flags) and the server's supervisor
-process (from its launch request) describe a job as :class:`JobOptions`, plain
-values named as ``corral run``'s options, and build it with :func:`build_job`:
+process (from its :class:`~corral.job.describe.JobDescription`, the one serialisable
+job description) describe a job as :class:`JobOptions`, plain values named as
+``corral run``'s options, and build it with :func:`build_job`:
 the script and launcher are validated once here (with the option at fault named),
 the policies are made and validate themselves, so every entry point accepts and
 refuses the same jobs with the same errors. :func:`new_job` makes the engine's

@@ -1,8 +1,8 @@
 """The job manager: one facade over planning, dispatch, ingest and the views.
 
 A job of ``corral serve`` is planned (:mod:`corral.service.planning`: machines
-chosen, the launch request fixed and stored, state ``planned``), dispatched
-(:mod:`corral.service.dispatch`: that stored request handed to its own
+chosen, the job description fixed and stored, state ``planned``), dispatched
+(:mod:`corral.service.dispatch`: that stored description handed to its own
 supervisor process, ``python -m corral.service.launch``, which runs it with the
 engine ``corral run`` uses and appends every event to ``events.jsonl`` in the
 job's run dir), ingested (:mod:`corral.service.ingest`: the events folded into
@@ -82,11 +82,11 @@ class JobManager:
         task_id: str | None = None,
         job_id: str | None = None,
     ) -> PlanOut:
-        """Choose machines, fix the launch request and store the job as ``planned``."""
+        """Choose machines, fix the job description and store the job as ``planned``."""
         return self.planning.plan(request, kind=kind, task_id=task_id, job_id=job_id)
 
     def dispatch(self, body: DispatchIn) -> DistributedJobStatus:
-        """Run a planned job's stored launch request (Conflict when it is not planned,
+        """Run a planned job's stored job description (Conflict when it is not planned,
         or its machines changed since the plan or are busy)."""
         self.dispatcher.dispatch(body)
         return self.status(body.job_id)

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from corral.cluster.model import Host
 from corral.errors import Conflict, Invalid
 from corral.job.describe import JobDescription
 from corral.job.resolve import new_job_id
@@ -62,7 +63,7 @@ def machine_changes(
         now.append(machine)
         later = machine_host(machine)
         diffs = [
-            f"{f.name} {_plain(getattr(host, f.name))!r} -> {_plain(getattr(later, f.name))!r}"
+            f"{f.name} {_shown(host, f.name)!r} -> {_shown(later, f.name)!r}"
             for f in dataclasses.fields(host)
             if getattr(host, f.name) != getattr(later, f.name)
         ]
@@ -79,8 +80,12 @@ def machine_changes(
     return changes
 
 
-def _plain(value: object) -> object:
-    """A host's field as a change names it (its frozen mappings as dicts)."""
+def _shown(host: Host, name: str) -> object:
+    """A host's field as a change names it: as the machine is registered (a local
+    machine has no address), its frozen mappings as dicts."""
+    if name == "address" and host.local:
+        return ""
+    value = getattr(host, name)
     return dict(value) if isinstance(value, Mapping) else value
 
 
