@@ -23,6 +23,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from corral.errors import ConfigError
+from corral.track.targets import MAX_TARGETS, parse_targets
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 #: How deep a free-form JSON value (a job's ``config``) may nest.
 MAX_JSON_DEPTH = 64
@@ -317,7 +320,6 @@ class JobRequest(_Body):
         description="With weights: at each restart, re-weigh the ranks from their live "
         "throughput (sdk.report(step, examples=N)) instead of the calibration.",
     )
-
     recovery: Literal["restart", "in-place"] = Field(
         "restart",
         description="restart: a failure restarts every machine from the last checkpoint; "
@@ -348,6 +350,26 @@ class JobRequest(_Body):
         for key in value:
             if not key or "=" in key or "\0" in key or key[0].isdigit():
                 raise ValueError(f"invalid environment variable name {key!r}")
+        return value
+
+    track: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=MAX_TARGETS,
+        description="Experiment trackers the job's reports (sdk.report: per-step metrics, "
+        "per-rank throughput), parameters and final state are forwarded to, as `corral run "
+        "--track`: mlflow:URI, tensorboard:DIR, wandb:PROJECT (offline W&B runs under the "
+        "job's run dir). The server needs the tracker's extra (pip install "
+        "'corral[mlflow]'); URIs carry no password.",
+        examples=[["tensorboard:runs/tb", "mlflow:sqlite:///mlflow.db"]],
+    )
+
+    @field_validator("track")
+    @classmethod
+    def _track_targets(cls, value: list[str]) -> list[str]:
+        try:
+            parse_targets(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
         return value
 
 
