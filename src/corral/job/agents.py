@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import corral
-from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.contract import JOB_ID_ENV
@@ -73,6 +73,9 @@ def agent_argv(python: str | None) -> list[str]:
 
 
 async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> HostProbe:
+    # the validators are built on first use, not at `corral run`'s start-up
+    from corral.agent.events import parse_event
+
     header = await proc.stdout.readline()
     if not header:
         err = (await proc.stderr.read()).decode(errors="replace").strip()
@@ -242,3 +245,70 @@ async def start_agents(
             raise LaunchError(errors[0])
         raise LaunchError(f"{len(errors)} problems before launch:\n  " + "\n  ".join(errors))
     return started
+
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+
+async def abort_all(procs: Iterable[NodeProcess]) -> None:
+    """Tell agents that were started (and probed) to exit without launching."""
+    waiting = []
+    for proc in procs:
+        abort(proc)
+        waiting.append(proc.wait())
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 10)
+
+
+async def start_local_agents(
+    transport: Transport,
+    hosts: Sequence[Host],
+    argv: Callable[[Host], list[str]],
+    job_id: str | None,
+) -> dict[str, NodeProcess]:
+    """Start and probe the agents of simulated (``local:N``) nodes with ``argv(host)``,
+    the supervisor's own command: their interpreter start and imports happen before
+    the launch. A node whose agent did not answer is left out (the supervisor starts
+    it, and reports its failure, as without this head start)."""
+
+    async def one(host: Host) -> NodeProcess:
+        proc, _ = await start_agent(
+            transport, host, python=None, workdir=None, port=None, job_id=job_id, argv=argv(host)
+        )
+        return proc
+
+    results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
+    started: dict[str, NodeProcess] = {}
+    for host, result in zip(hosts, results, strict=True):
+        if isinstance(result, BaseException):
+            if not isinstance(result, CorralError):
+                await abort_all(started.values())
+                raise result
+        else:
+            started[host.name] = result
+    return started
+
+
+async def alongside(
+    checks: Awaitable[T], agents: Awaitable[tuple[P, dict[str, NodeProcess]]]
+) -> tuple[T, tuple[P, dict[str, NodeProcess]]]:
+    """Run the checklist and the agents' start-up at the same time; the checklist's
+    outcome and the agents started. If either fails (the checklist's error first)
+    or this is cancelled meanwhile, every agent started is told to exit."""
+    checking = asyncio.ensure_future(checks)
+    starting = asyncio.ensure_future(agents)
+    try:
+        outcome, started = await asyncio.gather(checking, starting, return_exceptions=True)
+    except asyncio.CancelledError:
+        checking.cancel()
+        starting.cancel()
+        done = await asyncio.gather(starting, return_exceptions=True)
+        if not isinstance(done[0], BaseException):
+            await abort_all(done[0][1].values())
+        raise
+    if isinstance(outcome, BaseException) or isinstance(started, BaseException):
+        if not isinstance(started, BaseException):
+            await abort_all(started[1].values())
+        raise outcome if isinstance(outcome, BaseException) else started  # type: ignore[misc]
+    return outcome, started

@@ -28,7 +28,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from corral.checks.result import ChecklistReport
@@ -36,7 +36,8 @@ from corral.cluster.model import Cluster, Host
 from corral.contract import NODE_DIR_ENV
 from corral.errors import ConfigError, CorralError
 from corral.job import inplace as ip
-from corral.job.agents import abort, start_agent, start_agents
+from corral.job.agents import abort_all as _abort_all
+from corral.job.agents import alongside, start_agents, start_local_agents
 from corral.job.events import (
     AttemptEnded,
     AttemptStarted,
@@ -412,76 +413,18 @@ class Job:
         launched until the checklist passed."""
         from corral.job.preflight import apply
 
-        outcome, (_, started) = await self._checks_and_agents(
-            self._checklist(prepared, transport, sync), self._warm_local(prepared, transport)
-        )
+        async def warm() -> tuple[None, dict[str, NodeProcess]]:
+            hosts = [c.host for c in prepared.commands]
+            argv = _agent_argv(prepared.spec)
+            return None, await start_local_agents(transport, hosts, argv, prepared.spec.job_id)
+
+        outcome, (_, started) = await alongside(self._checklist(prepared, transport, sync), warm())
         cluster = apply(outcome, self.cluster)
         if cluster == self.cluster:
             return prepared, started
         keep = {h.name for h in cluster.hosts}
         await _abort_all(started.pop(name) for name in list(started) if name not in keep)
         return self._replan(prepared, cluster), started
-
-    async def _warm_local(
-        self, prepared: Prepared, transport: Transport
-    ) -> tuple[Prepared, dict[str, NodeProcess]]:
-        """Start the agents of the local nodes with the command the supervisor would
-        use and wait for their probe. A node whose agent did not answer is left to the
-        supervisor, which starts it (and reports a failure) as without this head start."""
-        argv = _agent_argv(prepared.spec)
-
-        async def one(host: Host) -> NodeProcess:
-            proc, _ = await start_agent(
-                transport,
-                host,
-                python=None,
-                workdir=None,
-                port=None,
-                job_id=prepared.spec.job_id,
-                argv=argv(host),
-            )
-            return proc
-
-        hosts = [c.host for c in prepared.commands]
-        results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
-        started: dict[str, NodeProcess] = {}
-        for host, result in zip(hosts, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, CorralError):
-                    await _abort_all(started.values())
-                    raise result
-            else:
-                started[host.name] = result
-        return prepared, started
-
-    async def _checks_and_agents(
-        self, checks: Awaitable[Any], agents: Awaitable[tuple[Prepared, dict[str, NodeProcess]]]
-    ) -> tuple[Any, tuple[Prepared, dict[str, NodeProcess]]]:
-        """Run the checklist and the agents' start-up at the same time; the checklist's
-        outcome and the agents started. If either fails (the checklist's error first)
-        or the job is stopped meanwhile, every agent started is told to exit."""
-        checking = asyncio.ensure_future(checks)
-        starting = asyncio.ensure_future(agents)
-        outcome: Any
-        started_agents: Any
-        try:
-            outcome, started_agents = await asyncio.gather(
-                checking, starting, return_exceptions=True
-            )
-        except asyncio.CancelledError:
-            checking.cancel()
-            starting.cancel()
-            done = await asyncio.gather(starting, return_exceptions=True)
-            if not isinstance(done[0], BaseException):
-                await _abort_all(done[0][1].values())
-            raise
-        if isinstance(outcome, BaseException) or isinstance(started_agents, BaseException):
-            if not isinstance(started_agents, BaseException):
-                await _abort_all(started_agents[1].values())
-            error = outcome if isinstance(outcome, BaseException) else started_agents
-            assert isinstance(error, BaseException)
-            raise error
-        return outcome, started_agents
 
     async def _checked_remote(
         self, prepared: Prepared, transport: Transport, sync: Any
@@ -491,7 +434,7 @@ class Job:
         checklist tests the master port, so the agents do not (port 0 excepted)."""
         from corral.job.preflight import apply
 
-        outcome, (planned, started) = await self._checks_and_agents(
+        outcome, (planned, started) = await alongside(
             self._checklist(prepared, transport, sync),
             self._start_remote(prepared, self.cluster, transport, check_port=False),
         )
@@ -777,16 +720,6 @@ def _agent_argv(spec: JobSpec) -> Any:
         return [host.python or spec.python or "python3", "-m", "corral.agent"]
 
     return argv
-
-
-async def _abort_all(procs: Iterable[NodeProcess]) -> None:
-    """Tell agents that were started (and probed) to exit without launching."""
-    waiting = []
-    for proc in procs:
-        abort(proc)
-        waiting.append(proc.wait())
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 10)
 
 
 async def _unreachable(transport: Transport, cluster: Cluster, result: JobResult) -> list[str]:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from corral.agent.events import parse_event
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
@@ -226,6 +225,9 @@ class Supervisor:
             self._lines(node.host.name, NODE, line)
 
     async def _read_frames(self, node: NodeRun) -> None:
+        # the validators are built on first use, not at `corral run`'s start-up
+        from corral.agent.events import parse_event
+
         assert node.proc is not None
         reader = node.proc.stdout
         host = node.host.name
