@@ -368,3 +368,35 @@ def test_static_files_are_open(server: LiveServer) -> None:
         assert server.token_file.read_text().strip() not in resp.text
     escaped = httpx.get(f"{server.url}/static/%2e%2e/token", timeout=30)
     assert server.token_file.read_text().strip() not in escaped.text, escaped.status_code
+
+
+def test_a_viewer_logs_in_with_their_token_and_sees_no_actions(
+    browser: Any, shots: Shots, server: LiveServer, job_id: str
+) -> None:
+    with server.client() as client:
+        made = client.post("/api/users", json={"name": "vera", "role": "viewer"})
+        assert made.status_code == 201, made.text
+        token = str(made.json()["token"])
+    with open_page(browser, shots) as page:
+        login(page, server, token=token)
+        assert page.url == server.url + "/", page.url
+        page.locator("[data-machine=local1]").first.wait_for()
+        assert page.locator("#add-machine, button[data-action=remove]").count() == 0
+        assert page.get_by_role("link", name="New job").count() == 0
+        page.goto(f"{server.url}/jobs/{job_id}")
+        _settle(page)
+        assert page.locator("#stop-all, #stop-dialog").count() == 0
+        page.goto(server.url + "/jobs")
+        _settle(page)
+        assert page.locator(f"tr[data-job='{job_id}']").count() >= 1  # a viewer reads
+        assert page.locator("button[data-action=cancel], button[data-action=queue]").count() == 0
+        page.goto(server.url + "/queue")
+        _settle(page)
+        assert "vera (viewer)" in page.locator(".whoami").inner_text()
+        assert page.locator("button[data-action=top]").count() == 0
+        shots.take(page, "viewer-queue")
+        csrf = page.locator("meta[name=csrf-token]").get_attribute("content") or ""
+        refused = _fetch(
+            page, "POST", f"/api/network/distributed/stop/{job_id}", {"X-CSRF-Token": csrf}
+        )
+        assert refused == 403

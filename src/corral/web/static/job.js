@@ -214,6 +214,7 @@
     }
     renderTopology(st);
     renderAttempts(st.attempts || []);
+    renderGroups(st.groups || []);
     renderRootCause(st);
     renderWeights(st.workload_weights || []);
     renderPreflight(st.preflight || []);
@@ -942,6 +943,22 @@
     }));
   }
 
+  // in-place recovery: each replica group's loss, restart and rejoin, from the stored events
+  function groupText(g) {
+    let text = `node ${g.host} (group ${g.group}) ${g.change}`;
+    if (g.step !== null && g.step !== undefined) text += ` at step ${g.step}`;
+    if (g.healed_from) text += `, healed from ${g.healed_from}`;
+    text += `; ${g.participants} group${g.participants === 1 ? "" : "s"} train`;
+    return text;
+  }
+
+  function renderGroups(changes) {
+    $("groups-card").hidden = !changes.length;
+    $("groups-timeline").replaceChildren(...changes.map((g) => el("li", { "data-change": g.change },
+      el("span", { class: "muted" }, when(g.time)), " ", groupText(g),
+      g.detail && g.change !== "rejoined" ? el("div", { class: "muted" }, g.detail) : null)));
+  }
+
   function renderRootCause(st) {
     const rc = st.root_cause;
     const box = $("root-cause");
@@ -1020,18 +1037,19 @@
   // -- stop -------------------------------------------------------------------------------------
   function renderStop() {
     const btn = $("stop-all");
+    if (!btn) return; // the role may not stop jobs: the page has no button
     btn.hidden = job.final || job.state === null;
     btn.disabled = job.stopping;
     btn.textContent = job.stopping ? "Stopping…" : "Stop all";
   }
 
   const dialog = $("stop-dialog");
-  $("stop-all").addEventListener("click", () => {
+  if (dialog) $("stop-all").addEventListener("click", () => {
     if (typeof dialog.showModal === "function") dialog.showModal();
     else dialog.setAttribute("open", "");
   });
-  $("stop-cancel").addEventListener("click", () => dialog.close());
-  $("stop-confirm").addEventListener("click", async () => {
+  if (dialog) $("stop-cancel").addEventListener("click", () => dialog.close());
+  if (dialog) $("stop-confirm").addEventListener("click", async () => {
     dialog.close();
     job.stopping = true;
     setState("stopping", "stopping…");
@@ -1114,6 +1132,11 @@
         refreshSoon();
       },
       attempt_ended: () => refreshSoon(),
+      group: (ev) => {
+        const level = ev.change === "rejoined" ? "success" : ev.change === "fallback" ? "error" : "warning";
+        showMessage(groupText(ev), level);
+        refreshSoon();  // the timeline comes with the status
+      },
       rank_exit: (ev) => {
         const info = rankOf(nodeOf(ev.host), ev.rank);
         info.code = ev.code;

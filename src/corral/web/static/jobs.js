@@ -14,6 +14,11 @@
   let seq = 0; // answers of an older refresh than the last one started are dropped
   let tasks = new Map(); // id -> task (for names and scripts of the jobs made from tasks)
 
+  // what the role may do (the server renders it; the API refuses the rest anyway)
+  const ME = document.body.dataset.user || "";
+  const ROLE = document.body.dataset.role || "viewer";
+  const mayChange = (owner) => ROLE === "admin" || (ROLE === "user" && owner === ME);
+
   const jobLink = (id) => el("a", { href: `/jobs/${encodeURIComponent(id)}`, class: "mono" }, id);
 
   function nameOf(job) {
@@ -45,6 +50,7 @@
       el("td", {}, badge(job.status)),
       el("td", {}, jobLink(job.job_id)),
       el("td", {}, nameOf(job)),
+      el("td", {}, job.owner || "–"),
       el("td", {}, machinesOf(job)),
       el("td", { class: "num" }, job.world_size ? String(job.world_size) : "–"),
       el("td", {}, when(job.created)),
@@ -74,8 +80,8 @@
         el("td", {}, nameOf(job)),
         el("td", {}, machinesOf(job)),
         el("td", {}, when(job.created)),
-        el("td", {}, el("button", { type: "button", class: "danger cancel", "data-action": "cancel",
-          "aria-label": `Cancel ${job.job_id}` }, "Cancel")))));
+        el("td", {}, mayChange(job.owner) ? el("button", { type: "button", class: "danger cancel",
+          "data-action": "cancel", "aria-label": `Cancel ${job.job_id}` }, "Cancel") : null))));
     $("queue-empty").hidden = queued.length > 0;
     $("queue-table").parentElement.hidden = queued.length === 0;
   }
@@ -107,8 +113,8 @@
         el("td", {}, el("code", {}, [req.script || req.plugin_name || req.command_template || "–", ...(req.args || [])].join(" "))),
         el("td", {}, machinesOf({ task_id: t.id })),
         el("td", {}, when(t.created)),
-        el("td", {}, el("button", { type: "button", class: "secondary queue-task", "data-action": "queue",
-          "aria-label": `Queue ${t.name}` }, "Queue")));
+        el("td", {}, mayChange(t.owner) ? el("button", { type: "button", class: "secondary queue-task",
+          "data-action": "queue", "aria-label": `Queue ${t.name}` }, "Queue") : null));
     }));
     $("tasks-empty").hidden = list.length > 0;
     $("tasks-table").parentElement.hidden = list.length === 0;
@@ -142,6 +148,7 @@
     const status = $("status-filter").value;
     const params = new URLSearchParams({ limit: String(LIMIT), offset: String(offset) });
     if (status) params.set("status", status);
+    if ($("mine-filter").checked) params.set("mine", "true");
     const mine = ++seq;
     try {
       const [page, queue, taskList] = await Promise.all([
@@ -179,6 +186,7 @@
   $("newer").addEventListener("click", () => { offset = Math.max(0, offset - LIMIT); refresh(); });
   $("older").addEventListener("click", () => { offset += LIMIT; refresh(); });
   $("status-filter").addEventListener("change", () => { offset = 0; refresh(); });
+  $("mine-filter").addEventListener("change", () => { offset = 0; refresh(); });
 
   refresh().then(schedule);
 })();

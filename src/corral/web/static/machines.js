@@ -59,7 +59,9 @@
   function actionsCell(m) {
     return el("span", { class: "row actions" },
       el("button", { type: "button", class: "secondary ping", "data-action": "ping", "aria-label": `Ping ${m.name}` }, "Ping"),
-      el("button", { type: "button", class: "danger remove", "data-action": "remove", "aria-label": `Remove ${m.name}` }, "Remove"));
+      document.body.dataset.role === "admin"
+        ? el("button", { type: "button", class: "danger remove", "data-action": "remove", "aria-label": `Remove ${m.name}` }, "Remove")
+        : null);
   }
 
   const COLUMNS = [
@@ -202,6 +204,7 @@
   // -- add a machine ----------------------------------------------------------------------
 
   const form = document.getElementById("add-machine");
+  if (form) { // only an admin's page has the form
   const formError = document.getElementById("add-machine-error");
   const localBox = document.getElementById("machine_local");
   const sshOnly = ["machine_host", "machine_port", "machine_user", "machine_key_path", "machine_password_env"];
@@ -251,5 +254,6 @@
   });
 
   syncLocal();
+  }
   refresh().then(schedule);
 })();
