@@ -1,5 +1,6 @@
 """``/metrics`` (Prometheus text format): jobs by state, restarts, per-rank step and
-steps/s of active jobs, machine health and heartbeat age, request latency.
+steps/s of active jobs, the live replica groups of active in-place jobs (from their
+last group event), machine health and heartbeat age, request latency.
 
 Job and machine figures are read from the store at scrape time (a collector), so
 they are right after a server restart; request latency is a histogram kept by
@@ -19,12 +20,13 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
 
 from corral.job.events import GPU_KEY
 from corral.service.machines import ACTIVE_STATES
 from corral.store import Store
-from corral.store.models import Job, Machine, Rank
+from corral.store.models import Attempt, Event, Job, Machine, Rank
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The per-rank GPU gauges: the sample's key, the metric's name and help.
@@ -63,6 +65,12 @@ class StoreCollector(Collector):
             )
             for key, name, text in _GPU_GAUGES
         }
+        participants = GaugeMetricFamily(
+            "corral_job_participants",
+            "Replica groups training now in an active job with in-place recovery (torchft's "
+            "quorum), as its last group change left them.",
+            labels=["job_id"],
+        )
         up = GaugeMetricFamily(
             "corral_machine_up", "1 when the last check saw the machine online.", labels=["machine"]
         )
@@ -90,11 +98,38 @@ class StoreCollector(Collector):
                         if isinstance(value, (int, float)):
                             scale = _MIB if key == "mem_used_mib" else 1
                             family.add_metric([*labels, str(sample.get("index"))], value * scale)
+            for job_id, groups in sorted(_participants(s, active).items()):
+                participants.add_metric([job_id], groups)
             for m in s.scalars(select(Machine)):
                 up.add_metric([m.name], 1.0 if m.status == "online" else 0.0)
                 if m.last_seen is not None:
                     age.add_metric([m.name], max(0.0, now - m.last_seen))
-        yield from (jobs, restarts, step, rate, *gpu.values(), up, age)
+        yield from (jobs, restarts, step, rate, participants, *gpu.values(), up, age)
+
+
+def _participants(s: Session, active: Select[str]) -> dict[str, float]:
+    """The live replica groups of each active in-place job: its current attempt's
+    groups, then as its group events since that attempt's start left them."""
+    live: dict[str, float] = {}
+    since: dict[str, float] = {}
+    for job_id, launch, started, hosts in s.execute(
+        select(Job.id, Job.launch, Attempt.started, Attempt.hosts)
+        .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == Job.attempt))
+        .where(Job.id.in_(active))
+    ):
+        options = (launch or {}).get("options") or {}
+        if options.get("recovery") == "in-place":
+            live[job_id], since[job_id] = float(len(hosts or [])), started
+    for job_id, when, data in s.execute(
+        select(Event.job_id, Event.time, Event.data)
+        .where(Event.kind == "group", Event.job_id.in_(active))
+        .order_by(Event.pos)
+    ):
+        count = (data or {}).get("participants")
+        if when < since.get(job_id, 0.0) or isinstance(count, bool) or not isinstance(count, int):
+            continue
+        live[job_id] = float(count)  # the last change wins
+    return live
 
 
 class Metrics:

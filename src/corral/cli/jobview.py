@@ -161,6 +161,8 @@ def print_status(status: dict[str, Any], console: Console) -> None:
         console.print(table)
     if status.get("attempts"):
         console.print(_attempts_table(status["attempts"]))
+    if status.get("groups"):
+        console.print(_groups_table(status["groups"]))
     cause = status.get("root_cause")
     if cause and state != "succeeded":
         console.print(root_cause_block(cause), soft_wrap=True)
@@ -187,6 +189,29 @@ def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
             duration_text(ran),
             attempt.get("checkpoint") or "",
         )
+    return table
+
+
+def group_text(change: dict[str, Any]) -> str:
+    """One replica-group change (``recovery: in-place``) in words."""
+    what = str(change.get("change"))
+    text = f"node {change.get('host')} (group {change.get('group')}) {what}"
+    if change.get("step") is not None:
+        text += f" at step {change['step']}"
+    if change.get("healed_from"):
+        text += f", healed from {change['healed_from']}"
+    text += f"; {plural(int(change.get('participants') or 0), 'group')} training"
+    if change.get("detail") and what != "rejoined":
+        text += f" ({change['detail']})"
+    return text
+
+
+def _groups_table(changes: list[dict[str, Any]]) -> Table:
+    table = Table(title="replica groups (in-place recovery)", title_justify="left")
+    for column in ("time", "change"):
+        table.add_column(column, overflow="fold")
+    for change in changes:
+        table.add_row(_when(change.get("time")), group_text(change))
     return table
 
 

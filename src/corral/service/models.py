@@ -420,6 +420,22 @@ class NodeStatus(BaseModel):
     progress: dict[str, Any]
 
 
+class GroupChange(BaseModel):
+    """A change of a node's replica group (``recovery: in-place``): ``lost`` (torn down,
+    the others train on), ``restarting`` (started again on ``host``), ``rejoined`` (at
+    ``step``, ``healed_from`` a live peer), ``continuing`` (the others go on without it),
+    ``fallback`` (the whole job restarts from the disk checkpoint)."""
+
+    time: float
+    host: str
+    group: int
+    change: str
+    participants: int = Field(description="Live replica groups after the change.")
+    step: int | None = None
+    healed_from: str | None = None
+    detail: str = ""
+
+
 class DistributedJobStatus(BaseModel):
     """The seed's ``DistributedJobStatus``, plus attempts, metrics and the root cause."""
 
@@ -452,6 +468,10 @@ class DistributedJobStatus(BaseModel):
     )
     owner: str | None = Field(None, description="The user who submitted or queued it.")
     priority: int = 0
+    groups: list[GroupChange] = Field(
+        default_factory=list,
+        description="recovery in-place: each change of a node's replica group, oldest first.",
+    )
 
 
 class JobSummary(BaseModel):

@@ -23,6 +23,7 @@ from corral.service.ingest import Ingest, Live, machine_ids
 from corral.service.jobrows import job_row
 from corral.service.models import (
     DistributedJobStatus,
+    GroupChange,
     JobList,
     JobSummary,
     NodeStatus,
@@ -82,9 +83,17 @@ class Queries:
                 .order_by(Event.pos.desc())
                 .limit(1)
             ).first()
+            groups = list(
+                s.scalars(
+                    select(Event)
+                    .where(Event.job_id == job_id, Event.kind == "group")
+                    .order_by(Event.pos)
+                ).all()
+            )
         status = _status(job, nodes, ranks, attempts, task.name if task else None)
         if checked is not None:
             status.preflight = preflight_findings((checked.data or {}).get("report"))
+        status.groups = [GroupChange.model_validate({**g.data, "time": g.time}) for g in groups]
         return status
 
     def list_jobs(

@@ -948,7 +948,7 @@
     let text = `node ${g.host} (group ${g.group}) ${g.change}`;
     if (g.step !== null && g.step !== undefined) text += ` at step ${g.step}`;
     if (g.healed_from) text += `, healed from ${g.healed_from}`;
-    text += `; ${g.participants} group${g.participants === 1 ? "" : "s"} train`;
+    text += `; ${g.participants} group${g.participants === 1 ? "" : "s"} training`;
     return text;
   }
 
