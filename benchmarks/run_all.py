@@ -53,6 +53,7 @@ DEFAULT_TIMEOUTS = {
     "actors": 400.0,
     "hetero": 900.0,
     "cli_start": 120.0,
+    "diagnose": 400.0,
 }
 
 

@@ -128,5 +128,7 @@ def report_event(
     """The ``report`` event forwarded to the coordinator: the validated fields, then
     the agent's own keys (``event``, the connection's ``rank``, the agent's ``time``)."""
     fields = message.model_dump()
+    if not fields.get("sections", True):
+        del fields["sections"]  # no sdk.section timings in this report
     fields.update(event="report", rank=rank, time=time.time() if now is None else now)
     return fields

@@ -203,7 +203,13 @@ def hang_report(
     groups = group_stacks(stacks)
     majority, odd = odd_ones_out(groups)
     odd_ranks = [
-        {"host": key[0], "rank": key[1], "where": group.where, "frames": group.frames}
+        {
+            "host": key[0],
+            "rank": key[1],
+            "where": group.where,
+            "frames": group.frames,
+            "waiting": group.waiting,
+        }
         for group in odd
         for key in group.ranks
     ]

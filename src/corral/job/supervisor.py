@@ -29,6 +29,7 @@ from typing import Any
 from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
+from corral.diagnose.hangreport import write_hang_report
 from corral.diagnose.stragglers import StragglerScores
 from corral.errors import CorralError
 from corral.job.events import (
@@ -670,15 +671,18 @@ class Supervisor:
             for entry in node.stacks or []
             if entry.get("trace")
         }
-        report, report_path = self.hang.report(verdict, stacks, paths, traces)
+        report, report_path = write_hang_report(
+            self.hang.directory, verdict.message(), stacks, paths, traces
+        )
         self._say(report["summary"] + (f" (report: {report_path})" if report_path else ""), "error")
-        key = self.hang.culprit(verdict, stacks)
+        odd = [(o["host"], o["rank"]) for o in report["odd"]]
+        key = self.hang.culprit(verdict, stacks, odd)
         blamed: str = key[0] if key is not None else self.nodes[0].host.name
         blamed_rank: int | None = key[1] if key is not None else None
         where = self.hang.where(stacks, key)
         stuck = f"; rank {blamed_rank} on {blamed} is stuck in {where[0]}" if where else ""
-        if report["odd"] or report["flight_recorder"]:
-            stuck = f"; {report['summary']}"
+        if report["flight_recorder"] or (report["odd"] and report["odd"][0]["waiting"]):
+            stuck = f"; {report['summary']}"  # the odd one out waits elsewhere
         message = f"hang: {verdict.message()}{stuck}"
         if report_path is not None:
             where = [*where, f"hang report: {report_path}"]

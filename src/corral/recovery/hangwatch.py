@@ -2,30 +2,18 @@
 
 :mod:`corral.recovery.hang` decides (pure); this keeps its clock (the
 coordinator's ``time.monotonic()`` when a report arrives), writes every rank's
-stack to ``runs/<job>/hang/<host>.<rank>.txt``, the hang report
-(:mod:`corral.diagnose.hangs`: ``report.json`` and ``report.md``, with the NCCL
-flight recorder's finding when the ranks left dumps in ``hang/nccl/``) and picks
-the rank to blame.
+stack to ``runs/<job>/hang/<host>.<rank>.txt`` and picks the rank to blame (the
+hang report beside them is :mod:`corral.diagnose.hangreport`'s).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.diagnose.hangs import (
-    analyse_flight_recorder,
-    group_stacks,
-    hang_report,
-    odd_ones_out,
-    render_markdown,
-)
 from corral.private import write_private
 from corral.recovery.hang import (
     HangDetector,
@@ -82,56 +70,20 @@ class HangWatch:
         """The lines to print: who is stuck where, who waits, where the dumps are."""
         return describe(verdict, stacks, paths)
 
-    def report(
-        self,
-        verdict: HangVerdict,
-        stacks: Mapping[RankKey, str],
-        paths: Mapping[RankKey, Path],
-        traces: Mapping[int, str] | None = None,
-    ) -> tuple[dict[str, Any], Path | None]:
-        """The hang report (``report.json`` + ``report.md`` in the hang folder) and the
-        path of its markdown (None when it could not be written). ``traces``: each
-        rank's NCCL flight recorder dump (base64), analysed with torch's tooling."""
-        flight, flight_error = None, None
-        if traces and self.directory is not None:
-            folder = self.directory / "nccl"
-            with contextlib.suppress(OSError):
-                folder.mkdir(parents=True, exist_ok=True)
-            for rank, data in sorted(traces.items()):
-                with contextlib.suppress(OSError, ValueError, binascii.Error):
-                    (folder / f"rank_{rank}").write_bytes(base64.b64decode(data, validate=True))
-            try:
-                flight = analyse_flight_recorder(folder)
-            except ValueError as exc:
-                flight_error = str(exc)
-        files = {key: str(path) for key, path in paths.items()}
-        report = hang_report(
-            verdict.message(), stacks, flight=flight, flight_error=flight_error, files=files
-        )
-        if self.directory is None:
-            return report, None
-        markdown = self.directory / "report.md"
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            write_private(self.directory / "report.json", json.dumps(report, indent=2) + "\n")
-            write_private(markdown, render_markdown(report))
-        except OSError:
-            return report, None
-        return report, markdown
-
     @staticmethod
-    def culprit(verdict: HangVerdict, stacks: Mapping[RankKey, str]) -> RankKey | None:
-        """The rank to blame: a suspect stuck outside a collective; else the odd one out
-        (the rank not where the majority waits); else the first suspect."""
+    def culprit(
+        verdict: HangVerdict, stacks: Mapping[RankKey, str], odd: Sequence[RankKey] = ()
+    ) -> RankKey | None:
+        """The rank to blame: a suspect stuck outside a collective; else the first of
+        ``odd`` (the odd ones out: not where the majority waits); else the first suspect."""
         stuck, _ = classify(stacks)
         for key in verdict.suspects:
             if key in stuck:
                 return key
         if stuck:
             return stuck[0]
-        _, odd = odd_ones_out(group_stacks(stacks))
         if odd:
-            return odd[0].ranks[0]
+            return odd[0]
         return verdict.suspects[0] if verdict.suspects else None
 
     @staticmethod
