@@ -350,3 +350,51 @@ def test_a_dead_lighthouse_falls_back(tmp_path: Path) -> None:
     result, _, _ = asyncio.run(main())
     assert result.state == JobState.FAILED
     assert "Lighthouse exited" in result.failures[0].message
+
+
+# -- the pre-flight: torchft on every host -------------------------------------------------
+
+
+def test_torchft_missing_on_a_host_fails_the_software_check_naming_it() -> None:
+    from corral.checks import software
+    from corral.checks.hostside import MODULES
+    from corral.checks.result import Status
+    from corral.recovery.inplace import TORCHFT_INSTALL
+
+    from .test_checks import _ctx
+
+    assert "torchft" in MODULES  # the hosts report whether torchft imports
+    with_ft = {"software": {"modules": {"torchft": True}}, "packages": {"torchft-nightly": "1"}}
+    per_host = {"n1": with_ft, "n2": {"software": {"modules": {"torchft": False}}}, "n3": with_ft}
+    result = software.check(_ctx(per_host, torchft=True))
+    assert result.status is Status.FAIL
+    assert result.hosts["n1"].status is Status.PASS and result.hosts["n3"].status is Status.PASS
+    detail = result.hosts["n2"].detail
+    assert "torchft cannot be imported by /usr/bin/python3 (--recovery in-place needs it)" in detail
+    assert TORCHFT_INSTALL.endswith("pip install torchft-nightly")
+    assert result.fix_command is not None
+    assert "/usr/bin/python3 -m pip install torchft-nightly  (on n2)" in result.fix_command
+    assert result.fix_command.count("torchft") == 1  # not again as a version pin
+    # without --recovery in-place torchft is not needed (no installed package differs here)
+    no_ft = {"n2": {"software": {"modules": {"torchft": False}}}}
+    assert software.check(_ctx(no_ft)).status is Status.PASS
+    assert software.check(_ctx(no_ft, torchft=True)).hosts["n2"].status is Status.FAIL
+
+
+def test_an_in_place_job_asks_its_preflight_for_torchft(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import corral.job.preflight as preflight_module
+
+    seen: list[bool] = []
+
+    async def preflight(options: Any, *_: Any) -> None:
+        seen.append(options.torchft)
+
+    monkeypatch.setattr(preflight_module, "preflight", preflight)
+    for recovery in ("in-place", "restart"):
+        spec, made = build_job(JobOptions(command=("t.py",), recovery=recovery))
+        transport = FakeTransport({})
+        job = new_job(spec, _cluster(3), made, transport=transport)
+        asyncio.run(job._checklist(types.SimpleNamespace(spec=spec), transport, None))
+    assert seen == [True, False]

@@ -52,6 +52,7 @@ class ChecklistOptions:
     shared_data_path: str | None = None  # must be one filesystem on every host (seed 003)
     harness: bool = False  # --harness: Accelerate must be there whatever the launcher
     command_template: str | None = None  # --launcher command: its first word is looked for
+    torchft: bool = False  # --recovery in-place: torchft must be importable on every host
     links: bool = False  # the link matrix (corral.checks.links)
     links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO  # slow below this x the reference
     links_min_gbs: float = 0.0  # slow below this many GB/s (0: no floor)

@@ -45,7 +45,7 @@ _LAUNCHER_BINARIES = {
     "madengine": ("madengine",),
 }
 #: Modules whose presence for the interpreter is reported (found, never imported).
-MODULES = ("accelerate", "mlx.core")
+MODULES = ("accelerate", "mlx.core", "torchft")
 _NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
 

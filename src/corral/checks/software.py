@@ -5,7 +5,8 @@ What each launcher needs on every host (a host without it fails, with the
 ``pip install`` that fixes it): corral always; torch for ``torchrun`` and
 ``accelerate``; Accelerate (importable by the job's interpreter) for
 ``accelerate`` and for ``--harness`` under any launcher; MLX (``mlx.core``) for
-``mlx``, which needs no torch; the ``madengine`` executable for ``madengine``.
+``mlx``, which needs no torch; the ``madengine`` executable for ``madengine``;
+torchft for ``--recovery in-place`` (named with its install command).
 A missing ``torchrun`` executable, or the first word of a ``command`` template
 when it is a plain command name, is a warning (the template may set up its PATH).
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from corral.checks.context import CheckContext, ChecklistOptions
 from corral.checks.result import CheckResult, HostCheck, Status
+from corral.recovery.inplace import TORCHFT_INSTALL
 
 NAME = "software"
 CORE = ("python", "torch", "cuda", "nccl", "corral")
@@ -79,6 +81,7 @@ class Needs:
     torch: str | None = None  # why torch is needed (None: it is not)
     accelerate: str | None = None
     mlx: str | None = None
+    torchft: str | None = None
 
 
 def needs(options: ChecklistOptions) -> Needs:
@@ -96,6 +99,7 @@ def needs(options: ChecklistOptions) -> Needs:
         torch=torch,
         accelerate=accelerate,
         mlx="--launcher mlx" if launcher == "mlx" else None,
+        torchft="--recovery in-place" if options.torchft else None,
     )
 
 
@@ -131,6 +135,16 @@ def _missing(
                 "mlx",
                 f"MLX is not installed for {exe} ({need.mlx} needs it; torch is not needed)",
                 install("mlx", "" if sw.get("platform") == "darwin" else "[cpu]"),
+            )
+        )
+    has_torchft = any(p in packages for p in ("torchft", "torchft-nightly"))
+    if need.torchft and not modules.get("torchft", has_torchft):
+        # the nightly build installs beside current torch (TORCHFT_INSTALL), for this python
+        found.append(
+            (
+                "torchft-nightly",
+                f"torchft cannot be imported by {exe} ({need.torchft} needs it)",
+                f"{exe} -m {TORCHFT_INSTALL.split(' -m ', 1)[1]}",
             )
         )
     return found

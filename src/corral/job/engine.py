@@ -396,7 +396,13 @@ class Job:
         from corral.job.preflight import checklist_options, preflight
 
         options = checklist_options(
-            self.checks, prepared.spec, self.cluster, self.ssh, self.python, sync
+            self.checks,
+            prepared.spec,
+            self.cluster,
+            self.ssh,
+            self.python,
+            sync,
+            in_place=self.recovery.in_place,
         )
         return await preflight(options, transport, prepared.spec.run_dir, self._checked)
 

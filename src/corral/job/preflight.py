@@ -37,8 +37,11 @@ def checklist_options(
     ssh: SshOptions,
     python: str | None,
     sync: dict[str, Any] | None,
+    *,
+    in_place: bool = False,
 ) -> ChecklistOptions:
-    """The checklist for a launch planned as ``spec`` (``python``: as the user gave it)."""
+    """The checklist for a launch planned as ``spec`` (``python``: as the user gave it;
+    ``in_place``: ``--recovery in-place``, torchft is needed on every host)."""
     return ChecklistOptions(
         cluster=cluster,
         ssh=ssh,
@@ -66,6 +69,7 @@ def checklist_options(
         shared_data_path=validate_path(spec.shared_data_path),
         harness=spec.harness is not None,
         command_template=template_of(spec),
+        torchft=in_place,
     )
 
 
