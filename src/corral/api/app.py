@@ -27,7 +27,7 @@ from corral.api import errors
 from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, bearer_value
 from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders, no_nul_in_path
 from corral.api.metrics import CONTENT_TYPE, Metrics
-from corral.api.routers import jobs, network, notify, queue, tasks, users
+from corral.api.routers import compare, jobs, network, notify, queue, tasks, users
 from corral.api.services import Services
 from corral.service.audit import AuditLog
 from corral.service.users import Principal, Role, UserService
@@ -220,7 +220,7 @@ def create_app(
     )
     app.add_middleware(SecurityHeaders)
     errors.install(app)
-    for module in (network, tasks, queue, jobs, users, notify):
+    for module in (network, tasks, queue, jobs, users, notify, compare):
         app.include_router(module.router)
     from corral.web import pages
 

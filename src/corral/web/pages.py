@@ -147,6 +147,11 @@ def queue_page(request: Request) -> Response:
     return page(request, "queue.html", "Queue", nav="queue")
 
 
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request) -> Response:
+    return page(request, "compare.html", "Compare jobs", nav="jobs")
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: str) -> Response:
     return page(request, "job.html", f"Job {job_id}", nav="jobs", job_id=job_id)

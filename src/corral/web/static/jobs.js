@@ -13,6 +13,7 @@
   let timer = null;
   let seq = 0; // answers of an older refresh than the last one started are dropped
   let tasks = new Map(); // id -> task (for names and scripts of the jobs made from tasks)
+  const picked = new Set(); // the jobs ticked for "Compare selected" (kept across pages)
 
   // what the role may do (the server renders it; the API refuses the rest anyway)
   const ME = document.body.dataset.user || "";
@@ -47,6 +48,8 @@
 
   function jobRow(job) {
     return el("tr", { "data-job": job.job_id, "data-status": job.status },
+      el("td", {}, el("input", { type: "checkbox", class: "compare-pick", value: job.job_id,
+        checked: picked.has(job.job_id), "aria-label": `Select ${job.job_id} to compare` })),
       el("td", {}, badge(job.status)),
       el("td", {}, jobLink(job.job_id)),
       el("td", {}, nameOf(job)),
@@ -68,6 +71,28 @@
     $("newer").disabled = offset === 0;
     $("older").disabled = offset + LIMIT >= total;
   }
+
+  // -- compare: two or more ticked jobs, overlaid on /compare ----------------------------
+
+  const MAX_COMPARE = 8; // GET /api/compare's bound
+  function updateCompare() {
+    const button = $("compare-selected");
+    button.disabled = picked.size < 2 || picked.size > MAX_COMPARE;
+    button.textContent = picked.size ? `Compare selected (${picked.size})` : "Compare selected";
+  }
+
+  $("jobs-body").addEventListener("change", (ev) => {
+    const box = ev.target.closest("input.compare-pick");
+    if (!box) return;
+    if (box.checked) picked.add(box.value); else picked.delete(box.value);
+    updateCompare();
+  });
+
+  $("compare-selected").addEventListener("click", () => {
+    const params = new URLSearchParams();
+    for (const id of picked) params.append("job", id);
+    location.href = `/compare?${params}`;
+  });
 
   // -- queue ------------------------------------------------------------------------------
 
