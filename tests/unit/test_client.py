@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from corral.client import Client, jobs, parse_sse, plain_http_warning
-from corral.client.events import Lost, StartFailed, decode
+from corral.client.events import LaunchFailed, Lost, decode
 from corral.client.jobs import follow
 from corral.client.sse import SseEvent
 from corral.errors import (
@@ -112,7 +112,7 @@ def test_events_decode_into_the_engines_typed_events() -> None:
     finished = decode(sse("finished", state="failed", exit_code=3, result={}), "j")
     assert isinstance(finished, Finished) and finished.exit_code == 3
     failed = decode(sse("error", message="script missing", exit_code=2), "j")
-    assert isinstance(failed, StartFailed) and failed.exit_code == 2
+    assert isinstance(failed, LaunchFailed) and failed.exit_code == 2
     lost = decode(sse("lost", reason="supervisor gone"), "j")
     assert isinstance(lost, Lost) and lost.exit_code == 255
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.client import jobs as api
-from corral.client.events import Lost, StartFailed
+from corral.client.events import LaunchFailed, Lost
 from corral.client.http import Client
 from corral.console import make_console
 from corral.errors import ServerUnreachable
@@ -345,7 +345,7 @@ def _render(
     for event in events:
         if isinstance(event, Checked):
             show_checked(event, output.console)
-        elif isinstance(event, (Finished, StartFailed, Lost)):
+        elif isinstance(event, (Finished, LaunchFailed, Lost)):
             code = event.exit_code  # the root cause follows, from the job's status
         elif _wanted(event, host, rank):
             output.on_event(event)

@@ -2,74 +2,25 @@
 
 The server streams each line of the job's ``events.jsonl`` as one Server-Sent Event
 (see :mod:`corral.service.eventlog` for the shape). :func:`decode` turns one into
-the :mod:`corral.job.events` model of its kind; the two kinds only the server
-writes are :class:`StartFailed` (``error``: the job could not start) and
-:class:`Lost` (``lost``: its supervisor ended without a result).
+the :mod:`corral.job.events` model of its kind with the one decoder the server's
+ingest uses too (:func:`corral.job.events.decode_event`); the two kinds only the
+server writes are :class:`~corral.job.events.LaunchFailed` (``error``: the job could
+not start) and :class:`~corral.job.events.Lost` (``lost``: its supervisor ended
+without a result).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
-
-from pydantic import Field, ValidationError
+from typing import Any
 
 from corral.client.sse import SseEvent
-from corral.job.events import (
-    AttemptEnded,
-    AttemptStarted,
-    Checked,
-    Finished,
-    JobEvent,
-    LogLines,
-    Message,
-    NodeChanged,
-    Progress,
-    RankExited,
-    StateChanged,
-)
+from corral.job.events import Finished, JobEvent, LaunchFailed, Lost, decode_event
+from corral.outcomes import EXIT_LOST
 
-EXIT_COULD_NOT_START = 3
-EXIT_LOST = 255
+__all__ = ["EXIT_LOST", "FINAL", "LaunchFailed", "Lost", "decode", "exit_code_of_event"]
 
-
-class StartFailed(JobEvent):
-    """The job could not start (its supervisor's ``error`` event): why, and the exit
-    code ``corral run`` would have had."""
-
-    kind: Literal["error"] = "error"
-    type: str = ""
-    message: str = ""
-    details: list[str] = Field(default_factory=list)
-    exit_code: int = EXIT_COULD_NOT_START
-
-
-class Lost(JobEvent):
-    """The job's supervisor ended without a result (the server's ``lost`` event)."""
-
-    kind: Literal["lost"] = "lost"
-    reason: str = ""
-    exit_code: int = EXIT_LOST
-
-
-MODELS: dict[str, type[JobEvent]] = {
-    model.model_fields["kind"].default: model
-    for model in (
-        StateChanged,
-        NodeChanged,
-        RankExited,
-        Progress,
-        Message,
-        Checked,
-        AttemptStarted,
-        AttemptEnded,
-        Finished,
-        StartFailed,
-        Lost,
-    )
-}
-"""The model of each event kind but ``log`` (whose text travels as text)."""
-FINAL = (Finished, StartFailed, Lost)
+FINAL = (Finished, LaunchFailed, Lost)
 """The kinds of a job's last event."""
 
 
@@ -82,30 +33,13 @@ def decode(event: SseEvent, job_id: str) -> JobEvent | None:
         return None
     if not isinstance(data, dict):
         return None
-    return decode_json(data, job_id, default_kind=event.event)
-
-
-def decode_json(data: dict[str, Any], job_id: str, *, default_kind: str = "") -> JobEvent | None:
-    """The typed event of one line of a job's events file (a JSON object)."""
-    kind = str(data.get("kind") or default_kind)
-    fields = {k: v for k, v in data.items() if k != "kind"}
-    try:
-        if kind == "log":
-            return LogLines(
-                job_id=job_id,
-                host=str(data.get("host", "")),
-                rank=int(data.get("rank", -1)),
-                data=str(data.get("text", "")).encode(),
-                **({"time": data["time"]} if "time" in data else {}),
-            )
-        model = MODELS.get(kind)
-        return None if model is None else model.model_validate({**fields, "job_id": job_id})
-    except (ValidationError, ValueError, TypeError):
-        return None
+    if not data.get("kind") and event.event:
+        data = {**data, "kind": event.event}
+    return decode_event(data, job_id)
 
 
 def exit_code_of_event(event: JobEvent) -> int | None:
     """The job's exit code when ``event`` is its last one, else None."""
-    if isinstance(event, (Finished, StartFailed, Lost)):
+    if isinstance(event, FINAL):
         return int(event.exit_code)
     return None

@@ -180,7 +180,7 @@ def follow(
     client: Client, job_id: str, on_wait: Callable[[dict[str, Any]], None] | None = None
 ) -> Iterator[JobEvent]:
     """The job's events, typed, from its first to its last (a :class:`Finished`,
-    :class:`~corral.client.events.StartFailed` or :class:`Lost`), live; a queued job's
+    :class:`~corral.client.events.LaunchFailed` or :class:`Lost`), live; a queued job's
     once it has started (``on_wait`` as for :func:`wait_until_started`). A stream that
     ends with no last event (the job ended unseen, or the server restarted) is
     resumed, or ended from the job's status."""

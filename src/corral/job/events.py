@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.job.states import JobState, NodeState
+from corral.outcomes import EXIT_LOST
 from corral.outcomes import Level as Level  # how a message matters (a leaf, for recovery/)
 
 
@@ -196,6 +197,7 @@ class Lost(JobEvent):
 
     kind: Literal["lost"] = "lost"
     reason: str = ""
+    exit_code: int = EXIT_LOST
 
 
 Subscriber = Callable[[JobEvent], None]
