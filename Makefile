@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml | $(PY)
 	  *) $(PY) -m pip install -q --extra-index-url '$(TORCH_CPU_INDEX)' \
 	       'torch==$(TORCH_VERSION)+cpu' ;; \
 	esac
-	$(PY) -m pip install -q -e '.[dev,torch,ft]'
+	$(PY) -m pip install -q -e '.[dev,torch,ft,mlflow,tensorboard,wandb]'
 	touch $(STAMP)
 
 setup: $(STAMP)

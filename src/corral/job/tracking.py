@@ -10,7 +10,8 @@ process track alike). The coordinator forwards what the ranks report
 - every :class:`~corral.job.events.Progress` gives its numeric metrics at its step
   (rank 0's under their own names, rank R's as ``rankR/NAME``), the rank's
   throughput (``throughput/rankR/steps_per_s``, and ``examples_per_s`` when it
-  reports ``examples``) and its GPU sample (``gpu/rankR/util``, ``mem_used_mib``);
+  reports ``examples``; over :data:`THROUGHPUT_WINDOW` at least) and its GPU sample
+  (``gpu/rankR/util``, ``mem_used_mib``);
 - every attempt logs ``attempt`` and ``world_size`` (a restart shows on the chart);
 - :class:`~corral.job.events.Finished` records the final state, and waits (a
   bounded time) for the trackers to write everything.
@@ -34,6 +35,9 @@ from corral.track.forward import Forwarder
 from corral.track.targets import TrackPolicy
 
 _GPU_KEYS = ("util", "mem_used_mib")
+THROUGHPUT_WINDOW = 0.5
+"""Seconds a rank's throughput is measured over at least (reports that arrive in a
+burst, as the first ones of a rank do, make no rate of their own)."""
 
 
 def _number(value: Any) -> float | None:
@@ -53,7 +57,8 @@ class TrackingSubscriber:
         self.started = False
         self.attempts = 0
         self.step = 0  # the highest step reported so far
-        self._last: dict[int, tuple[float, int]] = {}  # rank -> (time, step) of its last report
+        self._anchor: dict[int, tuple[float, int]] = {}  # rank -> (time, step) measured from
+        self._examples: dict[int, float] = {}  # rank -> examples reported since its anchor
         self._reports: dict[int, int] = {}  # rank -> reports without a step so far
 
     def on_event(self, event: JobEvent) -> None:
@@ -69,7 +74,8 @@ class TrackingSubscriber:
 
     def _attempt(self, event: AttemptStarted) -> None:
         self.attempts += 1
-        self._last.clear()
+        self._anchor.clear()
+        self._examples.clear()
         if not self.started:
             self.started = True
             self.forwarder.start_run(
@@ -118,21 +124,32 @@ class TrackingSubscriber:
             for name, raw in event.metrics.items()
             if (value := _number(raw)) is not None
         ]
-        last = self._last.get(rank)
-        self._last[rank] = (now, step)
-        if last is not None and now > last[0]:
-            elapsed = now - last[0]
-            if step > last[1]:
-                rate = (step - last[1]) / elapsed
-                points.append(Point(f"throughput/rank{rank}/steps_per_s", rate, step, now))
-            examples = _number(event.metrics.get("examples"))
-            if examples is not None:
-                rate = examples / elapsed
-                points.append(Point(f"throughput/rank{rank}/examples_per_s", rate, step, now))
+        points.extend(self._throughput(rank, step, now, _number(event.metrics.get("examples"))))
         for key in _GPU_KEYS:
             value = _number((event.gpu or {}).get(key))
             if value is not None:
                 points.append(Point(f"gpu/rank{rank}/{key}", value, step, now))
+        return points
+
+    def _throughput(self, rank: int, step: int, now: float, examples: float | None) -> list[Point]:
+        """The rank's steps/s (and examples/s) since its anchor, once a window has passed."""
+        anchor = self._anchor.get(rank)
+        if anchor is None:
+            self._anchor[rank] = (now, step)
+            return []
+        if examples is not None:
+            self._examples[rank] = self._examples.get(rank, 0.0) + examples
+        elapsed = now - anchor[0]
+        if elapsed < THROUGHPUT_WINDOW:
+            return []
+        self._anchor[rank] = (now, step)
+        points = []
+        if step > anchor[1]:
+            rate = (step - anchor[1]) / elapsed
+            points.append(Point(f"throughput/rank{rank}/steps_per_s", rate, step, now))
+        if rank in self._examples:
+            rate = self._examples.pop(rank) / elapsed
+            points.append(Point(f"throughput/rank{rank}/examples_per_s", rate, step, now))
         return points
 
     def _finished(self, event: Finished) -> None:

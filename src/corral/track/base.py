@@ -65,18 +65,3 @@ class Tracker(Protocol):
 
     def finish(self, final: FinalState) -> None:
         """Record the final state and close the run (every point written)."""
-
-
-def open_tracker(target: TrackTarget) -> Tracker:
-    """The backend of ``target`` (its package imported here, on first use)."""
-    if target.backend == "mlflow":
-        from corral.track.mlflow import MlflowTracker
-
-        return MlflowTracker(target)
-    if target.backend == "tensorboard":
-        from corral.track.tensorboard import TensorBoardTracker
-
-        return TensorBoardTracker(target)
-    from corral.track.wandb import WandbTracker
-
-    return WandbTracker(target)

@@ -1,9 +1,10 @@
 """The forwarding thread: the job's event loop hands records over without waiting.
 
 :class:`Forwarder` owns the trackers of one job and a background thread that
-calls them. :meth:`Forwarder.start_run`, :meth:`Forwarder.log` and
-:meth:`Forwarder.finish` only put a record on a bounded queue (a full queue drops
-points and says so once: a slow tracker never slows the job); the thread drains
+calls them. :meth:`Forwarder.log` only puts the points on a bounded queue (a full
+queue drops points and says so once: a slow tracker never slows the job);
+:meth:`Forwarder.start_run` and :meth:`Forwarder.finish` are never dropped (they
+wait, a bounded time, for room); the thread drains
 the queue in batches. A tracker that raises is dropped with one warning line
 (:meth:`Forwarder.warnings`); the job goes on. :meth:`Forwarder.close` waits, a
 bounded time, for everything queued to be written (the job's end).
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from corral.track.base import FinalState, Point, RunInfo, Tracker, open_tracker
+from corral.track.base import FinalState, Point, RunInfo, Tracker
 from corral.track.targets import TrackTarget
 
 QUEUE_SIZE = 10_000
@@ -25,6 +26,21 @@ BATCH = 2_000
 """Points handed to a tracker in one call at most."""
 FLUSH_TIMEOUT = 30.0
 """Seconds :meth:`Forwarder.close` waits for the trackers at the job's end."""
+
+
+def open_tracker(target: TrackTarget) -> Tracker:
+    """The backend of ``target`` (its package imported here, on first use)."""
+    if target.backend == "mlflow":
+        from corral.track.mlflow import MlflowTracker
+
+        return MlflowTracker(target)
+    if target.backend == "tensorboard":
+        from corral.track.tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker(target)
+    from corral.track.wandb import WandbTracker
+
+    return WandbTracker(target)
 
 
 @dataclass(frozen=True)
@@ -97,11 +113,12 @@ class Forwarder:
     def _put(self, record: _Record) -> None:
         if self._closed:
             return
-        if isinstance(record, _Stop):
-            self._closed = True
-            try:  # the thread must see it: wait for room (a bounded time)
+        if not isinstance(record, list):  # never dropped: wait for room (a bounded time)
+            self._closed = isinstance(record, _Stop)
+            try:
                 self._queue.put(record, timeout=FLUSH_TIMEOUT)
             except queue.Full:
+                self._closed = True
                 self._warnings.put("tracking: the trackers are stuck; they record nothing more")
             return
         try:
@@ -128,10 +145,8 @@ class Forwarder:
             pending = None
             if isinstance(record, _Stop):
                 return
-            if isinstance(record, RunInfo):
-                self._each("could not start its run", lambda t, r=record: t.start(r))
-            elif isinstance(record, FinalState):
-                self._each("could not record the end", lambda t, f=record: t.finish(f))
+            if isinstance(record, RunInfo | FinalState):
+                self._handle(record)
             else:
                 batch = list(record)
                 while len(batch) < BATCH:  # the point batches right behind it: one call
@@ -144,8 +159,16 @@ class Forwarder:
                         break
                     batch.extend(more)
                 for i in range(0, len(batch), BATCH):
-                    part = batch[i : i + BATCH]
-                    self._each("could not log metrics", lambda t, p=part: t.log(p))
+                    self._log(batch[i : i + BATCH])
+
+    def _handle(self, record: RunInfo | FinalState) -> None:
+        if isinstance(record, RunInfo):
+            self._each("could not start its run", lambda t: t.start(record))
+        else:
+            self._each("could not record the end", lambda t: t.finish(record))
+
+    def _log(self, points: list[Point]) -> None:
+        self._each("could not log metrics", lambda t: t.log(points))
 
     def _each(self, what: str, call: Callable[[Tracker], None]) -> None:
         for tracker in list(self._trackers):

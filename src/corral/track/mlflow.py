@@ -11,6 +11,7 @@ maintenance mode) is used as asked: ``MLFLOW_ALLOW_FILE_STORE`` is set for it.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -37,6 +38,7 @@ class MlflowTracker:
 
     def __init__(self, target: TrackTarget) -> None:
         self.target = target
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its table creation
         if _file_store(target.where):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=target.where)

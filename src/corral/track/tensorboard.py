@@ -1,8 +1,9 @@
 """``--track tensorboard:DIR``: the job's scalars and text in ``DIR/<job id>``.
 
 Written with TensorBoard's own event-file writer and summary protos (no torch,
-no TensorFlow): one scalar series per metric name, the parameters and the final
-state as text (TensorBoard's Text tab), the exit code as a scalar.
+no TensorFlow): one scalar series per metric name (``simple_value``, as every
+reader and TensorBoard's Scalars tab take it), the parameters and the final state
+as text (the Text tab), the exit code as a scalar.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tensorboard.compat.proto import event_pb2
-from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.text.summary_v2 import text_pb
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from corral.track.base import FinalState, ParamValue, Point, RunInfo
 from corral.track.targets import TrackTarget
+
+
+def scalar(tag: str, value: float) -> summary_pb2.Summary:
+    """A scalar summary as the classic ``simple_value``."""
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
 
 
 def _table(values: Mapping[str, ParamValue]) -> str:
@@ -51,7 +56,7 @@ class TensorBoardTracker:
     def log(self, points: Sequence[Point]) -> None:
         """One scalar event per point."""
         for point in points:
-            self._write(scalar_pb(point.name, point.value), point.step, point.time)
+            self._write(scalar(point.name, point.value), point.step, point.time)
             self._last_step = max(self._last_step, point.step)
         self.writer.flush()
 
@@ -66,7 +71,7 @@ class TensorBoardTracker:
             values["reason"] = final.reason
         values.update(final.summary)
         self._write(text_pb("final_state", _table(values)), self._last_step)
-        self._write(scalar_pb("exit_code", final.exit_code), self._last_step)
+        self._write(scalar("exit_code", final.exit_code), self._last_step)
         self.writer.close()
 
     def _write(self, summary: object, step: int, wall_time: float | None = None) -> None:

@@ -10,6 +10,7 @@ after a restart, are all kept.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,12 +37,14 @@ class WandbTracker:
             project=project,
             entity=entity or None,
             name=run.job_id,
-            id=run.job_id.replace("/", "-"),
+            id=re.sub(r"[^A-Za-z0-9_.-]", "-", run.job_id),
             dir=str(run.job_dir),
             mode=os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]
             config=dict(run.params),
             reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off"),
+            settings=wandb.Settings(
+                silent=True, console="off", disable_git=True, disable_code=True
+            ),
         )
         self.run.define_metric(STEP)
         self.run.define_metric("*", step_metric=STEP)

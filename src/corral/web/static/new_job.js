@@ -60,6 +60,7 @@
     config_scaling: "config_rule", rule: "config_rule", adjust_config: "adjust_config",
     preflight: "preflight", machine_selection: "selection-auto",
     calibration: "calibration", workload_weights: "calibration", rebalance: "rebalance",
+    track: "track",
     recovery: "recovery", spares: "spares",
   };
 
@@ -218,6 +219,8 @@
       const spares = number("spares");
       if (spares) request.spares = spares;
     }
+    const track = $("track").value.split("\n").map((t) => t.trim()).filter((t) => t !== "");
+    if (track.length) request.track = track;
     const config = parseConfig();
     if (config !== undefined) request.config = config;
     if (request.adjust_config && config === undefined) {
