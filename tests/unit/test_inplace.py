@@ -398,3 +398,49 @@ def test_an_in_place_job_asks_its_preflight_for_torchft(monkeypatch: pytest.Monk
         job = new_job(spec, _cluster(3), made, transport=transport)
         asyncio.run(job._checklist(types.SimpleNamespace(spec=spec), transport, None))
     assert seen == [True, False]
+
+
+# -- calibration weights: one per group, re-split among the live groups by the SDK -----------
+
+
+def test_calibration_weights_become_one_weight_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from corral.contract import WORKLOAD_WEIGHTS_ENV
+    from corral.job import inplace as ip
+    from corral.job.engine import dry_run
+    from corral.plan.inplace import group_weights
+    from corral.sdk._ftsplit import group_weights as sdk_group_weights
+    from corral.sdk._ftsplit import quorum_share
+
+    assert group_weights((), (2, 2)) == ()
+    assert group_weights((0.1, 0.2, 0.3, 0.4), (2, 2)) == pytest.approx((0.3, 0.7))
+    with pytest.raises(ConfigError, match="3 workload weights for the 4 ranks") as info:
+        group_weights((0.1, 0.2, 0.3), (2, 2))
+    assert info.value.option == "--calibration"
+
+    async def start(*_: Any, **__: Any) -> Any:
+        return types.SimpleNamespace(url="http://127.0.0.1:1")
+
+    monkeypatch.setattr(ip.Lighthouse, "start", start)
+    # 3 hosts of 2 ranks; the third host is twice as fast as the others' ranks
+    weights = (0.1, 0.1, 0.1, 0.1, 0.3, 0.3)
+    spec = JobSpec(
+        script="t.py", job_id="j", python="python3", nproc_per_node=2, workload_weights=weights
+    )
+    prepared, extra = asyncio.run(ip.setup(dry_run(spec, _cluster(3)), [], None))
+    raw = {c.env[WORKLOAD_WEIGHTS_ENV] for c in prepared.commands}
+    assert raw == {"0.2,0.2,0.6"}  # every group gets every group's weight
+    spare = extra["replan"](2, Host("s", address="10.0.0.9"))
+    assert spare.env[WORKLOAD_WEIGHTS_ENV] == "0.2,0.2,0.6"
+    # the SDK reads them as per-group weights; when group 0 is gone its share goes to
+    # groups 1 and 2 by their weights (1:3), no example dropped
+    per_group, _ = sdk_group_weights("0.2,0.2,0.6", 3, 2)
+    live = {g: per_group[g] for g in (1, 2)}
+    counts = [quorum_share(0, 80, live, g, r, (1.0, 1.0)).count for g in (1, 2) for r in (0, 1)]
+    assert counts == [10, 10, 30, 30]
+    # without weights, none are passed
+    even, _ = asyncio.run(
+        ip.setup(dry_run(JobSpec(script="t.py", job_id="j"), _cluster(3)), [], None)
+    )
+    assert all(WORKLOAD_WEIGHTS_ENV not in c.env for c in even.commands)

@@ -328,7 +328,7 @@ async def setup(
     import sys
 
     from corral.job.resolve import free_port
-    from corral.plan.inplace import plan_group
+    from corral.plan.inplace import group_weights, plan_group
     from corral.recovery.inplace import RecoveryPolicy
     from corral.recovery.lighthouse import reachable_address
 
@@ -339,6 +339,9 @@ async def setup(
     min_replicas = RecoveryPolicy.min_replicas(min_nodes)
     lighthouse = await Lighthouse.start(sys.executable, address, min_replicas, job_id=spec.job_id)
     groups = len(hosts)
+    # calibration weights: one per group (the sum of its ranks'), re-split by the SDK
+    # among the live groups
+    weights = group_weights(spec.workload_weights, [c.nproc for c in prepared.commands])
 
     def replan(group: int, host: Host) -> NodeCommand:
         # local nodes share one machine: each group's store gets its own free port
@@ -352,6 +355,7 @@ async def setup(
             lighthouse=lighthouse.url,
             min_replicas=min_replicas,
             attempt=prepared.attempt,
+            weights=weights,
         )
 
     commands = [replan(i, h) for i, h in enumerate(hosts)]

@@ -7,12 +7,17 @@ group can be torn down and restarted without the others noticing beyond
 torchft's quorum. Its ranks get the torchft contract
 (:mod:`corral.contract`): the Lighthouse's address, the group's id (the node's
 index in the plan), the number of groups and the fewest groups that may train;
-RANK and WORLD_SIZE are the group's own.
+RANK and WORLD_SIZE are the group's own. With workload weights (``--calibration``),
+each group gets one weight, the sum of its ranks' (:func:`group_weights`), in
+``CORRAL_WORKLOAD_WEIGHTS``: the SDK splits each step's batch among the live groups
+by them (:mod:`corral.sdk._ftsplit`), so a departed group's share is re-split
+among the survivors by their weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from corral.cluster.model import Cluster, Host
@@ -21,9 +26,32 @@ from corral.contract import (
     MIN_REPLICAS_ENV,
     REPLICA_GROUP_ENV,
     REPLICA_GROUPS_ENV,
+    WORKLOAD_WEIGHTS_ENV,
 )
+from corral.errors import ConfigError
 from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec, NodeCommand
+
+
+def group_weights(weights: Sequence[float], ranks: Sequence[int]) -> tuple[float, ...]:
+    """One weight per group: the sum of its ranks' weights. ``weights``: one per rank
+    of the whole job (host by host, then local rank); ``ranks``: each group's number
+    of ranks, in group order. Empty without weights; ConfigError when they do not
+    cover the ranks."""
+    if not weights:
+        return ()
+    if len(weights) != sum(ranks):
+        raise ConfigError(
+            f"{len(weights)} workload weights for the {sum(ranks)} ranks of "
+            f"{len(ranks)} replica groups",
+            option="--calibration",
+        )
+    out: list[float] = []
+    start = 0
+    for count in ranks:
+        out.append(math.fsum(weights[start : start + count]))
+        start += count
+    return tuple(out)
 
 
 def plan_group(
@@ -36,14 +64,16 @@ def plan_group(
     lighthouse: str,
     min_replicas: int,
     attempt: int = 0,
+    weights: Sequence[float] = (),
 ) -> NodeCommand:
-    """Replica group ``group`` (of ``groups``) on ``host``, its store at ``port``."""
+    """Replica group ``group`` (of ``groups``) on ``host``, its store at ``port``;
+    ``weights``: one per group (:func:`group_weights`; empty: equal groups)."""
     one = dataclasses.replace(
         spec,
         master_addr=host.address,
         master_port=port,
-        # one weight per rank of the whole job does not fit a one-host plan; the
-        # groups are equal replicas (the SDK splits the data by the live quorum)
+        # one weight per rank of the whole job does not fit a one-host plan: the
+        # group's ranks get the groups' weights instead (below)
         workload_weights=(),
     )
     (command,) = plan_job(one, Cluster((host,)), attempt)
@@ -52,6 +82,8 @@ def plan_group(
     env[REPLICA_GROUP_ENV] = str(group)
     env[REPLICA_GROUPS_ENV] = str(groups)
     env[MIN_REPLICAS_ENV] = str(min_replicas)
+    if weights:
+        env[WORKLOAD_WEIGHTS_ENV] = ",".join(f"{w:.6g}" for w in weights)
     return dataclasses.replace(command, node_rank=group, env=env)
 
 
@@ -63,8 +95,10 @@ def plan_groups(
     lighthouse: str,
     min_replicas: int,
     attempt: int = 0,
+    weights: Sequence[float] = (),
 ) -> list[NodeCommand]:
-    """One replica group per host of ``cluster``; ``ports[i]`` is host i's store port."""
+    """One replica group per host of ``cluster``; ``ports[i]`` is host i's store port;
+    ``weights``: one per group (empty: equal groups)."""
     groups = len(cluster.hosts)
     return [
         plan_group(
@@ -76,6 +110,7 @@ def plan_groups(
             lighthouse=lighthouse,
             min_replicas=min_replicas,
             attempt=attempt,
+            weights=weights,
         )
         for index, host in enumerate(cluster.hosts)
     ]
