@@ -444,3 +444,36 @@ def test_calibration_weights_become_one_weight_per_group(monkeypatch: pytest.Mon
         ip.setup(dry_run(JobSpec(script="t.py", job_id="j"), _cluster(3)), [], None)
     )
     assert all(WORKLOAD_WEIGHTS_ENV not in c.env for c in even.commands)
+
+
+# -- corral plan --recovery in-place: the per-group commands ---------------------------------
+
+
+def test_corral_plan_in_place_prints_each_groups_command() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    args = ["plan", "--hosts", "h0,h1,h2", "--nproc-per-node", "2", "--python", "python3"]
+    tail = ["--", "train.py"]
+    runner = CliRunner()
+    shown = runner.invoke(app, [*args, "--recovery", "in-place", "--spares", "1", *tail])
+    assert shown.exit_code == 0, shown.output
+    text = shown.output
+    for group, host in enumerate(("h0", "h1")):
+        assert f"{REPLICA_GROUP_ENV}={group}" in text
+        assert f"--rdzv-endpoint={host}:29500" in text
+    assert "--nnodes=1" in text and "--nnodes=2" not in text
+    assert f"{REPLICA_GROUPS_ENV}=2" in text and "spare hosts: h2" in text
+    raw = runner.invoke(app, [*args, "--recovery", "in-place", "--json", *tail])
+    doc = json.loads(raw.output)
+    assert [n["env"][REPLICA_GROUP_ENV] for n in doc["nodes"]] == ["0", "1", "2"]
+    assert doc["recovery"]["mode"] == "in-place" and doc["recovery"]["spares"] == []
+    # the restart plan is unchanged, and what corral run refuses corral plan refuses
+    plain = runner.invoke(app, [*args, *tail])
+    assert "--nnodes=3" in plain.output and REPLICA_GROUP_ENV not in plain.output
+    refused = runner.invoke(app, [*args, "--recovery", "in-place", "--spares", "2", *tail])
+    assert isinstance(refused.exception, ConfigError), refused.output
+    assert "at least 2 nodes" in str(refused.exception)

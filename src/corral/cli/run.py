@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from typing import Annotated
@@ -67,7 +68,7 @@ from corral.cli.options import (
     TrackOpt,
     WorkdirOpt,
 )
-from corral.cluster.model import Cluster
+from corral.cluster.model import Cluster, Host
 from corral.console import make_console
 from corral.contract import JOB_CONFIG_ENV
 from corral.errors import ConfigError
@@ -85,8 +86,10 @@ from corral.plan.display import (
     reference_line,
     weights_line,
 )
+from corral.plan.inplace import LIGHTHOUSE_PLACEHOLDER, plan_inplace
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.recovery.inplace import RecoveryPolicy
 from corral.remote.python import candidates
 from corral.signals import stop_on_signals
 from corral.transport.options import SshOptions
@@ -315,11 +318,15 @@ def plan(
     lr_scaling: LrScalingOpt = "linear",
     calibration: CalibrationOpt = None,
     qos: QosOpt = None,
+    recovery: RecoveryOpt = "restart",
+    spares: SparesOpt = 0,
+    min_nodes: MinNodesOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Print the exact per-node command and environment `corral run` would use (dry run).
 
-    Secret values (see --secret-env) are redacted.
+    Secret values (see --secret-env) are redacted. With --recovery in-place, each
+    node's command is its own replica group's (spare hosts are listed, not planned).
     """
     cluster = load_hosts(hosts, ssh)
     spec = job_spec(
@@ -347,10 +354,21 @@ def plan(
             harness=harness,
             lr_scaling=lr_scaling,
             qos=qos,
+            recovery=recovery,
+            spares=spares,
+            min_nodes=min_nodes,
         )
     )
     spec = _weighted(spec, cluster, calibration, make_console(stderr=as_json), ssh=None)
     prepared = dry_run(spec, cluster)
+    policy = RecoveryPolicy(recovery, spares)
+    policy.check(spec.launcher, len(cluster.hosts), min_nodes)
+    spare_hosts: tuple[Host, ...] = ()
+    if policy.in_place:
+        commands, spare_hosts = plan_inplace(
+            spec, cluster, spares=spares, min_replicas=policy.min_replicas(min_nodes)
+        )
+        prepared = dataclasses.replace(prepared, commands=commands)
     if as_json:
         doc: dict[str, object] = {
             "job_id": prepared.spec.job_id,
@@ -361,10 +379,27 @@ def plan(
             doc["workload_weights"] = list(prepared.spec.workload_weights)
         if prepared.spec.harness:
             doc["harness"] = {"mode": prepared.spec.harness, "config": _adjusted(prepared)}
+        if policy.in_place:
+            doc["recovery"] = {
+                "mode": "in-place",
+                "lighthouse": LIGHTHOUSE_PLACEHOLDER,
+                "spares": [h.name for h in spare_hosts],
+            }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     console = make_console(stderr=False)
     print_plan(prepared, console)
+    if policy.in_place:
+        console.print(
+            f"\nin-place recovery (torchft): each node is its own replica group, the "
+            f"Lighthouse runs on the coordinator ({LIGHTHOUSE_PLACEHOLDER}); spare hosts: "
+            f"{', '.join(h.name for h in spare_hosts) or 'none'}"
+            + (
+                "; on local:N each group's store gets its own free port" if cluster.is_local else ""
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
     note = python_note(prepared.commands, candidates(None)) if python is None else None
     if note is not None:
         console.print(note, style="dim", markup=False)

@@ -87,6 +87,41 @@ def plan_group(
     return dataclasses.replace(command, node_rank=group, env=env)
 
 
+LIGHTHOUSE_PLACEHOLDER = "http://{coordinator}:{port picked at launch}"
+"""The Lighthouse's address in a dry run (its port is bound when it starts)."""
+
+
+def plan_inplace(
+    spec: JobSpec,
+    cluster: Cluster,
+    *,
+    spares: int = 0,
+    min_replicas: int = 1,
+    lighthouse: str = LIGHTHOUSE_PLACEHOLDER,
+    attempt: int = 0,
+) -> tuple[list[NodeCommand], tuple[Host, ...]]:
+    """The dry run of ``--recovery in-place``: one group per host of ``cluster`` but
+    the last ``spares`` (held in reserve, returned second). Every group's store is at
+    ``spec.master_port`` (on ``local:N`` each group gets its own free port at launch).
+    ``spec``'s workload weights (one per rank of the training hosts, or of all hosts)
+    become one weight per group."""
+    hosts = cluster.hosts[: len(cluster.hosts) - spares] if spares else cluster.hosts
+    training = Cluster(hosts, source=cluster.source)
+    plain = dataclasses.replace(spec, workload_weights=())
+    ranks = [c.nproc for c in plan_job(plain, training, attempt)]
+    weights = spec.workload_weights[: sum(ranks)] if spares else spec.workload_weights
+    commands = plan_groups(
+        spec,
+        training,
+        ports=[spec.master_port] * len(hosts),
+        lighthouse=lighthouse,
+        min_replicas=min_replicas,
+        attempt=attempt,
+        weights=group_weights(weights, ranks),
+    )
+    return commands, cluster.hosts[len(hosts) :]
+
+
 def plan_groups(
     spec: JobSpec,
     cluster: Cluster,
