@@ -1,5 +1,6 @@
 """``corral serve``: the REST API and the web page over a persistent store, and
-``corral serve user add|list|revoke|limit``: its users.
+``corral serve user add|list|revoke|limit``: its users, and ``corral serve gc``: old
+jobs' events and run dirs trimmed.
 
 Jobs dispatched through it run in their own supervisor processes, so stopping or
 restarting the server never stops training (it re-attaches on start).
@@ -399,6 +400,65 @@ def user_limit(
     )
 
 
+def gc(
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            metavar="AGE",
+            help="Trim jobs that ended longer ago than this: 30d, 12h, 90m, 2w (needed).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be deleted; delete nothing.")
+    ] = False,
+    db: _DB = None,
+    run_dir: Annotated[
+        str,
+        typer.Option(
+            "--run-dir",
+            metavar="DIR",
+            envvar="CORRAL_RUN_DIR",
+            help="The server's run dir (only job dirs under it are deleted).",
+        ),
+    ] = "runs",
+) -> None:
+    """Delete the stored events and run dirs of jobs that ended before AGE ago (never a
+    running, queued or planned job; the job's row and summary stay)."""
+    import time
+
+    from corral.errors import ServiceError
+    from corral.service.gc import collect, parse_age
+    from corral.store import open_store
+
+    if older_than is None:
+        raise ConfigError("give --older-than AGE (e.g. 30d)", option="--older-than")
+    try:
+        age = parse_age(older_than)
+    except ServiceError as exc:
+        raise ConfigError(str(exc), option="--older-than") from exc
+    with open_store(db) as store:
+        report = collect(store, Path(run_dir).expanduser(), age, dry_run=dry_run)
+    console = make_console(stderr=False)
+    for j in report.jobs:
+        ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.ended))
+        where = f"{j.run_dir} ({j.bytes / 2**20:.1f} MiB)" if j.run_dir else "no run dir"
+        note = f"  kept: {j.kept}" if j.kept else ""
+        console.print(
+            f"{j.job_id}  {j.state:<9} ended {ended}  {j.events} events  {where}{note}",
+            markup=False,
+            soft_wrap=True,
+        )
+    verb = "would delete" if dry_run else "deleted"
+    console.print(
+        f"{verb} {report.events} events and {report.run_dirs} run dirs "
+        f"({report.bytes / 2**20:.1f} MiB) of {len(report.jobs)} jobs that ended before "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(report.cutoff))}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 def _service_call(call: Callable[[], _T]) -> _T:
     """A service's refusal (unknown user, duplicate) as a one-line ConfigError."""
     from corral.errors import ServiceError
@@ -422,7 +482,7 @@ def _log_to_stderr() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve`` and ``serve user ...`` to the root app."""
+    """Add ``serve``, ``serve user ...`` and ``serve gc`` to the root app."""
     serve_app = typer.Typer(
         invoke_without_command=True, no_args_is_help=False, rich_markup_mode="rich"
     )
@@ -433,4 +493,5 @@ def register(app: typer.Typer) -> None:
     user_app.command("revoke")(user_revoke)
     user_app.command("limit")(user_limit)
     serve_app.add_typer(user_app, name="user")
+    serve_app.command("gc")(gc)
     app.add_typer(serve_app, name="serve")
