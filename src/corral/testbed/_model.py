@@ -39,8 +39,27 @@ HOST_FS = "fs"
 own paths: the host's ``/tmp/x`` is ``hosts/<name>/fs/tmp/x`` here."""
 MAX_HOSTS = 250
 STATE_VERSION = 1
+NEIGH_SYSCTLS = {
+    "net/ipv4/neigh/default/gc_thresh1": 128,
+    "net/ipv4/neigh/default/gc_thresh2": 512,
+    "net/ipv4/neigh/default/gc_thresh3": 1024,
+}
+"""The kernel's IPv4 neighbour (ARP) table limits (under ``/proc/sys``), with their
+defaults. The table is one for the whole machine, every network namespace
+included: past ``gc_thresh3`` entries no new neighbour is created, so an ARP
+request goes unanswered and a connect fails with "No route to host"."""
 
 _UNSAFE_PATH = re.compile(r"[\s\"'%\\#]")
+
+
+def neighbour_limits(n_hosts: int) -> dict[str, int]:
+    """The neighbour table limits a testbed of ``n_hosts`` needs: the defaults plus
+    its full mesh (each host resolves every other host and the coordinator, the
+    coordinator every host: ``n * (n + 1)`` entries). At 64 hosts that is 4160
+    entries, past the default hard limit of 1024 (issue 23: gloo's full mesh at 64
+    ranks failed with "No route to host")."""
+    mesh = n_hosts * (n_hosts + 1)
+    return {name: default + mesh for name, default in NEIGH_SYSCTLS.items()}
 
 
 def peer_ifname(host: str) -> str:
@@ -270,7 +289,9 @@ class TestbedState:
 
     ``phase`` is ``"creating"`` until every host answers, then ``"up"``.
     ``created_paths`` lists directories outside the state dir that ``up``
-    created (removed by ``down`` when still empty).
+    created (removed by ``down`` when still empty). ``sysctls`` maps each kernel
+    setting ``up`` raised to ``[before, after]`` (``down`` puts ``before`` back
+    while the setting still reads ``after``).
     """
 
     __test__ = False  # not a pytest test class
@@ -283,6 +304,7 @@ class TestbedState:
     hosts: list[HostRecord]
     phase: str = "creating"
     created_paths: list[str] = field(default_factory=list)
+    sysctls: dict[str, list[int]] = field(default_factory=dict)
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
@@ -307,6 +329,9 @@ class TestbedState:
                 hosts=[HostRecord.from_json(h) for h in data["hosts"]],
                 phase=str(data.get("phase", "creating")),
                 created_paths=[str(p) for p in data.get("created_paths", [])],
+                sysctls={
+                    str(k): [int(v[0]), int(v[1])] for k, v in data.get("sysctls", {}).items()
+                },
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"unreadable testbed state: {exc}") from exc

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from corral.errors import LaunchError
@@ -21,6 +21,7 @@ SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = Path("/run/corral")
 """Where the registry of the live testbed and the lock live (tmpfs: gone on reboot)."""
 NETNS_DIR = Path("/run/netns")
+PROC_SYS = Path("/proc/sys")
 
 # Children we spawned and must reap once they die (a zombie still has a /proc entry).
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -283,6 +284,40 @@ def mounts_under(path: Path) -> list[str]:
             if point == top or point.startswith(top.rstrip("/") + "/"):
                 found.append(point)
     return found
+
+
+def raise_sysctls(wanted: Mapping[str, int], root: Path = PROC_SYS) -> dict[str, list[int]]:
+    """Raise each integer setting under ``root`` (``/proc/sys``) to at least its
+    wanted value, never lowering one; ``{name: [before, after]}`` of those changed.
+    LaunchError naming the setting when one cannot be read or written."""
+    changed: dict[str, list[int]] = {}
+    for name, value in wanted.items():
+        path = root / name
+        try:
+            before = int(path.read_text().split()[0])
+            if before < value:
+                path.write_text(f"{value}\n")
+                changed[name] = [before, value]
+        except (OSError, ValueError, IndexError) as exc:
+            key = name.replace("/", ".")
+            raise LaunchError(
+                f"cannot raise {key} to {value} ({exc}); the testbed's hosts need that many "
+                f"neighbour entries: run `sysctl -w {key}={value}`"
+            ) from exc
+    return changed
+
+
+def restore_sysctls(changed: Mapping[str, Sequence[int]], root: Path = PROC_SYS) -> list[str]:
+    """Put back what :func:`raise_sysctls` changed, where the setting still reads the
+    value it wrote (someone else's later change stays); the names restored."""
+    restored = []
+    for name, (before, after) in changed.items():
+        path = root / name
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(path.read_text().split()[0]) == after:
+                path.write_text(f"{before}\n")
+                restored.append(name.replace("/", "."))
+    return restored
 
 
 @contextlib.contextmanager

@@ -14,6 +14,10 @@ Layout of a host ``tbK`` (address ``.K`` of the subnet):
   Python environment running corral stay visible at their own paths;
 - an OpenSSH ``sshd -D`` entered into the holder's namespaces with ``nsenter``.
 
+The kernel's neighbour (ARP) table is one for all namespaces, so ``up`` raises its
+limits (``net.ipv4.neigh.default.gc_thresh1..3``) for the hosts' full mesh, never
+lowering them, and ``down`` puts back what it raised.
+
 Everything created is recorded in ``STATE_DIR/state.json`` (and a copy in
 ``/run/corral/testbed.json``) before or as it is created, so ``down`` removes
 exactly that, processes by PID *and* start time, even after a crashed ``up``.
@@ -43,6 +47,7 @@ from corral.testbed._model import (
     MountPlan,
     TestbedState,
     check_state_dir,
+    neighbour_limits,
     new_state,
     peer_ifname,
     plan_mounts,
@@ -330,6 +335,10 @@ class Testbed:
                 )
             )
 
+        # The neighbour table is shared by every namespace: size it for the full mesh.
+        state.sysctls = sysx.raise_sysctls(neighbour_limits(len(state.hosts)))
+        self._save(state)
+
         # Network: bridge, namespaces and veth pairs in one `ip -batch`.
         plen = ipaddress.ip_network(state.subnet).prefixlen
         lines = [
@@ -506,6 +515,7 @@ class Testbed:
         if lines:
             sysx.run([sysx.tool("ip"), "-force", "-batch", "-"], input="\n".join(lines) + "\n")
 
+        removed += [f"sysctl {name} restored" for name in sysx.restore_sysctls(state.sysctls)]
         for path in state.created_paths:
             with contextlib.suppress(OSError):
                 Path(path).rmdir()
