@@ -369,6 +369,10 @@ def probe(params: dict[str, Any] | None = None) -> dict[str, Any]:
     whether ``/dev/nvidia*`` exists; ``visible`` is ``CUDA_VISIBLE_DEVICES``."""
     params = params or {}
     base = {"devices": nvidia_devices(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if not base["devices"] and not params.get("force_nvml"):
+        # no NVIDIA device node: nothing NVML could see; skip loading it (it is on the
+        # SSH pre-flight's path of every host)
+        return {**base, "state": "no_gpus", "detail": "no GPUs (no /dev/nvidia*)"}
     nvml, state, detail = open_nvml()
     if nvml is None:
         return {**base, "state": state, "detail": detail}
