@@ -49,11 +49,13 @@ DEFAULT_TIMEOUTS = {
     "faults": 1200.0,
     "replica": 400.0,
     "serve": 240.0,
+    "scale": 1800.0,
     "web": 180.0,
     "actors": 400.0,
     "hetero": 900.0,
     "cli_start": 120.0,
     "diagnose": 400.0,
+    "inplace": 900.0,
 }
 
 

@@ -1,0 +1,250 @@
+"""In-place recovery (torchft) against the restart path: the same job, the same fault.
+
+``corral run --hosts local:3`` runs ``workloads/ft_bench.py`` (one rank per node, a
+small MLP over gloo, ``--steps 60 --sleep 0.1``); node 2's rank SIGKILLs itself at
+step 30 (once). Two arms, ``--rounds`` each (default 2), alternating:
+
+* **restart**: ``--recovery restart --max-restarts 1``, a checkpoint every 20 steps
+  (so up to 20 steps are redone; 10 here): every node restarts and resumes from it.
+* **in-place**: ``--recovery in-place``: only node 2's group is torn down and
+  restarted; it heals from a live peer.
+
+Every output line of ``corral run`` is timestamped as it arrives (monotonic clock,
+this process). Fault = the ``killing itself at step K`` line. Measured per run:
+
+* **fault -> survivors' next step**: the first ``step`` line of local-0 or local-1
+  after the fault (restart: in the new attempt);
+* **steps redone**: the highest step printed before the fault minus the step the
+  survivors went on from (restart: ``resumed from step S``; in-place: their next
+  step minus 1), never below 0;
+* **lost node back**: fault -> local-2's first ``step`` line after the fault;
+* **total job time**: ``corral run``'s wall time.
+
+Medians are reported, in-place as a ratio of restart (goal for the first: <= 0.3x).
+
+    python benchmarks/bench_inplace.py [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    BENCH_DIR,
+    PYTHON,
+    bench_env,
+    corral_cli,
+    exit_on_sigterm,
+    job_processes,
+    kill_popen,
+    log,
+    median,
+    metric,
+    ratio,
+    write_result,
+)
+
+SCRIPT = BENCH_DIR / "workloads" / "ft_bench.py"
+STEPS, KILL_AT, EVERY, SLEEP = 60, 30, 20, 0.1
+LINE = re.compile(r"\[(?P<host>local-\d+):\d+\] (?P<text>.*)")
+STEP = re.compile(r"^step (?P<step>\d+)")
+
+
+def _has_torchft() -> bool:
+    probe = [PYTHON, "-c", "import torchft"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+
+
+def run_arm(mode: str, round_: int, work: Path) -> dict[str, Any]:
+    """One ``corral run`` of the job in ``mode``; its timeline's figures."""
+    job_id = f"bench-{mode}-{round_}"
+    marker = work / job_id / "marker"
+    ckpt = work / job_id / "ckpt"
+    marker.mkdir(parents=True)
+    ckpt.mkdir()
+    argv = [
+        *corral_cli()[0],
+        "run",
+        "--hosts",
+        "local:3",
+        "--recovery",
+        mode,
+        "--no-preflight",
+        "--master-port",
+        "0",
+        "--grace",
+        "3",
+        "--run-dir",
+        str(work / "runs"),
+        "--job-id",
+        job_id,
+        *(["--max-restarts", "1", "--restart-backoff", "0"] if mode == "restart" else []),
+        "--",
+        str(SCRIPT),
+        *("--steps", str(STEPS), "--sleep", str(SLEEP), "--kill-node", "2"),
+        *("--kill-at", str(KILL_AT), "--marker-dir", str(marker)),
+        *("--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)),
+    ]
+    lines: list[tuple[float, str]] = []
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=bench_env(),
+        cwd=work,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=600)
+    finally:
+        kill_popen(proc)
+    reader.join(10)
+    total = time.monotonic() - start
+    leftovers = job_processes(job_id)
+    return {"mode": mode, "exit_code": code, "total_s": total, "orphans": len(leftovers)} | (
+        _timeline(lines)
+    )
+
+
+def _timeline(lines: list[tuple[float, str]]) -> dict[str, Any]:
+    seen = next(((t, line) for t, line in lines if "killing itself at step" in line), None)
+    out: dict[str, Any] = {"fault_seen": seen is not None}
+    if seen is None:
+        out["tail"] = [line for _, line in lines[-20:]]
+        return out
+    fault, killed_at = seen[0], int(seen[1].split()[-1])  # the step all had done
+    before = 0
+    survivors_next: tuple[float, int] | None = None
+    back: float | None = None
+    resumed: int | None = None
+    fresh: set[str] = set()  # hosts that resumed from the checkpoint after the fault
+    for t, line in lines:
+        m = LINE.search(line)
+        if not m:
+            continue
+        host, text = m["host"], m["text"]
+        if t > fault and text.startswith("resumed from step"):
+            fresh.add(host)
+            if host != "local-2" and resumed is None:
+                resumed = int(text.split()[-1])
+        s = STEP.match(text)
+        if not s:
+            continue
+        step = int(s["step"])
+        # a step after the fault: past the one every node had done, or any step after
+        # the host resumed (a line of a step done before the fault may arrive just after)
+        new = host in fresh or step > killed_at
+        if t <= fault or not new:
+            before = max(before, step)
+        elif host != "local-2" and survivors_next is None:
+            survivors_next = (t, step)
+        elif host == "local-2" and back is None:
+            back = t
+    went_on = resumed if resumed is not None else (survivors_next[1] - 1 if survivors_next else 0)
+    out.update(
+        step_at_fault=before,
+        fault_to_survivors_next_step_s=None
+        if survivors_next is None
+        else survivors_next[0] - fault,
+        steps_redone=max(0, before - went_on),
+        fault_to_lost_node_step_s=None if back is None else back - fault,
+    )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    exit_on_sigterm()
+    if not _has_torchft():
+        log("torchft is not installed (python -m pip install torchft-nightly): skipped")
+        return 77
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-inplace-") as tmp:
+        for round_ in range(args.rounds):
+            for mode in ("restart", "in-place"):
+                log(f"round {round_ + 1}/{args.rounds}: --recovery {mode}")
+                run = run_arm(mode, round_, Path(tmp))
+                log(f"  {run}")
+                runs.append(run)
+    by = {
+        m: [r for r in runs if r["mode"] == m and r.get("fault_seen")]
+        for m in ("restart", "in-place")
+    }
+
+    def med(mode: str, key: str) -> float | None:
+        return median(r.get(key) for r in by[mode])
+
+    rows = []
+    for key, name, unit, goal in (
+        ("fault_to_survivors_next_step_s", "fault -> survivors' next step", "s", "<= 0.3x restart"),
+        ("steps_redone", "steps redone", "steps", "0 (restart: up to 20)"),
+        ("fault_to_lost_node_step_s", "fault -> lost node trains again", "s", "-"),
+        ("total_s", "total job time (60 steps, 1 fault)", "s", "-"),
+    ):
+        restart, inplace = med("restart", key), med("in-place", key)
+        r = ratio(inplace, restart)
+        met: bool | None = None
+        if key == "fault_to_survivors_next_step_s" and r is not None:
+            met = r <= 0.3
+        if key == "steps_redone" and inplace is not None:
+            met = inplace == 0
+        rows.append(
+            metric(
+                f"in-place: {name}",
+                inplace,
+                unit,
+                goal,
+                met,
+                baseline=restart,
+                baseline_desc="--recovery restart, same job and fault",
+                ratio_value=r,
+            )
+        )
+    ok = all(r["exit_code"] == 0 and r["orphans"] == 0 for r in runs)
+    write_result(
+        "inplace",
+        {
+            "config": {
+                "hosts": "local:3",
+                "steps": STEPS,
+                "kill_at": KILL_AT,
+                "checkpoint_every": EVERY,
+                "sleep_per_step": SLEEP,
+                "rounds": args.rounds,
+            },
+            "samples": runs,
+            "metrics": rows,
+            "all_exit_0_no_orphans": ok,
+        },
+    )
+    for row in rows:
+        print(
+            f"{row['metric']}: {row['value']} {row['unit']} (restart {row['baseline']}, "
+            f"ratio {row['ratio']})"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
