@@ -1,6 +1,7 @@
 """``/metrics`` (Prometheus text format): jobs by state, restarts, per-rank step and
 steps/s of active jobs, the live replica groups of active in-place jobs (from their
-last group event), machine health and heartbeat age, request latency.
+last group event), the stragglers named in active jobs (from their straggler events),
+machine health and heartbeat age, request latency.
 
 Job and machine figures are read from the store at scrape time (a collector), so
 they are right after a server restart; request latency is a histogram kept by
@@ -23,7 +24,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from corral.job.events import GPU_KEY
+from corral.job.events import GPU_KEY, StragglerFound, decode_event
 from corral.service.machines import ACTIVE_STATES
 from corral.store import Store
 from corral.store.models import Attempt, Event, Job, Machine, Rank
@@ -71,6 +72,13 @@ class StoreCollector(Collector):
             "quorum), as its last group change left them.",
             labels=["job_id"],
         )
+        straggler = GaugeMetricFamily(
+            "corral_rank_straggler_ratio",
+            "A rank named a straggler in an active job's current attempt: its section's "
+            "time over the reference (the other ranks' median, or its own best) when it "
+            "was last named.",
+            labels=["job_id", "host", "rank", "section"],
+        )
         up = GaugeMetricFamily(
             "corral_machine_up", "1 when the last check saw the machine online.", labels=["machine"]
         )
@@ -100,11 +108,13 @@ class StoreCollector(Collector):
                             family.add_metric([*labels, str(sample.get("index"))], value * scale)
             for job_id, groups in sorted(_participants(s, active).items()):
                 participants.add_metric([job_id], groups)
+            for (job_id, host, rank, section), ratio in sorted(_stragglers(s, active).items()):
+                straggler.add_metric([job_id, host, str(rank), section], ratio)
             for m in s.scalars(select(Machine)):
                 up.add_metric([m.name], 1.0 if m.status == "online" else 0.0)
                 if m.last_seen is not None:
                     age.add_metric([m.name], max(0.0, now - m.last_seen))
-        yield from (jobs, restarts, step, rate, participants, *gpu.values(), up, age)
+        yield from (jobs, restarts, step, rate, participants, straggler, *gpu.values(), up, age)
 
 
 def _participants(s: Session, active: Select[str]) -> dict[str, float]:
@@ -130,6 +140,29 @@ def _participants(s: Session, active: Select[str]) -> dict[str, float]:
             continue
         live[job_id] = float(count)  # the last change wins
     return live
+
+
+def _stragglers(s: Session, active: Select[str]) -> dict[tuple[str, str, int, str], float]:
+    """(job, host, rank, section) -> ratio of each straggler named in an active job's
+    current attempt (the supervisor scores each attempt afresh), the last naming wins."""
+    since = {
+        job_id: started
+        for job_id, started in s.execute(
+            select(Job.id, Attempt.started)
+            .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == Job.attempt))
+            .where(Job.id.in_(active))
+        )
+    }
+    found: dict[tuple[str, str, int, str], float] = {}
+    for job_id, when, data in s.execute(
+        select(Event.job_id, Event.time, Event.data)
+        .where(Event.kind == "straggler", Event.job_id.in_(active))
+        .order_by(Event.pos)
+    ):
+        event = decode_event({**(data or {}), "kind": "straggler", "time": when}, job_id)
+        if isinstance(event, StragglerFound) and when >= since.get(job_id, 0.0):
+            found[(job_id, event.host, event.rank, event.section)] = event.ratio
+    return found
 
 
 class Metrics:

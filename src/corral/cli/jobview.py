@@ -163,11 +163,50 @@ def print_status(status: dict[str, Any], console: Console) -> None:
         console.print(_attempts_table(status["attempts"]))
     if status.get("groups"):
         console.print(_groups_table(status["groups"]))
+    for line, style in diagnosis_lines(status):
+        console.print(line, style=style, markup=False, soft_wrap=True)
     cause = status.get("root_cause")
     if cause and state != "succeeded":
         console.print(root_cause_block(cause), soft_wrap=True)
     if state in api.TERMINAL_STATES:
         console.print(f"exit code {api.exit_code_of(status)}", style="dim", markup=False)
+
+
+def diagnosis_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
+    """(line, style) for the stragglers named (``corral run``'s live lines) and the
+    last hang report of a job's status: its summary, the odd ones out, the collective
+    the flight recorder names, where the report is."""
+    lines = [
+        (str(s.get("text") or _straggler_text(s)), "yellow") for s in status.get("stragglers") or []
+    ]
+    hang = status.get("hang")
+    if hang:
+        lines.append((f"hang report: {hang.get('summary')}", "bold red"))
+        for odd in hang.get("odd") or []:
+            lines.append(
+                (f"  odd one out: rank {odd['rank']} on {odd['host']} at {odd['where']}", "")
+            )
+        found = hang.get("collective")
+        if found:
+            who = ", ".join(str(r) for r in found.get("missing_ranks") or []) or "-"
+            lines.append(
+                (
+                    f"  collective: {found['collective']} #{found['sequence']} "
+                    f"(group {found.get('group')}); never entered by ranks {who}",
+                    "",
+                )
+            )
+        if hang.get("report"):
+            lines.append((f"  report: {hang['report']}", "dim"))
+    return lines
+
+
+def _straggler_text(found: dict[str, Any]) -> str:
+    against = "the median" if found.get("basis") == "median" else "its own best"
+    return (
+        f"straggler: rank {found['rank']} on {found['host']}, {found['section']} "
+        f"{float(found['ratio']):.1f}x {against} for {found.get('span')} steps"
+    )
 
 
 def _attempts_table(attempts: list[dict[str, Any]]) -> Table:

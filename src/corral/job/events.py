@@ -170,6 +170,61 @@ class StragglerFound(JobEvent):
     text: str = ""
 
 
+class OddRank(BaseModel):
+    """A rank of a hang report whose stack differs from the majority's: ``where`` it
+    is (the collective site, or its innermost frames), ``frames`` innermost first,
+    ``waiting`` when that place is collective machinery."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    rank: int
+    where: str = ""
+    frames: list[str] = Field(default_factory=list)
+    waiting: bool = False
+
+
+class StuckCollective(BaseModel):
+    """The NCCL flight recorder's finding: the first ``collective`` (its ``sequence``
+    number in process ``group``) that ``missing_ranks`` never entered."""
+
+    model_config = ConfigDict(frozen=True)
+
+    collective: str
+    sequence: int
+    group: str = ""
+    state: str = ""
+    missing_ranks: list[int] = Field(default_factory=list)
+    expected_ranks: list[int] = Field(default_factory=list)
+
+
+class HangReported(JobEvent):
+    """The hang report was written (:mod:`corral.diagnose.hangreport`), once per hang:
+    its one-line ``summary``, the detection's ``message``, the ``odd`` ranks out, the
+    ``collective`` the flight recorder names (GPU jobs) and ``report``, the path of
+    ``report.md`` (``report.json`` beside it; None when it could not be written)."""
+
+    kind: Literal["hang_report"] = "hang_report"
+    summary: str
+    message: str = ""
+    odd: list[OddRank] = Field(default_factory=list)
+    collective: StuckCollective | None = None
+    report: str | None = None
+
+    @classmethod
+    def of(cls, job_id: str, report: Mapping[str, Any], path: str | None) -> HangReported:
+        """The event of a report as :func:`corral.diagnose.hangs.hang_report` makes it."""
+        flight = report.get("flight_recorder")
+        return cls(
+            job_id=job_id,
+            summary=str(report.get("summary") or ""),
+            message=str(report.get("message") or ""),
+            odd=[OddRank.model_validate(o) for o in report.get("odd") or []],
+            collective=StuckCollective.model_validate(flight) if flight else None,
+            report=path,
+        )
+
+
 class Finished(JobEvent):
     """The job ended: ``result`` is the last attempt's
     :class:`~corral.job.result.JobResult` (with every attempt in ``result.attempts``)."""
@@ -218,6 +273,7 @@ _DECODED: dict[str, type[JobEvent]] = {
     "finished": Finished,
     "group": GroupChanged,
     "straggler": StragglerFound,
+    "hang_report": HangReported,
     "error": LaunchFailed,
     "lost": Lost,
 }

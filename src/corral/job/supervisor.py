@@ -33,6 +33,7 @@ from corral.diagnose.hangreport import write_hang_report
 from corral.diagnose.stragglers import StragglerScores
 from corral.errors import CorralError
 from corral.job.events import (
+    HangReported,
     JobEvent,
     Level,
     LogLines,
@@ -675,6 +676,7 @@ class Supervisor:
             self.hang.directory, verdict.message(), stacks, paths, traces
         )
         self._say(report["summary"] + (f" (report: {report_path})" if report_path else ""), "error")
+        self.emit(HangReported.of(self.job_id, report, str(report_path) if report_path else None))
         odd = [(o["host"], o["rank"]) for o in report["odd"]]
         key = self.hang.culprit(verdict, stacks, odd)
         blamed: str = key[0] if key is not None else self.nodes[0].host.name

@@ -252,7 +252,9 @@ def _fold(s: Session, job: Job, event: JobEvent, names: dict[str, str]) -> None:
                 "details": event.details,
             }
         case _:
-            pass  # messages, the pre-flight report, a lost event: kept as events only
+            # messages, the pre-flight report, stragglers, hang reports, a lost event:
+            # kept as events only (the status and /metrics read them from there)
+            pass
 
 
 def _attempt_started(s: Session, job: Job, event: AttemptStarted, names: dict[str, str]) -> None:

@@ -1,8 +1,9 @@
 // The job page: status, topology, per-node progress and utilisation, charts of a
 // metric and of throughput per node (own inline SVG), merged logs with filters and
-// search, attempts, root cause, files, "Stop all". Everything comes from the API:
-// the job's status (polled while it runs) and its event stream, which replays from
-// the start, so a finished job's page is rebuilt the same way.
+// search, attempts, root cause, the hang report, stragglers (on their rank chips),
+// files, "Stop all". Everything comes from the API: the job's status (polled while it
+// runs) and its event stream, which replays from the start, so a finished job's page
+// is rebuilt the same way.
 "use strict";
 
 (() => {
@@ -41,6 +42,8 @@
     t0: null,              // time origin of the charts
     attempt: 0,            // the attempt the ranks' progress belongs to
     breaks: [],            // start times of later attempts: the chart lines break there
+    stragglers: new Map(), // "host:rank" -> the stragglers named there (status, events)
+    odd: new Map(),        // "host:rank" -> the hang report's odd one out there
   };
   const nodes = new Map();  // host -> node model (see nodeOf)
   const metricNames = [];   // numeric metrics seen, in order
@@ -215,6 +218,9 @@
     renderTopology(st);
     renderAttempts(st.attempts || []);
     renderGroups(st.groups || []);
+    job.stragglers.clear();
+    for (const s of st.stragglers || []) noteStraggler(s);
+    renderHang(st.hang || null);
     renderRootCause(st);
     renderWeights(st.workload_weights || []);
     renderPreflight(st.preflight || []);
@@ -348,11 +354,18 @@
       let cls = "chip";
       if (info && info.step !== null) text += `: step ${info.step}`;
       if (info && info.gpu) text += ` · ${gpuText(info.gpu)}`;
+      // diagnosis: a straggler named on this rank, the hang report's odd one out
+      const slow = job.stragglers.get(`${node.host}:${r}`) || [];
+      for (const s of slow) text += ` · straggler: ${s.section} ${Number(s.ratio).toFixed(1)}x`;
+      if (slow.length) cls += " slow";
+      const odd = job.odd.get(`${node.host}:${r}`);
+      if (odd) { text += " · odd one out"; cls += " bad"; }
       if (info && info.code !== null && info.code !== undefined) {
         text += info.code === 0 ? " ✓ exited 0" : ` ✕ ${exitText(info.code)}`;
         cls += info.code === 0 ? " ok" : " bad";
       }
-      chips.push(el("span", { class: cls, "data-rank": String(r) }, text));
+      const title = [...slow.map((s) => s.text), odd ? `hang: at ${odd.where}` : ""].filter(Boolean).join("\n");
+      chips.push(el("span", { class: cls, "data-rank": String(r), title: title || null }, text));
     }
     d.ranks.replaceChildren(...chips);
     // machine load
@@ -959,6 +972,47 @@
       g.detail && g.change !== "rejoined" ? el("div", { class: "muted" }, g.detail) : null)));
   }
 
+  // a straggler named (status or live event): kept per rank and section, shown on its chip
+  function noteStraggler(s) {
+    const key = `${s.host}:${s.rank}`;
+    const list = (job.stragglers.get(key) || []).filter((o) => o.section !== s.section);
+    job.stragglers.set(key, [...list, s]);
+    markNodes();
+  }
+
+  // the last hang report: its summary, the odd ones out, the stuck collective, the files
+  let hangShown = "";
+  function renderHang(h) {
+    const key = JSON.stringify(h);
+    if (key === hangShown) return;
+    hangShown = key;
+    job.odd.clear();
+    $("hang").hidden = !h;
+    if (!h) { $("hang-body").replaceChildren(); return; }
+    for (const o of h.odd || []) job.odd.set(`${o.host}:${o.rank}`, o);
+    const parts = [el("p", { class: "rc-message" }, h.summary)];
+    if (h.message) parts.push(el("p", { class: "muted" }, `detected: ${h.message}`));
+    if ((h.odd || []).length) {
+      parts.push(el("ul", { class: "hang-odd" }, ...h.odd.map((o) => el("li", { "data-rank": String(o.rank) },
+        `odd one out: rank ${o.rank} on ${o.host} at `, el("code", {}, o.where),
+        (o.frames || []).length ? el("pre", { class: "rc-trace" }, o.frames.join("\n")) : null))));
+    }
+    const c = h.collective;
+    if (c) {
+      const who = (c.missing_ranks || []).join(", ") || "–";
+      parts.push(el("p", { class: "hang-collective" },
+        `collective ${c.collective} #${c.sequence} (group ${c.group}${c.state ? `, ${c.state}` : ""}): never entered by ranks ${who}`));
+    }
+    if (h.report) {
+      const inRun = /(^|\/)hang\/report\.md$/.test(h.report);
+      parts.push(el("p", { class: "muted" }, "Report: ",
+        inRun ? fileLink("hang/report.md", "report.md") : el("span", { class: "mono" }, h.report),
+        inRun ? " · " : null, inRun ? fileLink("hang/report.json", "report.json") : null));
+    }
+    $("hang-body").replaceChildren(...parts);
+    markNodes();
+  }
+
   function renderRootCause(st) {
     const rc = st.root_cause;
     const box = $("root-cause");
@@ -1136,6 +1190,14 @@
         const level = ev.change === "rejoined" ? "success" : ev.change === "fallback" ? "error" : "warning";
         showMessage(groupText(ev), level);
         refreshSoon();  // the timeline comes with the status
+      },
+      straggler: (ev) => {
+        noteStraggler(ev);
+        showMessage(ev.text, "warning");
+      },
+      hang_report: (ev) => {
+        showMessage(`hang report: ${ev.summary}`, "error");
+        refreshSoon();  // the report comes with the status
       },
       rank_exit: (ev) => {
         const info = rankOf(nodeOf(ev.host), ev.rank);
