@@ -59,3 +59,33 @@ def test_bad_settings_are_named(env: dict[str, str], match: str) -> None:
     require("torchft", "install the [ft] extra: make setup")
     with pytest.raises(ValueError, match=match):
         sdk.fault_tolerant(*_parts(), env=env)
+
+
+def test_peers_are_given_the_groups_address_not_the_hostname(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the other groups dial this group's manager and (to heal) its checkpoint server at
+    # what they advertise: the group's MASTER_ADDR, never socket.gethostname(), which
+    # the peers may not resolve
+    monkeypatch.setenv("RUST_LOG", "warn")
+    require("torchft", "install the [ft] extra: make setup")
+    import torch.distributed as dist
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    env = {
+        LIGHTHOUSE_ENV: lighthouse.address(),
+        REPLICA_GROUP_ENV: "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    ft = sdk.fault_tolerant(*_parts(), env=env)
+    try:
+        assert ft.manager._manager.address().startswith("http://127.0.0.1:")
+        assert ft.manager._checkpoint_transport.metadata().startswith("http://127.0.0.1:")
+    finally:
+        ft.shutdown()
+        lighthouse.shutdown()

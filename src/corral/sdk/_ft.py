@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from datetime import timedelta
@@ -141,6 +142,24 @@ def _ddp_class(torchft: Any, group_size: int) -> Any:
         "return": torch.futures.Future[torch.Tensor],
     }
     return _GroupDDP
+
+
+def _transport(torchft: Any, hostname: str, timeout: timedelta) -> Any:
+    """torchft's HTTP checkpoint transport (its default), advertising ``hostname``
+    instead of ``socket.gethostname()``."""
+    base = torchft.checkpointing.HTTPTransport
+
+    class _Advertised(base):  # type: ignore[misc, valid-type]
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            return f"http://{_url_host(hostname)}:{port}/checkpoint/"
+
+    return _Advertised(timeout=timeout, num_chunks=0)
+
+
+def _url_host(host: str) -> str:
+    """``host`` as the host part of a URL (IPv6 literals bracketed)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class FaultTolerant:
@@ -247,6 +266,11 @@ class FaultTolerant:
             else torchft.ProcessGroupGloo(timeout=pg_timeout)
         )
         self._inner_model, self._inner_optimizer = model, optimizer
+        # what the other groups dial (this group's manager, its checkpoint server for a
+        # healing peer): the group's own MASTER_ADDR, which corral sets to the address
+        # the coordinator reaches the host by; torchft's default, the machine's
+        # hostname, may not resolve on the peers
+        advertised = env.get("MASTER_ADDR", "").strip() or socket.gethostname()
         self.manager: Any = torchft.Manager(
             pg=pg,
             min_replica_size=minimum,
@@ -261,6 +285,8 @@ class FaultTolerant:
             timeout=pg_timeout,
             quorum_timeout=timedelta(seconds=quorum_timeout),
             connect_timeout=pg_timeout,
+            hostname=_url_host(advertised),
+            checkpoint_transport=_transport(torchft, advertised, pg_timeout),
         )
         self._echo = _Echo(self)
         manager_log = logging.getLogger("torchft.manager")
