@@ -38,6 +38,7 @@ __all__ = [
     "DIST_TIMEOUT_ENV",
     "DUMP_SIGNAL",
     "ERROR_FILE_ENV",
+    "FLIGHT_RECORDER_ENV",
     "HARNESS_ENV",
     "HOST_ENV",
     "JOB_CONFIG_ENV",
@@ -57,6 +58,7 @@ __all__ = [
     "RDZV_TIMEOUT_ENV",
     "REPLICA_GROUPS_ENV",
     "REPLICA_GROUP_ENV",
+    "SERVER_TOKEN_ENV",
     "SHARED_DATA_PATH_ENV",
     "STREAMS_ENV",
     "TORCHELASTIC_ERROR_FILE_ENV",
@@ -139,6 +141,14 @@ REPLICA_GROUPS_ENV = "CORRAL_REPLICA_GROUPS"
 MIN_REPLICAS_ENV = "CORRAL_MIN_REPLICAS"
 #: torchft's own name for the Lighthouse's address (``http://host:port``).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+# --- set by the user --------------------------------------------------------------------
+#: In a job's ``--env``: ``1`` turns the node agent's NCCL flight recorder on without a
+#: GPU seen, ``0`` off (default: on GPU nodes).
+FLIGHT_RECORDER_ENV = "CORRAL_FLIGHT_RECORDER"
+#: ``corral serve``'s API token for its clients (``corral job``, ``corral machine``); a
+#: job's supervisor and ranks never inherit it.
+SERVER_TOKEN_ENV = "CORRAL_TOKEN"
 
 #: Every variable corral itself sets on a rank (DESIGN.md §5); the user's ``--env``
 #: may not override these. All but :data:`AGENT_VARS` are in the plan.

@@ -38,6 +38,8 @@ from typing import Any, Literal
 import psutil
 
 from corral.contract import DUMP_SIGNAL, stack_file
+from corral.contract import FLIGHT_RECORDER_ENV as FLIGHT_ENV
+from corral.private import private_dir, write_private
 
 __all__ = [
     "EVENT_TEXT_LIMIT",
@@ -65,8 +67,6 @@ EVENT_TEXT_LIMIT = 256 * 1024
 TRACE_BUFFER_SIZE = 1000
 #: Largest flight recorder dump sent to the coordinator (bytes; larger ones stay on the node).
 TRACE_LIMIT = 1 << 20
-#: ``1`` turns the flight recorder on without a GPU seen, ``0`` off (default: on GPU nodes).
-FLIGHT_ENV = "CORRAL_FLIGHT_RECORDER"
 TRACE_WAIT = 3.0  # how long a rank gets to write its flight recorder dump
 _GPU_DEVICE = Path("/dev/nvidiactl")
 
@@ -256,10 +256,8 @@ def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0)
     for dump in dumps:
         target = hang_file(node_dir, dump.rank)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(dump.render())
+            private_dir(target.parent)
+            write_private(target, dump.render())
         except OSError as exc:
             note = f"not kept on the node: {exc}"
             dump.error = f"{dump.error}; {note}" if dump.error else note
@@ -278,7 +276,7 @@ def flight_recorder_env(
         return {}
     folder = Path(node_dir) / "nccl"
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(folder)
     except OSError:
         return {}
     values = {

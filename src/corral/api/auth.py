@@ -26,7 +26,6 @@ from corral.service.users import Principal, Role
 
 OPEN_PATHS = frozenset({"/healthz", "/login"})
 PUBLIC_PREFIXES = ("/static/",)  # the web page's own JS/CSS: nothing secret
-TOKEN_ENV = "CORRAL_TOKEN"
 #: The least a token must carry: as much as the one corral makes (32 random bytes).
 MIN_TOKEN_BITS = 256
 #: Fewer distinct characters than this is a pattern, whatever its length.
@@ -41,17 +40,6 @@ _ALPHABETS = (
 bearer = HTTPBearer(auto_error=False, description="The token of `corral serve --print-token`.")
 """Declared on every router so the OpenAPI schema documents the scheme; the check
 itself is :class:`TokenMiddleware` (it also covers the schema and docs routes)."""
-
-
-def data_dir() -> Path:
-    """``$XDG_DATA_HOME/corral`` (default ``~/.local/share/corral``)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
-    return Path(base) / "corral"
-
-
-def default_token_file() -> Path:
-    """Where the server keeps its token by default."""
-    return data_dir() / "token"
 
 
 def load_or_create_token(path: Path) -> str:

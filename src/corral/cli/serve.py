@@ -8,7 +8,6 @@ restarting the server never stops training (it re-attaches on start).
 
 from __future__ import annotations
 
-import ipaddress
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,23 +15,16 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from corral.client.token import is_loopback_host
 from corral.console import make_console
 from corral.errors import ConfigError
+from corral.paths import token_path
 
 _T = TypeVar("_T")
 _S = "Server"
 _M = "Machines"
 #: corral.api.hardening.MAX_REQUEST_BYTES (not imported here: it drags in FastAPI)
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(
@@ -212,7 +204,7 @@ def serve(
             raise ConfigError(f"{path} not found", option=option)
     if plugins_dir and not Path(plugins_dir).is_dir():
         raise ConfigError(f"{plugins_dir} is not a directory", option="--plugins-dir")
-    if not _loopback(host) and not tls_cert and not insecure_http:
+    if not is_loopback_host(host) and not tls_cert and not insecure_http:
         raise ConfigError(
             f"serving on {host} without TLS would send the token and every job's data in "
             "clear text: give --tls-cert/--tls-key, or serve on 127.0.0.1 behind a TLS "
@@ -240,7 +232,7 @@ def serve(
     app = create_app(Services.build(store, settings), token, max_request_bytes=max_request_bytes)
     console = make_console()
     scheme = "https" if tls_cert else "http"
-    if not _loopback(host) and not tls_cert:
+    if not is_loopback_host(host) and not tls_cert:
         console.print(
             f"warning: serving on {host} without TLS: the token and every job's data cross "
             "the network in clear text (use --tls-cert/--tls-key, or an SSH tunnel)",
@@ -273,10 +265,10 @@ def serve(
 
 def _server_token(token_file: str | None) -> tuple[Path, str]:
     """The token file's path and the server's token (made when missing)."""
-    from corral.api.auth import default_token_file, load_or_create_token
+    from corral.api.auth import load_or_create_token
 
-    token_path = Path(token_file).expanduser() if token_file else default_token_file()
-    return token_path, load_or_create_token(token_path)
+    path = token_path(token_file)
+    return path, load_or_create_token(path)
 
 
 _DB = Annotated[

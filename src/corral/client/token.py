@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from pathlib import Path
 from urllib.parse import urlsplit
 
+from corral.contract import SERVER_TOKEN_ENV as TOKEN_ENV
 from corral.errors import ConfigError
-
-TOKEN_ENV = "CORRAL_TOKEN"
-
-
-def default_token_file() -> Path:
-    """Where ``corral serve`` keeps its token by default:
-    ``$XDG_DATA_HOME/corral/token`` (``~/.local/share/corral/token``)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
-    return Path(base) / "corral" / "token"
+from corral.paths import token_path
 
 
 def read_token(token_file: str | None) -> str:
@@ -26,7 +18,7 @@ def read_token(token_file: str | None) -> str:
     token = None if token_file else os.environ.get(TOKEN_ENV, "").strip()
     if token:
         return token
-    path = Path(token_file).expanduser() if token_file else default_token_file()
+    path = token_path(token_file)
     try:
         token = path.read_text().strip()
     except FileNotFoundError:
@@ -43,7 +35,11 @@ def read_token(token_file: str | None) -> str:
 
 def is_loopback(url: str) -> bool:
     """Whether ``url`` names this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    host = urlsplit(url).hostname or ""
+    return is_loopback_host(urlsplit(url).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether the host name or address ``host`` is this machine."""
     if host == "localhost":
         return True
     try:

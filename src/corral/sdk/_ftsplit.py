@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from corral.sdk._weights import apportion
+from corral.sdk._weights import apportion, positive_numbers
 
 __all__ = ["Share", "group_weights", "quorum_share", "stream_indices"]
 
@@ -130,21 +130,6 @@ def stream_indices(
     return out
 
 
-def _positive(raw: str, values: Sequence[str], source: str) -> list[float]:
-    parsed: list[float] = []
-    for position, part in enumerate(values):
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"{source}={raw!r}: entry {position} ({part!r}) is not a positive number"
-            )
-        parsed.append(value)
-    return parsed
-
-
 def group_weights(
     raw: str,
     groups: int,
@@ -160,8 +145,7 @@ def group_weights(
     same). A group's weight is the sum of its ranks'. ValueError (naming
     ``source``) for any other count or a weight that is not a positive number.
     """
-    parts = [p.strip() for p in raw.split(",")]
-    values = _positive(raw, parts, source)
+    values = positive_numbers(raw, source)
     if len(values) == groups * group_ranks:
         blocks = [tuple(values[g * group_ranks : (g + 1) * group_ranks]) for g in range(groups)]
     elif len(values) == groups:

@@ -29,11 +29,29 @@ __all__ = [
     "local_batch_size",
     "loss_scale",
     "parse_weights",
+    "positive_numbers",
     "resolve_weights",
     "workload_weights",
 ]
 
 WEIGHTS_ENV = WORKLOAD_WEIGHTS_ENV
+
+
+def positive_numbers(raw: str, source: str) -> list[float]:
+    """The entries of the comma-separated ``raw``; ValueError naming ``source`` and
+    the entry when one is not a finite positive number."""
+    values: list[float] = []
+    for position, part in enumerate(p.strip() for p in raw.split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"{source}={raw!r}: entry {position} ({part!r}) is not a positive number"
+            )
+        values.append(value)
+    return values
 
 
 def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
@@ -42,18 +60,7 @@ def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
     Raises ValueError naming :data:`WEIGHTS_ENV` when an entry is not a finite
     positive number or the count differs from ``world_size`` (when given).
     """
-    parts = [p.strip() for p in raw.split(",")]
-    values: list[float] = []
-    for position, part in enumerate(parts):
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"{WEIGHTS_ENV}={raw!r}: entry {position} ({part!r}) is not a positive number"
-            )
-        values.append(value)
+    values = positive_numbers(raw, WEIGHTS_ENV)
     if world_size is not None and len(values) != world_size:
         raise ValueError(
             f"{WEIGHTS_ENV}={raw!r} has {len(values)} weights for a world size of "

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 from sqlalchemy import select
 
+from corral.contract import SERVER_TOKEN_ENV
 from corral.errors import ConfigError, Conflict
 from corral.job.describe import JobDescription
 from corral.job.states import TERMINAL_STATES, WAITING_STATES, JobState
@@ -37,7 +38,7 @@ from corral.service.settings import ServerSettings
 from corral.store import Store
 from corral.store.models import Job, Machine
 
-SERVER_ONLY_ENV = ("CORRAL_TOKEN",)
+SERVER_ONLY_ENV = (SERVER_TOKEN_ENV,)
 """Variables of the server that its jobs' supervisors never inherit."""
 
 

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from corral.errors import ConfigError
+from corral.paths import data_dir
 
 #: The Alembic scripts (``env.py``, ``versions/``), shipped inside the package.
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -52,9 +53,7 @@ _Step = Callable[[Config, str], None]
 
 def default_db_url() -> str:
     """``sqlite:///$XDG_DATA_HOME/corral/corral.db`` (``~/.local/share`` without it)."""
-    base = os.environ.get("XDG_DATA_HOME", "")
-    data = Path(base) if Path(base).is_absolute() else Path.home() / ".local" / "share"
-    return f"sqlite:///{data / 'corral' / 'corral.db'}"
+    return f"sqlite:///{data_dir() / 'corral.db'}"
 
 
 def alembic_config(connection: Connection) -> Config:
