@@ -71,6 +71,7 @@ __all__ = [
     "error_file_path",
     "fsync_dir",
     "is_complete_checkpoint",
+    "is_env_name",
     "read_error_file",
     "scale",
     "stack_file",
@@ -172,6 +173,16 @@ NAMES: frozenset[str] = frozenset(
     for key, value in dict(globals()).items()
     if key.endswith("_ENV") and isinstance(value, str) and value.startswith("CORRAL_")
 )
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def is_env_name(name: str) -> bool:
+    """Whether ``name`` may name an environment variable everywhere corral sets one
+    (a POSIX shell's ``export``, ``env``, Kubernetes, Slurm): ASCII letters, digits
+    and ``_``, not starting with a digit."""
+    return _ENV_NAME.match(name) is not None
+
 
 # --- files ------------------------------------------------------------------------------
 #: The signal that makes a rank registered for stack dumps write them.

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.cluster.model import Cluster, Host
+from corral.contract import is_env_name
 from corral.errors import ConfigError
 
 #: Plain ``key=value`` keys of a text hostfile line (plus ``label.K`` and ``env.K``).
@@ -25,7 +26,6 @@ MAX_HOSTS = 65536
 _OPTION = "--hosts"
 _ALLOWED_KEYS_TEXT = ", ".join(HOSTFILE_KEYS) + ", label.NAME, env.NAME"
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
 _DIGITS_RE = re.compile(r"^[0-9]+$")
 _HOST_NAME_EXPECTED = (
@@ -104,7 +104,7 @@ def _parse_port(text: str) -> int:
 
 
 def _check_env_name(name: str) -> str:
-    if not _ENV_NAME_RE.match(name):
+    if not is_env_name(name):
         raise _SpecError(
             f"invalid environment variable name {name!r}: expected letters, digits "
             "and '_', not starting with a digit"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from corral.agent.probe import try_bind
 from corral.cluster.model import Cluster
+from corral.contract import is_env_name
 from corral.errors import ConfigError, LaunchError
 from corral.plan.render import plan_job
 from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand
@@ -55,7 +56,7 @@ def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) ->
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
+        if not is_env_name(key):
             raise ConfigError(f"{key!r} is not a valid environment variable name", option="--env")
         if not sep:
             if key not in source:

@@ -51,6 +51,7 @@ from corral.contract import (
     JOB_ID_ENV,
     RDZV_TIMEOUT_ENV,
     SHARED_DATA_PATH_ENV,
+    is_env_name,
 )
 from corral.errors import ConfigError
 from corral.plan.spec import JobSpec
@@ -107,7 +108,6 @@ _SUFFIX = {
     "Ei": Decimal(2) ** 60,
 }  # fmt: skip
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Set by the render for every pod; --env may not override them.
 _RENDERED_VARS = (
@@ -383,7 +383,7 @@ def _validate_scheduling(target: K8sTarget) -> None:
 
 def _validate_env(spec: JobSpec, target: K8sTarget) -> None:
     for key in [*spec.env, *spec.secret_env]:
-        if not _ENV_NAME.match(key):
+        if not is_env_name(key):
             raise ConfigError(f"{key!r} is not a valid environment variable name", option="--env")
         if key in _RENDERED_VARS:
             raise ConfigError(

@@ -43,6 +43,7 @@ from corral.contract import (
     DIST_TIMEOUT_ENV,
     JOB_ID_ENV,
     RDZV_TIMEOUT_ENV,
+    is_env_name,
 )
 from corral.errors import ConfigError
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
@@ -77,7 +78,6 @@ SLURM_LAUNCHERS = ("torchrun",)
 _PORT_BASE, _PORT_SPAN = 20000, 40000
 """``--master-port 0``: a port derived from the Slurm job id in [20000, 60000)."""
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WORD = re.compile(r"^[A-Za-z0-9_.-]+$")
 _PARTITIONS = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
@@ -252,7 +252,7 @@ def _validate(job: SlurmJob) -> None:
 
 def _validate_env(job: SlurmJob) -> None:
     for key in [*job.env, *job.forward_env]:
-        if not _ENV_NAME.match(key):
+        if not is_env_name(key):
             raise ConfigError(f"{key!r} is not a valid environment variable name", option="--env")
         if key in _RENDERED_VARS:
             raise ConfigError(

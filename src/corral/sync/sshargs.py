@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.cluster.model import Host
+from corral.contract import is_env_name
 from corral.errors import ConfigError
 from corral.sync.procs import communicate
 from corral.transport.options import SshOptions
@@ -59,7 +60,6 @@ __all__ = [
 DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_INTERVAL = 5
 KEEPALIVE_COUNT = 3
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def rsync_quote(arg: str) -> str:
@@ -256,7 +256,7 @@ def tuning_options(
 
 def write_askpass(directory: Path, variable: str) -> Path:
     """Write the askpass helper (prints ``$variable``; holds no secret) into ``directory``."""
-    if not _ENV_NAME_RE.match(variable):
+    if not is_env_name(variable):
         raise ConfigError(
             f"invalid environment variable name {variable!r}", option="--ssh-password-env"
         )

@@ -13,22 +13,21 @@ POSIX-style login shell on the host (bash, zsh, dash, ksh).
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from corral.contract import is_env_name
 from corral.errors import ConfigError
 
 __all__ = ["PID_PREAMBLE", "build_command", "build_shell_command"]
 
 PID_PREAMBLE = "printf '__corral_pid__=%d\\n' \"$$\" >&2"
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     checked = dict(env or {})
     for name in checked:
-        if not _ENV_NAME_RE.match(name):
+        if not is_env_name(name):
             raise ConfigError(
                 f"invalid environment variable name {name!r}: expected letters, digits and _"
             )
