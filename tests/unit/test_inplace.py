@@ -423,6 +423,7 @@ def test_calibration_weights_become_one_weight_per_group(monkeypatch: pytest.Mon
         return types.SimpleNamespace(url="http://127.0.0.1:1")
 
     monkeypatch.setattr(ip.Lighthouse, "start", start)
+    monkeypatch.setattr(ip, "reachable_address", lambda peer: "10.0.0.100")  # no route needed
     # 3 hosts of 2 ranks; the third host is twice as fast as the others' ranks
     weights = (0.1, 0.1, 0.1, 0.1, 0.3, 0.3)
     spec = JobSpec(
@@ -477,3 +478,40 @@ def test_corral_plan_in_place_prints_each_groups_command() -> None:
     refused = runner.invoke(app, [*args, "--recovery", "in-place", "--spares", "2", *tail])
     assert isinstance(refused.exception, ConfigError), refused.output
     assert "at least 2 nodes" in str(refused.exception)
+
+
+# -- where the Lighthouse binds: the address the hosts reach the coordinator by -----------
+
+
+def test_lighthouse_binds_on_the_route_to_the_hosts_ssh_hostname(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an ssh config alias (a testbed's tb1) need not resolve here: the route is looked up
+    # to the HostName ssh connects to, never silently 127.0.0.1
+    import shutil
+
+    from corral.errors import LaunchError
+    from corral.job import inplace as ip
+    from corral.transport.options import SshOptions
+    from tests.conftest import missing_dependency
+
+    if shutil.which("ssh") is None:
+        missing_dependency("the OpenSSH client (ssh -G)")
+    config = tmp_path / "ssh_config"
+    config.write_text("Host alias-0\n  HostName 10.9.8.7\n")
+    asked: list[str] = []
+
+    def route(peer: str) -> str | None:
+        asked.append(peer)
+        return "10.9.8.1" if peer == "10.9.8.7" else None
+
+    monkeypatch.setattr(ip, "reachable_address", route)
+    hosts = [Host("alias-0"), Host("h1", address="10.0.0.2")]
+    ssh = SshOptions(config=str(config))
+    assert asyncio.run(ip.lighthouse_address(hosts, ssh)) == "10.9.8.1"
+    assert asked == ["10.9.8.7"]
+    # no route: refused with the host named, not a Lighthouse no host can reach
+    with pytest.raises(LaunchError, match=r"no address of this machine routes to 10\.0\.0\.2"):
+        asyncio.run(ip.lighthouse_address(hosts[1:], ssh))
+    local = [Host("local-0", local=True), Host("local-1", local=True)]
+    assert asyncio.run(ip.lighthouse_address(local, None)) == "127.0.0.1"

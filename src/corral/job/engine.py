@@ -640,7 +640,9 @@ class Job:
     ) -> JobResult:
         inplace: dict[str, Any] = {}
         if self.recovery.in_place:  # every node its own replica group (torchft)
-            prepared, inplace = await ip.setup(prepared, self.spares, self.restarts.min_nodes)
+            prepared, inplace = await ip.setup(
+                prepared, self.spares, self.restarts.min_nodes, ssh=self.ssh
+            )
         spec = prepared.spec
         private_dir(prepared.job_dir)
         _write_json(prepared.job_dir / "plan.json", plan_json(prepared))

@@ -16,6 +16,7 @@ up in the result (``JobResult.groups``) for the summary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
+from corral.errors import ConfigError, LaunchError
 from corral.job.events import GroupChanged, Progress
 from corral.job.result import EXIT_LOST, Failure, JobResult, NodeRun
 from corral.job.states import NodeState
@@ -32,7 +34,8 @@ from corral.plan.spec import NodeCommand
 from corral.recovery.hangwatch import HangWatch
 from corral.recovery.health import HostWatch
 from corral.recovery.inplace import GroupEpisode, GroupLog, decide_group, parse_healing
-from corral.recovery.lighthouse import Lighthouse
+from corral.recovery.lighthouse import Lighthouse, reachable_address
+from corral.transport.options import SshOptions
 
 #: Plans replica group ``group`` on ``host`` (a fresh store port when needed).
 Replan = Callable[[int, Host], NodeCommand]
@@ -319,23 +322,52 @@ def progress_participants(event: Progress) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+async def lighthouse_address(hosts: Sequence[Host], ssh: SshOptions | None) -> str:
+    """The address the Lighthouse binds, where every host reaches the coordinator:
+    127.0.0.1 when all nodes are local, else this machine's address on the route to
+    the first remote host, as ssh reaches it (its HostName from the ssh config: an
+    alias, such as a testbed's ``tb1``, need not resolve here). LaunchError when no
+    route is found (the hosts could never join the quorum)."""
+    remote = [h for h in hosts if not h.local]
+    if not remote:
+        return "127.0.0.1"
+    host = remote[0]
+    peer = host.address
+    if ssh is not None:
+        from corral.sync.sshargs import resolve_host
+
+        with contextlib.suppress(ConfigError, OSError):
+            peer = (await resolve_host(ssh, host)).hostname
+    address = reachable_address(peer)
+    if address is None:
+        raise LaunchError(
+            f"cannot start torchft's Lighthouse: no address of this machine routes to "
+            f"{peer}; check the host's address in the hostfile or its HostName in the "
+            "ssh config",
+            host=host.name,
+        )
+    return address
+
+
 async def setup(
-    prepared: Any, spares: Sequence[Host], min_nodes: int | None
+    prepared: Any,
+    spares: Sequence[Host],
+    min_nodes: int | None,
+    ssh: SshOptions | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Start the attempt's Lighthouse and plan every node as its own replica group:
-    the re-planned ``prepared`` and the :class:`InPlaceSupervisor`'s own arguments."""
+    the re-planned ``prepared`` and the :class:`InPlaceSupervisor`'s own arguments
+    (``ssh``: how the hosts are reached, to find the address they reach us by)."""
     import dataclasses
     import sys
 
     from corral.job.resolve import free_port
     from corral.plan.inplace import group_weights, plan_group
     from corral.recovery.inplace import RecoveryPolicy
-    from corral.recovery.lighthouse import reachable_address
 
     spec = prepared.spec
     hosts = [c.host for c in prepared.commands]
-    local = all(h.local for h in hosts)
-    address = "127.0.0.1" if local else reachable_address(hosts[0].address)
+    address = await lighthouse_address(hosts, ssh)
     min_replicas = RecoveryPolicy.min_replicas(min_nodes)
     lighthouse = await Lighthouse.start(sys.executable, address, min_replicas, job_id=spec.job_id)
     groups = len(hosts)

@@ -30,18 +30,19 @@ JOIN_TIMEOUT_MS = 2000  # how long a new quorum waits for heartbeating straggler
 HEARTBEAT_TIMEOUT_MS = 5000
 
 
-def reachable_address(peer: str) -> str:
+def reachable_address(peer: str) -> str | None:
     """This machine's address on the route to ``peer`` (what a host uses to reach the
-    coordinator): a UDP socket's local address after ``connect`` (no packet is sent)."""
+    coordinator): a UDP socket's local address after ``connect`` (no packet is sent);
+    None when ``peer`` does not resolve here or no route leads to it."""
     try:
         infos = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)
     except OSError:
-        return "127.0.0.1"
+        return None
     for family, kind, proto, _, addr in infos:
         with contextlib.suppress(OSError), socket.socket(family, kind, proto) as sock:
             sock.connect(addr)
             return str(sock.getsockname()[0])
-    return "127.0.0.1"
+    return None
 
 
 def url(address: str, port: int) -> str:
