@@ -22,6 +22,13 @@ this process). Fault = the ``killing itself at step K`` line. Measured per run:
 
 Medians are reported, in-place as a ratio of restart (goal for the first: <= 0.3x).
 
+The undisturbed pair (``--rounds`` each, alternating): the same job with no fault
+and no checkpoints, torchft's Manager/DDP/Optimizer (``--recovery in-place``, a
+quorum before every step) against plain torch DDP (``--recovery restart``). Per-step
+time = local-0's step lines from step 10 to the last, divided by the steps between;
+the ratio is torchft's per-step overhead (goal <= 1.05x; with ``--sleep 0.1`` steps,
+a short step, so an upper bound for longer ones).
+
     python benchmarks/bench_inplace.py [--rounds 2]
 """
 
@@ -63,9 +70,10 @@ def _has_torchft() -> bool:
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
-def run_arm(mode: str, round_: int, work: Path) -> dict[str, Any]:
-    """One ``corral run`` of the job in ``mode``; its timeline's figures."""
-    job_id = f"bench-{mode}-{round_}"
+def run_arm(mode: str, round_: int, work: Path, *, fault: bool = True) -> dict[str, Any]:
+    """One ``corral run`` of the job in ``mode`` (with the fault, or undisturbed and
+    without checkpoints); its timeline's figures."""
+    job_id = f"bench-{mode}-{round_}" if fault else f"bench-{mode}-calm-{round_}"
     marker = work / job_id / "marker"
     ckpt = work / job_id / "ckpt"
     marker.mkdir(parents=True)
@@ -89,9 +97,10 @@ def run_arm(mode: str, round_: int, work: Path) -> dict[str, Any]:
         *(["--max-restarts", "1", "--restart-backoff", "0"] if mode == "restart" else []),
         "--",
         str(SCRIPT),
-        *("--steps", str(STEPS), "--sleep", str(SLEEP), "--kill-node", "2"),
-        *("--kill-at", str(KILL_AT), "--marker-dir", str(marker)),
-        *("--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)),
+        *("--steps", str(STEPS), "--sleep", str(SLEEP)),
+        *(("--kill-node", "2", "--kill-at", str(KILL_AT)) if fault else ()),
+        *("--marker-dir", str(marker)),
+        *(("--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY)) if fault else ()),
     ]
     lines: list[tuple[float, str]] = []
     start = time.monotonic()
@@ -120,9 +129,23 @@ def run_arm(mode: str, round_: int, work: Path) -> dict[str, Any]:
     reader.join(10)
     total = time.monotonic() - start
     leftovers = job_processes(job_id)
-    return {"mode": mode, "exit_code": code, "total_s": total, "orphans": len(leftovers)} | (
-        _timeline(lines)
-    )
+    out = {"mode": mode, "exit_code": code, "total_s": total, "orphans": len(leftovers)}
+    if not fault:
+        return out | {"undisturbed": True, "step_s": _step_time(lines)}
+    return out | _timeline(lines)
+
+
+def _step_time(lines: list[tuple[float, str]], warm: int = 10) -> float | None:
+    """local-0's seconds per step from step ``warm`` to its last step line."""
+    seen: list[tuple[float, int]] = []
+    for t, line in lines:
+        m = LINE.search(line)
+        s = STEP.match(m["text"]) if m and m["host"] == "local-0" else None
+        if s and int(s["step"]) >= warm:
+            seen.append((t, int(s["step"])))
+    if len(seen) < 2 or seen[-1][1] == seen[0][1]:
+        return None
+    return (seen[-1][0] - seen[0][0]) / (seen[-1][1] - seen[0][1])
 
 
 def _timeline(lines: list[tuple[float, str]]) -> dict[str, Any]:
@@ -187,6 +210,12 @@ def main() -> int:
                 run = run_arm(mode, round_, Path(tmp))
                 log(f"  {run}")
                 runs.append(run)
+        for round_ in range(args.rounds):
+            for mode in ("restart", "in-place"):
+                log(f"round {round_ + 1}/{args.rounds}: undisturbed, --recovery {mode}")
+                run = run_arm(mode, round_, Path(tmp), fault=False)
+                log(f"  {run}")
+                runs.append(run)
     by = {
         m: [r for r in runs if r["mode"] == m and r.get("fault_seen")]
         for m in ("restart", "in-place")
@@ -221,6 +250,22 @@ def main() -> int:
                 ratio_value=r,
             )
         )
+    calm = {m: [r for r in runs if r["mode"] == m and r.get("undisturbed")] for m in by}
+    plain = median(r.get("step_s") for r in calm["restart"])
+    torchft = median(r.get("step_s") for r in calm["in-place"])
+    overhead = ratio(torchft, plain)
+    rows.append(
+        metric(
+            "in-place: per-step time, undisturbed (torchft's quorum every step)",
+            torchft,
+            "s",
+            "<= 1.05x",
+            None if overhead is None else overhead <= 1.05,
+            baseline=plain,
+            baseline_desc="plain torch DDP (--recovery restart), same job, no fault",
+            ratio_value=overhead,
+        )
+    )
     ok = all(r["exit_code"] == 0 and r["orphans"] == 0 for r in runs)
     write_result(
         "inplace",
