@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from corral.checks import hostside
+from corral.checks.gather import SHIPPED
 from corral.remote.python import bootstrap_argv, program, stdin_payload
 
 from .conftest import run_corral
@@ -125,9 +126,7 @@ def test_shipped_program_runs_without_corral_installed(tmp_path: Path) -> None:
     """The host side runs under an interpreter that has no corral (system python)."""
     (tmp_path / "a.py").write_text("x = 1\n")
     params = {"code_dir": str(tmp_path), "workdir": str(tmp_path), "launcher": "python"}
-    text = program(
-        ["corral.sync.fingerprint", "corral.checks.hostside"], "corral.checks.hostside:main", params
-    )
+    text = program(list(SHIPPED), "corral.checks.hostside:main", params)  # what corral ships
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     out = subprocess.run(
         bootstrap_argv(python), input=stdin_payload(text), capture_output=True, timeout=60

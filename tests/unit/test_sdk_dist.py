@@ -312,6 +312,8 @@ def test_public_api_is_pinned() -> None:
             "checkpoint_requested", "request_checkpoint",
             # in-place recovery (torchft)
             "FaultTolerant", "fault_tolerant",
+            # stragglers: named sections and the DDP arrival hook
+            "section", "straggler_hook",
         ]
     )  # fmt: skip
     for name in sdk.__all__:

@@ -49,12 +49,12 @@ VERBS: dict[str, Verb] = {
     "ping": Verb(
         "ping", "List the hosts that do not answer (echo over SSH, with a deadline per host)."
     ),
-    "serve": Verb(
-        "serve", "Serve the REST API: machines, planning, dispatch, status, logs, queue."
-    ),
     "calibrate": Verb(
         "calibrate",
         "Measure every rank's throughput (examples/s) at once and the split it calls for.",
+    ),
+    "serve": Verb(
+        "serve", "Serve the REST API: machines, planning, dispatch, status, logs, queue."
     ),
     "job": Verb("job", "Submit, watch and stop jobs on a corral server (corral serve)."),
     "machine": Verb(
