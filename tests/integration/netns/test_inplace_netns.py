@@ -132,3 +132,30 @@ def test_lost_lighthouse_falls_back_to_a_restart_from_disk(
         assert f"[{host}:0] done at step {STEPS}" in out
     assert sorted(int(p.name[5:13]) for p in ckpt.glob("ckpt-*.pt"))[-1] == STEPS
     assert_nothing_left(tb, job)
+
+
+def test_cut_link_costs_its_group_only(healthy_testbed: Testbed, tmp_path: Path) -> None:
+    # tb3 stays up but unreachable: the coordinator declares it lost on missed
+    # heartbeats, cannot reach it to restart its group, and the survivors go on; tb3's
+    # agent tears its own ranks down once the coordinator's heartbeats stop
+    tb, job = healthy_testbed, "ip-link"
+    w = start_inplace(tb, tmp_path, job, "--host-timeout", "6")
+    at_fault = max(s for h, s, _ in steps_of(w) if h == "tb1")
+    tb.cut_link("tb3")
+    cut_at = time.monotonic()
+    try:
+        w.wait_for(r"go on without it", "err", timeout=300)
+    finally:
+        tb.restore_link("tb3")
+    code = w.finish()
+    out, err = w.text("out"), w.text("err")
+    assert code == 0, (out + err)[-4000:]
+    assert re.search(r"lost host tb3: no (heartbeat|keepalive)", err), err[-4000:]
+    assert re.search(r"tears down only group 2 \(tb3\); 2 group\(s\) go on", err)
+    later = steps_of(w, cut_at)
+    for host in ("tb1", "tb2"):
+        mine = [(s, p) for h, s, p in later if h == host]
+        assert any(p == 2 and s > at_fault for s, p in mine), out[-4000:]
+        assert f"[{host}:0] done at step {STEPS}" in out
+    assert attempts(tmp_path, job) == ["succeeded"]
+    assert_nothing_left(tb, job)
