@@ -93,7 +93,7 @@ def _populate(store: Store) -> None:
 
 
 def test_open_store_creates_the_schema_at_head(store: Store) -> None:
-    assert store.revision() == head_revision() == "0006"
+    assert store.revision() == head_revision() == "0007"
     assert _tables(store) == {*Base.metadata.tables, "alembic_version"}
     assert store.dialect in ("sqlite", "postgresql")
 
@@ -119,6 +119,24 @@ def test_head_equals_the_models(store: Store) -> None:
     assert _differences(store) == []
 
 
+def test_a_jobs_latest_event_of_a_kind_is_read_from_the_kind_index(store: Store) -> None:
+    # the status's reads (last pre-flight report, groups, stragglers): by kind, in pos
+    # order, without walking the job's other events or sorting them
+    query = (
+        "SELECT * FROM events WHERE job_id = 'j1' AND kind = 'checked' ORDER BY pos DESC LIMIT 1"
+    )
+    with store.engine.connect() as connection:
+        if store.dialect == "sqlite":
+            plan = " ".join(
+                str(r[-1]) for r in connection.execute(text("EXPLAIN QUERY PLAN " + query))
+            )
+        else:
+            connection.execute(text("SET enable_seqscan = off"))
+            plan = " ".join(str(r[0]) for r in connection.execute(text("EXPLAIN " + query)))
+    assert "ix_events_job_kind_pos" in plan
+    assert "sort" not in plan.lower()
+
+
 def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
     with open_store(store_url, migrate=False) as store:
         assert store.revision() is None
@@ -136,6 +154,7 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
             ("add_index", "ix_audit_time"),
             ("add_index", "ix_deliveries_due"),
             ("add_index", "ix_deliveries_hook_id"),
+            ("add_index", "ix_events_job_kind_pos"),
             ("add_index", "ix_jobs_owner"),
             ("add_table", "audit"),
             ("add_table", "deliveries"),
@@ -146,7 +165,7 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
             for statement in ROWS_AT_0001:
                 connection.execute(text(statement))
         store.upgrade()
-        assert store.revision() == "0006"
+        assert store.revision() == "0007"
         with store.session() as session:
             machine = session.get_one(Machine, "m1")
             rank = session.get_one(Rank, ("j1", 0))

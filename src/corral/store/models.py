@@ -182,7 +182,12 @@ class Event(Base):
     SSE stream gives it (``Last-Event-ID``)."""
 
     __tablename__ = "events"
-    __table_args__ = (Index("ix_events_job_pos", "job_id", "pos", unique=True),)
+    __table_args__ = (
+        Index("ix_events_job_pos", "job_id", "pos", unique=True),
+        # a job's events of one kind, newest first (the status's pre-flight report,
+        # groups, stragglers and hang): without it a read walks all the job's events
+        Index("ix_events_job_kind_pos", "job_id", "kind", "pos"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(String(64), ForeignKey("jobs.id", ondelete="CASCADE"))
