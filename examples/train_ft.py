@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step {before + 1} not committed; redoing it", flush=True)
                 continue
             print(
-                f"step {ft.step}/{args.steps} participants {participants} "
-                f"loss {loss.item():.4f}",
+                f"step {ft.step}/{args.steps} participants {participants} loss {loss.item():.4f}",
                 flush=True,
             )
             sdk.report(ft.step, args.steps, loss=loss.item())

@@ -19,6 +19,7 @@ import pytest
 
 from corral.client import Client, parse_sse
 from corral.client.jobs import exit_code_of
+from tests.conftest import require
 from tests.unit.test_service_planner import calibration_file
 
 from .conftest import SCRIPTS, corral_argv, job_processes, wait_for_output
@@ -293,6 +294,23 @@ def test_submit_a_command_template(server: Server) -> None:
     assert result.returncode == 4, result.stderr
     assert "[sim1] node 0 of 1 on sim1" in result.stdout.splitlines()
     assert "launcher command" in result.stderr
+
+
+def test_submit_track_writes_the_reports_to_tensorboard(server: Server) -> None:
+    """``--track`` reaches the server's supervisor as ``corral run --track`` does."""
+    require("tensorboard", "the [tensorboard] extra: make setup")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = server.home / "tb"
+    script = str(SCRIPTS / "report_steps.py")
+    result = server.job("submit", *LOCAL, "--track", f"tensorboard:{tb}", "-f", "--", script)
+    assert result.returncode == 0, result.stderr
+    events = EventAccumulator(str(tb / result.stdout.splitlines()[0]))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("loss")] == [
+        (s, round(1 / (s + 1), 4)) for s in range(5)
+    ]
+    assert [e.value for e in events.Scalars("exit_code")] == [0.0]
 
 
 @pytest.mark.parametrize(

@@ -23,17 +23,41 @@ from typing import Annotated, Any, get_args
 
 import typer
 
+from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cli import jobview
 from corral.cli.options import (
+    CHECKS_PANEL,
+    CheckLinksOpt,
     CheckpointOpt,
     CommandTemplateOpt,
     EnvOpt,
+    GlooOpt,
+    GraceOpt,
     HangTimeoutOpt,
+    HostTimeoutOpt,
+    LinksMinGbsOpt,
+    LinksMinRatioOpt,
+    LinksWarnOpt,
+    MasterPortOpt,
     MaxRestartsOpt,
+    MinFreeOpt,
+    MlxBackendOpt,
+    NcclOpt,
     NoPreflightOpt,
     PythonOpt,
+    QosOpt,
+    RdzvTimeoutOpt,
+    RecoveryOpt,
+    ReplicateOpt,
+    RestartBackoffOpt,
     SecretEnvOpt,
+    SharedDataPathOpt,
+    SmokeTestOpt,
+    SparesOpt,
+    SyncOpt,
+    ThresholdOpt,
     TimeoutOpt,
+    TrackOpt,
     WorkdirOpt,
 )
 from corral.cli.remote import (
@@ -50,7 +74,9 @@ from corral.client.token import is_loopback
 from corral.console import make_console
 from corral.errors import ConfigError, Conflict, NotFound
 from corral.job.output import say
-from corral.service.models import ServiceLauncher
+from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.service.models import PASS_THROUGH, JobRequest, ServiceLauncher
 
 _C = "Server"
 _L = "Launch"
@@ -92,6 +118,56 @@ SubmitRebalanceOpt = Annotated[
         help="With --calibration: at each restart, re-weigh the ranks from their live "
         "throughput (sdk.report(step, examples=N)).",
         rich_help_panel=_L,
+    ),
+]
+WeightsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--workload-weights",
+        metavar="W,W,...",
+        help="The ranks' workload weights given directly instead of --calibration: one "
+        "positive number per rank in plan order (machine by machine, then local rank).",
+        rich_help_panel=_L,
+    ),
+]
+PluginOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--plugin",
+        metavar="NAME",
+        help="Run a plugin of the server's --plugins-dir (<dir>/NAME/main.py) instead of a "
+        "SCRIPT; what follows `--` are its arguments.",
+        rich_help_panel=_L,
+    ),
+]
+MinGpuMemoryOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--min-gpu-memory",
+        metavar="GIB",
+        min=0,
+        help="Only machines whose GPUs have at least this much memory (GiB).",
+        rich_help_panel=_L,
+    ),
+]
+ConfigScalingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lr-scaling",
+        metavar="linear|sqrt|none",
+        help="With --adjust-config: the learning rate times the world size (linear, the "
+        "default), its square root (sqrt), or unchanged (none).",
+        rich_help_panel=_L,
+    ),
+]
+SubmitCodeDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--code-dir",
+        metavar="DIR",
+        help="The code tree on the server that the machines' --workdir must match and "
+        "--sync pushes (default: the script's directory).",
+        rich_help_panel=CHECKS_PANEL,
     ),
 ]
 
@@ -139,8 +215,15 @@ def _request(
     adjust_config: bool,
     calibration: str | None = None,
     rebalance: bool = False,
+    plugin: str | None = None,
+    min_gpu_memory: float | None = None,
+    lr_scaling: str | None = None,
+    workload_weights: str | None = None,
+    code_dir: str | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``/distributed/plan`` for the submit options."""
+    """The body of ``/distributed/plan`` for the submit options; ``fields``: more
+    JobRequest fields by name, sent when they differ from the field's default."""
     from corral.job.resolve import parse_env
 
     if launcher not in SUBMIT_LAUNCHERS:
@@ -163,6 +246,8 @@ def _request(
                 option="--command-template",
             )
         script, args = None, []
+    elif plugin is not None:
+        script, args = None, list(command or [])
     elif not command:
         raise ConfigError("no script given: corral job submit [OPTIONS] -- SCRIPT [ARGS...]")
     else:
@@ -180,9 +265,15 @@ def _request(
         raise ConfigError("needs --calibration FILE", option="--rebalance")
     if calibration and not os.path.isabs(calibration) and is_loopback(server):
         calibration = os.path.abspath(calibration)  # the server runs here: the same file
+    if code_dir and not os.path.isabs(code_dir) and is_loopback(server):
+        code_dir = os.path.abspath(code_dir)
+    if lr_scaling is not None and not adjust_config:
+        raise ConfigError("scales the --config: give --adjust-config too", option="--lr-scaling")
     requirements: dict[str, Any] = {"num_machines": len(selected) or machines or 1}
     if gpus_per_machine is not None:
         requirements["gpus_per_machine"] = gpus_per_machine
+    if min_gpu_memory is not None:
+        requirements["min_gpu_memory"] = min_gpu_memory
     body: dict[str, Any] = {
         "args": args,
         "launcher": launcher,
@@ -206,13 +297,38 @@ def _request(
         "hang_timeout": hang_timeout,
         "timeout": timeout,
         "calibration": calibration,
+        "plugin_name": plugin,
+        "code_dir": code_dir,
+        "workload_weights": _weights(workload_weights),
+        "config_scaling": None if lr_scaling is None else {"rule": lr_scaling},
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if rebalance:
         body["rebalance"] = True
+    for key, value in (fields or {}).items():
+        if value != JobRequest.model_fields[key].get_default(call_default_factory=True):
+            body[key] = value
     if config:
         body["config"] = _read_config(config)
     return body
+
+
+def _weights(text: str | None) -> list[float] | None:
+    """The numbers of ``--workload-weights W,W,...`` (ConfigError naming it)."""
+    if text is None:
+        return None
+    try:
+        weights = [float(word) for word in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"expected positive numbers separated by commas (got {text!r})",
+            option="--workload-weights",
+        ) from None
+    if not all(0 < w < float("inf") for w in weights):
+        raise ConfigError(
+            f"every weight must be above 0 (got {text!r})", option="--workload-weights"
+        )
+    return weights
 
 
 def _read_config(path: str) -> dict[str, Any]:
@@ -310,6 +426,33 @@ def submit(
     hang_timeout: HangTimeoutOpt = None,
     calibration: SubmitCalibrationOpt = None,
     rebalance: SubmitRebalanceOpt = False,
+    workload_weights: WeightsOpt = None,
+    plugin: PluginOpt = None,
+    min_gpu_memory: MinGpuMemoryOpt = None,
+    lr_scaling: ConfigScalingOpt = None,
+    master_port: MasterPortOpt = 0,
+    nccl_interface: NcclOpt = None,
+    gloo_interface: GlooOpt = None,
+    shared_data_path: SharedDataPathOpt = None,
+    mlx_backend: MlxBackendOpt = "ring",
+    qos: QosOpt = None,
+    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
+    grace: GraceOpt = 10.0,
+    smoke_test: SmokeTestOpt = False,
+    check_links: CheckLinksOpt = False,
+    links_min_ratio: LinksMinRatioOpt = DEFAULT_LINKS_MIN_RATIO,
+    links_min_gbs: LinksMinGbsOpt = 0.0,
+    links_warn_only: LinksWarnOpt = False,
+    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
+    consistency_threshold: ThresholdOpt = 1.0,
+    code_dir: SubmitCodeDirOpt = None,
+    sync: SyncOpt = False,
+    restart_backoff: RestartBackoffOpt = 1.0,
+    host_timeout: HostTimeoutOpt = DEFAULT_HOST_TIMEOUT,
+    replicate_checkpoints: ReplicateOpt = False,
+    recovery: RecoveryOpt = "restart",
+    spares: SparesOpt = 0,
+    track: TrackOpt = None,
     queue: Annotated[
         bool,
         typer.Option(
@@ -353,6 +496,11 @@ def submit(
         raise ConfigError("a queued job is planned when it starts", option="--plan-only")
     if priority and not queue:
         raise ConfigError("a priority orders the queue: give --queue too", option="--priority")
+    given = locals()
+    fields = {name: given[name] for name in PASS_THROUGH}
+    fields.update(
+        master_port=master_port, sync=sync, recovery=recovery, spares=spares, track=track or []
+    )
     body = _request(
         command,
         server=server,
@@ -376,6 +524,12 @@ def submit(
         adjust_config=adjust_config,
         calibration=calibration,
         rebalance=rebalance,
+        plugin=plugin,
+        min_gpu_memory=min_gpu_memory,
+        lr_scaling=lr_scaling,
+        workload_weights=workload_weights,
+        code_dir=code_dir,
+        fields=fields,
     )
     err = make_console()
     with connect(server, token_file) as client:

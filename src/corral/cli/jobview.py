@@ -20,10 +20,10 @@ from corral.job.events import Checked, Finished, JobEvent, LogLines
 from corral.job.output import TerminalOutput, format_progress, say
 from corral.job.result import Failure
 from corral.job.summary import finding_line, preflight_findings, root_cause_text
+from corral.outcomes import EXIT_INTERRUPTED
 from corral.plan.display import weights_line
 from corral.words import plural
 
-EXIT_INTERRUPTED = 130
 STATE_STYLE = {
     "succeeded": "green",
     "exited": "green",

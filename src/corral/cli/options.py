@@ -375,7 +375,8 @@ LinksMinGbsOpt = Annotated[
         "--links-min-gbs",
         metavar="GBPS",
         envvar="CORRAL_LINKS_MIN_GBS",
-        help="A link below this many GB/s (gigabytes per second) is slow, whatever the others do (0: no floor).",
+        help="A link below this many GB/s (gigabytes per second) is slow, whatever the "
+        "others do (0: no floor).",
         rich_help_panel=CHECKS_PANEL,
     ),
 ]

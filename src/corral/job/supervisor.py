@@ -262,7 +262,7 @@ class Supervisor:
             try:
                 code = await node.proc.wait()
             except CorralError as exc:
-                code, node.detail = 255, str(exc)
+                code, node.detail = EXIT_LOST, str(exc)
             lost = getattr(node.proc, "lost", None)  # the SSH transport says why it broke
             if lost is not None and not node.detail:
                 node.detail = str(lost)

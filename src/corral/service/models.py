@@ -23,7 +23,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
+from corral.contract import QOS_CLASSES, is_env_name
 from corral.errors import ConfigError
+from corral.job.events import OddRank, StuckCollective
+from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.track.targets import MAX_TARGETS, parse_targets
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -36,6 +41,8 @@ MAX_LABELS = 64
 Ref = Annotated[str, Field(min_length=1, max_length=255)]
 """A machine id or name in a list."""
 Arg = Annotated[str, Field(max_length=65536)]
+Interface = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\s\x00]+$")]
+"""A network interface (or NCCL's ``^docker,lo`` / ``=eth0`` forms): no blank."""
 ServiceLauncher = Literal["torchrun", "python", "accelerate", "mlx", "command"]
 """The launchers a served job can use (see docs/launchers.md); ``command`` runs
 ``command_template`` on every machine instead of a script."""
@@ -348,7 +355,7 @@ class JobRequest(_Body):
     @classmethod
     def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not key or "=" in key or "\0" in key or key[0].isdigit():
+            if not is_env_name(key):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return value
 
@@ -371,6 +378,113 @@ class JobRequest(_Body):
         except ConfigError as exc:
             raise ValueError(exc.message) from None
         return value
+
+    # corral run's options, passed as they are to the job's JobOptions (same names,
+    # same defaults, same bounds as the command line's).
+    nccl_interface: Interface | None = Field(None, description="NCCL_SOCKET_IFNAME of every rank.")
+    gloo_interface: Interface | None = Field(None, description="GLOO_SOCKET_IFNAME of every rank.")
+    shared_data_path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="A path every machine must see as the same filesystem (checked before "
+        "the launch; exported to ranks as CORRAL_SHARED_DATA_PATH).",
+    )
+    mlx_backend: Literal["ring", "mpi", "jaccl"] = Field(
+        "ring", description="MLX's distributed backend (launcher mlx)."
+    )
+    qos: str | None = Field(
+        None, description=f"macOS QoS class of every rank: {', '.join(QOS_CLASSES)}."
+    )
+    rdzv_timeout: float = Field(
+        DEFAULT_RDZV_TIMEOUT,
+        gt=0,
+        le=86400,
+        description="Seconds to wait for every node to join and the master to accept connections.",
+    )
+    grace: float = Field(
+        10.0, ge=0, le=3600, description="Seconds between SIGTERM and SIGKILL at teardown."
+    )
+    smoke_test: bool = Field(
+        False, description="Add the collective smoke test (an all-reduce) to the pre-flight."
+    )
+    check_links: bool = Field(
+        False,
+        description="Add the link matrix to the pre-flight: a machine behind slow links "
+        "blocks the launch.",
+    )
+    links_min_ratio: float = Field(
+        DEFAULT_LINKS_MIN_RATIO,
+        ge=0,
+        lt=1,
+        description="A link below this fraction of the network's reference bandwidth is slow.",
+    )
+    links_min_gbs: float = Field(
+        0.0, ge=0, le=1e6, description="A link below this many GB/s is slow (0: no floor)."
+    )
+    links_warn_only: bool = Field(
+        False, description="A machine behind slow links is a warning, not a failure."
+    )
+    min_free_gb: float = Field(
+        DEFAULT_MIN_FREE_GB,
+        ge=0,
+        le=1e9,
+        description="Free space the checkpoint directory needs on every machine, GB.",
+    )
+    consistency_threshold: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of machines whose code must match code_dir (0.95 lets 1 in 20 "
+        "differ, with a warning).",
+    )
+    restart_backoff: float = Field(
+        1.0,
+        ge=0,
+        le=3600,
+        description="Seconds before the first restart, doubled for each further one (at most 60).",
+    )
+    host_timeout: float = Field(
+        DEFAULT_HOST_TIMEOUT,
+        gt=0,
+        le=86400,
+        description="Seconds without a heartbeat from a machine's agent before it is lost.",
+    )
+    replicate_checkpoints: bool = Field(
+        False,
+        description="Copy each new rank-0 checkpoint to the server (under its run dir) "
+        "before the save returns, so a restart resumes from it when its machine is lost.",
+    )
+
+    @field_validator("qos")
+    @classmethod
+    def _qos_class(cls, value: str | None) -> str | None:
+        if value is not None and value not in QOS_CLASSES:
+            raise ValueError(f"unknown QoS class {value!r}; choose one of {', '.join(QOS_CLASSES)}")
+        return value
+
+
+PASS_THROUGH: tuple[str, ...] = (
+    "nccl_interface",
+    "gloo_interface",
+    "shared_data_path",
+    "mlx_backend",
+    "qos",
+    "rdzv_timeout",
+    "grace",
+    "smoke_test",
+    "check_links",
+    "links_min_ratio",
+    "links_min_gbs",
+    "links_warn_only",
+    "min_free_gb",
+    "consistency_threshold",
+    "restart_backoff",
+    "host_timeout",
+    "replicate_checkpoints",
+)
+"""The :class:`JobRequest` fields the planner hands to the job's
+:class:`~corral.job.build.JobOptions` as they are, under the same name."""
 
 
 class WorkloadWeight(BaseModel):
@@ -436,6 +550,37 @@ class GroupChange(BaseModel):
     detail: str = ""
 
 
+class StragglerOut(BaseModel):
+    """A rank named a straggler (the supervisor's :class:`~corral.job.events.StragglerFound`,
+    the latest per rank and section): its ``section`` took ``ratio`` times the ``basis``
+    (``median`` of the other ranks, or its own ``best``) for ``span`` steps up to ``step``."""
+
+    host: str
+    rank: int
+    section: str
+    ratio: float
+    basis: Literal["median", "best"]
+    span: int
+    step: int | None = None
+    text: str = Field("", description="The live line corral run prints.")
+    time: float
+
+
+class HangOut(BaseModel):
+    """The job's last hang report (:class:`~corral.job.events.HangReported`)."""
+
+    time: float
+    summary: str = Field(description="The one line that names the cause.")
+    message: str = Field("", description="What the hang detection saw.")
+    odd: list[OddRank] = Field(
+        default_factory=list, description="The odd ones out: ranks not where the others are."
+    )
+    collective: StuckCollective | None = Field(
+        None, description="The collective the NCCL flight recorder names (GPU jobs)."
+    )
+    report: str | None = Field(None, description="Path of report.md (report.json beside it).")
+
+
 class DistributedJobStatus(BaseModel):
     """The seed's ``DistributedJobStatus``, plus attempts, metrics and the root cause."""
 
@@ -472,6 +617,12 @@ class DistributedJobStatus(BaseModel):
         default_factory=list,
         description="recovery in-place: each change of a node's replica group, oldest first.",
     )
+    stragglers: list[StragglerOut] = Field(
+        default_factory=list,
+        description="Ranks named stragglers (sdk.section timings), the latest per rank and "
+        "section, in the order they were named.",
+    )
+    hang: HangOut | None = Field(None, description="The last hang report (null: no hang).")
 
 
 class JobSummary(BaseModel):

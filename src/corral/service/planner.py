@@ -34,7 +34,7 @@ from corral.plan.launchers import template_fields
 from corral.recovery.inplace import RecoveryPolicy
 from corral.redact import is_secret, redact_env
 from corral.service.machines import machine_host, machines_ssh
-from corral.service.models import JobRequest, Suggestion
+from corral.service.models import PASS_THROUGH, JobRequest, Suggestion
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
 from corral.words import plural
@@ -404,6 +404,7 @@ def job_description(
         recovery=request.recovery,
         spares=request.spares,
         track=tuple(request.track),
+        **{name: getattr(request, name) for name in PASS_THROUGH},
     )
     _check_recovery(options, len(machines))
     cluster = Cluster(tuple(machine_host(m) for m in machines), source="corral serve")

@@ -14,7 +14,14 @@ from sqlalchemy import delete, func, select
 
 from corral.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.job.describe import JobDescription
-from corral.job.events import FINAL_KINDS, JobEvent, LogLines, decode_event
+from corral.job.events import (
+    FINAL_KINDS,
+    HangReported,
+    JobEvent,
+    LogLines,
+    StragglerFound,
+    decode_event,
+)
 from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
 from corral.job.summary import preflight_findings, reason_text
@@ -24,10 +31,12 @@ from corral.service.jobrows import job_row
 from corral.service.models import (
     DistributedJobStatus,
     GroupChange,
+    HangOut,
     JobList,
     JobSummary,
     NodeStatus,
     OutputPage,
+    StragglerOut,
     WorkloadWeight,
 )
 from corral.store import Store
@@ -90,10 +99,18 @@ class Queries:
                     .order_by(Event.pos)
                 ).all()
             )
+            diagnosed = list(
+                s.scalars(
+                    select(Event)
+                    .where(Event.job_id == job_id, Event.kind.in_(("straggler", "hang_report")))
+                    .order_by(Event.pos)
+                ).all()
+            )
         status = _status(job, nodes, ranks, attempts, task.name if task else None)
         if checked is not None:
             status.preflight = preflight_findings((checked.data or {}).get("report"))
         status.groups = [GroupChange.model_validate({**g.data, "time": g.time}) for g in groups]
+        status.stragglers, status.hang = _diagnosis(job_id, diagnosed)
         return status
 
     def list_jobs(
@@ -109,19 +126,21 @@ class Queries:
     ) -> JobList:
         """Jobs, newest first, filtered by state (comma-separated), machine (id or
         name), task, kind or owner."""
-        query = select(Job)
+        filters = []
         if owner:
-            query = query.where(Job.owner == owner)
+            filters.append(Job.owner == owner)
         if state:
-            query = query.where(Job.state.in_([x.strip() for x in state.split(",")]))
+            filters.append(Job.state.in_([x.strip() for x in state.split(",")]))
         if task_id:
-            query = query.where(Job.task_id == task_id)
+            filters.append(Job.task_id == task_id)
         if kind:
-            query = query.where(Job.kind == kind)
-        query = query.order_by(Job.created.desc())
+            filters.append(Job.kind == kind)
+        query = select(Job).where(*filters).order_by(Job.created.desc())
         if not machine:  # page in SQL: never load (and JSON-decode) every job's row
             with self.store.session() as s:
-                total = s.scalar(select(func.count()).select_from(query.subquery()))
+                # counted over the id alone: a subquery of whole rows reads every
+                # job's JSON columns (115 ms at 10,000 jobs on SQLite)
+                total = s.scalar(select(func.count(Job.id)).where(*filters))
                 page = list(s.scalars(query.offset(offset).limit(limit)).all())
                 tasks = _task_names(s, page)
             return JobList(
@@ -452,6 +471,22 @@ def _status(
         owner=job.owner,
         priority=job.priority or 0,
     )
+
+
+def _diagnosis(job_id: str, rows: Sequence[Event]) -> tuple[list[StragglerOut], HangOut | None]:
+    """The stragglers named (the latest per rank and section, in the order first named)
+    and the last hang report, from the stored events (decoded as the supervisor wrote
+    them; one a newer writer made that this version cannot read is left out)."""
+    stragglers: dict[tuple[str, int, str], StragglerOut] = {}
+    hang: HangOut | None = None
+    for row in rows:
+        event = decode_event({**row.data, "kind": row.kind, "time": row.time}, job_id)
+        if isinstance(event, StragglerFound):
+            key = (event.host, event.rank, event.section)
+            stragglers[key] = StragglerOut.model_validate(event.model_dump(exclude={"job_id"}))
+        elif isinstance(event, HangReported):
+            hang = HangOut.model_validate(event.model_dump(exclude={"job_id"}))
+    return list(stragglers.values()), hang
 
 
 def _current_weights(job: Job, attempts: Sequence[Attempt]) -> list[WorkloadWeight] | None:

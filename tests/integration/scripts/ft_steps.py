@@ -3,9 +3,9 @@ over gloo on CPU, using torchft directly (Manager, DDP, Optimizer).
 
 Every step it prints ``group G step S participants P`` and reports the step to corral;
 ``--kill-group G --kill-at S`` SIGKILLs that group's rank once, at step S or later
-(a marker file in the node's working directory keeps its restart alive). Every group trains until step N
-(``--steps``) *and* a step with every configured group in the quorum: the survivors
-keep going until the lost group is back, so the test never depends on timing.
+(a marker file in the node's working directory keeps its restart alive). Every group
+trains until step N (``--steps``) *and* a step with every configured group in the
+quorum: the survivors keep going until the lost group is back, so the test never depends on timing.
 """
 
 from __future__ import annotations
