@@ -232,12 +232,17 @@ def _met(value: Any) -> str:
 def markdown(records: list[dict[str, Any]], machine: dict[str, Any], date: str) -> str:
     """The summary as a Markdown table plus notes."""
     lines = [
-        "| benchmark | metric | value | baseline | ratio | target | met? |",
-        "|---|---|---|---|---|---|---|",
+        "| benchmark | metric | value | baseline | ratio | target | met? | conditions | date |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    load = machine.get("loadavg_at_start")
+    where = f"{machine.get('cpu_count')}-core CPU" + (f", load {load[0]:.1f}" if load else "")
     notes = []
     for record in records:
         name = record["name"]
+        bench = f"`{Path(str(record.get('script') or name)).name}`"
+        when = str(record.get("collected") or date)[:10]
+        conditions = ", ".join(x for x in (where, str(record.get("conditions") or "")) if x)
         if record.get("earlier_run"):
             notes.append(f"- **{name}**: not run this time; figures from an earlier run")
             name = f"{name} (earlier run)"
@@ -250,7 +255,10 @@ def markdown(records: list[dict[str, Any]], machine: dict[str, Any], date: str) 
             notes.append(f"- **{name}**: {record['status']}: {record.get('reason', '')}")
         if not rows:
             status = record["status"]
-            lines.append(f"| {name} | - | {status} | - | - | - | {status} |")
+            lines.append(
+                f"| {bench} ({name}) | - | {status} | - | - | - "
+                f"| {status} | {conditions} | {when} |"
+            )
             continue
         for row in rows:
             unit = str(row.get("unit") or "")
@@ -261,18 +269,21 @@ def markdown(records: list[dict[str, Any]], machine: dict[str, Any], date: str) 
                 "| "
                 + " | ".join(
                     [
-                        name,
+                        bench
+                        if name == Path(bench.strip("`")).stem.removeprefix("bench_")
+                        else f"{bench} ({name})",
                         str(row.get("metric", "")),
                         _fmt(row.get("value"), unit),
                         _fmt(row.get("baseline"), unit),
                         ratio_text,
                         str(row.get("target", "-")),
                         _met(row.get("met")),
+                        conditions,
+                        when,
                     ]
                 )
                 + " |"
             )
-    load = machine.get("loadavg_at_start")
     header = (
         f"Measured {date} on {machine.get('cpu_count')} CPUs, Python {machine.get('python')}, "
         f"torch {machine.get('torch')}"
