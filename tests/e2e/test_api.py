@@ -704,6 +704,39 @@ def test_a_live_event_stream_resumes_without_loss_or_repeat(api: Api) -> None:
             assert log_text.count(f"line {i} of rank {r}\n") == 1
 
 
+def test_many_live_streams_of_a_job_each_get_the_whole_stream(api: Api) -> None:
+    """The streams of a job share one reader of its events file (service/fanout):
+    each still gets every event once, in order, as a replay does."""
+    for name in ("sim1", "sim2"):
+        api.add_machine(name)
+    planned = api.plan(
+        script=api.script(lines=20, pause=0.05),
+        nproc_per_node=1,
+        resource_requirements={"num_machines": 2},
+    )
+    job_id = planned.json()["job_id"]
+    got: dict[int, list[tuple[str, str, str]]] = {}
+
+    def follow(i: int) -> None:
+        with httpx.Client(base_url=api.url, headers=AUTH, timeout=90) as client:
+            got[i] = follow_events(client, job_id, timeout=90)
+
+    threads = [threading.Thread(target=follow, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    assert api.dispatch(job_id).status_code == 200
+    for thread in threads:
+        thread.join(120)
+    assert api.wait(job_id)["status"] == "succeeded"
+    replay = follow_events(api.client, job_id, timeout=60)
+    assert replay[-1][1] == "finished"
+    assert [got[i] for i in range(8)] == [replay] * 8
+    log_text = "".join(json.loads(data)["text"] for _, kind, data in replay if kind == "log")
+    for r in (0, 1):
+        for i in range(20):
+            assert log_text.count(f"line {i} of rank {r}\n") == 1
+
+
 # -- job listing, metrics, execute_job ------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +53,7 @@ class _Feed:
         self.path: Path | None = None
         self.subscribers: set[_Subscriber] = set()
         self.moved = asyncio.Event()  # set when pos moves on or the feed ends
+        self.error: Exception | None = None  # what stopped the reader (its subscribers raise it)
         self._source = source
         self._live = live
         self._size = size
@@ -72,7 +73,6 @@ class _Feed:
         nothing can move the reader meanwhile)."""
         if self.ended or sub.pos < self.pos:
             return False
-        sub.items.clear()
         sub.attached = True
         return True
 
@@ -83,6 +83,16 @@ class _Feed:
         return self.path, ended
 
     async def _run(self) -> None:
+        try:
+            await self._tail()
+        except Exception as exc:  # the job's row gone, the store down: every stream says so
+            self.error = exc
+            for sub in self.subscribers:
+                sub.attached = False
+                sub.wake.set()
+            self._moved()
+
+    async def _tail(self) -> None:
         while True:
             path, ended = self.lookup()
             batch = list(read_events(path, self.pos, max_bytes=CHUNK_BYTES)) if path else []
@@ -130,7 +140,7 @@ class Feeds:
         """How many jobs have a running reader."""
         return len(self._feeds)
 
-    async def follow(self, job_id: str, start: int = 0) -> AsyncIterator[LoggedEvent]:
+    async def follow(self, job_id: str, start: int = 0) -> AsyncGenerator[LoggedEvent, None]:
         """The job's events from byte ``start`` on, in order, each once, until the job
         has ended and nothing more is written (the caller may stop earlier)."""
         feed = self._feeds.get(job_id)
@@ -141,21 +151,23 @@ class Feeds:
         feed.subscribers.add(sub)
         try:
             while True:
+                if sub.items:  # handed over by the reader (drained even once detached)
+                    ev = sub.items.popleft()
+                    sub.pos = ev.next_pos
+                    yield ev
+                    continue
+                if feed.error is not None:
+                    raise feed.error
                 if sub.attached:
-                    if sub.items:
-                        ev = sub.items.popleft()
-                        sub.pos = ev.next_pos
-                        yield ev
-                    elif sub.ended:
+                    if sub.ended:
                         return
-                    elif sub.attached:
-                        sub.wake.clear()
-                        await sub.wake.wait()
+                    sub.wake.clear()
+                    await sub.wake.wait()
                     continue
                 if feed.attach(sub):
                     continue
-                # behind the reader (or dropped by it): read the file on our own
-                path, _ = feed.lookup()
+                # behind the reader (or too slow for it): read the file on our own
+                path = feed.path or feed.lookup()[0]
                 batch = list(read_events(path, sub.pos, max_bytes=CHUNK_BYTES)) if path else []
                 for ev in batch:
                     sub.pos = ev.next_pos

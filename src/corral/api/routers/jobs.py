@@ -3,12 +3,13 @@ its live events as Server-Sent Events."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Security
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from corral.api.auth import Caller, bearer
 from corral.api.routers.network import ERRORS
@@ -108,14 +109,23 @@ async def job_events(
     if last_event_id and last_event_id.isdigit():
         pos = int(last_event_id)
 
-    async def stream() -> AsyncIterator[dict[str, Any]]:
+    async def stream() -> AsyncIterator[dict[str, Any] | bytes]:
         # the line as the supervisor wrote it (no re-encoding); a client that goes away
         # ends the stream through sse-starlette's own disconnect watch
         async for ev in svc.jobs.events(job_id, pos):
-            yield {
-                "id": str(ev.next_pos),
-                "event": str(ev.data.get("kind", "message")),
-                "data": ev.raw.decode("utf-8", "replace") or json.dumps(ev.data),
-            }
+            kind = str(ev.data.get("kind", "message"))
+            if ev.raw:
+                yield _frame(ev.next_pos, kind, ev.raw)
+            else:  # a note of the stream's own (the folded teardown)
+                yield {"id": str(ev.next_pos), "event": kind, "data": json.dumps(ev.data)}
 
     return EventSourceResponse(stream(), ping=15)
+
+
+@functools.lru_cache(maxsize=512)
+def _frame(next_pos: int, kind: str, raw: bytes) -> bytes:
+    """An event's SSE frame, encoded once for all the streams of its job: they are
+    handed the same line by the job's one reader (``corral.service.fanout``)."""
+    data = raw.decode("utf-8", "replace")
+    sep = EventSourceResponse.DEFAULT_SEPARATOR
+    return ServerSentEvent(data, id=str(next_pos), event=kind, sep=sep).encode()
