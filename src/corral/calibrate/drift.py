@@ -22,6 +22,16 @@ with ``rebalance=True``, are recomputed from the live rates (``--rebalance``).
 Weights are fixed for an attempt (they travel in the ranks' environment), so a
 rebalance takes effect at the next restart; :meth:`DriftMonitor.live_calibration`
 gives a calibration file of the live rates for the next ``corral run``.
+
+A persistent straggler feeds the rebalance too (``--rebalance`` only): a
+:class:`~corral.job.events.StragglerFound` in a ``compute*`` section, scored
+against the median of the other ranks (:func:`straggler_evidence`), is evidence
+that its node's weight is too high. At the restart that ends the attempt, the
+measured rates win when every rank reported ``busy`` (examples per busy second:
+what the node does); otherwise the node's ranks keep their current weight
+divided by its slowest rank's ratio (at most :data:`MAX_STRAGGLER_CORRECTION`,
+:func:`straggler_rates`). The evidence is per attempt: one correction at most
+per restart, never compounded.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,17 +47,36 @@ from corral.calibrate.model import Calibration, save_calibration
 from corral.calibrate.resolve import planned_ranks, weights_from_rates
 from corral.calibrate.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster
+from corral.diagnose.stragglers import is_compute_section, is_wait_section
 from corral.errors import ConfigError
-from corral.job.events import AttemptStarted, Finished, JobEvent, Level, Message, Progress
+from corral.job.events import (
+    AttemptStarted,
+    Finished,
+    JobEvent,
+    Level,
+    Message,
+    Progress,
+    StragglerFound,
+)
 from corral.plan.spec import JobSpec
 
-__all__ = ["DRIFT_THRESHOLD", "Drift", "DriftMonitor"]
+__all__ = [
+    "DRIFT_THRESHOLD",
+    "MAX_STRAGGLER_CORRECTION",
+    "Drift",
+    "DriftMonitor",
+    "StragglerEvidence",
+    "straggler_evidence",
+    "straggler_rates",
+]
 
 DRIFT_THRESHOLD = 0.20
 WINDOW = 60.0
 #: Seconds of reports a rank needs before it is judged (its warm-up).
 MIN_SECONDS = 10.0
 CHECK_EVERY = 5.0
+#: A straggler divides its node's weight by its ratio, at most by this much per restart.
+MAX_STRAGGLER_CORRECTION = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +92,54 @@ class Drift:
     def ratio(self) -> float:
         """Live over expected minus one: -0.3 is 30% below its share."""
         return self.live / self.expected - 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerEvidence:
+    """A named straggler that may correct its node's weight: ``rank`` on ``host``
+    spent ``ratio`` times the other ranks' median in its compute ``section``."""
+
+    host: str
+    rank: int
+    section: str
+    ratio: float
+    step: int | None = None
+
+    def describe(self) -> str:
+        """``rank 1 on local-1, compute 3.0x the median``."""
+        return f"rank {self.rank} on {self.host}, {self.section} {self.ratio:.1f}x the median"
+
+
+def straggler_evidence(event: StragglerFound) -> StragglerEvidence | None:
+    """The trigger policy: a straggler feeds the rebalance only when its cause is
+    compute (a ``compute*`` section, never a ``wait*`` one) and it is slower than its
+    peers (scored against their ``median``; a rank only slower than its own best may
+    be as fast as the others); None otherwise."""
+    section = event.section
+    if is_wait_section(section) or not is_compute_section(section):
+        return None
+    if event.basis != "median" or not event.ratio > 1.0:
+        return None
+    return StragglerEvidence(event.host, event.rank, section, event.ratio, event.step)
+
+
+def straggler_rates(
+    weights: Mapping[tuple[str, int], float],
+    slow: Mapping[str, float],
+    cap: float = MAX_STRAGGLER_CORRECTION,
+) -> dict[tuple[str, int], float]:
+    """The conversion: examples/s estimates by (host, local rank) from the current
+    ``weights`` (proportional to the rates they were made from) with every rank of a
+    host in ``slow`` divided by that host's ratio (its slowest rank's compute time
+    over the median, at most ``cap``). Its ranks carried a weighted share of the work
+    and took ``ratio`` times as long as their peers for it, so that share over
+    ``ratio`` is what they do in the peers' time."""
+    if not cap >= 1.0:
+        raise ValueError(f"the straggler correction cap must be at least 1 (got {cap:g})")
+    return {
+        (host, local): weight / min(max(slow.get(host, 1.0), 1.0), cap)
+        for (host, local), weight in weights.items()
+    }
 
 
 class DriftMonitor:
@@ -101,6 +178,8 @@ class DriftMonitor:
         self.hosts: dict[int, str] = {}
         self.first: dict[int, float] = {}
         self.drifting: dict[int, Drift] = {}
+        #: this attempt's straggler evidence, the slowest rank per host (``--rebalance``)
+        self.stragglers: dict[str, StragglerEvidence] = {}
         self._checked = float("-inf")
 
     # -- events ---------------------------------------------------------------------------
@@ -113,6 +192,9 @@ class DriftMonitor:
             return
         if isinstance(event, Finished):
             self._save()
+            return
+        if isinstance(event, StragglerFound):
+            self._on_straggler(event)
             return
         if not isinstance(event, Progress):
             return
@@ -140,11 +222,32 @@ class DriftMonitor:
         self.hosts.clear()
         self.first.clear()
         self.drifting.clear()
+        self.stragglers.clear()
         self._checked = float("-inf")
 
+    def _on_straggler(self, event: StragglerFound) -> None:
+        """Keep a compute straggler as evidence against its node (``--rebalance``
+        only; without it a straggler is reported and nothing more)."""
+        if not self.rebalance:
+            return
+        evidence = straggler_evidence(event)
+        if evidence is None:
+            return
+        known = self.stragglers.get(evidence.host)
+        if known is not None and known.ratio >= evidence.ratio:
+            return
+        self.stragglers[evidence.host] = evidence
+        if known is None:
+            self._say(
+                f"straggler {evidence.describe()}: the next restart moves work away from "
+                f"{evidence.host} (--rebalance)",
+                "info",
+            )
+
     def _say(self, text: str, level: Level, *, now: bool = False) -> None:
-        """Emit a message: after the event being handled (``now``: at once, for the
-        end of a job, when no later turn of the loop may come)."""
+        """Emit a message: after the event being handled (``now``: at once, outside
+        any event's handling: at a restart, or at the end of a job, when no later turn
+        of the loop may come)."""
         if self.emit is None:
             return
         message = Message(job_id=self.job_id, text=text, level=level)
@@ -264,17 +367,58 @@ class DriftMonitor:
         """The ``before_restart`` hook: ``spec`` with the next attempt's weights."""
         if not spec.workload_weights:
             return spec
-        weights = self.rebalanced_weights(cluster) if self.rebalance else None
-        if weights is not None:
-            self._say(
-                "rebalanced workload weights from the live rates for the next attempt: "
-                + ", ".join(f"{w:.3f}" for w in weights),
-                "info",
-            )
-        else:
+        weights: tuple[float, ...] | None = None
+        if self.rebalance:
+            if self.stragglers and not self._busy_measured():
+                weights = self._straggler_weights(cluster)
+            if weights is None:
+                weights = self.rebalanced_weights(cluster)
+                if weights is not None:
+                    self._say(
+                        "rebalanced workload weights from the live rates for the next "
+                        "attempt: " + ", ".join(f"{w:.3f}" for w in weights),
+                        "info",
+                        now=True,  # before the next attempt's own lines
+                    )
+        if weights is None:
             weights = self._remapped(cluster)
         self.weights = weights
+        self.stragglers.clear()  # one correction per attempt's evidence, never twice
         return dataclasses.replace(spec, workload_weights=weights)
+
+    def _busy_measured(self) -> bool:
+        """Whether every rank of the attempt has a live rate in examples per busy
+        second (its own speed): then the rates, not a straggler, set the weights."""
+        rates = self.live_rates()
+        return bool(rates) and all(
+            rank in rates and all(s.busy is not None for s in self.samples[rank])
+            for rank in range(len(self.plan))
+        )
+
+    def _straggler_weights(self, cluster: Cluster) -> tuple[float, ...] | None:
+        """The next attempt's weights with the straggling nodes' weights divided by
+        their ratios (:func:`straggler_rates`), announced; None when ``cluster``
+        plans ranks the current weights do not cover."""
+        current = dict(zip(((h.name, local) for h, local in self.plan), self.weights, strict=False))
+        slow = {host: e.ratio for host, e in self.stragglers.items()}
+        try:
+            weights = weights_from_rates(
+                straggler_rates(current, slow), cluster, self.nproc_per_node
+            )
+        except ConfigError:
+            return None
+        because = "; ".join(
+            f"{e.describe()}: {e.host}'s weight / {min(e.ratio, MAX_STRAGGLER_CORRECTION):.1f}"
+            + (" (the most per restart)" if e.ratio > MAX_STRAGGLER_CORRECTION else "")
+            for e in self.stragglers.values()
+        )
+        self._say(
+            f"rebalanced workload weights from a straggler for the next attempt ({because}): "
+            + ", ".join(f"{w:.3f}" for w in weights),
+            "info",
+            now=True,  # before the next attempt's own lines
+        )
+        return weights
 
     def _save(self) -> None:
         """At the end of the job: the live calibration to ``save_to`` (when every rank

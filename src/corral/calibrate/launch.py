@@ -6,7 +6,9 @@ spec its ranks' weights from a calibration file or from one measured now
 (:func:`measure`, its job's events to the caller's subscriber);
 :func:`watch_drift` attaches a :class:`~corral.calibrate.drift.DriftMonitor` to
 the job (drift warnings and rebalanced weights as ``message`` events, the live
-throughput saved as ``calibration-live.json`` in the job dir).
+throughput saved as ``calibration-live.json`` in the job dir; with ``rebalance``
+a compute straggler's :class:`~corral.job.events.StragglerFound` also moves work
+away from its node at the next restart).
 """
 
 from __future__ import annotations
@@ -90,8 +92,9 @@ async def weigh_now(
 
 
 def watch_drift(job: Job, *, rebalance: bool = False) -> DriftMonitor | None:
-    """A weighted job's drift monitor, subscribed to ``job`` (and re-weighing its
-    restarts with ``rebalance``); None for a job without weights."""
+    """A weighted job's drift monitor, subscribed to ``job`` (its progress reports
+    and stragglers; re-weighing its restarts with ``rebalance``); None for a job
+    without weights."""
     spec = job.spec
     if not spec.workload_weights:
         return None

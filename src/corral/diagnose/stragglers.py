@@ -19,7 +19,9 @@ at least :attr:`StragglerPolicy.min_excess` seconds over the reference) for
 
 Sections whose name starts with ``wait`` (``wait``, ``wait_data``) are where a
 rank waits for others: a straggler waits *least*, so they are kept but never
-scored.
+scored. Sections named ``compute*`` are the rank's own compute time
+(:func:`is_compute_section`): a straggler there is what ``--rebalance`` may act
+on (:mod:`corral.calibrate.drift`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "Straggler",
     "StragglerPolicy",
     "StragglerScores",
+    "is_compute_section",
     "is_wait_section",
     "median_ratios",
 ]
@@ -46,6 +49,13 @@ Basis = Literal["median", "best"]
 def is_wait_section(name: str) -> bool:
     """Whether ``name`` is time spent waiting for other ranks (never scored)."""
     return name.lower().startswith("wait")
+
+
+def is_compute_section(name: str) -> bool:
+    """Whether ``name`` times the rank's own compute (``compute``, ``compute_fwd``: the
+    DDP hook's and the documented section name): only such a straggler is evidence that
+    its node is slower, and may move work away from it (``--rebalance``)."""
+    return name.lower().startswith("compute")
 
 
 def median_ratios(values: Mapping[RankKey, float]) -> dict[RankKey, float]:
