@@ -116,7 +116,8 @@ SubmitRebalanceOpt = Annotated[
     typer.Option(
         "--rebalance",
         help="With --calibration: at each restart, re-weigh the ranks from their live "
-        "throughput (sdk.report(step, examples=N)).",
+        "throughput (sdk.report(step, examples=N)), or move work away from a node with "
+        "a compute straggler (sdk.section).",
         rich_help_panel=_L,
     ),
 ]

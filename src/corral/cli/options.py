@@ -271,7 +271,8 @@ RebalanceOpt = Annotated[
     typer.Option(
         "--rebalance",
         help="With --calibration: at each restart, re-weigh the ranks from their live "
-        "throughput (sdk.report(step, examples=N)) instead of the calibration.",
+        "throughput (sdk.report(step, examples=N)) instead of the calibration, or move "
+        "work away from a node with a compute straggler (sdk.section).",
         rich_help_panel=HETERO_PANEL,
     ),
 ]

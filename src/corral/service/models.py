@@ -325,7 +325,8 @@ class JobRequest(_Body):
     rebalance: bool = Field(
         False,
         description="With weights: at each restart, re-weigh the ranks from their live "
-        "throughput (sdk.report(step, examples=N)) instead of the calibration.",
+        "throughput (sdk.report(step, examples=N)) instead of the calibration, or move "
+        "work away from a node with a compute straggler (sdk.section).",
     )
     recovery: Literal["restart", "in-place"] = Field(
         "restart",
