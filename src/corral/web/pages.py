@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from corral import __version__
 from corral.service.users import Principal, Role, UserService
 from corral.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
+from corral.web.form import option_sections
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -134,7 +135,8 @@ def machines_page(request: Request) -> Response:
 
 @router.get("/jobs/new", response_class=HTMLResponse)
 def new_job_page(request: Request) -> Response:
-    return page(request, "new_job.html", "New job", nav="new")
+    # the option fields come from JobRequest's schema: the API's names, defaults, bounds
+    return page(request, "new_job.html", "New job", nav="new", option_sections=option_sections())
 
 
 @router.get("/jobs", response_class=HTMLResponse)

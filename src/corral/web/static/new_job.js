@@ -53,13 +53,13 @@
 
   // server field paths (body.resource_requirements.num_machines, request.script...) -> input ids
   const FIELD_IDS = {
-    script: "script", plugin_name: "script", name: "name", args: "args", env: "env",
+    script: "script", name: "name", args: "args", env: "env",
     launcher: "launcher", command_template: "command_template", num_machines: "num_machines", gpus_per_machine: "gpus_per_machine",
     nproc_per_node: "nproc_per_node", min_gpu_memory: "min_gpu_memory", max_restarts: "max_restarts",
     checkpoint_dir: "checkpoint_dir", hang_timeout: "hang_timeout", config: "config",
     config_scaling: "config_rule", rule: "config_rule", adjust_config: "adjust_config",
     preflight: "preflight", machine_selection: "selection-auto",
-    calibration: "calibration", workload_weights: "calibration", rebalance: "rebalance",
+    calibration: "calibration", rebalance: "rebalance",
     track: "track",
     recovery: "recovery", spares: "spares",
   };
@@ -69,6 +69,8 @@
     for (const part of parts) {
       if (part === "selected_machines") return distributed() ? $("picker-list") : $("machine");
       if (FIELD_IDS[part]) return $(FIELD_IDS[part]);
+      const option = form.querySelector(`[data-option="${CSS.escape(part)}"]`);
+      if (option) return option;
     }
     return null;
   }
@@ -90,6 +92,8 @@
     const input = inputFor(field);
     if (!input) return false;
     const id = `${input.id}-error`;
+    const section = input.closest("details");
+    if (section) section.open = true; // an option's error is never hidden in a closed section
     if (!$(id)) {
       input.setAttribute("aria-invalid", "true");
       input.setAttribute("aria-describedby", `${input.getAttribute("aria-describedby") || ""} ${id}`.trim());
@@ -153,6 +157,59 @@
     return label ? label.firstChild.textContent.trim() : id;
   }
 
+  // -- the generated options (corral.web.form: JobRequest's schema) ---------------------------
+
+  const optionInputs = () => [...form.querySelectorAll("[data-option]")];
+
+  // an option's value as the request takes it; null: not given (the API's default applies)
+  function optionValue(input) {
+    const name = input.dataset.option;
+    const raw = input.value.trim();
+    const numeric = (piece) => {
+      const value = Number(piece);
+      if (piece === "" || !Number.isFinite(value) || ("integer" in input.dataset && !Number.isInteger(value))) {
+        throw new FormError(name, `${labelOf(name)}: ${"integer" in input.dataset ? "a whole number" : "a number"} please (not ${JSON.stringify(piece)}).`);
+      }
+      return value;
+    };
+    switch (input.dataset.kind) {
+      case "checkbox": return input.checked;
+      case "number": return raw === "" ? null : numeric(raw);
+      case "lines": return input.value.split(/[\n,]/).map((v) => v.trim()).filter((v) => v !== "");
+      case "numbers": return raw === "" ? null : raw.split(/[\s,]+/).filter((v) => v !== "").map(numeric);
+      default: return raw === "" ? null : raw;
+    }
+  }
+
+  // a value differs from the API's default (blank is the default)
+  const changed = (input, value) => value !== null && JSON.stringify(value) !== JSON.stringify(JSON.parse(input.dataset.default));
+
+  // the options the user changed from the API's default: only those are sent
+  function changedOptions() {
+    const out = {};
+    for (const input of optionInputs()) {
+      const value = optionValue(input);
+      if (changed(input, value)) out[input.dataset.option] = value;
+    }
+    return out;
+  }
+
+  // each section's summary counts its changed fields (visible while it is closed)
+  function syncChangedCounts() {
+    for (const counter of form.querySelectorAll("[data-count]")) {
+      const section = counter.closest("details");
+      let count = 0;
+      for (const input of section.querySelectorAll("[data-option]")) {
+        try {
+          if (changed(input, optionValue(input))) count += 1;
+        } catch {
+          count += 1; // not a valid value: certainly not the default
+        }
+      }
+      counter.textContent = count ? `(${count} changed)` : "";
+    }
+  }
+
   function parseEnv() {
     const env = {};
     $("env").value.split("\n").forEach((line, i) => {
@@ -202,9 +259,9 @@
         throw new FormError("command_template", "The command launcher needs a command template.");
       }
     } else {
-      request.script = text("script");
+      if (text("script")) request.script = text("script");
       request.args = $("args").value.split("\n").map((a) => a.replace(/\r$/, "")).filter((a) => a.trim() !== "");
-      if (!request.script) throw new FormError("script", "A job needs a script.");
+      if (!request.script && !text("plugin_name")) throw new FormError("script", "A job needs a script (or a plugin).");
     }
     if (text("name")) request.name = text("name");
     const nproc = number("nproc_per_node", { optional: true });
@@ -226,6 +283,7 @@
     if (request.adjust_config && config === undefined) {
       throw new FormError("config", "Adjusting the config needs a config (with batch_size and learning_rate).");
     }
+    Object.assign(request, changedOptions());
     if (!distributed()) {
       if (!$("machine").value) throw new FormError("selected_machines", "Choose a machine.");
       request.machine_selection = "manual";
@@ -347,7 +405,11 @@
         kv("World size", String(p.world_size)),
         kv("Master", el("span", { "data-field": "master" }, `${master.host || "?"} — ${master.address || "?"}${port}`)),
         kv("Fault tolerance", faultText(p.fault_tolerance || {})),
-        kv("Pre-flight", p.preflight ? "yes" : "no")),
+        kv("Pre-flight", p.preflight ? "yes" : "no"),
+        Object.keys(answer.options || {}).length
+          ? kv("Options", el("span", { "data-field": "options" }, Object.entries(answer.options)
+            .map(([k, v]) => `${k} ${Array.isArray(v) ? v.join(", ") : v}`).join("; ")))
+          : []),
       el("h3", {}, `Machines (${(p.machines || []).length})`),
       el("div", { class: "table-wrap" }, el("table", { id: "plan-machines" },
         el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Node"), el("th", { scope: "col" }, "Machine"),
@@ -419,7 +481,9 @@
 
   $("plan").addEventListener("click", () => act(async () => {
     const request = buildRequest();
+    const options = changedOptions(); // what the plan is made with, beyond the defaults
     const answer = await api("POST", "/api/network/distributed/plan", request);
+    answer.options = options;
     plan = answer;
     planStale = false;
     renderPlan(answer);
@@ -442,7 +506,7 @@
   $("queue").addEventListener("click", () => act(async () => {
     const request = buildRequest();
     const task = await api("POST", "/api/tasks", {
-      name: request.name || request.script || request.command_template.slice(0, 255),
+      name: request.name || request.script || request.plugin_name || request.command_template.slice(0, 255),
       kind: distributed() ? "distributed" : "single",
       request,
     });
@@ -476,6 +540,8 @@
     }
   }
   form.addEventListener("input", edited);
+  form.addEventListener("input", syncChangedCounts);
+  form.addEventListener("change", syncChangedCounts);
   form.addEventListener("change", edited);
 
   $("distributed").addEventListener("change", () => { syncMode(); suggestSoon(); });
