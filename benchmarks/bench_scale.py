@@ -640,6 +640,14 @@ def main(argv: list[str] | None = None) -> int:
                 "0",
                 lost == 0 and api["status"] == "succeeded",
             ),
+            metric(  # one shared reader per job (service/fanout): ~2 CPU-s, was ~6.5
+                f"SSE: corral serve CPU while streaming the job to {args.sse_subscribers} "
+                "subscribers (info)",
+                api.get("server_cpu_s"),
+                "CPU-s",
+                "-",
+                None,
+            ),
         ]
         met = met and sse_ok and lost == 0
     medians = {
