@@ -14,6 +14,7 @@ from .conftest import REPO, run_corral, wait_no_job_processes
 require_torch()
 
 SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
+NO_FT = str(REPO / "tests" / "integration" / "scripts" / "steps.py")  # never makes a Manager
 
 
 def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:
@@ -65,3 +66,68 @@ def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) ->
     for group in (0, 1, 2):
         assert f"group {group} done at step" in err
     assert wait_no_job_processes("inplace1", within=15) == []
+
+
+def test_a_script_without_a_torchft_manager_is_named_after_the_join_timeout(
+    tmp_path: Path,
+) -> None:
+    # steps.py prints forever and never creates a torchft Manager: without the join
+    # timeout this job would hang until killed
+    result = run_corral(
+        "run",
+        "--hosts",
+        "local:2",
+        "--recovery",
+        "in-place",
+        "--no-preflight",
+        "--master-port",
+        "0",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--job-id",
+        "inplacejoin",
+        "--grace",
+        "2",
+        "--rdzv-timeout",
+        "8",
+        "--max-restarts",
+        "2",
+        "--",
+        NO_FT,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    err = result.stderr + result.stdout
+    assert result.returncode == 3, err[-4000:]  # could not start: no restart would help
+    assert (
+        "group 0 (local-0), group 1 (local-1) never joined torchft's quorum within 8 s "
+        "(--rdzv-timeout)" in err
+    )
+    assert "call sdk.fault_tolerant(...) (or create a torchft Manager) in the script" in err
+    assert "Traceback" not in err
+    attempts = json.loads((tmp_path / "runs" / "inplacejoin" / "attempts.json").read_text())
+    assert len(attempts) == 1  # --max-restarts 2, but a restart would fail the same way
+    assert wait_no_job_processes("inplacejoin", within=15) == []
+
+
+def test_the_lighthouse_lists_the_managers_that_heartbeat() -> None:
+    import asyncio
+    import sys
+    from datetime import timedelta
+
+    from corral.recovery.lighthouse import Lighthouse
+
+    async def main() -> tuple[set[str] | None, set[str] | None]:
+        lighthouse = await Lighthouse.start(sys.executable, "127.0.0.1", 1)
+        try:
+            before = await lighthouse.members()
+            from torchft.coordination import LighthouseClient
+
+            client = LighthouseClient(lighthouse.url, connect_timeout=timedelta(seconds=10))
+            client.heartbeat("corral_1:5c1d")
+            return before, await lighthouse.members()
+        finally:
+            await lighthouse.close()
+
+    before, after = asyncio.run(main())
+    assert before == set() and after == {"corral_1:5c1d"}

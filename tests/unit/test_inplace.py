@@ -197,8 +197,12 @@ class FakeLighthouse:
 
     url = "http://127.0.0.1:1"
 
-    def __init__(self) -> None:
+    def __init__(self, members: set[str] | None = None) -> None:
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.member_ids: set[str] = set(members or ())
+
+    async def members(self) -> set[str] | None:
+        return set(self.member_ids)
 
     @property
     def alive(self) -> bool:
@@ -350,6 +354,97 @@ def test_a_dead_lighthouse_falls_back(tmp_path: Path) -> None:
     result, _, _ = asyncio.run(main())
     assert result.state == JobState.FAILED
     assert "Lighthouse exited" in result.failures[0].message
+
+
+# -- a script that never creates the torchft Manager: named after the join timeout ----------
+
+
+def test_groups_that_never_join_the_quorum_are_named_with_the_fix(tmp_path: Path) -> None:
+    from corral.job.result import EXIT_LAUNCH
+    from corral.recovery.inplace import JOIN_FIX
+
+    async def silent(node: FakeNode) -> int:  # runs, never joins, never reports
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        return await _stop_on_request(node)
+
+    async def reporter(node: FakeNode) -> int:  # its ranks report: it is training
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        node.event("report", rank=0, type="progress", step=1)
+        return await _stop_on_request(node)
+
+    async def main() -> Any:
+        # b's Manager heartbeats the Lighthouse (corral's replica id + torchft's uuid)
+        lighthouse = FakeLighthouse({"corral_1:8f2e"})
+        return await _supervise(
+            {"a": silent, "b": silent, "c": reporter},
+            tmp_path,
+            lighthouse=lighthouse,
+            join_timeout=0.3,
+            join_poll=0.05,
+        )
+
+    result, events, transport = asyncio.run(main())
+    assert result.state == JobState.FAILED and result.exit_code == EXIT_LAUNCH
+    message = result.failures[0].message
+    assert message.startswith("group 0 (a) never joined torchft's quorum within 0.3 s")
+    assert "(--rdzv-timeout)" in message and JOIN_FIX in message
+    assert "group 1" not in message and "group 2" not in message
+    assert result.failures[0].host == "a"
+    assert not [e for e in events if isinstance(e, GroupChanged)]  # no group was "lost"
+    assert all(n.received[-1]["op"] in ("stop", "kill", "hb") for n in transport.nodes.values())
+
+
+def test_a_scripts_own_manager_ids_count_as_joined(tmp_path: Path) -> None:
+    async def own_manager(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        sup = kw_state["sup"]
+        await _until(lambda: not sup.joins.pending)
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def main() -> Any:
+        # three Managers with the script's own replica ids: one per group, whichever
+        lighthouse = FakeLighthouse({"mine:1", "mine:2", "mine:3"})
+        return await _supervise(
+            {h: own_manager for h in HOSTS},
+            tmp_path,
+            lighthouse=lighthouse,
+            join_timeout=0.2,
+            join_poll=0.05,
+        )
+
+    result, _, _ = asyncio.run(main())
+    assert result.state == JobState.SUCCEEDED, result.failures
+
+
+def test_join_bookkeeping() -> None:
+    from corral.recovery.inplace import JoinWatch, replica_group
+    from corral.recovery.lighthouse import parse_members
+
+    assert replica_group("corral_12:5c1d-uuid") == 12 and replica_group("corral_3") == 3
+    assert replica_group("corral_x") is None and replica_group("mine:corral_1") is None
+    page = (
+        '<h2>Heartbeats</h2>\n<ul>\n  <li class="heartbeat\n  ">\n'
+        "    corral_1:ab: seen 0.0021s ago\n  </li>\n"
+    )
+    assert parse_members(page) == {"corral_1:ab"}
+    watch = JoinWatch(10.0)
+    watch.started(100, 0, "h0", 0.0)
+    watch.started(101, 1, "h1", 0.0)
+    watch.seen({"corral_1:a"}, {0: 100, 1: 101})
+    assert watch.overdue(5.0) == [] and watch.overdue(10.0) == [(0, "h0")]
+    # group 0 restarted: its old member id does not count for the new node
+    watch.joined(100)
+    watch.started(102, 0, "h0", 20.0)
+    watch.seen({"corral_1:a", "corral_0:new"}, {0: 102, 1: 101})
+    assert 102 not in watch.pending  # a member id first seen now: the new node joined
+    watch.started(103, 1, "h1", 30.0)
+    watch.seen({"corral_1:a", "corral_0:new"}, {0: 102, 1: 103})
+    assert watch.overdue(40.0) == [(1, "h1")]
 
 
 # -- the pre-flight: torchft on every host -------------------------------------------------

@@ -27,13 +27,20 @@ from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
 from corral.errors import ConfigError, LaunchError
 from corral.job.events import GroupChanged, Progress
-from corral.job.result import EXIT_LOST, Failure, JobResult, NodeRun
+from corral.job.result import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
 from corral.job.states import NodeState
 from corral.job.supervisor import Supervisor, kill_recorded_groups
 from corral.plan.spec import NodeCommand
 from corral.recovery.hangwatch import HangWatch
 from corral.recovery.health import HostWatch
-from corral.recovery.inplace import GroupEpisode, GroupLog, decide_group, parse_healing
+from corral.recovery.inplace import (
+    GroupEpisode,
+    GroupLog,
+    JoinWatch,
+    decide_group,
+    never_joined,
+    parse_healing,
+)
 from corral.recovery.lighthouse import Lighthouse, reachable_address
 from corral.transport.options import SshOptions
 
@@ -52,9 +59,15 @@ class InPlaceSupervisor(Supervisor):
         replan: Replan,
         spares: Sequence[Host] = (),
         min_nodes: int | None = None,
+        join_timeout: float | None = None,
+        join_poll: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(commands, *args, **kwargs)
+        # a group must join torchft's quorum this long after its start (default: the
+        # rendezvous timeout, --rdzv-timeout)
+        self.joins = JoinWatch(self.master_timeout if join_timeout is None else join_timeout)
+        self._join_poll = join_poll
         self.lighthouse = lighthouse
         self.replan = replan
         self.spares = list(spares)
@@ -91,8 +104,10 @@ class InPlaceSupervisor(Supervisor):
             super()._on_event(node, event)
         finally:
             self._current = None
-        if event.get("event") == "report" and event.get("type", "progress") == "progress":
-            self._stepped(node, event.get("step"))
+        if event.get("event") == "report":
+            self.joins.joined(id(node))  # its ranks run the script's training loop
+            if event.get("type", "progress") == "progress":
+                self._stepped(node, event.get("step"))
 
     def _node_gone(self, node: NodeRun, code: int) -> None:
         self._current = node
@@ -107,6 +122,34 @@ class InPlaceSupervisor(Supervisor):
             super()._declare_lost(node, detail)
         finally:
             self._current = None
+
+    # -- every group joins torchft's quorum, or the job says which never did --------
+
+    async def _start_node(self, node: NodeRun) -> None:
+        self.joins.started(id(node), self._group_of(node), node.host.name, time.monotonic())
+        await super()._start_node(node)
+
+    async def _watch_joins(self) -> None:
+        """Fail the job, naming them, when started groups never join the quorum
+        (their script never created a torchft Manager): never a silent hang."""
+        while not self.machine.stopping:
+            await asyncio.sleep(self._join_poll)
+            for node in self.nodes:
+                if node.state.terminal or id(node) in self._retired:
+                    self.joins.joined(id(node))  # gone: nothing to wait for
+            if not self.joins.pending:
+                continue
+            members = await self.lighthouse.members()
+            if members is None or self.machine.stopping:
+                continue  # the page could not be read: no verdict this round
+            newest = {self._group_of(n): id(n) for n in self.nodes}
+            self.joins.seen(members, newest)
+            late = self.joins.overdue(time.monotonic())
+            if late:
+                message = never_joined(late, self.joins.timeout, "--rdzv-timeout")
+                self._falling_back = True  # the whole job stops; a restart fails the same way
+                self._fail(Failure(late[0][1], None, None, time.time(), message, []), EXIT_LAUNCH)
+                return
 
     # -- a group fails -----------------------------------------------------------------
 
@@ -311,6 +354,7 @@ class InPlaceSupervisor(Supervisor):
     async def run(self, *, handle_signals: bool = False) -> JobResult:
         """Run the attempt; the Lighthouse is watched throughout."""
         self._tasks.append(asyncio.ensure_future(self._watch_lighthouse()))
+        self._tasks.append(asyncio.ensure_future(self._watch_joins()))
         result = await super().run(handle_signals=handle_signals)
         result.groups = self.groups.to_json()
         return result

@@ -268,3 +268,78 @@ def episode_lines(records: Sequence[dict[str, Any]]) -> list[str]:
         episode = GroupEpisode(**{k: v for k, v in record.items() if k in names})
         lines.append(episode.line())
     return lines
+
+
+# the replica id a torchft Manager of group G heartbeats with: corral's ``corral_G``
+# (sdk.fault_tolerant, or a script's own Manager given it) plus torchft's ``:uuid``
+_REPLICA_ID = re.compile(r"^corral_(\d+)(?::|$)")
+
+JOIN_FIX = (
+    "call sdk.fault_tolerant(...) (or create a torchft Manager) in the script, "
+    "or run without --recovery in-place"
+)
+"""What the error says when replica groups never joined torchft's quorum."""
+
+
+def replica_group(replica_id: str) -> int | None:
+    """The replica group a Lighthouse member's id names (``corral_2:<uuid>`` -> 2), or
+    None for an id corral did not give (a script's own Manager with its own id)."""
+    match = _REPLICA_ID.match(replica_id)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class JoinWatch:
+    """Which started replica groups have joined torchft's quorum (pure bookkeeping).
+
+    A group has joined once its Manager heartbeats the Lighthouse (a member id not
+    seen before, :meth:`seen`) or one of its ranks reported to corral
+    (:meth:`joined`). A group that has not joined ``timeout`` seconds after it was
+    started is :meth:`overdue`: its script never created the torchft Manager. Members
+    with ids corral did not give count for any overdue group (a script's own Manager
+    with its own ``replica_id``)."""
+
+    timeout: float
+    pending: dict[int, tuple[int, str, float]] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)
+    anonymous: int = 0  # members with foreign ids not yet matched to a group
+
+    def started(self, key: int, group: int, host: str, now: float) -> None:
+        """Node ``key`` (group ``group`` on ``host``) was started at ``now``."""
+        self.pending[key] = (group, host, now)
+
+    def joined(self, key: int) -> None:
+        """Node ``key`` has joined (or is gone: nothing to wait for)."""
+        self.pending.pop(key, None)
+
+    def seen(self, members: set[str], newest: dict[int, int]) -> None:
+        """The Lighthouse's members now; ``newest``: each group's current node key."""
+        for member in sorted(members - self.known):
+            self.known.add(member)
+            group = replica_group(member)
+            key = newest.get(group) if group is not None else None
+            if key is not None and key in self.pending:
+                self.joined(key)
+            elif group is None:
+                self.anonymous += 1
+
+    def overdue(self, now: float) -> list[tuple[int, str]]:
+        """``(group, host)`` of every node that has not joined within the timeout
+        (after foreign members are matched to overdue nodes, oldest first)."""
+        late = sorted(
+            (k for k, (_, _, t) in self.pending.items() if now - t >= self.timeout),
+            key=lambda k: self.pending[k][2],
+        )
+        while late and self.anonymous:
+            self.anonymous -= 1
+            self.joined(late.pop(0))
+        return [(self.pending[k][0], self.pending[k][1]) for k in late]
+
+
+def never_joined(late: Sequence[tuple[int, str]], timeout: float, option: str) -> str:
+    """The error of groups that never joined torchft's quorum, with the fix."""
+    names = ", ".join(f"group {g} ({h})" for g, h in late)
+    return (
+        f"{names} never joined torchft's quorum within {timeout:g} s ({option}): the "
+        f"script never created a torchft Manager; {JOIN_FIX}"
+    )

@@ -8,6 +8,8 @@ the port it bound and hands out ``http://ADDRESS:PORT`` (torchft's
 PR_SET_PDEATHSIG on Linux), so it is never an orphan; :meth:`Lighthouse.close`
 ends it. Its exit while the attempt runs is how the supervisor learns the
 Lighthouse is gone (and falls back to a restart from the disk checkpoint).
+:meth:`Lighthouse.members` reads which Managers have heartbeated it (how the
+supervisor learns that every group joined the quorum).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import sys
+import urllib.request
 
 from corral.contract import JOB_ID_ENV
 from corral.errors import LaunchError
@@ -28,6 +32,15 @@ from corral.errors import LaunchError
 START_TIMEOUT = 30.0
 JOIN_TIMEOUT_MS = 2000  # how long a new quorum waits for heartbeating stragglers
 HEARTBEAT_TIMEOUT_MS = 5000
+STATUS_TIMEOUT = 5.0
+# the Lighthouse's status page lists every replica that heartbeated: "<id>: seen 1.2s ago"
+_MEMBER = re.compile(r"^\s*([^\s<>]+): seen ", re.M)
+
+
+def parse_members(page: str) -> set[str]:
+    """The replica ids on the Lighthouse's ``/status`` page (every Manager that
+    heartbeated it)."""
+    return set(_MEMBER.findall(page))
 
 
 def reachable_address(peer: str) -> str | None:
@@ -113,6 +126,20 @@ class Lighthouse:
         # torchft logs every quorum tick on stderr: drained, never shown
         lighthouse._drain = asyncio.ensure_future(_drain(proc.stderr))
         return lighthouse
+
+    async def members(self) -> set[str] | None:
+        """The replica ids of every torchft Manager that has heartbeated this
+        Lighthouse (its ``/status`` page); None when the page cannot be read."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def read() -> str:
+            with opener.open(f"{self.url}/status", timeout=STATUS_TIMEOUT) as answer:
+                return bytes(answer.read()).decode("utf-8", "replace")
+
+        try:
+            return parse_members(await asyncio.to_thread(read))
+        except (OSError, ValueError):
+            return None
 
     async def wait(self) -> int:
         """Until the child exits; its exit code."""
