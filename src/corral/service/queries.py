@@ -4,6 +4,7 @@ the live event stream (read from the store and the jobs' run dirs)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,7 @@ from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
 from corral.job.summary import preflight_findings, reason_text
 from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
+from corral.service.fanout import Feeds
 from corral.service.ingest import Ingest, Live, machine_ids
 from corral.service.jobrows import job_row
 from corral.service.models import (
@@ -62,6 +64,7 @@ class Queries:
         self.ingest = ingest
         self.live = live
         self.launches = launches
+        self.feeds = Feeds(self._source, live)
 
     def row(self, job_id: str) -> Job:
         """The job's row (NotFound when unknown)."""
@@ -102,10 +105,18 @@ class Queries:
             diagnosed = list(
                 s.scalars(
                     select(Event)
-                    .where(Event.job_id == job_id, Event.kind.in_(("straggler", "hang_report")))
+                    .where(Event.job_id == job_id, Event.kind == "straggler")
                     .order_by(Event.pos)
                 ).all()
             )
+            hang = s.scalars(  # only the last report counts
+                select(Event)
+                .where(Event.job_id == job_id, Event.kind == "hang_report")
+                .order_by(Event.pos.desc())
+                .limit(1)
+            ).first()
+            if hang is not None:
+                diagnosed.append(hang)
         status = _status(job, nodes, ranks, attempts, task.name if task else None)
         if checked is not None:
             status.preflight = preflight_findings((checked.data or {}).get("report"))
@@ -232,13 +243,9 @@ class Queries:
         has one (it gets it when it starts)."""
         self.row(job_id)
         fold = self._fold_before(job_id, start)
-        pos = start
-        while True:
-            row = self.row(job_id)
-            path = events_path(row)
-            ended = False
-            for ev in read_events(path, pos) if path is not None else ():
-                pos = ev.next_pos
+        # one shared reader of the file per job (corral.service.fanout), not one per stream
+        async with contextlib.aclosing(self.feeds.follow(job_id, start)) as events:
+            async for ev in events:
                 if fold.see(_decoded(ev, job_id)):
                     continue
                 if fold.ended:
@@ -247,15 +254,14 @@ class Queries:
                         yield LoggedEvent(ev.pos, ev.pos, {**data, "level": "detail"})
                 if ev.data.get("kind") in FINAL_KINDS:  # the status agrees once it is seen
                     await asyncio.to_thread(self.ingest.catch_up, job_id)
+                    yield ev
+                    return
                 yield ev
-                if ev.data.get("kind") in FINAL_KINDS:
-                    ended = True
-            if ended:
-                return
-            state = self.row(job_id).state
-            if state in TERMINAL_STATES and (path is None or not list(read_events(path, pos))):
-                return
-            await self.live.wait(job_id, 0.25)
+
+    def _source(self, job_id: str) -> tuple[Path | None, bool]:
+        """The job's events file (None while queued) and whether it has ended."""
+        row = self.row(job_id)
+        return events_path(row), row.state in TERMINAL_STATES
 
     def _fold_before(self, job_id: str, pos: int) -> TeardownFold:
         """The teardown fold as it stood at byte ``pos`` of the job's events (from the
