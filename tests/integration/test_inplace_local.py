@@ -3,6 +3,7 @@ real Lighthouse child): a SIGKILLed rank costs its group only."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -131,3 +132,64 @@ def test_the_lighthouse_lists_the_managers_that_heartbeat() -> None:
 
     before, after = asyncio.run(main())
     assert before == set() and after == {"corral_1:5c1d"}
+
+
+def _in_place(tmp_path: Path, job: str, *script: str, options: tuple[str, ...] = ()) -> str:
+    """Run ft_steps.py in place on local:3; corral's output (exit 0 asserted)."""
+    result = run_corral(
+        "run",
+        "--hosts",
+        "local:3",
+        "--recovery",
+        "in-place",
+        "--no-preflight",
+        "--master-port",
+        "0",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--job-id",
+        job,
+        "--grace",
+        "3",
+        *options,
+        "--",
+        SCRIPT,
+        *script,
+        cwd=tmp_path,
+        timeout=400,
+    )
+    err = result.stderr + result.stdout
+    assert result.returncode == 0, err[-4000:]
+    return err
+
+
+def test_a_hung_group_is_torn_down_alone_and_heals_back(tmp_path: Path) -> None:
+    err = _in_place(
+        tmp_path,
+        "inplacehang",
+        *("--steps", "30", "--hang-group", "1", "--hang-at", "8"),
+        options=("--hang-timeout", "6"),
+    )
+    assert re.search(r"hang detected: rank 0 on local-1 made no progress for \d+ s", err)
+    assert "rank 0 on local-1 is stuck in hang_forever" in err
+    assert re.search(r"in-place recovery tears down only group 1 \(local-1\); 2 group", err)
+    assert "group 1: restarting its group on local-1" in err
+    # the others trained on while group 1 hung, past its last step, then healed it
+    mine = [int(s) for s in re.findall(r"\[local-1:0\] group 1 step (\d+) participants", err)]
+    # its steps in order: 1, 2, ... up to the hang, then the healed group's (a jump)
+    hung = next(a for a, b in itertools.pairwise(mine) if b != a + 1)
+    for group in (0, 2):
+        assert re.search(rf"group {group} step (\d+) participants 2", err)
+    later = [int(s) for s in re.findall(r"group [02] step (\d+) participants 2", err)]
+    assert max(later) > hung
+    assert re.search(r"group 1 \(local-1\) rejoined at step \d+, healed from local-[02]", err)
+    assert re.search(r"in place: node local-1 lost at step \d+, rejoined at step \d+", err)
+    job = tmp_path / "runs" / "inplacehang"
+    attempts = json.loads((job / "attempts.json").read_text())
+    assert [a["state"] for a in attempts] == ["succeeded"]
+    saved = json.loads((job / "result.json").read_text())
+    assert [n["host"] for n in saved["nodes"]] == ["local-0", "local-1", "local-2", "local-1"]
+    assert saved["groups"][0]["steps_redone"] == 0
+    final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
+    assert len(final) == 1 and err.count("done at step") == 3
+    assert wait_no_job_processes("inplacehang", within=15) == []

@@ -3,7 +3,9 @@ over gloo on CPU, using torchft directly (Manager, DDP, Optimizer).
 
 Every step it prints ``group G step S participants P`` and reports the step to corral;
 ``--kill-group G --kill-at S`` SIGKILLs that group's rank once, at step S or later
-(a marker file in the node's working directory keeps its restart alive). Every group
+(a marker file in the node's working directory keeps its restart alive);
+``--hang-group G --hang-at S`` makes that group's rank sleep forever once, the same
+way (corral's hang detection must tear down that group only). Every group
 trains until step N (``--steps``) *and* a step with every configured group in the
 quorum: the survivors keep going until the lost group is back, so the test never depends on timing.
 """
@@ -29,6 +31,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--kill-group", type=int, default=-1)
 parser.add_argument("--kill-at", type=int, default=10)
+parser.add_argument("--hang-group", type=int, default=-1)
+parser.add_argument("--hang-at", type=int, default=10)
 parser.add_argument("--sleep", type=float, default=0.05)
 args = parser.parse_args()
 
@@ -41,6 +45,12 @@ groups = int(os.environ["CORRAL_REPLICA_GROUPS"])
 torch.manual_seed(0)
 model = nn.Linear(8, 1)
 inner = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def hang_forever() -> None:
+    """Stuck outside any collective (what the stack dump shows)."""
+    while True:
+        time.sleep(3600)
 
 
 def state_dict() -> dict[str, object]:
@@ -83,6 +93,11 @@ while manager.current_step() < args.steps or participants < groups:
         marker.write_text("1")
         print(f"group {group} is about to be killed", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    hung = Path("hung-once")
+    if group == args.hang_group and step >= args.hang_at and not hung.exists():
+        hung.write_text("1")
+        print(f"group {group} is about to hang", file=sys.stderr, flush=True)
+        hang_forever()
     time.sleep(args.sleep)
 print(f"group {group} done at step {manager.current_step()}", flush=True)
 manager.shutdown(wait=False)
