@@ -193,3 +193,32 @@ def test_a_hung_group_is_torn_down_alone_and_heals_back(tmp_path: Path) -> None:
     final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
     assert len(final) == 1 and err.count("done at step") == 3
     assert wait_no_job_processes("inplacehang", within=15) == []
+
+
+def test_second_failures_while_a_group_heals_still_end_in_one_attempt(tmp_path: Path) -> None:
+    # group 2 is killed at step 8; group 0 is killed while group 2 is away; group 2's
+    # restart is killed again in the middle of healing (in its load_state_dict)
+    err = _in_place(
+        tmp_path,
+        "inplacetwice",
+        *("--steps", "30", "--kill-group", "2", "--kill-at", "8"),
+        *("--kill-healing", "--kill-while-away", "0"),
+    )
+    assert "group 0 is about to be killed while another group is away" in err
+    assert "group 2 is about to be killed while healing" in err
+    assert err.count("in-place recovery tears down only group 2 (local-2)") == 2
+    assert err.count("in-place recovery tears down only group 0 (local-0)") == 1
+    for group, host in ((0, "local-0"), (2, "local-2")):
+        assert re.search(rf"group {group} \({host}\) rejoined at step \d+, healed from", err)
+    assert "node local-2 lost at step" in err and "lost again before it rejoined" in err
+    job = tmp_path / "runs" / "inplacetwice"
+    attempts = json.loads((job / "attempts.json").read_text())
+    assert [a["state"] for a in attempts] == ["succeeded"]
+    saved = json.loads((job / "result.json").read_text())
+    hosts = [n["host"] for n in saved["nodes"]]
+    assert hosts.count("local-1") == 1  # the one group never touched ran throughout
+    assert hosts.count("local-0") == 2 and hosts.count("local-2") == 3
+    assert all(g["steps_redone"] in (0, None) for g in saved["groups"])
+    final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
+    assert len(final) == 1 and err.count("done at step") == 3
+    assert wait_no_job_processes("inplacetwice", within=15) == []

@@ -140,6 +140,16 @@ def test_healing_line_and_summary_lines() -> None:
     log.survivors_stepped(0, 78, 201.0)  # a survivor that went back (restart path)
     assert redo.steps_redone == 3
     assert log.to_json()[1]["steps_redone"] == 3
+    # a restarted group lost again while it heals: the first episode says so
+    again = GroupLog()
+    first = again.lost(2, "h2", {0: 9, 1: 9}, 1.0, "killed")
+    first.restarted_on = "h2"
+    second = again.lost(2, "h2", {0: 11, 1: 11}, 2.0, "killed while healing")
+    second.restarted_on, second.rejoined_step, second.healed_from = "h2", 29, "h0"
+    assert again.lines() == [
+        "node h2 lost at step 9, lost again before it rejoined (next line)",
+        "node h2 lost at step 11, rejoined at step 29 healed from h0",
+    ]
 
 
 # -- the plan --------------------------------------------------------------------------

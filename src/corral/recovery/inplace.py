@@ -186,6 +186,7 @@ class GroupEpisode:
     next_step_time: float | None = None
     before: dict[int, int] = field(default_factory=dict)  # each survivor's last step
     redone: int | None = None  # the most steps a survivor trained again
+    lost_again: bool = False  # its restarted group failed too before it rejoined
 
     @property
     def steps_redone(self) -> int | None:
@@ -205,6 +206,8 @@ class GroupEpisode:
             )
             healed = f" healed from {self.healed_from}" if self.healed_from else ""
             text += f", rejoined{where} at step {self.rejoined_step}{healed}"
+        elif self.lost_again:
+            text += ", lost again before it rejoined (next line)"
         elif self.action == "fallback":
             text += ", fell back to a restart from the disk checkpoint"
         elif self.action == "continue":
@@ -229,6 +232,9 @@ class GroupLog:
         """Record the loss of ``group`` on ``host``; ``before``: each surviving group's
         latest step then."""
         step = max(before.values()) if before else None
+        previous = self.open_for(group)
+        if previous is not None and previous.restarted_on is not None:
+            previous.lost_again = True  # its restart failed while it healed
         episode = GroupEpisode(group, host, step, when, cause, before=dict(before))
         self.episodes.append(episode)
         return episode

@@ -5,7 +5,10 @@ Every step it prints ``group G step S participants P`` and reports the step to c
 ``--kill-group G --kill-at S`` SIGKILLs that group's rank once, at step S or later
 (a marker file in the node's working directory keeps its restart alive);
 ``--hang-group G --hang-at S`` makes that group's rank sleep forever once, the same
-way (corral's hang detection must tear down that group only). Every group
+way (corral's hang detection must tear down that group only). Second failures:
+``--kill-healing`` SIGKILLs the restarted kill group once more while it heals (in
+its ``load_state_dict``); ``--kill-while-away G`` SIGKILLs group G once when, after a
+step with every group, it trains with fewer (another group is away). Every group
 trains until step N (``--steps``) *and* a step with every configured group in the
 quorum: the survivors keep going until the lost group is back, so the test never depends on timing.
 """
@@ -31,6 +34,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--kill-group", type=int, default=-1)
 parser.add_argument("--kill-at", type=int, default=10)
+parser.add_argument("--kill-healing", action="store_true")
+parser.add_argument("--kill-while-away", type=int, default=-1)
 parser.add_argument("--hang-group", type=int, default=-1)
 parser.add_argument("--hang-at", type=int, default=10)
 parser.add_argument("--sleep", type=float, default=0.05)
@@ -57,7 +62,18 @@ def state_dict() -> dict[str, object]:
     return {"model": model.state_dict(), "optim": inner.state_dict()}
 
 
+def die_once(marker: str, why: str) -> None:
+    """SIGKILL this rank unless ``marker`` (in the node's working dir) exists."""
+    if Path(marker).exists():
+        return
+    Path(marker).write_text("1")
+    print(f"group {group} is about to be killed {why}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def load_state_dict(sd: dict[str, object]) -> None:
+    if args.kill_healing and group == args.kill_group and Path("killed-once").exists():
+        die_once("killed-healing", "while healing")
     model.load_state_dict(sd["model"])  # type: ignore[arg-type]
     inner.load_state_dict(sd["optim"])  # type: ignore[arg-type]
 
@@ -77,6 +93,7 @@ optimizer = Optimizer(manager, inner)
 data = torch.randn(64, 8)
 target = data.sum(dim=1, keepdim=True)
 participants = 0
+everyone = False  # a step with every group seen
 while manager.current_step() < args.steps or participants < groups:
     step = manager.current_step()
     optimizer.zero_grad()
@@ -88,6 +105,9 @@ while manager.current_step() < args.steps or participants < groups:
     if done > step:  # committed (a healed group jumps to the quorum's step)
         print(f"group {group} step {done} participants {participants}", flush=True)
         report(step=done, total=args.steps, loss=float(loss), participants=participants)
+    everyone = everyone or participants == groups
+    if group == args.kill_while_away and everyone and participants < groups:
+        die_once("killed-away", "while another group is away")
     marker = Path("killed-once")  # the node's own working dir: a restarted group skips it
     if group == args.kill_group and step >= args.kill_at and not marker.exists():
         marker.write_text("1")
