@@ -18,7 +18,6 @@ import re
 import signal
 import struct
 import warnings
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -266,6 +265,8 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Cheap structural check that ``path`` is a whole ``torch.save`` archive."""
+    import zipfile  # here: every rank imports this module, few read an archive
+
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as fh, zipfile.ZipFile(fh) as archive:

@@ -24,44 +24,114 @@ sdk.cleanup()
 
 from __future__ import annotations
 
-from corral.sdk._accelerate import get_accelerator
-from corral.sdk._calibrate import calibrating
-from corral.sdk._checkpoint import (
-    CheckpointWriteError,
-    is_complete_checkpoint,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from corral.sdk._chunks import Chunk, chunks
-from corral.sdk._config import job_config, output_dir, scale_config
-from corral.sdk._dist import (
-    MasterNotReadyError,
-    barrier,
-    cleanup,
-    destroy,
-    init_distributed,
-    wait_for_master,
-)
-from corral.sdk._env import (
-    DistInfo,
-    info,
-    is_distributed,
-    is_main_process,
-    print_distributed_info,
-    should_save_outputs,
-)
-from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
-from corral.sdk._ft import FaultTolerant, fault_tolerant
-from corral.sdk._krum import krum_hook
-from corral.sdk._preempt import checkpoint_requested, request_checkpoint
-from corral.sdk._qos import set_qos
-from corral.sdk._report import report
-from corral.sdk._resume import resume
-from corral.sdk._sampler import WeightedDistributedSampler
-from corral.sdk._section import section, straggler_hook
-from corral.sdk._stacks import enable_stack_dumps
-from corral.sdk._weights import local_batch_size, loss_scale, workload_weights
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.sdk._accelerate import get_accelerator
+    from corral.sdk._calibrate import calibrating
+    from corral.sdk._checkpoint import (
+        CheckpointWriteError,
+        is_complete_checkpoint,
+        latest_checkpoint,
+        load_checkpoint,
+        save_checkpoint,
+    )
+    from corral.sdk._chunks import Chunk, chunks
+    from corral.sdk._config import job_config, output_dir, scale_config
+    from corral.sdk._dist import (
+        MasterNotReadyError,
+        barrier,
+        cleanup,
+        destroy,
+        init_distributed,
+        wait_for_master,
+    )
+    from corral.sdk._env import (
+        DistInfo,
+        info,
+        is_distributed,
+        is_main_process,
+        print_distributed_info,
+        should_save_outputs,
+    )
+    from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
+    from corral.sdk._ft import FaultTolerant, fault_tolerant
+    from corral.sdk._krum import krum_hook
+    from corral.sdk._preempt import checkpoint_requested, request_checkpoint
+    from corral.sdk._qos import set_qos
+    from corral.sdk._report import report
+    from corral.sdk._resume import resume
+    from corral.sdk._sampler import WeightedDistributedSampler
+    from corral.sdk._section import section, straggler_hook
+    from corral.sdk._stacks import enable_stack_dumps
+    from corral.sdk._weights import local_batch_size, loss_scale, workload_weights
+
+# Names are imported on first use (PEP 562): the rank wrapper and corral's own
+# rank-side code import one or two SDK modules on every rank and must not pay
+# for the rest (checkpoints, torchft, the sampler, ...).
+_LAZY = {
+    "CheckpointWriteError": "corral.sdk._checkpoint",
+    "Chunk": "corral.sdk._chunks",
+    "DistInfo": "corral.sdk._env",
+    "FaultTolerant": "corral.sdk._ft",
+    "MasterNotReadyError": "corral.sdk._dist",
+    "WeightedDistributedSampler": "corral.sdk._sampler",
+    "barrier": "corral.sdk._dist",
+    "calibrating": "corral.sdk._calibrate",
+    "checkpoint_requested": "corral.sdk._preempt",
+    "chunks": "corral.sdk._chunks",
+    "cleanup": "corral.sdk._dist",
+    "destroy": "corral.sdk._dist",
+    "enable_stack_dumps": "corral.sdk._stacks",
+    "error_file_path": "corral.sdk._errors",
+    "fault_tolerant": "corral.sdk._ft",
+    "get_accelerator": "corral.sdk._accelerate",
+    "info": "corral.sdk._env",
+    "init_distributed": "corral.sdk._dist",
+    "is_complete_checkpoint": "corral.sdk._checkpoint",
+    "is_distributed": "corral.sdk._env",
+    "is_main_process": "corral.sdk._env",
+    "job_config": "corral.sdk._config",
+    "krum_hook": "corral.sdk._krum",
+    "latest_checkpoint": "corral.sdk._checkpoint",
+    "load_checkpoint": "corral.sdk._checkpoint",
+    "local_batch_size": "corral.sdk._weights",
+    "loss_scale": "corral.sdk._weights",
+    "output_dir": "corral.sdk._config",
+    "print_distributed_info": "corral.sdk._env",
+    "read_error_file": "corral.sdk._errors",
+    "record": "corral.sdk._errors",
+    "report": "corral.sdk._report",
+    "request_checkpoint": "corral.sdk._preempt",
+    "resume": "corral.sdk._resume",
+    "save_checkpoint": "corral.sdk._checkpoint",
+    "scale_config": "corral.sdk._config",
+    "section": "corral.sdk._section",
+    "set_qos": "corral.sdk._qos",
+    "should_save_outputs": "corral.sdk._env",
+    "straggler_hook": "corral.sdk._section",
+    "wait_for_master": "corral.sdk._dist",
+    "workload_weights": "corral.sdk._weights",
+    "write_error_file": "corral.sdk._errors",
+}
+
+
+if not TYPE_CHECKING:  # a type checker sees the names above, and no catch-all
+
+    def __getattr__(name: str) -> Any:
+        """A public name, imported from its module on first use."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'corral.sdk' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        """The public names, loaded or not."""
+        return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "CheckpointWriteError",

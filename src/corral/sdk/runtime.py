@@ -9,10 +9,36 @@ on (variables, file names) are in :mod:`corral.contract`.
 
 from __future__ import annotations
 
-from corral.sdk._accelerate import set_accelerator
-from corral.sdk._dist import collect_garbage_at_exit
-from corral.sdk._qos import apply_qos_from_env
-from corral.sdk._report import connect_control
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.sdk._accelerate import set_accelerator
+    from corral.sdk._dist import collect_garbage_at_exit
+    from corral.sdk._qos import apply_qos_from_env
+    from corral.sdk._report import connect_control
+
+# Imported on first use (PEP 562): the rank wrapper needs connect_control on every
+# rank, the rest only with the options that use them.
+_LAZY = {
+    "apply_qos_from_env": "corral.sdk._qos",
+    "collect_garbage_at_exit": "corral.sdk._dist",
+    "connect_control": "corral.sdk._report",
+    "set_accelerator": "corral.sdk._accelerate",
+}
+
+
+if not TYPE_CHECKING:  # a type checker sees the names above, and no catch-all
+
+    def __getattr__(name: str) -> Any:
+        """A name of this module, imported from its SDK module on first use."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'corral.sdk.runtime' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = [
     "apply_qos_from_env",
