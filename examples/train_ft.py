@@ -20,7 +20,8 @@ Each step's global batch (``--batch-size``) is split among the groups of the liv
 quorum (``sdk.fault_tolerant``'s ``indices()``; by ``CORRAL_WORKLOAD_WEIGHTS``
 when set) and every rank's loss is scaled so the update is that of the whole
 batch. Every committed step prints ``step N/TOTAL participants P loss L``; a step
-the quorum did not commit is redone, whole, by the next quorum. Disk checkpoints
+the quorum did not commit is redone, whole, by the next quorum. At the end it prints
+the replica's loss on the whole data set (``final loss L``). Disk checkpoints
 (``--checkpoint-dir``, default ``$CORRAL_CHECKPOINT_DIR``) are for losing the
 whole job: a rerun resumes from the newest one.
 """
@@ -53,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--examples", type=int, default=4096, help="size of the data set")
     p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="model init and data order")
+    p.add_argument("--data-seed", type=int, default=None, help="the data set (default: --seed)")
     p.add_argument(
         "--step-sleep", type=float, default=0.0, help="extra seconds per step (slow steps)"
     )
@@ -83,14 +85,14 @@ def make_data(seed: int, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    x, y = make_data(args.seed, args.examples)
+    x, y = make_data(args.seed if args.data_seed is None else args.data_seed, args.examples)
     torch.manual_seed(args.seed)
     model = nn.Sequential(
         nn.Linear(IN_DIM, args.hidden), nn.ReLU(), nn.Linear(args.hidden, CLASSES)
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     ft = sdk.fault_tolerant(
-        model, optimizer, global_batch=args.batch_size, dataset_size=args.examples
+        model, optimizer, global_batch=args.batch_size, dataset_size=args.examples, seed=args.seed
     )
     with ft:
         if args.checkpoint_dir and (start := ft.resume(args.checkpoint_dir)):
@@ -115,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             sdk.report(ft.step, args.steps, loss=loss.item())
             if args.checkpoint_dir and args.checkpoint_every:
                 ft.save(args.checkpoint_dir, every=args.checkpoint_every)
+        with torch.no_grad():  # the trained replica on the whole data set
+            final = functional.cross_entropy(model(x), y).item()
     print(f"done at step {ft.step}", flush=True)
+    print(f"final loss {final:.6f}", flush=True)
     return 0
 
 
