@@ -6,16 +6,11 @@ import asyncio
 import dataclasses
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
-from corral.checks.render import print_report as print_checklist
-from corral.checks.render import problems, verdict
-from corral.checks.result import Status
 from corral.cli.common import HostsOpt, load_hosts, ssh_flags
 from corral.cli.options import (
     AdditionalArgsOpt,
@@ -79,24 +74,24 @@ from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, parse_env, parse_nproc
 from corral.job.result import EXIT_INTERRUPTED
 from corral.job.summary import print_finished
-from corral.plan.display import (
-    command_lines,
-    node_env,
-    python_note,
-    reference_line,
-    weights_line,
-)
-from corral.plan.inplace import LIGHTHOUSE_PLACEHOLDER, plan_inplace
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.recovery.inplace import RecoveryPolicy
-from corral.remote.python import candidates
 from corral.signals import stop_on_signals
 from corral.transport.options import SshOptions
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# What only `corral plan`, a calibration or a pre-flight report print is imported
+# where it is used: `corral run`'s start is on every launch's path.
 
 
 def _show_checked(event: Checked, console: Console) -> None:
     """The pre-flight report: every problem when it blocks, warnings, the verdict."""
+    from corral.checks.render import print_report as print_checklist
+    from corral.checks.render import problems, verdict
+    from corral.checks.result import Status
+
     report = event.report
     if event.blocking:
         print_checklist(console, report)
@@ -120,6 +115,7 @@ def _weighted(
     if not calibration:
         return spec
     from corral.calibrate.launch import AUTO, weigh, weigh_now
+    from corral.plan.display import weights_line
 
     if calibration != AUTO:
         weighing = weigh(spec, cluster, calibration)
@@ -328,6 +324,11 @@ def plan(
     Secret values (see --secret-env) are redacted. With --recovery in-place, each
     node's command is its own replica group's (spare hosts are listed, not planned).
     """
+    from corral.plan.display import python_note
+    from corral.plan.inplace import LIGHTHOUSE_PLACEHOLDER, plan_inplace
+    from corral.recovery.inplace import RecoveryPolicy
+    from corral.remote.python import candidates
+
     cluster = load_hosts(hosts, ssh)
     spec = job_spec(
         JobOptions(
@@ -415,6 +416,10 @@ def print_plan(prepared: Prepared, console: Console) -> None:
     """A table (node, host, ranks, cwd), then per node its env as ``K=V`` lines and
     the command as one copy-pasteable shell line (one per rank for the python
     launcher). Secret values are redacted."""
+    from rich.table import Table
+
+    from corral.plan.display import command_lines, node_env, reference_line
+
     spec = prepared.spec
     table = Table(
         title=f"plan for job {spec.job_id} ({spec.launcher}, {len(prepared.commands)} nodes)",

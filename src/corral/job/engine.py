@@ -35,7 +35,6 @@ from corral.checks.result import ChecklistReport
 from corral.cluster.model import Cluster, Host
 from corral.contract import NODE_DIR_ENV
 from corral.errors import ConfigError, CorralError
-from corral.job import inplace as ip
 from corral.job.agents import abort_all as _abort_all
 from corral.job.agents import alongside, start_agents, start_local_agents
 from corral.job.events import (
@@ -639,7 +638,11 @@ class Job:
         placed: str | None,
     ) -> JobResult:
         inplace: dict[str, Any] = {}
+        supervising: type[Supervisor] = Supervisor
         if self.recovery.in_place:  # every node its own replica group (torchft)
+            from corral.job import inplace as ip  # the Lighthouse's machinery: only here
+
+            supervising = ip.InPlaceSupervisor
             prepared, inplace = await ip.setup(
                 prepared, self.spares, self.restarts.min_nodes, ssh=self.ssh
             )
@@ -662,7 +665,7 @@ class Job:
                 workload_weights=list(spec.workload_weights),
             )
         )
-        supervisor = (ip.InPlaceSupervisor if inplace else Supervisor)(
+        supervisor = (supervising if inplace else Supervisor)(
             prepared.commands,
             transport,
             self.emit,

@@ -25,7 +25,8 @@ from corral.outcomes import Level as Level  # how a message matters (a leaf, for
 class JobEvent(BaseModel):
     """Base of every event: which job, when (the coordinator's clock)."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    # Each schema is built when its event is first made (several never are in a run).
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, defer_build=True)
 
     job_id: str
     time: float = Field(default_factory=time.time)
@@ -175,7 +176,7 @@ class OddRank(BaseModel):
     is (the collective site, or its innermost frames), ``frames`` innermost first,
     ``waiting`` when that place is collective machinery."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     host: str
     rank: int
@@ -188,7 +189,7 @@ class StuckCollective(BaseModel):
     """The NCCL flight recorder's finding: the first ``collective`` (its ``sequence``
     number in process ``group``) that ``missing_ranks`` never entered."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     collective: str
     sequence: int
