@@ -1,0 +1,38 @@
+"""``corral run`` starts on every launch's path: its verb module and the engine
+import what a launch uses, not what only ``corral plan``, a calibration or
+in-place recovery print or start (behaviour, not time: which modules load)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import corral
+
+#: Loaded only where used: plan printing, in-place recovery (torchft), calibration.
+NOT_AT_START = (
+    "corral.plan.display",
+    "corral.plan.inplace",
+    "corral.job.inplace",
+    "corral.recovery.lighthouse",
+    "corral.calibrate",
+    "httpx",
+    "torch",
+)
+
+
+def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> None:
+    code = "import json, sys\nimport corral.cli.run\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
+    )
+    modules = set(json.loads(done.stdout))
+    assert "corral.job.engine" in modules
+    assert sorted(m for m in modules if m.startswith(NOT_AT_START)) == []
