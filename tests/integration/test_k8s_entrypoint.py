@@ -33,10 +33,12 @@ TRAIN = """\
 import os, sys
 import torch
 import torch.distributed as dist
+if os.environ.get("FAIL_FIRST") and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+    # every rank, in the first round only, before its group: a round torn down while
+    # gloo's mesh is half built leaves the next round unable to connect on torch 2.13
+    sys.exit(7)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-if os.environ.get("FAIL_FIRST") and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
-    sys.exit(7)  # every rank, in the first round only
 total = torch.tensor([float(rank)])
 dist.all_reduce(total)
 token = os.environ.get("HF_TOKEN") == "hf-s3cr3t"

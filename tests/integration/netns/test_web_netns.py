@@ -233,6 +233,8 @@ def test_login_add_machines_and_health_check(
         assert "CSRF" in page.content()  # the logout form without its token: 403
         page.goto(server.url + "/")
         assert urlsplit(page.url).path == "/", page.url  # still logged in
+        for name in HOSTS:  # the rows are filled by the page's script: wait for them
+            page.locator(f"#machines-body [data-machine={name}]").wait_for()
         assert page.locator("#machines-body tr").count() == len(HOSTS)  # no tb3
 
 
