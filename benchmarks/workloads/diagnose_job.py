@@ -1,5 +1,6 @@
-"""Benchmark workload (bench_diagnose.py): gloo all-reduces with timed sections; one
-rank can be slow (a delay inside ``sdk.section("compute")``) or skip one all-reduce (a hang).
+"""Workload of bench_diagnose.py and tests/integration/test_diagnose_local.py: gloo
+all-reduces with timed sections; one rank can be slow (a delay inside
+``sdk.section("compute")``) or skip one all-reduce (a hang).
 
 usage: diagnose_job.py [--steps N] [--slow-rank R --slow-from K --delay S]
                        [--skip-rank R --skip-at K]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import require_torch
 
-from .conftest import SCRIPTS, run_corral, wait_no_job_processes
+from .conftest import REPO, run_corral, wait_no_job_processes
 
 require_torch()
 
@@ -33,7 +33,7 @@ def _run(
         "3",
         *extra,
         "--",
-        str(SCRIPTS / "diagnose_job.py"),
+        str(REPO / "benchmarks" / "workloads" / "diagnose_job.py"),  # the benchmark's workload
         *script,
         cwd=tmp_path,
     )

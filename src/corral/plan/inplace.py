@@ -10,7 +10,7 @@ index in the plan), the number of groups and the fewest groups that may train;
 RANK and WORLD_SIZE are the group's own. With workload weights (``--calibration``),
 each group gets one weight, the sum of its ranks' (:func:`group_weights`), in
 ``CORRAL_WORKLOAD_WEIGHTS``: the SDK splits each step's batch among the live groups
-by them (:mod:`corral.sdk._ftsplit`), so a departed group's share is re-split
+by them (``sdk.fault_tolerant``), so a departed group's share is re-split
 among the survivors by their weights.
 """
 
