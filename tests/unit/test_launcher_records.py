@@ -7,7 +7,7 @@ import pytest
 
 from corral.cluster import load_cluster
 from corral.job.engine import dry_run, job_json, redact_words
-from corral.job.result import NodeRun, RankRecord
+from corral.job.result import NodeReport, NodeRun, RankRecord
 from corral.job.summary import _exit_text
 from corral.plan.launchers import CommandOptions
 from corral.plan.spec import JobSpec
@@ -58,9 +58,12 @@ def test_job_json_records_each_nodes_rendered_command() -> None:
 def test_the_exit_column_falls_back_to_the_nodes_own_code() -> None:
     node = NodeRun(command=dry_run(SPEC, load_cluster("local:1")).commands[0])
     assert _exit_text(node) == "-"  # nothing known yet
-    node.exit_code = 9
+    node.report = NodeReport(code=9)  # the agent's node_exit
     assert _exit_text(node) == "9"
-    node.exit_code = -15
+    node.report = NodeReport(code=-15)
     assert _exit_text(node) == "SIGTERM"
+    node.report = NodeReport(started=False)  # start_failed: the launcher never ran
+    assert _exit_text(node) == "-"
+    node.report = NodeReport(code=-15)
     node.ranks[0] = RankRecord(host="local-0", rank=0, code=3, exited=True)
     assert _exit_text(node) == "3"  # the ranks' codes when there are ranks

@@ -36,3 +36,23 @@ def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> No
     modules = set(json.loads(done.stdout))
     assert "corral.job.engine" in modules
     assert sorted(m for m in modules if m.startswith(NOT_AT_START)) == []
+
+
+def test_the_coordinator_reads_agent_probes_without_psutil() -> None:
+    # the coordinator validates each agent's probe (corral.agent.events) before the
+    # launch; psutil is the agents' and the host checks' business, not its own
+    code = (
+        "import json, sys\nimport corral.cli.run, corral.job.agents, corral.agent.events\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
+    )
+    modules = set(json.loads(done.stdout))
+    assert "corral.agent.events" in modules
+    assert "psutil" not in modules

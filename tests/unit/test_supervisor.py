@@ -15,7 +15,7 @@ from corral.agent.protocol import NODE, encode_event
 from corral.cluster import Cluster, Host
 from corral.job.logfiles import LogFiles
 from corral.job.output import TerminalOutput
-from corral.job.result import JobResult
+from corral.job.result import Failure, JobResult, NodeReport, NodeRun, RankRecord
 from corral.job.states import JobState, NodeState
 from corral.job.summary import print_report
 from corral.job.supervisor import (
@@ -604,3 +604,30 @@ def test_a_timeout_outcome_is_not_replaced_by_a_later_interrupt(tmp_path: Path) 
     result = asyncio.run(go())
     assert sup.outcome().state == result.state == JobState.TIMED_OUT
     assert result.exit_code == EXIT_TIMEOUT and result.reason == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("report", "fault", "stopping", "rank_codes", "expected"),
+    [
+        (None, False, False, [], NodeState.LOST),  # the agent went without a last word
+        (None, True, True, [1], NodeState.LOST),
+        (NodeReport(started=False), True, False, [], NodeState.FAILED),
+        (NodeReport(code=1), True, True, [1], NodeState.FAILED),  # failed before the stop
+        (NodeReport(code=0), False, True, [0], NodeState.TERMINATED),  # corral stopped it
+        (NodeReport(code=0), False, False, [0, -15], NodeState.TERMINATED),
+        (NodeReport(code=0), False, False, [0, 0], NodeState.EXITED),
+    ],
+)
+def test_a_node_settles_by_its_agents_last_word_and_its_own_failure(
+    report: NodeReport | None,
+    fault: bool,
+    stopping: bool,
+    rank_codes: list[int],
+    expected: NodeState,
+) -> None:
+    node = NodeRun(command=_commands()[0])
+    node.report = report
+    node.fault = Failure("a", None, 1, 0.0, "rank 0 on a exited with code 1", []) if fault else None
+    for rank, code in enumerate(rank_codes):
+        node.ranks[rank] = RankRecord(host="a", rank=rank, code=code, exited=True)
+    assert node.settled(stopping=stopping) is expected

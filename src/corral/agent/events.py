@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from corral.agent.messages import CheckpointMessage, ProgressMessage, first_error
-from corral.agent.stacks import EVENT_TEXT_LIMIT
+from corral.agent.protocol import EVENT_TEXT_LIMIT
 
 __all__ = [
     "AgentEvent",

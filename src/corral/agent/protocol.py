@@ -42,6 +42,7 @@ NODE = -1  # rank value of node-level output
 MAX_FRAME = 1 << 24
 MAX_LINE = 8 << 20  # longer lines are cut into pieces (frames are at most 16 MiB)
 CR_INTERVAL = 0.2  # at most this often per stream for ``\\r``-terminated output
+EVENT_TEXT_LIMIT = 256 * 1024  # longest stack dump text in one event (characters)
 
 
 def encode_frame(kind: bytes, rank: int, payload: bytes) -> bytes:

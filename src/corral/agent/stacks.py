@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import psutil
 
+from corral.agent.protocol import EVENT_TEXT_LIMIT
 from corral.contract import DUMP_SIGNAL, stack_file
 from corral.contract import FLIGHT_RECORDER_ENV as FLIGHT_ENV
 from corral.private import private_dir, write_private
@@ -61,8 +62,6 @@ DumpMethod = Literal["py-spy", "faulthandler", "none"]
 FAULTHANDLER_WAIT = 2.0  # how long a signalled rank gets to write its dump
 _SETTLE = 0.1  # the dump is complete once the file stopped growing for this long
 _POLL = 0.02
-#: Longest stack text sent in a ``stacks`` event (the file on the node keeps it all).
-EVENT_TEXT_LIMIT = 256 * 1024
 #: Collectives the NCCL flight recorder keeps per rank (a ring buffer).
 TRACE_BUFFER_SIZE = 1000
 #: Largest flight recorder dump sent to the coordinator (bytes; larger ones stay on the node).

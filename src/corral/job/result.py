@@ -53,6 +53,15 @@ class RankRecord:
             self.health = check_rank_transition(self.health, new)
 
 
+@dataclass(frozen=True)
+class NodeReport:
+    """A node agent's last word: ``node_exit`` with the launcher's own exit ``code``,
+    or ``start_failed`` (``started`` False: it could not start the node)."""
+
+    code: int = 0
+    started: bool = True
+
+
 @dataclass
 class NodeRun:
     """One node during and after the job."""
@@ -65,8 +74,8 @@ class NodeRun:
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
     detail: str = ""
-    got_exit_event: bool = False
-    exit_code: int | None = None  # the node process's own code (node_exit: torchrun, a command)
+    report: NodeReport | None = None  # the agent's last word; None: it has said none (yet)
+    fault: Failure | None = None  # the node's first failure before the job was stopping
     clock_offset: float = 0.0  # coordinator clock minus the host's clock
     watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
     stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)
@@ -76,13 +85,31 @@ class NodeRun:
         """A timestamp of this host's clock on the coordinator's clock."""
         return host_time + self.clock_offset
 
-    failed: bool = False  # one of its ranks failed before the job was stopping
     listener: Callable[[NodeRun], None] | None = None  # told of every state change
 
     @property
     def host(self) -> Host:
         """The node's host."""
         return self.command.host
+
+    @property
+    def exit_code(self) -> int | None:
+        """The node process's own exit code (torchrun, a command): the agent's
+        ``node_exit`` report; None before it, or when the node never started."""
+        return self.report.code if self.report is not None and self.report.started else None
+
+    def settled(self, *, stopping: bool) -> NodeState:
+        """The state this node ends in now that its agent is gone: ``lost`` when the
+        agent never said how it ended, ``failed`` after a failure of its own before
+        the job was stopping, ``terminated`` when corral stopped it or a rank did not
+        exit 0, else ``exited``."""
+        if self.report is None:
+            return NodeState.LOST
+        if self.fault is not None:
+            return NodeState.FAILED
+        if stopping or any(r.code != 0 for r in self.ranks.values()):
+            return NodeState.TERMINATED
+        return NodeState.EXITED
 
     def set_state(self, new: NodeState) -> None:
         """Move to ``new`` along a documented transition (no-op if already there)."""

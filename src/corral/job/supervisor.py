@@ -54,6 +54,7 @@ from corral.job.result import (
     STDERR_TAIL,
     Failure,
     JobResult,
+    NodeReport,
     NodeRun,
     RankRecord,
     signal_name,
@@ -372,43 +373,38 @@ class Supervisor:
                 self._say(f"warning: {text}", "warning")
         elif name == "start_failed":
             node.detail = str(event.get("error"))
-            node.failed = node.got_exit_event = True
-            self._fail(
-                Failure(
-                    node.host.name,
-                    None,
-                    None,
-                    node.to_local(float(event["time"])),
-                    f"could not start the node: {node.detail}",
-                    [],
-                ),
-                EXIT_LAUNCH,
+            node.report = NodeReport(started=False)
+            failure = Failure(
+                node.host.name,
+                None,
+                None,
+                node.to_local(float(event["time"])),
+                f"could not start the node: {node.detail}",
+                [],
             )
+            node.fault = node.fault or failure
+            self._fail(failure, EXIT_LAUNCH)
         elif name == "node_exit":
-            node.got_exit_event = True
             code = int(event.get("code") or 0)
-            node.exit_code = code
+            node.report = NodeReport(code=code)
             if (
                 code
-                and not node.failed
+                and node.fault is None
                 and not any(r.code for r in node.ranks.values())
                 and not self.machine.stopping
             ):
                 # torchrun itself failed (rendezvous timeout, bad arguments) before any
                 # rank reported a failure; a launcher that exits non-zero because corral
                 # stopped it was stopped, not failed
-                node.failed = True
-                self._fail(
-                    Failure(
-                        node.host.name,
-                        None,
-                        code,
-                        node.to_local(float(event["time"])),
-                        f"the launcher on {node.host.name} exited with code {code}",
-                        list(node.agent_tail),
-                    ),
-                    _exit_code_for(code),
+                node.fault = Failure(
+                    node.host.name,
+                    None,
+                    code,
+                    node.to_local(float(event["time"])),
+                    f"the launcher on {node.host.name} exited with code {code}",
+                    list(node.agent_tail),
                 )
+                self._fail(node.fault, _exit_code_for(code))
 
     def _on_rank_exit(self, node: NodeRun, event: dict[str, Any]) -> None:
         record = self._rank(node, int(event["rank"]))
@@ -444,7 +440,6 @@ class Supervisor:
             if code is None
             else f"exited with code {code}"
         )
-        node.failed = True
         tb = record.error.get("traceback") if record.error else None
         failure = Failure(
             node.host.name,
@@ -455,28 +450,24 @@ class Supervisor:
             list(record.stderr_tail),
             tb,
         )
+        node.fault = node.fault or failure
         self._fail(failure, _exit_code_for(code))
 
     def _node_gone(self, node: NodeRun, code: int) -> None:
         node.ended = time.time()
-        if node.state.terminal:
-            pass
-        elif not node.got_exit_event:
-            detail = node.detail or (
-                f"agent exited with code {code} without reporting"
-                if code >= 0
-                else f"agent killed by {signal_name(code)}"
-            )
-            failure = self._mark_lost(node, detail, code)
-            if not self.machine.stopping:
-                self._fail(failure, EXIT_LOST)
-        else:
-            if node.failed:
-                node.set_state(NodeState.FAILED)
-            elif self.machine.stopping or any(r.code != 0 for r in node.ranks.values()):
-                node.set_state(NodeState.TERMINATED)
+        if not node.state.terminal:
+            settled = node.settled(stopping=self.machine.stopping)
+            if settled is NodeState.LOST:
+                detail = node.detail or (
+                    f"agent exited with code {code} without reporting"
+                    if code >= 0
+                    else f"agent killed by {signal_name(code)}"
+                )
+                failure = self._mark_lost(node, detail, code)
+                if not self.machine.stopping:
+                    self._fail(failure, EXIT_LOST)
             else:
-                node.set_state(NodeState.EXITED)
+                node.set_state(settled)
         if all(n.state.terminal for n in self.nodes):
             self._all_done.set()
 
