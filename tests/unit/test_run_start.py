@@ -23,8 +23,9 @@ NOT_AT_START = (
 )
 
 
-def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> None:
-    code = "import json, sys\nimport corral.cli.run\nprint(json.dumps(sorted(sys.modules)))"
+def _loaded_by(*imported: str) -> set[str]:
+    """Every module a fresh interpreter has loaded after importing ``imported``."""
+    code = f"import json, sys\nimport {', '.join(imported)}\nprint(json.dumps(sorted(sys.modules)))"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -33,7 +34,11 @@ def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> No
         check=True,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
     )
-    modules = set(json.loads(done.stdout))
+    return set(json.loads(done.stdout))
+
+
+def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> None:
+    modules = _loaded_by("corral.cli.run")
     assert "corral.job.engine" in modules
     assert sorted(m for m in modules if m.startswith(NOT_AT_START)) == []
 
@@ -41,18 +46,6 @@ def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> No
 def test_the_coordinator_reads_agent_probes_without_psutil() -> None:
     # the coordinator validates each agent's probe (corral.agent.events) before the
     # launch; psutil is the agents' and the host checks' business, not its own
-    code = (
-        "import json, sys\nimport corral.cli.run, corral.job.agents, corral.agent.events\n"
-        "print(json.dumps(sorted(sys.modules)))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
-    )
-    modules = set(json.loads(done.stdout))
+    modules = _loaded_by("corral.cli.run", "corral.job.agents", "corral.agent.events")
     assert "corral.agent.events" in modules
     assert "psutil" not in modules
