@@ -41,7 +41,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev,torch,ft,mlflow,tensorboard,wandb]'
 	touch $(STAMP)
 
+# corral's byte code, as an installed wheel has it: every corral process (the CLI, each
+# agent, each rank's wrapper) would otherwise compile its modules again whenever
+# PYTHONDONTWRITEBYTECODE keeps Python from caching them (incremental: only changed files).
 setup: $(STAMP)
+	@$(PY) -m compileall -q -j 0 src >/dev/null
 
 # Print where setup would take torch from (local, gpu or cpu-index); installs nothing.
 torch-source: | $(PY)

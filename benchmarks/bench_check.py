@@ -117,7 +117,9 @@ def _sequential_loop(tb: Any, names: list[str], workdir: str) -> float:
         "master_addr": tb.host(names[0]).address,
     }
     text = program(
-        ["corral.sync.fingerprint", "corral.checks.hostside"], "corral.checks.hostside:main", params
+        ["corral.agent.fingerprint", "corral.agent.hostfacts"],
+        "corral.agent.hostfacts:main",
+        params,
     )
     started = time.perf_counter()
     for name in names:

@@ -48,7 +48,7 @@ TARGET = 0.5
 TIMEOUT = 300.0
 DEST = "/srv/corral/bench-sync"
 _DIGEST = (
-    "import sys; from corral.sync.fingerprint import build_manifest; "
+    "import sys; from corral.agent.fingerprint import build_manifest; "
     "print(build_manifest(sys.argv[1]).digest)"
 )
 
@@ -137,7 +137,7 @@ def rsync_loop(tb: Any, src: Path, hosts: list[str]) -> dict[str, Any]:
 
 def divergent_hosts(tb: Any, src: Path, hosts: list[str]) -> list[str]:
     """Hosts whose tree at DEST does not hash like ``src``."""
-    from corral.sync.fingerprint import build_manifest
+    from corral.agent.fingerprint import build_manifest
 
     want = build_manifest(str(src)).digest
     env = bench_env()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -123,8 +124,17 @@ def bench_env() -> dict[str, str]:
     return env
 
 
+@functools.cache
 def corral_cli() -> tuple[list[str], str]:
-    """argv prefix that runs ``corral``, and a note on which entry point it is."""
+    """argv prefix that runs ``corral``, and a note on which entry point it is. The
+    first call compiles corral's sources as an installed wheel has them (``make
+    setup`` does too): a run must not time Python compiling corral's modules, which
+    it does in every process when ``PYTHONDONTWRITEBYTECODE`` is set."""
+    subprocess.run(
+        [PYTHON, "-m", "compileall", "-q", "-j", "0", str(ROOT / "src")],
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
     return [PYTHON, "-m", "corral"], "python -m corral"
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corral.checks import hostside
+from corral.agent import hostfacts as hostside
 from corral.checks.gather import SHIPPED
 from corral.remote.python import bootstrap_argv, program, stdin_payload
 
@@ -50,7 +50,7 @@ def test_checkpoint_dir_probe(tmp_path: Path) -> None:
 
 _STALE_PROBE = (
     "import json, sys\n"
-    "from corral.checks import hostside\n"
+    "from corral.agent import hostfacts as hostside\n"
     "print(json.dumps(hostside.stale_processes(set(), sys.argv[1] or None)))\n"
 )
 
@@ -126,7 +126,7 @@ def test_shipped_program_runs_without_corral_installed(tmp_path: Path) -> None:
     """The host side runs under an interpreter that has no corral (system python)."""
     (tmp_path / "a.py").write_text("x = 1\n")
     params = {"code_dir": str(tmp_path), "workdir": str(tmp_path), "launcher": "python"}
-    text = program(list(SHIPPED), "corral.checks.hostside:main", params)  # what corral ships
+    text = program(list(SHIPPED), "corral.agent.hostfacts:main", params)  # what corral ships
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     out = subprocess.run(
         bootstrap_argv(python), input=stdin_payload(text), capture_output=True, timeout=60

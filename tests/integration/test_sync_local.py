@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from corral.agent.fingerprint import build_manifest
 from corral.cluster import load_cluster
-from corral.sync.fingerprint import build_manifest
 from corral.sync.push import HostSync, SyncReport, sync_tree
 from corral.sync.rsync_output import RsyncProgress
 from corral.sync.state import sync_state, sync_status

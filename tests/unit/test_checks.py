@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from corral.agent.fingerprint import build_manifest
 from corral.checks import (
     checkpoint,
     clock,
@@ -28,7 +29,6 @@ from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
 from corral.checks.runner import _exclude
 from corral.cluster import load_cluster
 from corral.cluster.model import Cluster
-from corral.sync.fingerprint import build_manifest
 from corral.sync.state import record_sync
 from corral.transport.options import SshOptions
 
@@ -322,7 +322,7 @@ def _proc(pid: int, job: str | None, *, anchor: bool = False, **more: Any) -> di
 
 
 def test_only_processes_of_a_job_without_a_live_agent_are_stale() -> None:
-    from corral.checks.hostside import classify
+    from corral.agent.hostfacts import classify
 
     procs = [
         _proc(10, None, anchor=True),  # a local agent: no job id of its own
@@ -343,7 +343,7 @@ def test_only_processes_of_a_job_without_a_live_agent_are_stale() -> None:
 
 
 def test_anchor_is_the_agent_or_an_actor_worker_not_a_rank_wrapper() -> None:
-    from corral.checks.hostside import is_anchor
+    from corral.agent.hostfacts import is_anchor
 
     assert is_anchor(b"/usr/bin/python3\0-m\0corral.agent\0")
     assert is_anchor(b"python\0-m\0corral.actors.worker\0")

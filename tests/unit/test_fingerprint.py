@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.sync.fingerprint import (
+from corral.agent.fingerprint import (
     build_manifest,
     diff_manifests,
     filter_files,

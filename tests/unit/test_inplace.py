@@ -461,8 +461,8 @@ def test_join_bookkeeping() -> None:
 
 
 def test_torchft_missing_on_a_host_fails_the_software_check_naming_it() -> None:
+    from corral.agent.hostfacts import MODULES
     from corral.checks import software
-    from corral.checks.hostside import MODULES
     from corral.checks.result import Status
     from corral.recovery.inplace import TORCHFT_INSTALL
 

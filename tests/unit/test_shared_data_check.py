@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from corral.agent.fingerprint import build_manifest
 from corral.checks import shared_data, shared_hostside, shared_probe
 from corral.checks.context import CheckContext, ChecklistOptions
 from corral.checks.render import print_report
@@ -26,7 +27,6 @@ from corral.job.options import CheckPolicy
 from corral.job.preflight import checklist_options
 from corral.plan.spec import JobSpec
 from corral.remote.python import bootstrap_argv, program, stdin_payload
-from corral.sync.fingerprint import build_manifest
 from corral.transport.local import LocalTransport
 from corral.transport.options import SshOptions
 

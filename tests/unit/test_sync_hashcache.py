@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import corral.sync.hashcache as hc
-from corral.sync.fingerprint import build_manifest, walk
+from corral.agent.fingerprint import build_manifest, walk
 
 
 def tree(root: Path) -> None:

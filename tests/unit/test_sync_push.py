@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.agent.fingerprint import walk
 from corral.errors import ConfigError
-from corral.sync.fingerprint import walk
 from corral.sync.prune import prune
 from corral.sync.push import (
     HostSync,

@@ -244,7 +244,7 @@ def _same_user(conn: socket.socket) -> bool:
 
 def _detect_interface(master_addr: str) -> str | None:
     try:
-        from corral.checks.hostside import route_to
+        from corral.agent.hostfacts import route_to
 
         found = route_to(master_addr).get("interface")
     except Exception:

@@ -1,9 +1,11 @@
 """Entry point: ``python -m corral.agent``.
 
 The first stdin line is either the start message or a probe. A probe is
-answered with the standard library alone; the agent's heavier machinery
-(asyncio, psutil) is imported while the coordinator collects every host's
-answer, so the probe round trip costs as little as possible.
+answered with the standard library alone (with the host's pre-flight facts when
+it asks for them, :mod:`corral.agent.hostcheck`, then the checklist's ``connect``
+and ``time`` requests until the start); the agent's heavier machinery (asyncio,
+psutil) is imported while the coordinator collects every host's answer, so the
+probe round trip costs as little as possible.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import sys
 import time
 
+from corral.agent.hostcheck import host_checks
 from corral.agent.probe import probe_info
 from corral.agent.protocol import decode_op, encode_event
 
@@ -42,17 +45,29 @@ def main() -> int:
         return 2
     if message["op"] == "probe":
         info = probe_info(message.get("workdir") or "", message.get("port"))
-        out.write(encode_event({**info, "event": "probe", "time": time.time()}))
+        checks = host_checks(message.get("facts"))  # the checklist's host facts, if asked
+        answer = {**info, **(checks.reply() if checks else {}), "event": "probe"}
+        out.write(encode_event({**answer, "time": time.time()}))
         out.flush()
-        import corral.agent.node  # noqa: F401  (loaded while the coordinator decides)
-
-        first = _read_line(stdin_fd)
+        if checks is None:
+            import corral.agent.node
+        while True:
+            first = _read_line(stdin_fd)
+            try:
+                message = decode_op(first) if first else {"op": "abort"}
+            except ValueError:
+                message = {"op": "abort"}
+            reply = checks.answer(message) if checks else None
+            if reply is None:
+                break
+            out.write(encode_event(reply))
+            out.flush()
+            if message["op"] == "time":  # the checklist's last request: it decides now
+                import corral.agent.node  # noqa: F401
+        if checks is not None:
+            checks.close()  # the master port is free before anything is launched
         if not first:
             return 2
-        try:
-            message = decode_op(first)
-        except ValueError:
-            message = {"op": "abort"}
         if message["op"] != "start":
             return 0  # the launch was called off before anything started
     elif message["op"] != "start":

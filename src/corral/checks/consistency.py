@@ -14,9 +14,9 @@ import shlex
 from collections.abc import Collection
 from typing import Any
 
+from corral.agent.fingerprint import diff_manifests
 from corral.checks.context import CheckContext, cli_ssh_options
 from corral.checks.result import CheckResult, HostCheck, Status
-from corral.sync.fingerprint import diff_manifests
 
 NAME = "code"
 SHOWN_FILES = 5

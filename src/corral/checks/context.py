@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.agent.fingerprint import Manifest
 from corral.checks.gather import HostFacts
 from corral.checks.reference import CodeReference
 from corral.checks.shared_probe import SharedProbe
 from corral.cluster.model import Cluster, Host
-from corral.sync.fingerprint import Manifest
 from corral.transport.options import SshOptions
 
 DEFAULT_MIN_FREE_GB = 1.0

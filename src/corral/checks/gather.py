@@ -1,5 +1,8 @@
 """Collect every host's facts in parallel: one session per host runs
-:mod:`corral.checks.hostside` (shipped, standard library only).
+:mod:`corral.agent.hostfacts` (shipped, standard library only), or, for a host
+whose node agent is being started meanwhile (``corral run``), the agent answers
+in its own session (:class:`AgentSessions`, :mod:`corral.agent.hostcheck`); a
+host whose agent did not give its facts is asked the first way.
 
 Phase 1: every host prints its facts (the master host listens on the master
 port first). Phase 2, once all are in: every reachable host makes a real TCP
@@ -13,16 +16,16 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from corral.cluster.model import Host
 from corral.errors import CorralError
 from corral.remote.python import start_program
 from corral.transport.base import NodeProcess, Transport
 
-SHIPPED = ("corral.sync.fingerprint", "corral.agent.gpuprobe", "corral.checks.hostside")
+SHIPPED = ("corral.agent.fingerprint", "corral.agent.gpuprobe", "corral.agent.hostfacts")
 FACTS_TIMEOUT = 60.0
 REPLY_TIMEOUT = 15.0
 
@@ -99,13 +102,97 @@ async def _failure(proc: NodeProcess) -> str:
     return "the check session ended without an answer"
 
 
+class HostSession(Protocol):
+    """A session some other part of corral opened on a host that already has the
+    host's facts and answers the checklist's ``connect`` / ``time`` requests (a
+    node agent's: :class:`corral.job.agents.AgentSession`)."""
+
+    facts: dict[str, Any]
+    start_s: float | None
+
+    async def ask(self, op: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send one request; its answer (None: the session ended)."""
+        ...
+
+
+class AgentSessions:
+    """Where the checklist and the node agents being started meet. The checklist
+    posts what it asks each host (:meth:`post`) before it waits for anything, so
+    each agent's probe, written once its process runs, can carry its host's
+    parameters (:meth:`params`); the agent's start-up answers with a
+    :class:`HostSession` or None (:meth:`answered`) and the checklist takes that
+    session (:meth:`session`; None: it asks the host its own way). Agents are told
+    to exit only once the checklist is done with them (:meth:`finish`,
+    :meth:`finished`)."""
+
+    def __init__(self, hosts: Iterable[str]) -> None:
+        self.hosts = frozenset(hosts)
+        self._params: dict[str, dict[str, Any]] = {}
+        self._done: asyncio.Event | None = None
+        self._sessions: dict[str, asyncio.Future[HostSession | str | None]] = {}
+
+    def post(self, params: Mapping[str, dict[str, Any]]) -> None:
+        """The parameters of the hosts the checklist asks (the others get none)."""
+        self._params.update({h: p for h, p in params.items() if h in self.hosts})
+
+    def params(self, host: str) -> dict[str, Any] | None:
+        """``host``'s parameters (None: not posted; its probe asks for no facts)."""
+        return self._params.get(host)
+
+    def _future(self, host: str) -> asyncio.Future[HostSession | str | None]:
+        if host not in self._sessions:
+            self._sessions[host] = asyncio.get_running_loop().create_future()
+        return self._sessions[host]
+
+    def answered(self, host: str, session: HostSession | str | None) -> None:
+        """``host``'s agent answered with its facts (``session``), or without (None),
+        or the host could not be reached (the error: not tried a second time)."""
+        future = self._future(host)
+        if not future.done():
+            future.set_result(session)
+
+    async def session(self, host: str) -> HostSession | str | None:
+        """``host``'s agent session once its probe was answered (None: no facts;
+        a string: why the host could not be reached)."""
+        if host not in self.hosts or host not in self._params:
+            return None
+        return await self._future(host)
+
+    def _done_event(self) -> asyncio.Event:
+        if self._done is None:
+            self._done = asyncio.Event()
+        return self._done
+
+    def finish(self) -> None:
+        """The checklist is done (or never ran): it asks the agents nothing more."""
+        self._done_event().set()
+
+    async def finished(self) -> None:
+        """Wait until the checklist is done with the agents' sessions."""
+        await self._done_event().wait()
+
+
 class _Session:
-    def __init__(self, host: Host, proc: NodeProcess | None, result: HostFacts) -> None:
+    def __init__(
+        self,
+        host: Host,
+        proc: NodeProcess | None,
+        result: HostFacts,
+        borrowed: HostSession | None = None,
+    ) -> None:
         self.host = host
         self.proc = proc
         self.result = result
+        self.borrowed = borrowed  # an agent's session: asked through it, never closed
+
+    @property
+    def open(self) -> bool:
+        """Whether requests can be sent."""
+        return self.proc is not None or self.borrowed is not None
 
     async def ask(self, op: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        if self.borrowed is not None:
+            return await self.borrowed.ask(op, timeout)
         assert self.proc is not None
         self.proc.write((json.dumps(op) + "\n").encode())
         return await _read_json(self.proc, timeout)
@@ -119,7 +206,7 @@ async def _open(
     try:
         # the host's own env (hostfile/YAML) applies: it is the job's environment too
         proc = await start_program(
-            transport, host, python, SHIPPED, "corral.checks.hostside:main", params
+            transport, host, python, SHIPPED, "corral.agent.hostfacts:main", params
         )
     except CorralError as exc:
         result.error = str(exc)
@@ -173,6 +260,22 @@ async def _close(session: _Session) -> None:
             await asyncio.wait_for(proc.wait(), 5)
 
 
+async def _open_or_borrow(
+    transport: Transport,
+    host: Host,
+    python: str | None,
+    params: dict[str, Any],
+    agents: AgentSessions | None,
+) -> _Session:
+    borrowed = await agents.session(host.name) if agents is not None else None
+    if borrowed is None:
+        return await _open(transport, host, python, params)
+    if isinstance(borrowed, str):  # the agent's connection failed: so would this one
+        return _Session(host, None, HostFacts(host=host, error=borrowed))
+    result = HostFacts(host=host, facts=borrowed.facts, start_s=borrowed.start_s)
+    return _Session(host, None, result, borrowed)
+
+
 async def gather(
     transport: Transport,
     hosts: Sequence[Host],
@@ -180,13 +283,14 @@ async def gather(
     *,
     master: Host | None,
     python: str | None = None,
+    agents: AgentSessions | None = None,
 ) -> dict[str, HostFacts]:
-    """Ask every host at once; returns each host's facts (or why it could not)."""
+    """Ask every host at once; returns each host's facts (or why it could not).
+    ``agents``: the node agents being started, which answer for the hosts whose
+    parameters were posted (:meth:`AgentSessions.post`)."""
+    params = {h.name: request.params(master is not None and h == master) for h in hosts}
     sessions = await asyncio.gather(
-        *(
-            _open(transport, h, python, request.params(master is not None and h == master))
-            for h in hosts
-        )
+        *(_open_or_borrow(transport, h, python, params[h.name], agents) for h in hosts)
     )
     try:
         target: tuple[str, int] | None = None
@@ -197,11 +301,7 @@ async def gather(
             if listener and listener.get("port"):
                 target = (request.master_addr, int(listener["port"]))
         await asyncio.gather(
-            *(
-                _phase_two(s, target, request.connect_timeout)
-                for s in sessions
-                if s.proc is not None
-            )
+            *(_phase_two(s, target, request.connect_timeout) for s in sessions if s.open)
         )
     finally:
         await asyncio.gather(*(_close(s) for s in sessions), return_exceptions=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from corral.agent.hostfacts import describe_holders
 from corral.checks.context import CheckContext, is_loopback
-from corral.checks.hostside import describe_holders
 from corral.checks.result import CheckResult, HostCheck, Status
 
 NAME = "network"

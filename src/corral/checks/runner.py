@@ -13,28 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.checks import (
-    checkpoint,
-    clock,
-    connectivity,
-    consistency,
-    gpu,
-    hardware,
-    links,
-    network,
-    shared_data,
-    software,
-    stale,
-    sync_status,
-)
+from corral.agent.fingerprint import Manifest, build_manifest, file_digest
+from corral.checks import software
 from corral.checks.context import CheckContext, ChecklistOptions
-from corral.checks.gather import GatherRequest, gather
+from corral.checks.gather import AgentSessions, GatherRequest, gather
 from corral.checks.reference import resolve
 from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
 from corral.checks.shared_probe import SharedProbe, probe_shared
 from corral.cluster.model import Cluster
 from corral.plan.render import master_index
-from corral.sync.fingerprint import Manifest, build_manifest, file_digest
 from corral.transport.base import Transport
 from corral.transport.choose import transport_for
 
@@ -135,6 +122,8 @@ async def _smoke(ctx: CheckContext, transport: Transport, port: int) -> CheckRes
     skipped = skipped_without_torch(ctx)
     if skipped is not None:
         return skipped
+    from corral.checks import network
+
     opts = ctx.options
     detected = network.interfaces(ctx)
     env: dict[str, dict[str, str]] = {}
@@ -189,8 +178,11 @@ async def run_checklist(
     *,
     transport: Transport | None = None,
     run_dir: str | None = "runs",
+    agents: AgentSessions | None = None,
 ) -> ChecklistOutcome:
-    """Run every check on every host in parallel and return the report."""
+    """Run every check on every host in parallel and return the report (``agents``:
+    node agents being started that answer for their hosts, see
+    :func:`~corral.checks.gather.gather`)."""
     started = time.perf_counter()
     cluster = opts.cluster
     master_addr = opts.master_addr or (
@@ -229,12 +221,33 @@ async def run_checklist(
     try:
         t0 = time.perf_counter()
         asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
+        if agents is not None:  # before anything is awaited: their probes carry these
+            agents.post({h.name: request.params(h == master) for h in asked})
         local = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
-        facts_map, (manifest, script_hash), shared = await asyncio.gather(
-            gather(tp, asked, request, master=master, python=opts.python),
+        asking = asyncio.gather(
+            gather(tp, asked, request, master=master, python=opts.python, agents=agents),
             local,
             _shared(tp, opts),
         )
+        try:
+            await asyncio.sleep(0)  # the host sessions start; the checks load meanwhile
+            from corral.checks import (
+                checkpoint,
+                clock,
+                connectivity,
+                consistency,
+                gpu,
+                hardware,
+                links,
+                network,
+                shared_data,
+                stale,
+                sync_status,
+            )
+        except BaseException:
+            asking.cancel()
+            raise
+        facts_map, (manifest, script_hash), shared = await asking
         if cluster.is_local:
             only = facts_map[cluster.hosts[0].name]
             facts_map = {h.name: dataclasses.replace(only, host=h) for h in cluster.hosts}

@@ -27,7 +27,7 @@ from corral.transport.base import NodeProcess, Transport
 HOSTSIDE = "corral.checks.shared_hostside"
 SESSION_TIMEOUT = 30.0  # the first answer: a stat on a hung network mount never returns
 REPLY_TIMEOUT = 15.0
-MARKER_PREFIX = ".corral-shared-check-"  # never code (corral.sync.fingerprint ignores it)
+MARKER_PREFIX = ".corral-shared-check-"  # never code (corral.agent.fingerprint ignores it)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from corral.transport.base import NodeProcess, Transport, kill_and_wait
 __all__ = ["KILL_GRACE", "SHIPPED", "MachineHealth", "local_health", "probe_machines"]
 
 #: The modules sent to each host (dependency order).
-SHIPPED = ("corral.checks.hostside", "corral.fleet.machinefacts")
+SHIPPED = ("corral.agent.hostfacts", "corral.fleet.machinefacts")
 #: After the deadline, how long to wait for a killed probe to end (then it is left).
 KILL_GRACE = 1.0
 DEFAULT_DEADLINE = 20.0

@@ -1,7 +1,7 @@
 """What a machine is and how busy it is (standard library only).
 
 Shipped to hosts with :mod:`corral.remote.python` together with
-:mod:`corral.checks.hostside` (whose hardware readers it reuses), so it needs
+:mod:`corral.agent.hostfacts` (whose hardware readers it reuses), so it needs
 no corral, psutil or torch on the host. :func:`main` prints one JSON line;
 the coordinator imports the module directly for its own machine.
 
@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from corral.checks.hostside import _run, hardware, memory
+from corral.agent.hostfacts import _run, hardware, memory
 
 _GPU_LOAD_QUERY = [
     "nvidia-smi",

@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import corral
 from corral.agent.protocol import EVENT, decode_header, encode_op
+from corral.checks.gather import AgentSessions
 from corral.cluster.model import Host
 from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError, LaunchError
@@ -41,7 +43,8 @@ _AGENT_SHELL = (
 
 @dataclass(frozen=True)
 class HostProbe:
-    """What one host's agent reported."""
+    """What one host's agent reported (``facts``: the pre-flight's host facts, when
+    the probe asked for them and the agent could gather them, in ``facts_s``)."""
 
     host: str
     python: str
@@ -51,6 +54,36 @@ class HostProbe:
     port: int | None
     port_error: str | None = None
     version: str | None = None
+    facts: dict[str, Any] | None = None
+    facts_s: float = 0.0  # how long the agent took to gather them
+
+
+class AgentSession:
+    """The pre-flight's session with a host, over its agent's own channel: the facts
+    its probe carried, and the checklist's requests until the start message
+    (:class:`~corral.checks.gather.HostSession`; :mod:`corral.agent.hostcheck`)."""
+
+    def __init__(self, proc: NodeProcess, facts: dict[str, Any], start_s: float) -> None:
+        self.proc = proc
+        self.facts = facts
+        self.start_s: float | None = start_s
+
+    async def ask(self, op: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send one request and read the agent's answer (one event frame)."""
+        self.proc.write(encode_op(op))
+
+        async def answer() -> dict[str, Any] | None:
+            header = await self.proc.stdout.readline()
+            if not header:
+                return None
+            kind, _, length = decode_header(header)
+            data = json.loads(await self.proc.stdout.readexactly(length))
+            return data if kind == EVENT and isinstance(data, dict) else None
+
+        try:
+            return await asyncio.wait_for(answer(), timeout)
+        except (ValueError, asyncio.IncompleteReadError):
+            return None
 
 
 class VersionMismatch(LaunchError):
@@ -108,6 +141,8 @@ async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> Hos
         event = parse_event(payload)
     except ValueError as exc:
         raise LaunchError(str(exc), host=host.name) from None
+    facts = raw.get("facts")
+    facts_s = raw.get("facts_s")
     return HostProbe(
         host=host.name,
         python=event["executable"],
@@ -117,6 +152,8 @@ async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> Hos
         port=event["port"],
         port_error=event["port_error"],
         version=event["version"],
+        facts=facts if isinstance(facts, dict) else None,
+        facts_s=float(facts_s) if isinstance(facts_s, (int, float)) else 0.0,
     )
 
 
@@ -129,25 +166,58 @@ async def start_agent(
     port: int | None,
     job_id: str | None = None,
     argv: Sequence[str] | None = None,
+    checks: AgentSessions | None = None,
 ) -> tuple[NodeProcess, HostProbe]:
     """Start ``host``'s agent (with ``CORRAL_JOB_ID=job_id`` in its environment, so
     the pre-flight's stale check knows it as this job's) and read its probe
     (TransportError / LaunchError). ``argv``: the agent's command when the
-    interpreter is known (default: :func:`agent_argv`, the first one found)."""
-    env = {JOB_ID_ENV: job_id} if job_id else None
-    proc = await transport.start(host, list(argv or agent_argv(python)), env=env)
-    proc.write(encode_op({"op": "probe", "workdir": workdir, "port": port}))
+    interpreter is known (default: :func:`agent_argv`, the first one found).
+    ``checks``: the pre-flight running meanwhile; the probe carries the host's
+    facts when it asks for them, and the agent's session answers it."""
+    started = time.monotonic()
     try:
-        probe = await asyncio.wait_for(_probe_reply(proc, host, python), PROBE_TIMEOUT)
-    except asyncio.TimeoutError as exc:
-        abort(proc)
-        raise LaunchError(
-            f"the agent did not answer within {PROBE_TIMEOUT:g} s", host=host.name
-        ) from exc
-    except BaseException:
-        abort(proc)
+        env = {JOB_ID_ENV: job_id} if job_id else None
+        proc = await transport.start(host, list(argv or agent_argv(python)), env=env)
+    except BaseException as exc:
+        if checks is not None:  # unreachable: the checklist reports it, trying no more
+            checks.answered(host.name, str(exc) if isinstance(exc, CorralError) else None)
         raise
+    try:
+        probe = await asyncio.wait_for(
+            _probe(proc, host, python, workdir, port, checks), PROBE_TIMEOUT
+        )
+    except BaseException as exc:
+        abort(proc)
+        if checks is not None:  # no facts: the checklist asks the host its own way
+            checks.answered(host.name, None)
+        if isinstance(exc, asyncio.TimeoutError):
+            raise LaunchError(
+                f"the agent did not answer within {PROBE_TIMEOUT:g} s", host=host.name
+            ) from exc
+        raise
+    if checks is not None:
+        session = None
+        if probe.facts is not None:  # the session's start: the probe's round trip
+            start_s = max(0.0, time.monotonic() - started - probe.facts_s)
+            session = AgentSession(proc, probe.facts, start_s)
+        checks.answered(host.name, session)
     return proc, probe
+
+
+async def _probe(
+    proc: NodeProcess,
+    host: Host,
+    python: str | None,
+    workdir: str | None,
+    port: int | None,
+    checks: AgentSessions | None,
+) -> HostProbe:
+    op: dict[str, Any] = {"op": "probe", "workdir": workdir, "port": port}
+    facts = checks.params(host.name) if checks is not None else None
+    if facts is not None:
+        op["facts"] = facts
+    proc.write(encode_op(op))
+    return await _probe_reply(proc, host, python)
 
 
 def abort(proc: NodeProcess) -> None:
@@ -198,16 +268,23 @@ async def start_agents(
     need_torch: bool,
     workdir_given: bool = True,
     job_id: str | None = None,
+    checks: AgentSessions | None = None,
 ) -> dict[str, tuple[NodeProcess, HostProbe]]:
     """Start and probe every host's agent in parallel (``master_port`` None: the
-    master port is not tested; ``job_id``: see :func:`start_agent`). If any host
-    is not ready, every agent is aborted and one LaunchError lists each host's
-    problem."""
+    master port is not tested; ``job_id``, ``checks``: see :func:`start_agent`). If
+    any host is not ready, every agent is aborted and one LaunchError lists each
+    host's problem."""
 
     async def one(host: Host) -> tuple[NodeProcess, HostProbe]:
         port = master_port if host.name == master.name else None
         return await start_agent(
-            transport, host, python=python, workdir=workdir, port=port, job_id=job_id
+            transport,
+            host,
+            python=python,
+            workdir=workdir,
+            port=port,
+            job_id=job_id,
+            checks=checks,
         )
 
     results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
@@ -235,6 +312,8 @@ async def start_agents(
                 )
             ]
     if errors:
+        if checks is not None:
+            await checks.finished()  # the checklist may still be asking them
         for proc, _ in started.values():
             abort(proc)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -266,15 +345,24 @@ async def start_local_agents(
     hosts: Sequence[Host],
     argv: Callable[[Host], list[str]],
     job_id: str | None,
+    checks: AgentSessions | None = None,
 ) -> dict[str, NodeProcess]:
     """Start and probe the agents of simulated (``local:N``) nodes with ``argv(host)``,
     the supervisor's own command: their interpreter start and imports happen before
-    the launch. A node whose agent did not answer is left out (the supervisor starts
-    it, and reports its failure, as without this head start)."""
+    the launch (``checks``: see :func:`start_agent`). A node whose agent did not
+    answer is left out (the supervisor starts it, and reports its failure, as
+    without this head start)."""
 
     async def one(host: Host) -> NodeProcess:
         proc, _ = await start_agent(
-            transport, host, python=None, workdir=None, port=None, job_id=job_id, argv=argv(host)
+            transport,
+            host,
+            python=None,
+            workdir=None,
+            port=None,
+            job_id=job_id,
+            argv=argv(host),
+            checks=checks,
         )
         return proc
 

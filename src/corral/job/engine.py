@@ -29,9 +29,9 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from corral.checks.result import ChecklistReport
+from corral.checks.gather import AgentSessions
 from corral.cluster.model import Cluster, Host
 from corral.contract import NODE_DIR_ENV
 from corral.errors import ConfigError, CorralError
@@ -48,8 +48,6 @@ from corral.job.events import (
     StateChanged,
     Subscriber,
 )
-from corral.job.fold import teardown_marker
-from corral.job.logfiles import LogFiles
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -61,17 +59,22 @@ from corral.job.options import (
 from corral.job.resolve import Prepared, plan_attempt, resolve
 from corral.job.result import EXIT_INTERRUPTED, JobResult
 from corral.job.states import JobMachine, JobState, NodeState
-from corral.job.supervisor import Supervisor
 from corral.plan.launchers.command import template_of
 from corral.plan.render import master_index
 from corral.plan.spec import NODE_LAUNCHERS, JobSpec
 from corral.private import private_dir, write_private
-from corral.recovery.keeper import CheckpointKeeper
 from corral.recovery.restart import AttemptLog, decide
 from corral.redact import REDACTED, is_secret
 from corral.transport.base import NodeProcess, Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
+
+if TYPE_CHECKING:
+    # imported where used: after the agents and the host checks were started, the
+    # coordinator loads these while they start (see benchmarks/README.md, launch)
+    from corral.checks.result import ChecklistReport
+    from corral.job.supervisor import Supervisor
+    from corral.recovery.keeper import CheckpointKeeper
 
 __all__ = ["Job", "Prepared", "dry_run", "job_json", "result_json"]
 
@@ -260,6 +263,7 @@ class Job:
         self.attempt = 0
         self._supervisor: Supervisor | None = None
         self._preparing: asyncio.Task[Any] | None = None
+        self._agents: AgentSessions | None = None  # the agents answering the checklist
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
         self._stops = 0
         self._stopped_by: str | None = None
@@ -392,6 +396,8 @@ class Job:
         return await self._start_remote(prepared, self.cluster, transport)
 
     async def _checklist(self, prepared: Prepared, transport: Transport, sync: Any) -> Any:
+        """The pre-flight checklist; the agents being started meanwhile
+        (``self._agents``) answer it for their hosts."""
         from corral.job.preflight import checklist_options, preflight
 
         options = checklist_options(
@@ -403,7 +409,28 @@ class Job:
             sync,
             in_place=self.recovery.in_place,
         )
-        return await preflight(options, transport, prepared.spec.run_dir, self._checked)
+        return await preflight(
+            options, transport, prepared.spec.run_dir, self._checked, self._agents
+        )
+
+    async def _checked_alongside(
+        self, prepared: Prepared, transport: Transport, sync: Any, agents: Any
+    ) -> Any:
+        """:func:`~corral.job.agents.alongside` of the checklist and ``agents`` (the
+        agents' start-up), which answer it for their hosts through ``self._agents``."""
+        sessions = self._agents
+
+        async def checklist() -> Any:
+            try:
+                return await self._checklist(prepared, transport, sync)
+            finally:
+                if sessions is not None:
+                    sessions.finish()  # the agents may be told to exit from now on
+
+        try:
+            return await alongside(checklist(), agents)
+        finally:
+            self._agents = None
 
     def _replan(self, prepared: Prepared, cluster: Cluster) -> Prepared:
         """The same attempt on a changed cluster (hosts dropped, interfaces set)."""
@@ -418,12 +445,15 @@ class Job:
         launched until the checklist passed."""
         from corral.job.preflight import apply
 
-        async def warm() -> tuple[None, dict[str, NodeProcess]]:
-            hosts = [c.host for c in prepared.commands]
-            argv = _agent_argv(prepared.spec)
-            return None, await start_local_agents(transport, hosts, argv, prepared.spec.job_id)
+        hosts = [c.host for c in prepared.commands]
+        agents = self._agents = AgentSessions(h.name for h in hosts)
 
-        outcome, (_, started) = await alongside(self._checklist(prepared, transport, sync), warm())
+        async def warm() -> tuple[None, dict[str, NodeProcess]]:
+            argv = _agent_argv(prepared.spec)
+            job_id = prepared.spec.job_id
+            return None, await start_local_agents(transport, hosts, argv, job_id, agents)
+
+        outcome, (_, started) = await self._checked_alongside(prepared, transport, sync, warm())
         cluster = apply(outcome, self.cluster)
         if cluster == self.cluster:
             return prepared, started
@@ -439,9 +469,12 @@ class Job:
         checklist tests the master port, so the agents do not (port 0 excepted)."""
         from corral.job.preflight import apply
 
-        outcome, (planned, started) = await alongside(
-            self._checklist(prepared, transport, sync),
-            self._start_remote(prepared, self.cluster, transport, check_port=False),
+        agents = self._agents = AgentSessions(h.name for h in self.cluster.hosts)
+        outcome, (planned, started) = await self._checked_alongside(
+            prepared,
+            transport,
+            sync,
+            self._start_remote(prepared, self.cluster, transport, check_port=False, agents=agents),
         )
         cluster = apply(outcome, self.cluster)
         if cluster == self.cluster:
@@ -463,11 +496,13 @@ class Job:
         transport: Transport,
         *,
         check_port: bool = True,
+        agents: AgentSessions | None = None,
     ) -> tuple[Prepared, dict[str, NodeProcess]]:
         """Start and probe every SSH host's agent (interpreter, torch, workdir, corral's
         version, master port unless ``check_port`` is False; port 0 is always
-        resolved) and re-plan with what they found. Nothing is launched if a host is
-        not ready."""
+        resolved; ``agents``: the checklist running meanwhile, which they answer)
+        and re-plan with what they found. Nothing is launched if a host is not
+        ready."""
         spec = prepared.spec
         master_addr = spec.master_addr or cluster.hosts[0].address
         master = cluster.hosts[master_index(cluster, master_addr)]
@@ -481,6 +516,7 @@ class Job:
             master_port=spec.master_port if check_port or spec.master_port == 0 else None,
             need_torch=spec.launcher == "torchrun",
             job_id=spec.job_id,  # the pre-flight's stale check must not count them
+            checks=agents,
         )
         resolved = Cluster(
             tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
@@ -496,6 +532,8 @@ class Job:
     # -- attempts -----------------------------------------------------------------------
 
     def _keeper(self, prepared: Prepared, transport: Transport) -> CheckpointKeeper:
+        from corral.recovery.keeper import CheckpointKeeper
+
         spec = prepared.spec
         return CheckpointKeeper.create(
             transport,
@@ -637,6 +675,10 @@ class Job:
         keeper: CheckpointKeeper,
         placed: str | None,
     ) -> JobResult:
+        from corral.job.fold import teardown_marker
+        from corral.job.logfiles import LogFiles
+        from corral.job.supervisor import Supervisor
+
         inplace: dict[str, Any] = {}
         supervising: type[Supervisor] = Supervisor
         if self.recovery.in_place:  # every node its own replica group (torchft)

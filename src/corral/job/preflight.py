@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.checks.context import ChecklistOptions
+from corral.checks.gather import AgentSessions
 from corral.checks.result import ChecklistReport
 from corral.checks.runner import ChecklistOutcome, run_checklist
 from corral.checks.shared_data import validate_path
@@ -90,10 +91,16 @@ async def preflight(
     transport: Transport,
     run_dir: str,
     on_report: Callable[[ChecklistReport, bool], None],
+    agents: AgentSessions | None = None,
 ) -> ChecklistOutcome:
     """Run the checklist for a launch; ``on_report(report, blocking)`` sees its report;
-    CheckFailed when a check failed."""
-    outcome = await run_checklist(options, transport=transport, run_dir=run_dir)
+    CheckFailed when a check failed. ``agents``: see :func:`run_checklist`; they are
+    told when the checklist asks nothing more of them, whatever happens."""
+    try:
+        outcome = await run_checklist(options, transport=transport, run_dir=run_dir, agents=agents)
+    finally:
+        if agents is not None:
+            agents.finish()
     report = outcome.report
     on_report(report, bool(report.failed))
     if report.failed:

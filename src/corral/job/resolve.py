@@ -111,7 +111,7 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     if error is not None:
         why = str(error)
         if error.errno == errno.EADDRINUSE:
-            from corral.checks.hostside import describe_holders, port_holders
+            from corral.agent.hostfacts import describe_holders, port_holders
 
             holders = port_holders(port)
             why = "already in use" + (" by " + describe_holders(holders) if holders else "")

@@ -1,6 +1,6 @@
 """The tree's manifest without re-hashing unchanged files (a stat cache, like git's index).
 
-:func:`cached_manifest` gives exactly what :func:`corral.sync.fingerprint.build_manifest`
+:func:`cached_manifest` gives exactly what :func:`corral.agent.fingerprint.build_manifest`
 gives for the same file list, but reuses a file's SHA-256 from the previous run
 when its size, mtime, ctime, inode and device are unchanged (ctime moves on
 every write, and no tool can set it back). Files modified within the last
@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from corral.sync.fingerprint import Manifest, file_digest
+from corral.agent.fingerprint import Manifest, file_digest
 from corral.sync.state import state_dir
 
 __all__ = ["Stamp", "cache_file", "cached_manifest", "changed_since", "snapshot", "stamp"]

@@ -1,6 +1,6 @@
 """``corral sync --delete`` on a host: remove files that are not in the pushed tree.
 
-Standard library only (plus :mod:`corral.sync.fingerprint`): this module is
+Standard library only (plus :mod:`corral.agent.fingerprint`): this module is
 shipped to the hosts over stdin (see :mod:`corral.remote.python`).
 The host walks its copy with the same rules as the coordinator, so files its
 ignore rules exclude are left alone (like ``rsync --delete`` without
@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Iterable
 
-from corral.sync.fingerprint import walk
+from corral.agent.fingerprint import walk
 
 
 def _parents(rel: str) -> Iterable[str]:

@@ -1,6 +1,6 @@
 """Push a code tree to every host with rsync over SSH, all hosts in parallel.
 
-The file list is exactly the tree of :mod:`corral.sync.fingerprint` (the same
+The file list is exactly the tree of :mod:`corral.agent.fingerprint` (the same
 walk the code-consistency check hashes on each host: ``.gitignore`` and
 ``.corralignore`` honoured), handed to rsync with ``--files-from`` and ``-a``
 semantics. One rsync per host runs at once (up to ``fanout``), each over the
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral.agent import fingerprint
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
 from corral.remote import python as remote_python
-from corral.sync import fingerprint
 from corral.sync.hashcache import cached_manifest, changed_since, snapshot
 from corral.sync.procs import KILL_GRACE, communicate, drain, gather_all, kill_group, spawn
 from corral.sync.rsync_output import OUT_FORMAT, RsyncProgress, RsyncReader, exit_meaning
@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 DEFAULT_FANOUT = 32
-PRUNE_MODULES = ("corral.sync.fingerprint", "corral.sync.prune")
+PRUNE_MODULES = ("corral.agent.fingerprint", "corral.sync.prune")
 STDERR_KEEP = 64 * 1024
 ERROR_LINES = 3
 PROGRESS_INTERVAL = 0.1  # seconds between progress callbacks per host

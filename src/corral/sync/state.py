@@ -68,7 +68,7 @@ class SyncRecord:
 
     host: str
     dest: str
-    digest: str  # the tree's manifest digest (corral.sync.fingerprint)
+    digest: str  # the tree's manifest digest (corral.agent.fingerprint)
     src: str  # absolute source directory on the coordinator
     time: float  # when it finished (seconds since the epoch)
     files: int  # files in the tree
@@ -266,7 +266,7 @@ def _shown(paths: Sequence[str]) -> str:
 
 
 def _host_diff(reference: Mapping[str, str], host: Mapping[str, str]) -> list[str]:
-    from corral.sync.fingerprint import diff_manifests
+    from corral.agent.fingerprint import diff_manifests
 
     return _names(*diff_manifests(dict(reference), dict(host)))
 
@@ -290,7 +290,7 @@ def verify_sync(
     filtered the same way before comparing). A host whose tree differs from what
     was pushed is ``warn`` with the differing files named, even when the tree
     here did not change."""
-    from corral.sync.fingerprint import filter_files
+    from corral.agent.fingerprint import filter_files
 
     entries, manifests = _load(path or state_path())
     trees = host_trees or {}

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from corral.sync.fingerprint import build_manifest
+from corral.agent.fingerprint import build_manifest
 from corral.testbed import Testbed
 
 from .test_ssh_transport import password_sshd
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.netns
 
 HOSTS = ("tb1", "tb2", "tb3")
 _MANIFEST = (
-    "import json, sys; from corral.sync.fingerprint import build_manifest; "
+    "import json, sys; from corral.agent.fingerprint import build_manifest; "
     "print(json.dumps(build_manifest(sys.argv[1]).files))"
 )
 __all__ = ["password_sshd"]  # a fixture, imported for the password test

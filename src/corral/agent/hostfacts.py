@@ -1,8 +1,10 @@
-"""What the pre-flight checklist runs on each host (standard library only).
+"""What the pre-flight checklist learns on each host (standard library only).
 
-Shipped with ``corral.remote.python`` together with
-``corral.sync.fingerprint``, so it needs no corral (and no torch) on the host
-and never imports anything heavy. :func:`main` is one session per host:
+A node agent being started for the launch gathers these facts in its own session
+(:mod:`corral.agent.hostcheck`); otherwise (``corral check``, or a host whose
+agent could not) the checklist ships this module with ``corral.remote.python``
+together with ``corral.agent.fingerprint``, so it needs no corral (and no torch)
+on the host and never imports anything heavy. :func:`main` is one such session:
 
 1. on the master host, bind and listen on the master port first (who holds it
    when that fails; an ephemeral port then stands in, so reachability is still
@@ -608,7 +610,7 @@ def checkpoint_dir(path: str) -> dict[str, Any]:
 
 def code(params: dict[str, Any]) -> dict[str, Any]:
     """The code tree's manifest and the entry script's hash on this host."""
-    from corral.sync import fingerprint  # shipped alongside this module
+    from corral.agent import fingerprint  # shipped alongside this module
 
     out: dict[str, Any] = {}
     code_dir = params.get("code_dir")
@@ -633,7 +635,7 @@ def code(params: dict[str, Any]) -> dict[str, Any]:
 def script_facts(path: str) -> dict[str, Any]:
     """The entry script at ``path``: its SHA-256, or why it cannot be run (``error``).
     A directory runs only with a ``__main__.py`` (as ``runpy.run_path`` does)."""
-    from corral.sync import fingerprint  # shipped alongside this module
+    from corral.agent import fingerprint  # shipped alongside this module
 
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "__main__.py")):
