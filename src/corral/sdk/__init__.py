@@ -24,8 +24,9 @@ sdk.cleanup()
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral.sdk._accelerate import get_accelerator
@@ -118,15 +119,7 @@ _LAZY = {
 
 
 if not TYPE_CHECKING:  # a type checker sees the names above, and no catch-all
-
-    def __getattr__(name: str) -> Any:
-        """A public name, imported from its module on first use."""
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module 'corral.sdk' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__ = lazy_exports(__name__, _LAZY, globals())
 
     def __dir__() -> list[str]:
         """The public names, loaded or not."""

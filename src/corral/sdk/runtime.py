@@ -9,8 +9,9 @@ on (variables, file names) are in :mod:`corral.contract`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral.sdk._accelerate import set_accelerator
@@ -29,15 +30,7 @@ _LAZY = {
 
 
 if not TYPE_CHECKING:  # a type checker sees the names above, and no catch-all
-
-    def __getattr__(name: str) -> Any:
-        """A name of this module, imported from its SDK module on first use."""
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module 'corral.sdk.runtime' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [
