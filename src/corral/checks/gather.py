@@ -276,6 +276,13 @@ async def _open_or_borrow(
     return _Session(host, None, result, borrowed)
 
 
+def host_params(
+    request: GatherRequest, hosts: Sequence[Host], master: Host | None
+) -> dict[str, dict[str, Any]]:
+    """What each host is asked (the master host also listens on the master port)."""
+    return {h.name: request.params(master is not None and h == master) for h in hosts}
+
+
 async def gather(
     transport: Transport,
     hosts: Sequence[Host],
@@ -288,7 +295,7 @@ async def gather(
     """Ask every host at once; returns each host's facts (or why it could not).
     ``agents``: the node agents being started, which answer for the hosts whose
     parameters were posted (:meth:`AgentSessions.post`)."""
-    params = {h.name: request.params(master is not None and h == master) for h in hosts}
+    params = host_params(request, hosts, master)
     sessions = await asyncio.gather(
         *(_open_or_borrow(transport, h, python, params[h.name], agents) for h in hosts)
     )

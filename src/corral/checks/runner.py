@@ -16,7 +16,7 @@ from pathlib import Path
 from corral.agent.fingerprint import Manifest, build_manifest, file_digest
 from corral.checks import software
 from corral.checks.context import CheckContext, ChecklistOptions
-from corral.checks.gather import AgentSessions, GatherRequest, gather
+from corral.checks.gather import AgentSessions, GatherRequest, gather, host_params
 from corral.checks.reference import resolve
 from corral.checks.result import ChecklistReport, CheckResult, HostCheck, Status
 from corral.checks.shared_probe import SharedProbe, probe_shared
@@ -222,7 +222,7 @@ async def run_checklist(
         t0 = time.perf_counter()
         asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
         if agents is not None:  # before anything is awaited: their probes carry these
-            agents.post({h.name: request.params(h == master) for h in asked})
+            agents.post(host_params(request, asked, master))
         local = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
         asking = asyncio.gather(
             gather(tp, asked, request, master=master, python=opts.python, agents=agents),

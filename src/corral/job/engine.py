@@ -414,18 +414,23 @@ class Job:
         )
 
     async def _checked_alongside(
-        self, prepared: Prepared, transport: Transport, sync: Any, agents: Any
+        self,
+        prepared: Prepared,
+        transport: Transport,
+        sync: Any,
+        sessions: AgentSessions,
+        agents: Any,
     ) -> Any:
         """:func:`~corral.job.agents.alongside` of the checklist and ``agents`` (the
-        agents' start-up), which answer it for their hosts through ``self._agents``."""
-        sessions = self._agents
+        agents' start-up), which answer it for their hosts through ``sessions``
+        (``self._agents`` meanwhile; told when the checklist is done, however)."""
+        self._agents = sessions
 
         async def checklist() -> Any:
             try:
                 return await self._checklist(prepared, transport, sync)
             finally:
-                if sessions is not None:
-                    sessions.finish()  # the agents may be told to exit from now on
+                sessions.finish()  # the agents may be told to exit from now on
 
         try:
             return await alongside(checklist(), agents)
@@ -446,14 +451,16 @@ class Job:
         from corral.job.preflight import apply
 
         hosts = [c.host for c in prepared.commands]
-        agents = self._agents = AgentSessions(h.name for h in hosts)
+        agents = AgentSessions(h.name for h in hosts)
 
         async def warm() -> tuple[None, dict[str, NodeProcess]]:
             argv = _agent_argv(prepared.spec)
             job_id = prepared.spec.job_id
             return None, await start_local_agents(transport, hosts, argv, job_id, agents)
 
-        outcome, (_, started) = await self._checked_alongside(prepared, transport, sync, warm())
+        outcome, (_, started) = await self._checked_alongside(
+            prepared, transport, sync, agents, warm()
+        )
         cluster = apply(outcome, self.cluster)
         if cluster == self.cluster:
             return prepared, started
@@ -469,11 +476,12 @@ class Job:
         checklist tests the master port, so the agents do not (port 0 excepted)."""
         from corral.job.preflight import apply
 
-        agents = self._agents = AgentSessions(h.name for h in self.cluster.hosts)
+        agents = AgentSessions(h.name for h in self.cluster.hosts)
         outcome, (planned, started) = await self._checked_alongside(
             prepared,
             transport,
             sync,
+            agents,
             self._start_remote(prepared, self.cluster, transport, check_port=False, agents=agents),
         )
         cluster = apply(outcome, self.cluster)
@@ -679,7 +687,7 @@ class Job:
         from corral.job.logfiles import LogFiles
         from corral.job.supervisor import Supervisor
 
-        inplace: dict[str, Any] = {}
+        inplace: dict[str, Any] = {}  # the in-place supervisor's own arguments
         supervising: type[Supervisor] = Supervisor
         if self.recovery.in_place:  # every node its own replica group (torchft)
             from corral.job import inplace as ip  # the Lighthouse's machinery: only here
@@ -707,7 +715,7 @@ class Job:
                 workload_weights=list(spec.workload_weights),
             )
         )
-        supervisor = (supervising if inplace else Supervisor)(
+        supervisor = supervising(
             prepared.commands,
             transport,
             self.emit,

@@ -94,13 +94,8 @@ async def preflight(
     agents: AgentSessions | None = None,
 ) -> ChecklistOutcome:
     """Run the checklist for a launch; ``on_report(report, blocking)`` sees its report;
-    CheckFailed when a check failed. ``agents``: see :func:`run_checklist`; they are
-    told when the checklist asks nothing more of them, whatever happens."""
-    try:
-        outcome = await run_checklist(options, transport=transport, run_dir=run_dir, agents=agents)
-    finally:
-        if agents is not None:
-            agents.finish()
+    CheckFailed when a check failed. ``agents``: see :func:`run_checklist`."""
+    outcome = await run_checklist(options, transport=transport, run_dir=run_dir, agents=agents)
     report = outcome.report
     on_report(report, bool(report.failed))
     if report.failed:
