@@ -18,7 +18,8 @@ SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
 NO_FT = str(REPO / "tests" / "integration" / "scripts" / "steps.py")  # never makes a Manager
 
 
-def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:
+def _in_place(tmp_path: Path, job: str, *script: str, options: tuple[str, ...] = ()) -> str:
+    """Run ft_steps.py in place on local:3; corral's output (exit 0 asserted)."""
     result = run_corral(
         "run",
         "--hosts",
@@ -31,22 +32,23 @@ def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) ->
         "--run-dir",
         str(tmp_path / "runs"),
         "--job-id",
-        "inplace1",
+        job,
         "--grace",
         "3",
+        *options,
         "--",
         SCRIPT,
-        "--steps",
-        "30",
-        "--kill-group",
-        "2",
-        "--kill-at",
-        "8",
+        *script,
         cwd=tmp_path,
         timeout=400,
     )
     err = result.stderr + result.stdout
     assert result.returncode == 0, err[-4000:]
+    return err
+
+
+def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:
+    err = _in_place(tmp_path, "inplace1", *("--steps", "30", "--kill-group", "2", "--kill-at", "8"))
     assert "rank 0 on local-2 killed by SIGKILL: in-place recovery tears down only group 2" in err
     assert "group 2: restarting its group on local-2" in err
     # the restarted group healed from a live peer (torchft's own line) and trained on
@@ -132,35 +134,6 @@ def test_the_lighthouse_lists_the_managers_that_heartbeat() -> None:
 
     before, after = asyncio.run(main())
     assert before == set() and after == {"corral_1:5c1d"}
-
-
-def _in_place(tmp_path: Path, job: str, *script: str, options: tuple[str, ...] = ()) -> str:
-    """Run ft_steps.py in place on local:3; corral's output (exit 0 asserted)."""
-    result = run_corral(
-        "run",
-        "--hosts",
-        "local:3",
-        "--recovery",
-        "in-place",
-        "--no-preflight",
-        "--master-port",
-        "0",
-        "--run-dir",
-        str(tmp_path / "runs"),
-        "--job-id",
-        job,
-        "--grace",
-        "3",
-        *options,
-        "--",
-        SCRIPT,
-        *script,
-        cwd=tmp_path,
-        timeout=400,
-    )
-    err = result.stderr + result.stdout
-    assert result.returncode == 0, err[-4000:]
-    return err
 
 
 def test_a_hung_group_is_torn_down_alone_and_heals_back(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from corral.cli import job as cli_job
@@ -24,13 +24,13 @@ from corral.errors import CorralError
 from corral.job.build import JobOptions
 from corral.service.models import (
     PASS_THROUGH,
-    ConfigScaling,
     JobRequest,
-    ResourceRequirements,
 )
 from corral.service.planner import job_description
 from corral.service.settings import ServerSettings
 from tests.unit.test_service_planner import machine
+
+from .request_fields import NESTED, field_paths
 
 _register()
 
@@ -52,10 +52,6 @@ NO_FLAG: dict[str, str] = {
     "config_scaling.output_dir_key": "as config_scaling.batch_size_key",
 }
 """The fields without a flag of their own, and why."""
-NESTED: dict[str, type[BaseModel]] = {
-    "resource_requirements": ResourceRequirements,
-    "config_scaling": ConfigScaling,
-}
 
 
 def _command(*path: str) -> Any:
@@ -69,17 +65,7 @@ def _flags(*path: str) -> set[str]:
     return {opt for p in _command(*path).params for opt in p.opts if opt.startswith("--")}
 
 
-def _field_paths() -> list[str]:
-    paths = []
-    for name in JobRequest.model_fields:
-        if name in NESTED:
-            paths += [f"{name}.{sub}" for sub in NESTED[name].model_fields]
-        else:
-            paths.append(name)
-    return paths
-
-
-@pytest.mark.parametrize("field", _field_paths())
+@pytest.mark.parametrize("field", field_paths())
 def test_every_request_field_has_a_submit_flag(field: str) -> None:
     if field in NO_FLAG:
         return
@@ -91,7 +77,7 @@ def test_every_request_field_has_a_submit_flag(field: str) -> None:
 
 
 def test_the_lists_name_only_real_fields() -> None:
-    assert set(FLAG_OF) | set(NO_FLAG) <= set(_field_paths()) | set(NESTED)
+    assert set(FLAG_OF) | set(NO_FLAG) <= set(field_paths()) | set(NESTED)
 
 
 @pytest.mark.parametrize("name", PASS_THROUGH)

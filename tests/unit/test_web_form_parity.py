@@ -14,14 +14,12 @@ import pytest
 from pydantic import BaseModel
 
 from corral.contract import QOS_CLASSES
-from corral.service.models import ConfigScaling, JobRequest, ResourceRequirements
+from corral.service.models import ConfigScaling, JobRequest
 from corral.web.form import SECTIONS, option_sections
 from corral.web.pages import templates
 
-NESTED: dict[str, type[BaseModel]] = {
-    "resource_requirements": ResourceRequirements,
-    "config_scaling": ConfigScaling,
-}
+from .request_fields import NESTED, field_paths
+
 FORM_NAME: dict[str, str] = {
     "resource_requirements.num_machines": "num_machines",
     "resource_requirements.gpus_per_machine": "gpus_per_machine",
@@ -110,16 +108,6 @@ def form() -> _Controls:
     return parser
 
 
-def _field_paths() -> list[str]:
-    paths = []
-    for name in JobRequest.model_fields:
-        if name in NESTED:
-            paths += [f"{name}.{sub}" for sub in NESTED[name].model_fields]
-        else:
-            paths.append(name)
-    return paths
-
-
 def _field(path: str) -> Any:
     model: type[BaseModel] = JobRequest
     *outer, name = path.split(".")
@@ -132,7 +120,7 @@ def _generated() -> list[str]:
     return [name for _, _, fields in SECTIONS for name, _ in fields]
 
 
-@pytest.mark.parametrize("path", _field_paths())
+@pytest.mark.parametrize("path", field_paths())
 def test_every_request_field_is_on_the_form(form: _Controls, path: str) -> None:
     if path in NOT_IN_FORM:
         return
@@ -144,7 +132,7 @@ def test_every_request_field_is_on_the_form(form: _Controls, path: str) -> None:
 
 
 def test_the_lists_name_only_real_fields() -> None:
-    assert set(FORM_NAME) | set(NOT_IN_FORM) <= set(_field_paths())
+    assert set(FORM_NAME) | set(NOT_IN_FORM) <= set(field_paths())
     assert set(_generated()) <= set(JobRequest.model_fields)
     assert len(_generated()) == len(set(_generated()))
 
@@ -183,7 +171,7 @@ def _bounds(path: str) -> tuple[float | None, float | None]:
     return low, high  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("path", [p for p in _field_paths() if p not in NOT_IN_FORM])
+@pytest.mark.parametrize("path", [p for p in field_paths() if p not in NOT_IN_FORM])
 def test_a_number_field_has_the_apis_bounds(form: _Controls, path: str) -> None:
     control = form.controls.get(FORM_NAME.get(path, path), {})
     if control.get("type") != "number":
