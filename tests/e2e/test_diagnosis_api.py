@@ -19,6 +19,7 @@ from corral.job.events import (
     OddRank,
     Progress,
     StragglerFound,
+    json_of,
 )
 from corral.service.eventlog import EVENTS_FILE, append_event
 from corral.store.models import Job
@@ -30,7 +31,7 @@ AUTH = test_inplace_api.AUTH
 
 def _write(path: Path, *events: JobEvent) -> None:
     for event in events:
-        append_event(path, event.model_dump(mode="json", exclude={"job_id"}))
+        append_event(path, json_of(event))
 
 
 def _ratios(client: TestClient, job_id: str) -> dict[tuple[str, str, str], float]:

@@ -21,7 +21,7 @@ from corral.api.services import Services
 from corral.cli.jobview import print_status
 from corral.job.build import policies
 from corral.job.describe import JobDescription
-from corral.job.events import AttemptStarted, GroupChanged, JobEvent
+from corral.job.events import AttemptStarted, GroupChanged, JobEvent, json_of
 from corral.service.eventlog import EVENTS_FILE, append_event
 from corral.service.settings import ServerSettings
 from corral.store import open_store
@@ -149,7 +149,7 @@ def _running_in_place(client: TestClient, store: Any) -> str:
         ),
     ]
     for event in events:
-        append_event(path, event.model_dump(mode="json", exclude={"job_id"}))
+        append_event(path, json_of(event))
     return job_id
 
 
@@ -188,7 +188,7 @@ def test_group_changes_show_in_status_metrics_and_job_status(
         step=71,
         healed_from="sim1",
     )
-    append_event(path, rejoined.model_dump(mode="json", exclude={"job_id"}))
+    append_event(path, json_of(rejoined))
     status = client.get(f"/api/network/distributed/status/{job_id}", headers=AUTH).json()
     assert status["groups"][-1]["healed_from"] == "sim1"
     assert _participants(client, job_id) == 2.0
@@ -215,7 +215,7 @@ def test_an_in_place_job_counts_its_groups_before_any_change(
         started = AttemptStarted(
             job_id=planned, number=1, hosts=["sim1", "sim2", "sim3"], world_size=3
         )
-        append_event(path, started.model_dump(mode="json", exclude={"job_id"}))
+        append_event(path, json_of(started))
         client.get(f"/api/network/distributed/status/{planned}", headers=AUTH)
     assert _participants(client, job_id) == 3.0
     assert _participants(client, other) is None

@@ -19,6 +19,7 @@ from corral.job.events import (
     OddRank,
     Progress,
     StragglerFound,
+    json_of,
 )
 from corral.service.eventlog import EVENTS_FILE, append_event
 from tests import webkit
@@ -83,7 +84,7 @@ def _running_job(server: LiveServer) -> str:
         ),
     ]
     for event in events:
-        append_event(path, event.model_dump(mode="json", exclude={"job_id"}))
+        append_event(path, json_of(event))
     return job_id
 
 

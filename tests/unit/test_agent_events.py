@@ -193,18 +193,6 @@ VALID: list[tuple[bytes, dict[str, Any]]] = [
     (_event("stopping", reason="rank 1 failed"), {"reason": "rank 1 failed"}),
     (_event("hb"), {}),
     (_event("node_exit", ranks={"0": 0, "1": None}, code=0), {"ranks": {"0": 0, "1": None}}),
-    (
-        _event(
-            "probe",
-            executable="/usr/bin/python3",
-            hostname="h",
-            torch=False,
-            workdir_ok=True,
-            port=None,
-            version="0.1.0",
-        ),
-        {"version": "0.1.0", "port": None, "port_error": None, "torch": False},
-    ),
 ]
 
 

@@ -1,6 +1,6 @@
 """The node agent as the coordinator sees it: a real ``python -m corral.agent``
 driven through its stdin ops, its frames read (and every event validated with
-``parse_event``) from its stdout."""
+``parse_event``, the probe's answer with ``read_answer``) from its stdout."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 
 import corral
 from corral.agent.events import parse_event
+from corral.agent.probe import read_answer
 from corral.agent.protocol import EVENT, STDOUT, decode_header, encode_op
 from corral.cluster import load_cluster
 from corral.plan.render import plan_job
@@ -71,7 +72,9 @@ class Agent:
             raise AssertionError(f"agent stdout ended before {what}; events: {self.events}")
         kind, rank, payload = frame
         if kind == EVENT:
-            self.events.append(parse_event(payload))  # every event the agent sends is valid
+            # every event the agent sends is valid, read as the coordinator reads it
+            probe = json.loads(payload).get("event") == "probe"
+            self.events.append(read_answer(json.loads(payload)) if probe else parse_event(payload))
         else:
             self.output.setdefault((kind, rank), []).append(payload)
         return frame

@@ -22,6 +22,7 @@ from corral.job.events import (
     StragglerFound,
     StuckCollective,
     decode_event,
+    json_of,
 )
 from corral.job.logfiles import LogFiles
 from corral.job.supervisor import Supervisor
@@ -53,7 +54,7 @@ def _running(store: Store, run_dir: Path) -> Path:
 
 def _write(path: Path, *events: JobEvent) -> None:
     for event in events:
-        append_event(path, event.model_dump(mode="json", exclude={"job_id"}))
+        append_event(path, json_of(event))
 
 
 def _straggler(rank: int, ratio: float, step: int, section: str = "compute") -> StragglerFound:
@@ -135,7 +136,7 @@ def test_a_job_without_them_has_none(store: Store, tmp_path: Path) -> None:
 
 
 def test_the_hang_event_round_trips_as_a_line_of_the_events_file() -> None:
-    data = HANG.model_dump(mode="json", exclude={"job_id"})
+    data = json_of(HANG)
     assert decode_event(data, JOB) == HANG
 
 

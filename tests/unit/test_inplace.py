@@ -15,7 +15,7 @@ from corral.cluster import Cluster, Host
 from corral.contract import LIGHTHOUSE_ENV, MIN_REPLICAS_ENV, REPLICA_GROUP_ENV, REPLICA_GROUPS_ENV
 from corral.errors import ConfigError
 from corral.job.build import JobOptions, build_job, new_job
-from corral.job.events import GroupChanged, JobEvent, decode_event
+from corral.job.events import GroupChanged, JobEvent, decode_event, json_of
 from corral.job.inplace import InPlaceSupervisor
 from corral.job.logfiles import LogFiles
 from corral.job.states import JobState
@@ -195,7 +195,7 @@ def dataclass_replace(spec: JobSpec, **kw: Any) -> JobSpec:
 
 def test_group_events_round_trip() -> None:
     event = GroupChanged(job_id="j", host="a", group=1, change="rejoined", participants=3, step=9)
-    back = decode_event(event.model_dump(mode="json"), "j")
+    back = decode_event(json_of(event), "j")
     assert isinstance(back, GroupChanged) and back.step == 9 and back.participants == 3
 
 

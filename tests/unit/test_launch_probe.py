@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 import corral
+from corral.agent.probe import MAX_TEXT, read_answer
 from corral.cluster import Host
 from corral.errors import LaunchError
 from corral.job.agents import HostProbe, VersionMismatch, agent_argv, problems, start_agents
@@ -210,6 +211,51 @@ def test_malformed_probe_is_named() -> None:
             await _start(transport, HOSTS)  # type: ignore[misc]
 
     asyncio.run(main())
+
+
+ANSWER: dict[str, object] = {
+    "event": "probe",
+    "time": 1.5,
+    "executable": "/usr/bin/python3",
+    "hostname": "h",
+    "torch": False,
+    "workdir_ok": True,
+    "port": None,
+    "version": "0.1.0",
+}
+
+
+def test_a_probe_answer_keeps_the_fields_the_launch_reads() -> None:
+    answer = read_answer({**ANSWER, "facts": {"cpu": 2}})
+    assert answer == {**ANSWER, "port_error": None}  # the host's facts are the checklist's
+    assert (
+        read_answer({**ANSWER, "port": 29500, "port_error": "in use", "time": 2})["port"] == 29500
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"executable": 3}, "executable"),
+        ({"hostname": None}, "hostname"),
+        ({"executable": "x" * (MAX_TEXT + 1)}, "executable"),
+        ({"torch": "yes"}, "torch"),
+        ({"workdir_ok": 1}, "workdir_ok"),
+        ({"port": 70000}, "port"),
+        ({"port": True}, "port"),
+        ({"port": "29500"}, "port"),
+        ({"port_error": 5}, "port_error"),
+        ({"version": "v" * 201}, "version"),
+        ({"time": float("nan")}, "time"),
+        ({"time": -1.0}, "time"),
+        ({"time": "now"}, "time"),
+        ({"time": None}, "time"),
+    ],
+)
+def test_a_malformed_probe_answer_names_its_field(change: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^invalid agent event: probe\.{field}: ") as err:
+        read_answer({**ANSWER, **change})
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
 
 
 def test_real_agent_reports_its_version(monkeypatch: pytest.MonkeyPatch) -> None:

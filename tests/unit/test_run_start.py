@@ -23,18 +23,24 @@ NOT_AT_START = (
 )
 
 
-def _loaded_by(*imported: str) -> set[str]:
-    """Every module a fresh interpreter has loaded after importing ``imported``."""
-    code = f"import json, sys\nimport {', '.join(imported)}\nprint(json.dumps(sorted(sys.modules)))"
+def _python(code: str, cwd: Path | None = None) -> str:
+    """What a fresh interpreter running ``code`` prints (it must exit 0)."""
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        cwd=cwd,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
     )
-    return set(json.loads(done.stdout))
+    return done.stdout
+
+
+def _loaded_by(*imported: str) -> set[str]:
+    """Every module a fresh interpreter has loaded after importing ``imported``."""
+    code = f"import json, sys\nimport {', '.join(imported)}\nprint(json.dumps(sorted(sys.modules)))"
+    return set(json.loads(_python(code)))
 
 
 def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> None:
@@ -43,9 +49,30 @@ def test_the_run_verb_imports_no_plan_printing_and_no_in_place_machinery() -> No
     assert sorted(m for m in modules if m.startswith(NOT_AT_START)) == []
 
 
-def test_the_coordinator_reads_agent_probes_without_psutil() -> None:
-    # the coordinator validates each agent's probe (corral.agent.events) before the
-    # launch; psutil is the agents' and the host checks' business, not its own
-    modules = _loaded_by("corral.cli.run", "corral.job.agents", "corral.agent.events")
-    assert "corral.agent.events" in modules
-    assert "psutil" not in modules
+def test_the_coordinator_reads_agent_probes_without_psutil_or_pydantic() -> None:
+    # the coordinator checks each agent's probe answer (corral.agent.probe) before the
+    # launch; psutil is the agents' and the host checks' business, and pydantic (the
+    # later agent events, the server's models) is imported once the launch is on its way
+    modules = _loaded_by("corral.cli.run", "corral.job.agents", "corral.job.engine")
+    assert "corral.agent.probe" in modules
+    assert {"psutil", "pydantic", "corral.agent.events"} & modules == set()
+
+
+def test_corral_plan_parses_its_options_without_pydantic(tmp_path: Path) -> None:
+    # every option of `corral run`/`plan` is a plain value (corral.cli.coerce), so
+    # neither typer's pydantic adapters nor pydantic are imported to parse them
+    code = (
+        "import json, sys\n"
+        "from corral.cli.main import main\n"
+        "sys.argv = ['corral', 'plan', '--hosts', 'local:2', '--nproc-per-node', '2',\n"
+        "            '--master-port', '0', '--rdzv-timeout', '30.5', '--env', 'A=1',\n"
+        "            '--', 'train.py', '--lr', '0.1']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    (tmp_path / "train.py").write_text("print('step')\n")
+    out = _python(code, cwd=tmp_path)
+    plan, modules = out.rsplit("\n", 2)[0], set(json.loads(out.splitlines()[-1]))
+    assert "train.py --lr 0.1" in plan and "nproc-per-node=2" in plan
+    assert "join_timeout=30.5" in plan
+    assert {"typer._adapters", "pydantic"} & modules == set()

@@ -1,6 +1,7 @@
 """Events from a node agent to the coordinator (``j`` frames), validated.
 
-One pydantic model per event the agent emits, discriminated on ``event``
+One pydantic model per event the agent emits after a probe (the probe's answer
+is read by :func:`corral.agent.probe.read_answer`), discriminated on ``event``
 (``report`` events further on ``type``). :func:`parse_event` is what the
 coordinator calls on each ``j`` frame: it returns the event as a plain dict
 with the keys the agent sent (absent optional fields as None), or raises
@@ -17,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from corral.agent.messages import CheckpointMessage, ProgressMessage, first_error
+from corral.agent.probe import MAX_TEXT
 from corral.agent.protocol import EVENT_TEXT_LIMIT
 
 __all__ = [
@@ -26,7 +28,6 @@ __all__ = [
     "MasterReadyEvent",
     "MasterTimeoutEvent",
     "NodeExitEvent",
-    "ProbeEvent",
     "ProgressReport",
     "RankExitEvent",
     "RankStartEvent",
@@ -37,7 +38,6 @@ __all__ = [
     "parse_event",
 ]
 
-MAX_TEXT = 64 * 1024
 MAX_ITEMS = 1 << 16
 
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
@@ -54,19 +54,6 @@ class _Event(BaseModel):
     )
 
     time: Time
-
-
-class ProbeEvent(_Event):
-    """The agent's answer to a probe, before anything is launched."""
-
-    event: Literal["probe"]
-    executable: Text
-    hostname: Text
-    torch: bool
-    workdir_ok: bool
-    port: Port | None = None
-    port_error: Text | None = None
-    version: Annotated[str, StringConstraints(max_length=200)] | None = None
 
 
 class StartedEvent(_Event):
@@ -198,8 +185,7 @@ class NodeExitEvent(_Event):
 
 ReportEvent = Annotated[ProgressReport | CheckpointReport, Field(discriminator="type")]
 AgentEvent = Annotated[
-    ProbeEvent
-    | StartedEvent
+    StartedEvent
     | RankStartEvent
     | RankExitEvent
     | ReportEvent

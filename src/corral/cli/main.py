@@ -32,7 +32,7 @@ from typer._click.exceptions import (
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from corral import __version__
-from corral.cli import VERBS
+from corral.cli import VERBS, coerce
 from corral.console import make_console
 from corral.errors import CorralError
 
@@ -115,8 +115,9 @@ def prepare_tree(root: Command) -> None:
 
     Help texts become plain (:func:`plain_help`); every option shows a word for
     its value (a flag none, see :func:`default_metavar`) and every argument its
-    name only (:class:`WordArgument`); every command below the root also takes
-    the root's ``-v/--verbose``.
+    name only (:class:`WordArgument`); plain values are coerced without a pydantic
+    adapter per option (:mod:`corral.cli.coerce`); every command below the root
+    also takes the root's ``-v/--verbose``.
     """
     _prepare(root, None, _verbose_option(root))
 
@@ -133,6 +134,7 @@ def _prepare(command: Command, parent: Context | None, verbose: TyperOption) -> 
         extra.callback = _set_verbose
         command.params.append(extra)
     for param in command.get_params(ctx):  # --help included
+        coerce.install(param)
         if isinstance(param, TyperOption) and (param.is_flag or param.metavar is None):
             param.metavar = default_metavar(param)
         elif isinstance(param, TyperArgument) and not isinstance(param, WordArgument):

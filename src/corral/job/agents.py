@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import corral
+from corral.agent.probe import read_answer
 from corral.agent.protocol import EVENT, decode_header, encode_op
 from corral.checks.gather import AgentSessions
 from corral.cluster.model import Host
@@ -106,9 +107,6 @@ def agent_argv(python: str | None) -> list[str]:
 
 
 async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> HostProbe:
-    # the validators are built on first use, not at `corral run`'s start-up
-    from corral.agent.events import parse_event
-
     header = await proc.stdout.readline()
     if not header:
         err = (await proc.stderr.read()).decode(errors="replace").strip()
@@ -138,7 +136,7 @@ async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> Hos
     if version != corral.__version__:
         raise VersionMismatch(host.name, str(version)[:40] if version else None, corral.__version__)
     try:
-        event = parse_event(payload)
+        event = read_answer(raw)
     except ValueError as exc:
         raise LaunchError(str(exc), host=host.name) from None
     facts = raw.get("facts")

@@ -7,31 +7,37 @@ attempts starting and ending, and finally the result. Subscribers must be quick
 (they run on the engine's event loop); log lines arrive as whole-line chunks of
 one rank (a chunk may end in ``\\r``: a progress bar's update, see
 :mod:`corral.agent.protocol`).
+
+Events are frozen dataclasses, made by the engine without pydantic (a launch does
+not wait for its import); reading one back from JSON (:func:`decode_event`)
+validates it with pydantic, and :func:`json_of` writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from corral.job.states import JobState, NodeState
 from corral.outcomes import EXIT_LOST
 from corral.outcomes import Level as Level  # how a message matters (a leaf, for recovery/)
 
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
-class JobEvent(BaseModel):
+
+@dataclass(frozen=True, kw_only=True)
+class JobEvent:
     """Base of every event: which job, when (the coordinator's clock)."""
 
-    # Each schema is built when its event is first made (several never are in a run).
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, defer_build=True)
-
     job_id: str
-    time: float = Field(default_factory=time.time)
+    time: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True, kw_only=True)
 class StateChanged(JobEvent):
     """The job moved from ``old`` to ``state`` (see :mod:`corral.job.states`)."""
 
@@ -42,6 +48,7 @@ class StateChanged(JobEvent):
     reason: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
 class NodeChanged(JobEvent):
     """A node (host) of the current attempt changed state."""
 
@@ -51,6 +58,7 @@ class NodeChanged(JobEvent):
     detail: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
 class RankExited(JobEvent):
     """A rank ended with ``code`` (None: no status, negative: killed by that signal);
     ``last`` when every rank of its node has now ended."""
@@ -62,6 +70,7 @@ class RankExited(JobEvent):
     last: bool = False
 
 
+@dataclass(frozen=True, kw_only=True)
 class Progress(JobEvent):
     """A rank's progress report (``corral.sdk.report``); ``gpu``: its GPU's last
     sample on a host with NVIDIA GPUs (``index``, ``util`` %, ``mem_used_mib``,
@@ -72,7 +81,7 @@ class Progress(JobEvent):
     rank: int
     step: int | None = None
     total: int | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
     gpu: dict[str, Any] | None = None
 
 
@@ -80,6 +89,7 @@ GPU_KEY = "gpu"
 """Where the store keeps a rank's last :attr:`Progress.gpu` in its metrics."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class LogLines(JobEvent):
     """A chunk of one rank's output (``rank`` -1: the node's own output, e.g. torchrun's).
 
@@ -92,6 +102,7 @@ class LogLines(JobEvent):
     data: bytes
 
 
+@dataclass(frozen=True, kw_only=True)
 class Message(JobEvent):
     """One line of corral's own (status, warnings, the reason a job stops)."""
 
@@ -100,6 +111,7 @@ class Message(JobEvent):
     level: Level = "info"
 
 
+@dataclass(frozen=True, kw_only=True)
 class Checked(JobEvent):
     """The pre-flight checklist ran: ``report`` is its
     :class:`~corral.checks.result.ChecklistReport`; ``blocking`` when it refused the
@@ -110,6 +122,7 @@ class Checked(JobEvent):
     blocking: bool = False
 
 
+@dataclass(frozen=True, kw_only=True)
 class AttemptStarted(JobEvent):
     """Attempt ``number`` starts on ``hosts`` with ``world_size`` ranks;
     ``workload_weights`` are this attempt's (one per planned rank, in host order then
@@ -122,9 +135,10 @@ class AttemptStarted(JobEvent):
     checkpoint: str | None = None
     log_dir: str = ""
     launcher: str = ""
-    workload_weights: list[float] = Field(default_factory=list)
+    workload_weights: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
 class AttemptEnded(JobEvent):
     """Attempt ``number`` ended; ``record`` is its
     :class:`~corral.recovery.restart.AttemptRecord` as JSON; ``restart`` says
@@ -137,6 +151,7 @@ class AttemptEnded(JobEvent):
     decision: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
 class GroupChanged(JobEvent):
     """``--recovery in-place``: a node's replica group changed (``lost``: torn down,
     the others go on; ``restarting``: started again on ``host``; ``rejoined``: it
@@ -155,6 +170,7 @@ class GroupChanged(JobEvent):
     detail: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
 class StragglerFound(JobEvent):
     """A rank the job waits for (:mod:`corral.diagnose.stragglers`): its ``section``
     took ``ratio`` times the ``basis`` (``median`` of the other ranks, or its own
@@ -171,34 +187,33 @@ class StragglerFound(JobEvent):
     text: str = ""
 
 
-class OddRank(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class OddRank:
     """A rank of a hang report whose stack differs from the majority's: ``where`` it
     is (the collective site, or its innermost frames), ``frames`` innermost first,
     ``waiting`` when that place is collective machinery."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
-
     host: str
     rank: int
     where: str = ""
-    frames: list[str] = Field(default_factory=list)
+    frames: list[str] = field(default_factory=list)
     waiting: bool = False
 
 
-class StuckCollective(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class StuckCollective:
     """The NCCL flight recorder's finding: the first ``collective`` (its ``sequence``
     number in process ``group``) that ``missing_ranks`` never entered."""
-
-    model_config = ConfigDict(frozen=True, defer_build=True)
 
     collective: str
     sequence: int
     group: str = ""
     state: str = ""
-    missing_ranks: list[int] = Field(default_factory=list)
-    expected_ranks: list[int] = Field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)
+    expected_ranks: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
 class HangReported(JobEvent):
     """The hang report was written (:mod:`corral.diagnose.hangreport`), once per hang:
     its one-line ``summary``, the detection's ``message``, the ``odd`` ranks out, the
@@ -208,7 +223,7 @@ class HangReported(JobEvent):
     kind: Literal["hang_report"] = "hang_report"
     summary: str
     message: str = ""
-    odd: list[OddRank] = Field(default_factory=list)
+    odd: list[OddRank] = field(default_factory=list)
     collective: StuckCollective | None = None
     report: str | None = None
 
@@ -220,12 +235,13 @@ class HangReported(JobEvent):
             job_id=job_id,
             summary=str(report.get("summary") or ""),
             message=str(report.get("message") or ""),
-            odd=[OddRank.model_validate(o) for o in report.get("odd") or []],
-            collective=StuckCollective.model_validate(flight) if flight else None,
+            odd=[validated(OddRank, o) for o in report.get("odd") or []],
+            collective=validated(StuckCollective, flight) if flight else None,
             report=path,
         )
 
 
+@dataclass(frozen=True, kw_only=True)
 class Finished(JobEvent):
     """The job ended: ``result`` is the last attempt's
     :class:`~corral.job.result.JobResult` (with every attempt in ``result.attempts``)."""
@@ -236,6 +252,7 @@ class Finished(JobEvent):
     result: Any
 
 
+@dataclass(frozen=True, kw_only=True)
 class LaunchFailed(JobEvent):
     """The supervisor process of a server's job could not run it (bad input, a failed
     pre-flight, a host not ready): the error's type, message and details, and the
@@ -244,10 +261,11 @@ class LaunchFailed(JobEvent):
     kind: Literal["error"] = "error"
     type: str | None = None
     message: str = ""
-    details: list[Any] = Field(default_factory=list)
+    details: list[Any] = field(default_factory=list)
     exit_code: int = 3
 
 
+@dataclass(frozen=True, kw_only=True)
 class Lost(JobEvent):
     """The server found the job's supervisor process gone without a result."""
 
@@ -299,6 +317,41 @@ def decode_event(data: Mapping[str, Any], job_id: str) -> JobEvent | None:
         if model is None:
             return None
         fields = {k: v for k, v in data.items() if not (k == "time" and v is None)}
-        return model.model_validate({**fields, "job_id": job_id})
-    except (KeyError, TypeError, ValidationError):
+        return validated(model, {**fields, "job_id": job_id})
+    except (KeyError, TypeError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
+
+
+_Record = TypeVar("_Record")
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def validated(record: type[_Record], data: Any) -> _Record:
+    """``data`` (JSON values) as an event or a record of one, validated and coerced
+    by pydantic (imported on first use: the engine makes events, it never parses them).
+    Raises pydantic's ``ValidationError``."""
+    adapter = _ADAPTERS.get(record)
+    if adapter is None:
+        from pydantic import TypeAdapter
+
+        adapter = _ADAPTERS[record] = TypeAdapter(record)
+    value: _Record = adapter.validate_python(data)
+    return value
+
+
+def json_of(event: JobEvent) -> dict[str, Any]:
+    """``event`` as JSON values without its ``job_id``: a line of a job's
+    ``events.jsonl``, which :func:`decode_event` reads back."""
+    from pydantic_core import to_jsonable_python
+
+    data: dict[str, Any] = to_jsonable_python(event, exclude={"job_id"})
+    return data
+
+
+def fields_of(event: JobEvent) -> dict[str, Any]:
+    """``event``'s fields without its ``job_id`` (records in it as dicts)."""
+    data = dataclasses.asdict(event)
+    del data["job_id"]
+    return data

@@ -46,6 +46,7 @@ from corral.job.events import (
     Message,
     Progress,
     StragglerFound,
+    fields_of,
 )
 from corral.job.fold import TeardownFold
 from corral.job.logfiles import NODE_RANK_LABEL
@@ -204,7 +205,7 @@ class TerminalOutput:
         if isinstance(event, LogLines):
             self.lines(event.host, event.rank, event.data)
         elif isinstance(event, Progress):
-            self.report(event.host, event.model_dump())
+            self.report(event.host, fields_of(event))
         elif isinstance(event, Message):
             self.message(event.text, event.level)
         elif isinstance(event, StragglerFound):

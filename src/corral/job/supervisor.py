@@ -179,9 +179,7 @@ class Supervisor:
 
     def _lines(self, host: str, rank: int, data: bytes) -> None:
         self.logs.write(host, rank, data)
-        self.emit(
-            LogLines.model_construct(job_id=self.job_id, time=0.0, host=host, rank=rank, data=data)
-        )
+        self.emit(LogLines(job_id=self.job_id, time=0.0, host=host, rank=rank, data=data))
 
     # -- starting ----------------------------------------------------------------------
 
@@ -336,7 +334,7 @@ class Supervisor:
             self._score_sections(node.host.name, record.rank, event)
             metrics = event.get("metrics")
             self.emit(
-                Progress.model_construct(
+                Progress(
                     job_id=self.job_id,
                     time=time.time(),
                     host=node.host.name,

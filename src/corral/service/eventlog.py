@@ -23,6 +23,7 @@ from corral.job.events import (
     Finished,
     JobEvent,
     LogLines,
+    json_of,
 )
 from corral.private import append_private, write_private
 
@@ -58,7 +59,7 @@ def event_json(event: JobEvent) -> dict[str, Any]:
             "exit_code": event.exit_code,
             "result": result_json(event.result),
         }
-    return event.model_dump(mode="json", exclude={"job_id"})
+    return json_of(event)
 
 
 class EventWriter:

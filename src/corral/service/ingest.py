@@ -39,6 +39,7 @@ from corral.job.events import (
     RankExited,
     StateChanged,
     decode_event,
+    json_of,
 )
 from corral.job.states import ACTIVE_STATES, JobState, check_job_transition, state_values
 from corral.service.dispatch import alive
@@ -167,7 +168,7 @@ def _lost(s: Session, job: Job, path: Path) -> Lost:
     job.ended = time.time()
     job.root_cause = job.root_cause or {"message": job.reason}
     event = Lost(job_id=job.id, reason=job.reason)
-    pos = append_event(path, event.model_dump(mode="json", exclude={"job_id"}))
+    pos = append_event(path, json_of(event))
     s.add(
         Event(job_id=job.id, pos=pos, time=event.time, kind=event.kind, data={"reason": job.reason})
     )

@@ -22,6 +22,7 @@ from corral.job.events import (
     LogLines,
     StragglerFound,
     decode_event,
+    fields_of,
 )
 from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
@@ -309,7 +310,7 @@ def _decoded(ev: LoggedEvent, job_id: str) -> JobEvent | None:
     """The typed event the fold needs (log lines, states, rank exits, attempts)."""
     kind = ev.data.get("kind")
     if kind == "log":
-        return LogLines.model_construct(
+        return LogLines(
             job_id=job_id,
             host=str(ev.data.get("host")),
             rank=int(ev.data.get("rank", -1)),
@@ -489,9 +490,9 @@ def _diagnosis(job_id: str, rows: Sequence[Event]) -> tuple[list[StragglerOut], 
         event = decode_event({**row.data, "kind": row.kind, "time": row.time}, job_id)
         if isinstance(event, StragglerFound):
             key = (event.host, event.rank, event.section)
-            stragglers[key] = StragglerOut.model_validate(event.model_dump(exclude={"job_id"}))
+            stragglers[key] = StragglerOut.model_validate(fields_of(event))
         elif isinstance(event, HangReported):
-            hang = HangOut.model_validate(event.model_dump(exclude={"job_id"}))
+            hang = HangOut.model_validate(fields_of(event))
     return list(stragglers.values()), hang
 
 

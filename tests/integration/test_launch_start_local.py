@@ -1,0 +1,53 @@
+"""What a real local launch (``corral run --hosts local:2``) has loaded when it sends
+the nodes their start message: neither pydantic nor typer's pydantic adapters,
+whose import would delay every launch (they load once the nodes are started)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import corral
+
+HOOK = """
+import json, sys
+import corral.agent.protocol as protocol
+
+encode, seen = protocol.encode_op, []
+
+def recording(op):
+    if op.get("op") == "start":
+        seen.append(sorted(m for m in ("pydantic", "typer._adapters") if m in sys.modules))
+    return encode(op)
+
+protocol.encode_op = recording
+from corral.cli.main import main
+sys.argv = ["corral", "run", "--hosts", "local:2", "--launcher", "python",
+            "--master-port", "0", "--run-dir", "runs", "--", "hello.py"]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print("SEEN " + json.dumps([code, seen, "pydantic" in sys.modules]))
+"""
+
+
+def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Path) -> None:
+    (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    done = subprocess.run(
+        [sys.executable, "-c", HOOK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
+    )
+    out = done.stdout + done.stderr
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("SEEN ")]
+    code, seen, pydantic_later = json.loads(line[5:])
+    assert code == 0, out
+    assert "hello from 0" in out and "hello from 1" in out
+    assert seen == [[], []]  # one start message per node, nothing of pydantic loaded yet
+    assert pydantic_later  # the agents' events are validated with it after the start
