@@ -1,6 +1,7 @@
 """What a real local launch (``corral run --hosts local:2``) has loaded when it sends
 the nodes their start message: neither pydantic nor typer's pydantic adapters,
-whose import would delay every launch (they load once the nodes are started)."""
+whose import would delay every launch (they load once the nodes are started), nor
+the checkpoint machinery a job on one filesystem never uses."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ encode, seen = protocol.encode_op, []
 
 def recording(op):
     if op.get("op") == "start":
-        seen.append(sorted(m for m in ("pydantic", "typer._adapters") if m in sys.modules))
+        late = ("pydantic", "typer._adapters", "corral.recovery.checkpoints")
+        seen.append(sorted(m for m in late if m in sys.modules))
     return encode(op)
 
 protocol.encode_op = recording

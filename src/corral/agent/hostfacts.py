@@ -610,11 +610,11 @@ def checkpoint_dir(path: str) -> dict[str, Any]:
 
 def code(params: dict[str, Any]) -> dict[str, Any]:
     """The code tree's manifest and the entry script's hash on this host."""
-    from corral.agent import fingerprint  # shipped alongside this module
-
     out: dict[str, Any] = {}
     code_dir = params.get("code_dir")
     if code_dir:
+        from corral.agent import fingerprint  # shipped alongside this module
+
         root = os.path.abspath(os.path.expanduser(code_dir))
         if not os.path.isdir(root):
             out["tree"] = {"root": root, "missing": True}

@@ -23,7 +23,7 @@ import contextlib
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
@@ -31,8 +31,10 @@ from corral.errors import CorralError
 from corral.outcomes import Level
 from corral.plan.render import node_cwd
 from corral.plan.spec import JobSpec, NodeCommand
-from corral.recovery.checkpoints import Replica, place_latest
 from corral.transport.base import NodeProcess, Transport
+
+if TYPE_CHECKING:  # imported where used: most jobs keep no checkpoints here
+    from corral.recovery.checkpoints import Replica
 
 __all__ = ["CheckpointKeeper", "ReportingNode", "Say"]
 
@@ -92,6 +94,8 @@ class CheckpointKeeper:
         the replica in ``run_dir/job_id/checkpoints``."""
         if not directory or is_local:
             return cls(transport, say)
+        from corral.recovery.checkpoints import Replica
+
         replica = Replica.for_job(run_dir, job_id, python=python) if replicate else None
         return cls(transport, say, directory, python, replica)
 
@@ -156,6 +160,8 @@ class CheckpointKeeper:
         would silently lose every step)."""
         if self.directory is None:
             return None
+        from corral.recovery.checkpoints import place_latest
+
         placement = await place_latest(
             self.transport,
             _world(commands),
