@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -13,9 +14,11 @@ from corral.agent.protocol import (
     EVENT,
     NODE,
     STDERR,
+    STDOUT,
     decode_header,
     encode_event,
     encode_frame,
+    read_frame,
 )
 from corral.job.logfiles import LogFiles
 from corral.job.output import TerminalOutput, format_progress
@@ -120,3 +123,25 @@ def test_rank_exit_status_is_what_the_os_reports() -> None:
     assert _exit_code(SystemExit(7)) == 7
     assert _exit_code(SystemExit(-1)) == 255
     assert _exit_code(SystemExit(256)) == 0
+
+
+def test_read_frame_reads_whole_frames_and_says_where_the_stream_breaks() -> None:
+    async def frames(data: bytes) -> list[object]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        out: list[object] = []
+        try:
+            while (frame := await read_frame(reader)) is not None:
+                out.append(frame)
+        except (ValueError, asyncio.IncompleteReadError) as exc:
+            out.append(type(exc).__name__)
+        return out
+
+    two = encode_event({"event": "hb", "time": 1.0}) + encode_frame(STDOUT, 3, b"hi\n")
+    assert asyncio.run(frames(two)) == [
+        (EVENT, NODE, b'{"event":"hb","time":1.0}'),
+        (STDOUT, 3, b"hi\n"),
+    ]
+    assert asyncio.run(frames(b"Welcome to the login shell\n")) == ["ValueError"]
+    assert asyncio.run(frames(encode_frame(STDOUT, 0, b"abcdef")[:-2])) == ["IncompleteReadError"]

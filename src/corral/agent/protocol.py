@@ -32,7 +32,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 STDOUT = b"o"
 STDERR = b"e"
@@ -66,6 +69,17 @@ def decode_header(line: bytes) -> tuple[bytes, int, int]:
     if not 0 <= length <= MAX_FRAME:
         raise ValueError(f"bad frame length {length}")
     return parts[0], rank, length
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, int, bytes] | None:
+    """The next frame of an agent's stdout as (kind, rank, payload); None at its end.
+    Raises ValueError for a line that is no frame header (:func:`decode_header`) and
+    ``asyncio.IncompleteReadError`` when the stream ends inside a payload."""
+    header = await reader.readline()
+    if not header:
+        return None
+    kind, rank, length = decode_header(header)
+    return kind, rank, await reader.readexactly(length)
 
 
 def encode_op(op: dict[str, Any]) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import corral
 from corral.agent.probe import read_answer
-from corral.agent.protocol import EVENT, decode_header, encode_op
+from corral.agent.protocol import EVENT, encode_op, read_frame
 from corral.checks.gather import AgentSessions
 from corral.cluster.model import Host
 from corral.contract import JOB_ID_ENV
@@ -74,12 +74,11 @@ class AgentSession:
         self.proc.write(encode_op(op))
 
         async def answer() -> dict[str, Any] | None:
-            header = await self.proc.stdout.readline()
-            if not header:
+            frame = await read_frame(self.proc.stdout)
+            if frame is None:
                 return None
-            kind, _, length = decode_header(header)
-            data = json.loads(await self.proc.stdout.readexactly(length))
-            return data if kind == EVENT and isinstance(data, dict) else None
+            data = json.loads(frame[2])
+            return data if frame[0] == EVENT and isinstance(data, dict) else None
 
         try:
             return await asyncio.wait_for(answer(), timeout)
@@ -107,8 +106,16 @@ def agent_argv(python: str | None) -> list[str]:
 
 
 async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> HostProbe:
-    header = await proc.stdout.readline()
-    if not header:
+    try:
+        frame = await read_frame(proc.stdout)
+        raw = json.loads(frame[2]) if frame is not None else None
+    except (ValueError, asyncio.IncompleteReadError) as exc:
+        raise LaunchError(
+            f"unexpected output before the corral agent answered ({str(exc)[:120]}); does "
+            "the login shell print something to stdout for non-interactive sessions?",
+            host=host.name,
+        ) from exc
+    if frame is None:
         err = (await proc.stderr.read()).decode(errors="replace").strip()
         code = await proc.wait()
         last = err.splitlines()[-1] if err else f"exit {code}"
@@ -119,17 +126,7 @@ async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> Hos
                 f"(tried: {', '.join(candidates(python))})"
             )
         raise LaunchError(f"could not start the corral agent: {last}", host=host.name)
-    try:
-        kind, _, length = decode_header(header)
-        payload = await proc.stdout.readexactly(length)
-        raw = json.loads(payload)
-    except (ValueError, asyncio.IncompleteReadError) as exc:
-        raise LaunchError(
-            f"unexpected output before the corral agent answered ({header[:60]!r}); does the "
-            "login shell print something to stdout for non-interactive sessions?",
-            host=host.name,
-        ) from exc
-    if kind != EVENT or not isinstance(raw, dict) or raw.get("event") != "probe":
+    if frame[0] != EVENT or not isinstance(raw, dict) or raw.get("event") != "probe":
         raise LaunchError(f"unexpected first message from the agent: {raw!r:.200}", host=host.name)
     # the version first: another version's answer may not have the fields this one reads
     version = raw.get("version")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from corral.agent.protocol import EVENT, NODE, STDERR, decode_header, encode_op
+from corral.agent.protocol import EVENT, NODE, STDERR, encode_op, read_frame
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
 from corral.diagnose.hangreport import write_hang_report
@@ -233,13 +233,9 @@ class Supervisor:
         reader = node.proc.stdout
         host = node.host.name
         try:
-            while True:
-                header = await reader.readline()
-                if not header:
-                    break
+            while (frame := await read_frame(reader)) is not None:
                 node.watch.heard(time.monotonic())
-                kind, rank, length = decode_header(header)
-                payload = await reader.readexactly(length)
+                kind, rank, payload = frame
                 if kind == EVENT:
                     try:
                         event = parse_event(payload)
