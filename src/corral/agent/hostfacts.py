@@ -56,7 +56,8 @@ def _emit(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _run(argv: list[str], timeout: float = 10.0) -> str | None:
+def run_output(argv: list[str], timeout: float = 10.0) -> str | None:
+    """``argv``'s stdout when it exits 0; None when it cannot run, fails or times out."""
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
@@ -163,7 +164,9 @@ def gpus() -> list[dict[str, Any]]:
     """GPUs from nvidia-smi, else from the driver's /proc entries (no memory then)."""
     out = None
     if shutil.which("nvidia-smi"):
-        out = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+        out = run_output(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
+        )
     if out is not None:
         found = []
         for line in out.splitlines():
@@ -549,7 +552,7 @@ def gpu_processes() -> list[dict[str, Any]]:
     """Processes using a GPU (nvidia-smi), with their memory."""
     if not shutil.which("nvidia-smi"):
         return []
-    out = _run(
+    out = run_output(
         [
             "nvidia-smi",
             "--query-compute-apps=pid,process_name,used_memory",

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from corral.agent.hostfacts import _run, hardware, memory
+from corral.agent.hostfacts import hardware, memory, run_output
 
 _GPU_LOAD_QUERY = [
     "nvidia-smi",
@@ -32,7 +32,7 @@ _GPU_LOAD_QUERY = [
 
 
 def _sysctl_int(name: str) -> int | None:
-    out = _run(["sysctl", "-n", name], timeout=5.0)
+    out = run_output(["sysctl", "-n", name], timeout=5.0)
     try:
         return int(out.strip()) if out else None
     except ValueError:
@@ -41,7 +41,7 @@ def _sysctl_int(name: str) -> int | None:
 
 def _darwin_available_bytes() -> int | None:
     """Free + inactive + speculative pages from ``vm_stat`` (macOS)."""
-    out = _run(["vm_stat"], timeout=5.0)
+    out = run_output(["vm_stat"], timeout=5.0)
     if not out:
         return None
     lines = out.splitlines()
@@ -147,7 +147,7 @@ def gpu_load() -> list[dict[str, Any]]:
     """Per-GPU utilisation and used memory from nvidia-smi; [] without it (never fails)."""
     if not shutil.which("nvidia-smi"):
         return []
-    out = _run(_GPU_LOAD_QUERY)
+    out = run_output(_GPU_LOAD_QUERY)
     found = []
     for line in (out or "").splitlines():
         cols = line.split(",")

@@ -39,11 +39,16 @@ from corral.job.events import (
     RankExited,
     StateChanged,
     decode_event,
-    json_of,
 )
 from corral.job.states import ACTIVE_STATES, JobState, check_job_transition, state_values
 from corral.service.dispatch import alive
-from corral.service.eventlog import EVENTS_FILE, LoggedEvent, append_event, read_events
+from corral.service.eventlog import (
+    EVENTS_FILE,
+    LoggedEvent,
+    append_event,
+    event_json,
+    read_events,
+)
 from corral.service.jobrows import mirror
 from corral.store import Store
 from corral.store.models import Attempt, Event, Job, Node, Rank
@@ -168,7 +173,7 @@ def _lost(s: Session, job: Job, path: Path) -> Lost:
     job.ended = time.time()
     job.root_cause = job.root_cause or {"message": job.reason}
     event = Lost(job_id=job.id, reason=job.reason)
-    pos = append_event(path, json_of(event))
+    pos = append_event(path, event_json(event))
     s.add(
         Event(job_id=job.id, pos=pos, time=event.time, kind=event.kind, data={"reason": job.reason})
     )
