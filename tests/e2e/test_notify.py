@@ -338,7 +338,13 @@ def test_chat_through_apprise_gets_one_line_with_the_job_link(api: Api, tmp_path
         job_id, events = running_job(api, tmp_path)
         start_and_fail(events)
         until(lambda: len(got) == 1, "apprise did not deliver")
-        log = api.client.get(f"/api/notifiers/{notifier['id']}/deliveries").json()
+        notifier_log = f"/api/notifiers/{notifier['id']}/deliveries"
+        # recorded once the receiver's answer is back, a moment after it kept the body
+        until(
+            lambda: [d["state"] for d in api.client.get(notifier_log).json()] == ["delivered"],
+            "the delivery was not recorded as delivered",
+        )
+        log = api.client.get(notifier_log).json()
     finally:
         server.shutdown()
         server.server_close()
