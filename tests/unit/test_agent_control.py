@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from corral.agent import control
-from corral.agent.control import ControlServer, peer_uid, socket_base_dir
+from corral.agent.control import ControlServer, peer_uid
+from corral.agent.controlsock import socket_base_dir
 from corral.agent.protocol import EVENT, decode_header
 from corral.redact import REDACTED
 from corral.sdk._report import auth_line

@@ -5,9 +5,12 @@ driven through its stdin ops, its frames read (and every event validated with
 from __future__ import annotations
 
 import json
+import os
 import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -31,9 +34,10 @@ DEADLINE = 60.0  # generous: only reached when something is broken
 class Agent:
     """One agent process; frames and stderr are collected by reader threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, argv: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.agent"],
+            argv or [sys.executable, "-m", "corral.agent"],
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -121,8 +125,8 @@ class Agent:
 def agents() -> Any:
     started: list[Agent] = []
 
-    def make() -> Agent:
-        agent = Agent()
+    def make(argv: list[str] | None = None, env: dict[str, str] | None = None) -> Agent:
+        agent = Agent(argv, env)
         started.append(agent)
         return agent
 
@@ -342,3 +346,118 @@ def test_invalid_op_lines_are_named_and_the_agent_carries_on(agents: Any, tmp_pa
     agent.send({"op": "kill"})
     assert agent.event("node_exit")["ranks"] == {"0": -9}
     assert agent.finish() == 0
+
+
+# The agent, with what it imports and starts said on its stderr, in order.
+WATCHED = """
+import runpy, sys
+
+def said(event, args):
+    if event == "import" and args[0] in ("asyncio", "psutil", "corral.agent.node"):
+        print("import", args[0], file=sys.stderr, flush=True)
+    elif event == "subprocess.Popen":
+        print("start", args[1][-1], file=sys.stderr, flush=True)
+
+sys.addaudithook(said)
+runpy.run_module("corral.agent", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_node_starts_before_the_agent_loads_its_machinery(agents: Any, tmp_path: Path) -> None:
+    """The ranks (or torchrun) start at the start message, not after the agent's
+    asyncio and psutil imports: they import their framework meanwhile."""
+    agent = agents([sys.executable, "-c", WATCHED])
+    start, _ = _start_op(tmp_path, BLOCK)
+    agent.send(start)
+    pids = _ready(agent)
+    said = []
+    while len(said) < 5:  # two starts, three imports
+        said.append(agent.stderr_line(""))
+    first_import = next(i for i, line in enumerate(said) if line.startswith("import"))
+    assert [line.split()[0] for line in said[:first_import]] == ["start", "start"], said
+    assert {line.split()[1] for line in said[first_import:]} == {
+        "asyncio",
+        "psutil",
+        "corral.agent.node",
+    }
+    agent.send({"op": "kill"})
+    assert agent.event("node_exit")["ranks"] == {"0": -9, "1": -9}
+    assert agent.finish() == 0
+    assert _gone(pids)
+
+
+# The agent's start with a SIGTERM that arrives after the node was spawned and
+# before the agent's own signal handlers exist.
+SIGNALLED_EARLY = """
+import json, os, signal, sys
+from corral.agent.protocol import decode_op
+from corral.agent.spawn import spawn_node
+
+start = decode_op(sys.stdin.buffer.readline())
+out = os.fdopen(os.dup(1), "wb")
+os.dup2(2, 1)
+spawned = spawn_node(start["node"])
+os.kill(os.getpid(), signal.SIGTERM)
+from corral.agent.node import run_agent
+
+sys.exit(run_agent(start, out, os.dup(0), spawned))
+"""
+
+
+def test_a_signal_while_the_node_is_spawned_tears_it_down(agents: Any, tmp_path: Path) -> None:
+    agent = agents([sys.executable, "-c", SIGNALLED_EARLY])
+    start, _ = _start_op(tmp_path, BLOCK, grace=0.5)
+    agent.send(start)
+    pids = [agent.event("rank_start", rank=r)["pid"] for r in (0, 1)]
+    agent.event("started")
+    assert agent.event("stopping")["reason"] == "agent signalled"
+    assert agent.event("node_exit")["ranks"] == {"0": -9, "1": -15}
+    assert agent.finish() == 0
+    assert _gone(pids)
+
+
+def test_a_node_that_cannot_start_is_reported_and_leaves_no_socket(
+    agents: Any, tmp_path: Path
+) -> None:
+    # the node dir under tmp_path is too long for a socket path: the agent binds its
+    # socket in $XDG_RUNTIME_DIR, a short private one of this test's
+    runtime = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        agent = agents(env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+        start, _ = _start_op(tmp_path, RUN)
+        start["node"]["argv"] = [str(tmp_path / "no-such-launcher")]
+        agent.send(start)
+        failed = agent.event("start_failed")
+        assert "no-such-launcher" in failed["error"]
+        assert agent.finish() == 3
+        # the control socket spawn_node bound is gone with its directory
+        assert list(runtime.iterdir()) == []
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_the_control_socket_is_bound_where_the_ranks_are_told(agents: Any, tmp_path: Path) -> None:
+    runtime = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        agent = agents(env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+        start, _ = _start_op(tmp_path, SOCKET, nproc=1)
+        agent.send(start)
+        [line] = b"".join(agent.stdout_of(0, b"\n")).splitlines()
+        told = json.loads(line)
+        assert told["address"].startswith(f"unix:{runtime}/corral-")
+        assert told["mode"] == 0o600 and told["dir_mode"] == 0o700
+        assert agent.event("node_exit")["ranks"] == {"0": 0}
+        assert agent.finish() == 0
+        assert list(runtime.iterdir()) == []
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+SOCKET = """
+    import json, os, stat
+    address = os.environ["CORRAL_CONTROL"]
+    path = address.removeprefix("unix:")
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    dir_mode = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+    print(json.dumps({"address": address, "mode": mode, "dir_mode": dir_mode}), flush=True)
+"""

@@ -154,7 +154,7 @@ def test_flight_recorder_all_matched_and_unreadable(tmp_path: Path) -> None:
 
 
 def test_flight_recorder_env_on_gpu_nodes_only_and_never_over_the_users(tmp_path: Path) -> None:
-    from corral.agent.stacks import TRACE_BUFFER_SIZE, flight_recorder_env
+    from corral.agent.spawn import TRACE_BUFFER_SIZE, flight_recorder_env
 
     assert flight_recorder_env(tmp_path, {}, gpus=False) == {}
     env = flight_recorder_env(tmp_path, {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, gpus=True)

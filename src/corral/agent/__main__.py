@@ -3,9 +3,11 @@
 The first stdin line is either the start message or a probe. A probe is
 answered with the standard library alone (with the host's pre-flight facts when
 it asks for them, :mod:`corral.agent.hostcheck`, then the checklist's ``connect``
-and ``time`` requests until the start); the agent's heavier machinery (asyncio,
-psutil) is imported while the coordinator collects every host's answer, so the
-probe round trip costs as little as possible.
+and ``time`` requests until the start), so the probe round trip costs as little
+as possible. At the start message the node's processes are started first, still
+with the standard library (:func:`corral.agent.spawn.spawn_node`); the agent's
+heavier machinery (asyncio, psutil: :mod:`corral.agent.node`) is imported while
+the launcher imports its own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from corral.agent.hostcheck import host_checks
 from corral.agent.probe import probe_info
 from corral.agent.protocol import decode_op, encode_event
+from corral.agent.spawn import spawn_node
 
 
 def _read_line(fd: int) -> bytes:
@@ -49,8 +52,6 @@ def main() -> int:
         answer = {**info, **(checks.reply() if checks else {}), "event": "probe"}
         out.write(encode_event({**answer, "time": time.time()}))
         out.flush()
-        if checks is None:
-            import corral.agent.node
         while True:
             first = _read_line(stdin_fd)
             try:
@@ -62,8 +63,6 @@ def main() -> int:
                 break
             out.write(encode_event(reply))
             out.flush()
-            if message["op"] == "time":  # the checklist's last request: it decides now
-                import corral.agent.node  # noqa: F401
         if checks is not None:
             checks.close()  # the master port is free before anything is launched
         if not first:
@@ -73,9 +72,10 @@ def main() -> int:
     elif message["op"] != "start":
         print(f"corral agent: expected a probe or start op, got {message['op']!r}", file=sys.stderr)
         return 2
+    spawned = spawn_node(message["node"])  # before the agent's own imports
     from corral.agent.node import run_agent
 
-    return run_agent(message, out, stdin_fd)
+    return run_agent(message, out, stdin_fd, spawned)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """The ranks' control socket on a node: private to the job's user, and authenticated.
 
 The node agent serves one filesystem unix socket per attempt, with a random
-name inside a fresh ``0700`` directory (under ``$XDG_RUNTIME_DIR`` when usable,
-else the system temp dir); the socket file itself is ``0600``. The agent also
-makes a random per-attempt token. Both reach the ranks only through their
-environment (:data:`CONTROL_ENV` = ``unix:/path``, :data:`TOKEN_ENV`), never
-argv, a log or a file.
+name inside a fresh ``0700`` directory (the node's own dir, else
+``$XDG_RUNTIME_DIR`` when usable, else the system temp dir); the socket file
+itself is ``0600``. The agent also makes a random per-attempt token. Both reach
+the ranks only through their environment (:data:`CONTROL_ENV` = ``unix:/path``,
+:data:`TOKEN_ENV`), never argv, a log or a file. The socket and the token are
+made by :class:`corral.agent.controlsock.ControlSocket` (the standard library
+alone: the agent binds it before it loads asyncio); :class:`ControlServer`
+serves it.
 
 Every connection must come from the agent's own user (or root), checked with
 the peer credentials the kernel records at ``connect()`` (``SO_PEERCRED``), and
@@ -20,52 +23,17 @@ import asyncio
 import contextlib
 import hmac
 import os
-import secrets
-import shutil
 import socket
-import stat
 import struct
-import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from corral.contract import CONTROL_ENV, auth_line
-from corral.contract import CONTROL_TOKEN_ENV as TOKEN_ENV
+from corral.agent.controlsock import CONTROL_ENV, TOKEN_ENV, ControlSocket
+from corral.contract import auth_line
 
 AUTH_TIMEOUT = 10.0  # seconds a new connection has to present the token
-# sun_path is 108 bytes on Linux (104 on macOS) including the NUL
-_MAX_PATH = 100
-_NAME_BYTES = 8  # random socket name: 16 hex digits
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-def _usable_base(path: str) -> bool:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(info.st_mode)
-        and info.st_uid == os.geteuid()
-        and not info.st_mode & 0o022
-        and os.access(path, os.W_OK | os.X_OK)
-        and len(path) + 30 <= _MAX_PATH
-    )
-
-
-def socket_base_dir(preferred: str | None = None) -> str:
-    """Where the agent makes its private socket directory: ``preferred`` (the node's
-    own dir: an agent killed with SIGKILL then leaves nothing in a shared temp dir),
-    else ``$XDG_RUNTIME_DIR``, each when it is ours, writable by no one else and short
-    enough for a socket path; else the system temp dir."""
-    if preferred and _usable_base(preferred):
-        return preferred
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and _usable_base(runtime):
-        return runtime
-    base = tempfile.gettempdir()
-    return base if len(base) + 30 <= _MAX_PATH else "/tmp"
 
 
 def peer_uid(sock: Any) -> int | None:
@@ -94,8 +62,9 @@ def peer_allowed(uid: int | None) -> bool:
 
 
 class ControlServer:
-    """One attempt's control socket: makes the directory, the socket and the token,
-    authenticates each connection and hands the authenticated ones to ``handler``.
+    """Serves one attempt's control socket (a :class:`ControlSocket`, made here by
+    :meth:`start` unless one is given), authenticates each connection and hands the
+    authenticated ones to ``handler``.
 
     ``handler`` gets the stream positioned just after the ``auth`` line and owns the
     writer from then on. :meth:`close` (idempotent) stops serving and removes the
@@ -103,44 +72,59 @@ class ControlServer:
     """
 
     def __init__(
-        self, handler: Handler, *, limit: int = 1 << 16, base_dir: str | None = None
+        self,
+        handler: Handler,
+        *,
+        limit: int = 1 << 16,
+        base_dir: str | None = None,
+        bound: ControlSocket | None = None,
     ) -> None:
         self.handler = handler
         self.limit = limit
         self.base_dir = base_dir
-        self.token = secrets.token_hex(16)
-        self.directory: str | None = None
-        self.path: str | None = None
+        self.bound = bound
         self.refused = 0
-        self._expected = auth_line(self.token)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()  # accepted, not yet finished
 
     @property
+    def token(self) -> str:
+        """The connections' token (:data:`TOKEN_ENV`'s value)."""
+        return self._socket().token
+
+    @property
+    def directory(self) -> str | None:
+        """The socket's private directory (None once closed)."""
+        return self.bound.directory if self.bound is not None else None
+
+    @property
+    def path(self) -> str | None:
+        """The socket's file."""
+        return self.bound.path if self.bound is not None else None
+
+    @property
     def address(self) -> str:
         """``unix:/path`` of the socket (:data:`CONTROL_ENV`'s value)."""
-        if self.path is None:
-            raise RuntimeError("the control socket is not started")
-        return f"unix:{self.path}"
+        return self._socket().address
 
     def env(self) -> dict[str, str]:
         """What every rank's environment gets: the address and the token."""
-        return {CONTROL_ENV: self.address, TOKEN_ENV: self.token}
+        return self._socket().env()
+
+    def _socket(self) -> ControlSocket:
+        if self.bound is None:
+            raise RuntimeError("the control socket is not started")
+        return self.bound
 
     async def start(self) -> None:
-        """Make the private directory and start serving the socket in it."""
-        self.directory = tempfile.mkdtemp(prefix="corral-", dir=socket_base_dir(self.base_dir))
-        os.chmod(self.directory, 0o700)
-        self.path = os.path.join(self.directory, secrets.token_hex(_NAME_BYTES))
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        """Serve the socket (made now, in a new private directory, unless given)."""
+        if self.bound is None:
+            self.bound = ControlSocket(self.base_dir)
         try:
-            sock.bind(self.path)
-            os.chmod(self.path, 0o600)
             self._server = await asyncio.start_unix_server(
-                self._accept, sock=sock, limit=self.limit
+                self._accept, sock=self.bound.sock, limit=self.limit
             )
         except BaseException:
-            sock.close()
             self.close()
             raise
 
@@ -163,9 +147,8 @@ class ControlServer:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = None
+        if self.bound is not None:
+            self.bound.close()
 
     async def _authenticate(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -176,7 +159,7 @@ class ControlServer:
             line = await asyncio.wait_for(reader.readline(), AUTH_TIMEOUT)
         except (ValueError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             return False
-        return hmac.compare_digest(line, self._expected)
+        return hmac.compare_digest(line, auth_line(self._socket().token))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -199,5 +182,4 @@ __all__ = [
     "auth_line",
     "peer_allowed",
     "peer_uid",
-    "socket_base_dir",
 ]

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,39 +41,16 @@ from corral.agent.protocol import (
     encode_frame,
     frame_payload,
 )
+from corral.agent.spawn import STOP_SIGNALS, SpawnedNode, Workload, record_pgid
 from corral.agent.worker import error_file
-from corral.contract import ATTEMPT_ENV, NODE_DIR_ENV
+from corral.contract import ATTEMPT_ENV
 from corral.logflush import FlushSoon
-from corral.private import append_private, private_dir, write_private
-from corral.redact import redacted_node
+from corral.private import append_private, write_private
 
 CHUNK = 1 << 16
 CONTROL_DRAIN = 2.0  # seconds the ranks' last control messages may take to be read
 DRAIN_WINDOW = 2.0
-PR_SET_CHILD_SUBREAPER = 36
 _TORCHRUN_EXIT = re.compile(rb"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
-
-
-PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _set_subreaper() -> None:
-    """Adopt orphaned descendants (Linux), so teardown can always find them."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def _child_setup(group: int) -> Callable[[], None]:
-    """What a workload process does between fork and exec: join the node's process
-    group and die with the agent (so a SIGKILLed agent leaves nothing behind)."""
-
-    def setup() -> None:
-        os.setpgid(0, group)
-        if _LIBC is not None:
-            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    return setup
 
 
 def _status_to_code(status: int) -> int:
@@ -98,31 +73,10 @@ class RankTrack:
     log: IO[bytes] | None = None
 
 
-@dataclass
-class Workload:
-    """A process the agent started directly (a rank, or torchrun)."""
-
-    pid: int
-    rank: int  # NODE for torchrun
-    popen: subprocess.Popen[bytes]
-    code: int | None = None
-    exit_time: float | None = None
-    open_streams: int = 2
-    streams_abandoned: bool = False  # exited, but a leftover child still holds its pipes
-    drain_scheduled: bool = False
-    settled: bool = False
-    stderr_tail: list[bytes] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        """Exited, and its output drained (or given up on after the drain window)."""
-        return self.code is not None and (self.open_streams == 0 or self.streams_abandoned)
-
-
 class NodeAgent:
     """Supervises the processes of one node described by a start message."""
 
-    def __init__(self, start: dict[str, Any], out: IO[bytes]) -> None:
+    def __init__(self, start: dict[str, Any], out: IO[bytes], spawned: SpawnedNode) -> None:
         node = start["node"]
         self.node = node
         self.grace: float = float(start.get("grace", 10.0))
@@ -131,25 +85,30 @@ class NodeAgent:
         self.master_timeout: float = float(start.get("master_timeout", 300.0))
         self.stack_timeout = 10.0
         self.out = out
-        self.env: dict[str, str] = dict(node["env"])
-        self.node_dir = Path(os.path.expanduser(self.env.get(NODE_DIR_ENV, ".corral-node")))
-        self.node_dir = self.node_dir.absolute()
-        self.env[NODE_DIR_ENV] = str(self.node_dir)
-        from corral.agent.stacks import flight_recorder_env  # NCCL flight recorder on GPU nodes
-
-        self.env.update(flight_recorder_env(self.node_dir, self.env))
-        self.ranks: dict[int, RankTrack] = {}
-        self.workloads: dict[int, Workload] = {}
-        self.pgids: set[int] = set()
+        self.spawned = spawned
+        self.env = spawned.env
+        self.node_dir = spawned.node_dir
+        # what spawn_node started is known at once: a SIGCHLD may come any time
+        self.workloads: dict[int, Workload] = {w.pid: w for w in spawned.workloads}
+        self.ranks: dict[int, RankTrack] = {
+            w.rank: RankTrack(rank=w.rank, local_rank=w.local_rank, pid=w.pid)
+            for w in spawned.workloads
+            if w.rank != NODE
+        }
+        self.pgids = spawned.pgids
         self.reaped: dict[int, int] = {}
         self.stopping = False
         self.done = asyncio.Event()
         self.last_heartbeat = time.monotonic()
-        self.node_log: IO[bytes] | None = None
+        self.node_log = spawned.node_log
         self._loop: asyncio.AbstractEventLoop | None = None
         self._teardown_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._control: ControlServer | None = None
+        self._control = (
+            ControlServer(self._on_control, limit=CHUNK * 8, bound=spawned.control)
+            if spawned.control is not None
+            else None
+        )
         # Each rank's SDK connection, for the coordinator's replies ("reply" op).
         self._control_writers: dict[int, asyncio.StreamWriter] = {}
         self._broken_logs: set[int] = set()
@@ -261,15 +220,7 @@ class NodeAgent:
     # -- process tracking ------------------------------------------------------------
 
     def _record_pgid(self, pid: int) -> None:
-        try:
-            pgid = os.getpgid(pid)
-        except OSError:
-            return
-        if pgid in self.pgids or pgid == os.getpgrp():
-            return
-        self.pgids.add(pgid)
-        with contextlib.suppress(OSError):
-            write_private(self.node_dir / "pgids", "".join(f"{g}\n" for g in sorted(self.pgids)))
+        record_pgid(self.pgids, self.node_dir, pid)
 
     def _descendants(self) -> list[psutil.Process]:
         try:
@@ -300,35 +251,6 @@ class NodeAgent:
 
     # -- starting --------------------------------------------------------------------
 
-    def _prepare_dirs(self) -> str:
-        private_dir(self.node_dir)
-        for sub in ("logs", "errors"):
-            private_dir(self.node_dir / sub)
-        self.node_log = append_private(self.node_dir / "logs" / "node.log")
-        write_private(self.node_dir / "agent.pid", f"{os.getpid()}\n")
-        write_private(self.node_dir / "spec.json", json.dumps(redacted_node(self.node), indent=1))
-        cwd = os.path.abspath(os.path.expanduser(str(self.node["cwd"])))
-        if not os.path.isdir(cwd):
-            if not cwd.startswith(str(self.node_dir) + os.sep):
-                raise FileNotFoundError(f"working directory {cwd} does not exist")
-            os.makedirs(cwd, exist_ok=True)
-        return cwd
-
-    def _popen(self, argv: list[str], env: dict[str, str], cwd: str, group: int) -> Workload:
-        full_env = dict(os.environ)
-        full_env.update(env)
-        popen = subprocess.Popen(
-            argv,
-            env=full_env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=_child_setup(group),
-        )
-        self._record_pgid(popen.pid)
-        return Workload(pid=popen.pid, rank=NODE, popen=popen)
-
     async def _attach_pipe(self, work: Workload, fd: IO[bytes], kind: bytes) -> None:
         assert self._loop is not None
         reader = asyncio.StreamReader(limit=CHUNK * 8)
@@ -346,28 +268,13 @@ class NodeAgent:
 
         self._spawn(pump())
 
-    async def _start_workloads(self, cwd: str) -> None:
-        argv = list(self.node["argv"])
-        rank_specs = self.node.get("ranks") or []
-        group = 0
-        if rank_specs:
-            for spec in rank_specs:
-                env = dict(self.env)
-                env.update(spec["env"])
-                work = self._popen(argv, env, cwd, group)
-                group = group or work.pid
-                work.rank = int(spec["rank"])
-                self.ranks[work.rank] = RankTrack(
-                    rank=work.rank, local_rank=int(spec["local_rank"]), pid=work.pid
-                )
-                self.workloads[work.pid] = work
-                self.event(
-                    "rank_start", rank=work.rank, local_rank=spec["local_rank"], pid=work.pid
-                )
-        else:
-            work = self._popen(argv, dict(self.env), cwd, 0)
-            self.workloads[work.pid] = work
-        for work in list(self.workloads.values()):
+    async def _adopt_workloads(self) -> None:
+        """Announce the ranks :func:`~corral.agent.spawn.spawn_node` started and read
+        every workload's output."""
+        for work in self.spawned.workloads:
+            if work.rank != NODE:
+                self.event("rank_start", rank=work.rank, local_rank=work.local_rank, pid=work.pid)
+        for work in self.spawned.workloads:
             assert work.popen.stdout is not None and work.popen.stderr is not None
             await self._attach_pipe(work, work.popen.stdout, STDOUT)
             await self._attach_pipe(work, work.popen.stderr, STDERR)
@@ -375,13 +282,11 @@ class NodeAgent:
     # -- control socket (torchrun ranks' streams and SDK reports) -----------------------
 
     async def _serve_control(self) -> None:
-        """Serve the private, authenticated control socket (:mod:`corral.agent.control`);
-        its address and token reach the ranks through their environment only."""
-        self._control = ControlServer(
-            self._on_control, limit=CHUNK * 8, base_dir=str(self.node_dir)
-        )
-        await self._control.start()
-        self.env.update(self._control.env())
+        """Serve the private, authenticated control socket (:mod:`corral.agent.control`)
+        that spawn_node bound; its address and token reached the ranks through their
+        environment only."""
+        if self._control is not None:
+            await self._control.start()
 
     def close_control(self) -> None:
         """Stop serving the control socket and remove it (idempotent)."""
@@ -719,7 +624,7 @@ class NodeAgent:
         """Start the node, supervise it, return the agent's exit code."""
         self._loop = asyncio.get_running_loop()
         self._loop.add_signal_handler(signal.SIGCHLD, self._reap)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in STOP_SIGNALS:
             self._loop.add_signal_handler(
                 signum, lambda: self.request_teardown(self.grace, reason="agent signalled")
             )
@@ -728,9 +633,10 @@ class NodeAgent:
             lambda: asyncio.StreamReaderProtocol(stdin), os.fdopen(stdin_fd, "rb", 0)
         )
         try:
-            cwd = self._prepare_dirs()
+            if self.spawned.error is not None:
+                raise self.spawned.error
             await self._serve_control()
-            await self._start_workloads(cwd)
+            await self._adopt_workloads()
         except Exception as exc:
             self.event(
                 "start_failed", error=str(exc) or type(exc).__name__, host=socket.gethostname()
@@ -752,6 +658,8 @@ class NodeAgent:
         if self.node.get("hosts_master"):
             self._spawn(self._probe_master())
         self._reap()  # a child may have exited before the SIGCHLD handler was in place
+        if self.spawned.signals:  # signalled while the node was being spawned
+            self.request_teardown(self.grace, reason="agent signalled")
         await self.done.wait()
         # what a rank sent just before it exited may still be queued or being read:
         # its connection is at EOF now, so this is quick (bounded anyway)
@@ -781,10 +689,10 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def run_agent(start: dict[str, Any], out: IO[bytes], stdin_fd: int) -> int:
-    """Run the node described by the ``start`` message until it is done."""
-    _set_subreaper()
-    agent = NodeAgent(start, out)
+def run_agent(start: dict[str, Any], out: IO[bytes], stdin_fd: int, spawned: SpawnedNode) -> int:
+    """Run the node described by the ``start`` message, whose processes
+    :func:`~corral.agent.spawn.spawn_node` started, until it is done."""
+    agent = NodeAgent(start, out, spawned)
     try:
         return asyncio.run(agent.run(stdin_fd))
     finally:

@@ -12,9 +12,9 @@ would kill it), and what the handler appended to the file is the dump.
 Every dump is also kept on the node in ``<node_dir>/hang/rank-<rank>.txt``.
 
 On a node with NVIDIA GPUs the agent turns PyTorch's NCCL flight recorder on
-for its ranks (:func:`flight_recorder_env`: a bounded trace buffer, a dump on
-the watchdog's timeout and on request through a named pipe, all under
-``<node_dir>/nccl/``); on a hang each rank is asked for its dump
+for its ranks (:func:`corral.agent.spawn.flight_recorder_env`: a bounded trace
+buffer, a dump on the watchdog's timeout and on request through a named pipe,
+all under ``<node_dir>/nccl/``); on a hang each rank is asked for its dump
 (:func:`collect_traces`), which travels with its stack to the coordinator.
 """
 
@@ -39,13 +39,10 @@ import psutil
 
 from corral.agent.protocol import EVENT_TEXT_LIMIT
 from corral.contract import DUMP_SIGNAL, stack_file
-from corral.contract import FLIGHT_RECORDER_ENV as FLIGHT_ENV
 from corral.private import private_dir, write_private
 
 __all__ = [
     "EVENT_TEXT_LIMIT",
-    "FLIGHT_ENV",
-    "TRACE_BUFFER_SIZE",
     "TRACE_LIMIT",
     "StackDump",
     "collect_traces",
@@ -53,7 +50,6 @@ __all__ = [
     "dump_stack",
     "dump_stacks",
     "find_py_spy",
-    "flight_recorder_env",
     "hang_file",
 ]
 
@@ -62,12 +58,9 @@ DumpMethod = Literal["py-spy", "faulthandler", "none"]
 FAULTHANDLER_WAIT = 2.0  # how long a signalled rank gets to write its dump
 _SETTLE = 0.1  # the dump is complete once the file stopped growing for this long
 _POLL = 0.02
-#: Collectives the NCCL flight recorder keeps per rank (a ring buffer).
-TRACE_BUFFER_SIZE = 1000
 #: Largest flight recorder dump sent to the coordinator (bytes; larger ones stay on the node).
 TRACE_LIMIT = 1 << 20
 TRACE_WAIT = 3.0  # how long a rank gets to write its flight recorder dump
-_GPU_DEVICE = Path("/dev/nvidiactl")
 
 
 @dataclass
@@ -261,30 +254,6 @@ def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0)
             note = f"not kept on the node: {exc}"
             dump.error = f"{dump.error}; {note}" if dump.error else note
     return dumps
-
-
-def flight_recorder_env(
-    node_dir: Path, env: Mapping[str, str], *, gpus: bool | None = None
-) -> dict[str, str]:
-    """The variables that turn on PyTorch's NCCL flight recorder for a node's ranks,
-    leaving alone any the user set: on a node with NVIDIA GPUs (``gpus`` None: the
-    driver's device exists), unless ``CORRAL_FLIGHT_RECORDER=0`` (``1``: on anyway).
-    Creates ``<node_dir>/nccl/`` (0700) for the dumps and request pipes."""
-    wanted = env.get(FLIGHT_ENV, "")
-    if wanted == "0" or (wanted != "1" and not (_GPU_DEVICE.exists() if gpus is None else gpus)):
-        return {}
-    folder = Path(node_dir) / "nccl"
-    try:
-        private_dir(folder)
-    except OSError:
-        return {}
-    values = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_BUFFER_SIZE),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/rank_",
-        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{folder}/pipe_",
-    }
-    return {key: value for key, value in values.items() if key not in env}
 
 
 def collect_traces(ranks: list[int], node_dir: Path, wait: float = TRACE_WAIT) -> dict[int, str]:

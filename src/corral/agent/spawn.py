@@ -1,0 +1,218 @@
+"""Start a node's processes before the agent's supervision machinery is loaded.
+
+At the start message the agent makes the node's directory, binds the ranks'
+control socket (:class:`~corral.agent.controlsock.ControlSocket`) and starts
+the node's workload (the launcher, e.g. torchrun, or one process per rank) with
+the standard library alone (:func:`spawn_node`). Only then does it import its
+asyncio and psutil machinery (:mod:`corral.agent.node`), which adopts what was
+started here. The launcher thus starts importing its framework at once on every
+node instead of after the agent's own imports (~30 ms, more on a busy host).
+
+This runs before the agent's signal handlers exist: SIGTERM, SIGINT and SIGHUP
+received meanwhile are kept (:attr:`SpawnedNode.signals`) and acted upon once
+the agent runs. A failure is kept too (:attr:`SpawnedNode.error`, with whatever
+had started), for the agent to report and clean up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from corral.agent.controlsock import ControlSocket
+from corral.agent.protocol import NODE
+from corral.contract import FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.private import append_private, private_dir, write_private
+from corral.redact import redacted_node
+
+__all__ = [
+    "STOP_SIGNALS",
+    "TRACE_BUFFER_SIZE",
+    "SpawnedNode",
+    "Workload",
+    "flight_recorder_env",
+    "record_pgid",
+    "spawn_node",
+]
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+#: Collectives the NCCL flight recorder keeps per rank (a ring buffer).
+TRACE_BUFFER_SIZE = 1000
+_GPU_DEVICE = Path("/dev/nvidiactl")
+#: The signals that stop a node (the agent tears it down on each).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass
+class Workload:
+    """A process the agent started directly (a rank, or the launcher)."""
+
+    pid: int
+    rank: int  # NODE for the launcher (torchrun)
+    popen: subprocess.Popen[bytes]
+    local_rank: int = 0
+    code: int | None = None
+    exit_time: float | None = None
+    open_streams: int = 2
+    streams_abandoned: bool = False  # exited, but a leftover child still holds its pipes
+    drain_scheduled: bool = False
+    settled: bool = False
+    stderr_tail: list[bytes] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Exited, and its output drained (or given up on after the drain window)."""
+        return self.code is not None and (self.open_streams == 0 or self.streams_abandoned)
+
+
+@dataclass
+class SpawnedNode:
+    """What :func:`spawn_node` made: the node's directory and log, the environment its
+    processes got, the control socket, the processes in start order and their process
+    groups; the signals received meanwhile and the error that stopped it, if any."""
+
+    node_dir: Path
+    env: dict[str, str]
+    control: ControlSocket | None = None
+    node_log: IO[bytes] | None = None
+    workloads: list[Workload] = field(default_factory=list)
+    pgids: set[int] = field(default_factory=set)
+    signals: list[int] = field(default_factory=list)
+    error: Exception | None = None
+
+
+def set_subreaper() -> None:
+    """Adopt orphaned descendants (Linux), so teardown can always find them."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def child_setup(group: int) -> Callable[[], None]:
+    """What a workload process does between fork and exec: join the node's process
+    group and die with the agent (so a SIGKILLed agent leaves nothing behind)."""
+
+    def setup() -> None:
+        os.setpgid(0, group)
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return setup
+
+
+def flight_recorder_env(
+    node_dir: Path, env: Mapping[str, str], *, gpus: bool | None = None
+) -> dict[str, str]:
+    """The variables that turn on PyTorch's NCCL flight recorder for a node's ranks,
+    leaving alone any the user set: on a node with NVIDIA GPUs (``gpus`` None: the
+    driver's device exists), unless ``CORRAL_FLIGHT_RECORDER=0`` (``1``: on anyway).
+    Creates ``<node_dir>/nccl/`` (0700) for the dumps and request pipes."""
+    wanted = env.get(FLIGHT_RECORDER_ENV, "")
+    if wanted == "0" or (wanted != "1" and not (_GPU_DEVICE.exists() if gpus is None else gpus)):
+        return {}
+    folder = Path(node_dir) / "nccl"
+    try:
+        private_dir(folder)
+    except OSError:
+        return {}
+    values = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_BUFFER_SIZE),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/rank_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{folder}/pipe_",
+    }
+    return {key: value for key, value in values.items() if key not in env}
+
+
+def record_pgid(pgids: set[int], node_dir: Path, pid: int) -> None:
+    """Add the process group of ``pid`` to ``pgids`` (not the agent's own) and keep the
+    set in ``<node_dir>/pgids``, where the coordinator's cleanup finds it."""
+    try:
+        pgid = os.getpgid(pid)
+    except OSError:
+        return
+    if pgid in pgids or pgid == os.getpgrp():
+        return
+    pgids.add(pgid)
+    with contextlib.suppress(OSError):
+        write_private(node_dir / "pgids", "".join(f"{g}\n" for g in sorted(pgids)))
+
+
+def spawn_node(node: Mapping[str, Any]) -> SpawnedNode:
+    """Make the node's directory, bind the control socket and start the node's
+    processes (the start message's ``node``); never raises (see the module doc)."""
+    env = dict(node["env"])
+    node_dir = Path(os.path.expanduser(env.get(NODE_DIR_ENV, ".corral-node"))).absolute()
+    env[NODE_DIR_ENV] = str(node_dir)
+    spawned = SpawnedNode(node_dir=node_dir, env=env)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda received, _frame: spawned.signals.append(received))
+    set_subreaper()
+    try:
+        env.update(flight_recorder_env(node_dir, env))  # on GPU nodes
+        cwd = _prepare(spawned, node)
+        spawned.control = ControlSocket(str(node_dir))
+        env.update(spawned.control.env())
+        _start(spawned, node, cwd)
+    except Exception as exc:
+        spawned.error = exc
+    return spawned
+
+
+def _prepare(spawned: SpawnedNode, node: Mapping[str, Any]) -> str:
+    """The node's private directories, log, pid and (redacted) spec; its working dir."""
+    node_dir = spawned.node_dir
+    private_dir(node_dir)
+    for sub in ("logs", "errors"):
+        private_dir(node_dir / sub)
+    spawned.node_log = append_private(node_dir / "logs" / "node.log")
+    write_private(node_dir / "agent.pid", f"{os.getpid()}\n")
+    write_private(node_dir / "spec.json", json.dumps(redacted_node(node), indent=1))
+    cwd = os.path.abspath(os.path.expanduser(str(node["cwd"])))
+    if not os.path.isdir(cwd):
+        if not cwd.startswith(str(node_dir) + os.sep):
+            raise FileNotFoundError(f"working directory {cwd} does not exist")
+        os.makedirs(cwd, exist_ok=True)
+    return cwd
+
+
+def _start(spawned: SpawnedNode, node: Mapping[str, Any], cwd: str) -> None:
+    """One process per rank spec (all in the first one's group), or the one launcher."""
+    argv = list(node["argv"])
+    rank_specs = node.get("ranks") or []
+    if not rank_specs:
+        spawned.workloads.append(_popen(spawned, argv, dict(spawned.env), cwd, 0, NODE))
+        return
+    group = 0
+    for spec in rank_specs:
+        env = {**spawned.env, **spec["env"]}
+        work = _popen(spawned, argv, env, cwd, group, int(spec["rank"]))
+        work.local_rank = int(spec["local_rank"])
+        group = group or work.pid
+        spawned.workloads.append(work)
+
+
+def _popen(
+    spawned: SpawnedNode, argv: list[str], env: dict[str, str], cwd: str, group: int, rank: int
+) -> Workload:
+    popen = subprocess.Popen(
+        argv,
+        env={**os.environ, **env},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=child_setup(group),
+    )
+    record_pgid(spawned.pgids, spawned.node_dir, popen.pid)
+    return Workload(pid=popen.pid, rank=rank, popen=popen)
