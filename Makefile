@@ -76,7 +76,7 @@ test-fast: setup
 	$(PY) -m pytest -q -ra -m 'not netns and not slow' tests/unit tests/integration
 
 test: setup system-deps lint
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # corral's GPU paths on this machine's GPUs (NCCL, FSDP2 bf16, calibrate, NVML health,
 # launch/teardown benchmarks); without a GPU: a CPU dry run of its plumbing, exit 0

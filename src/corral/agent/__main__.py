@@ -19,7 +19,6 @@ import time
 from corral.agent.hostcheck import host_checks
 from corral.agent.probe import probe_info
 from corral.agent.protocol import decode_op, encode_event
-from corral.agent.spawn import spawn_node
 
 
 def _read_line(fd: int) -> bytes:
@@ -63,6 +62,8 @@ def main() -> int:
                 break
             out.write(encode_event(reply))
             out.flush()
+            if message["op"] == "time":  # the checklist's last request: it decides now
+                import corral.agent.spawn  # noqa: F401
         if checks is not None:
             checks.close()  # the master port is free before anything is launched
         if not first:
@@ -72,6 +73,8 @@ def main() -> int:
     elif message["op"] != "start":
         print(f"corral agent: expected a probe or start op, got {message['op']!r}", file=sys.stderr)
         return 2
+    from corral.agent.spawn import spawn_node
+
     spawned = spawn_node(message["node"])  # before the agent's own imports
     from corral.agent.node import run_agent
 

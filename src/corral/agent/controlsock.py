@@ -12,7 +12,6 @@ ranks only through their environment (:data:`CONTROL_ENV`, :data:`TOKEN_ENV`).
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import socket
 import stat
@@ -63,12 +62,12 @@ class ControlSocket:
     """
 
     def __init__(self, base_dir: str | None = None) -> None:
-        self.token = secrets.token_hex(16)
+        self.token = os.urandom(16).hex()  # as secrets.token_hex, without its imports
         self.directory: str | None = tempfile.mkdtemp(
             prefix="corral-", dir=socket_base_dir(base_dir)
         )
         os.chmod(self.directory, 0o700)
-        self.path = os.path.join(self.directory, secrets.token_hex(_NAME_BYTES))
+        self.path = os.path.join(self.directory, os.urandom(_NAME_BYTES).hex())
         self.sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.bind(self.path)
