@@ -252,7 +252,9 @@ from corral import sdk
 out = Path(sys.argv[1])
 (out / "token").write_text(os.environ["CORRAL_CONTROL_TOKEN"])
 (out / "secret").write_text(os.environ["WANDB_API_KEY"] + " " + os.environ["DATA_URL"])
-(out / "control").write_text(os.environ["CORRAL_CONTROL"])
+# last, and whole at once: the test reads the three files once this one exists
+(out / "control.tmp").write_text(os.environ["CORRAL_CONTROL"])
+(out / "control.tmp").rename(out / "control")
 deadline = time.monotonic() + 60
 while not (out / "go").exists():
     if time.monotonic() > deadline:
