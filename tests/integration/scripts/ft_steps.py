@@ -3,7 +3,9 @@ over gloo on CPU, using torchft directly (Manager, DDP, Optimizer).
 
 Every step it prints ``group G step S participants P`` and reports the step to corral;
 ``--kill-group G --kill-at S`` SIGKILLs that group's rank once, at step S or later
-(a marker file in the node's working directory keeps its restart alive);
+and after a step with every group (so the others have trained with all of them
+before it goes, however late it joined; a marker file in the node's working
+directory keeps its restart alive);
 ``--hang-group G --hang-at S`` makes that group's rank sleep forever once, the same
 way (corral's hang detection must tear down that group only). Second failures:
 ``--kill-healing`` SIGKILLs the restarted kill group once more while it heals (in
@@ -109,7 +111,7 @@ while manager.current_step() < args.steps or participants < groups:
     if group == args.kill_while_away and everyone and participants < groups:
         die_once("killed-away", "while another group is away")
     marker = Path("killed-once")  # the node's own working dir: a restarted group skips it
-    if group == args.kill_group and step >= args.kill_at and not marker.exists():
+    if group == args.kill_group and step >= args.kill_at and everyone and not marker.exists():
         marker.write_text("1")
         print(f"group {group} is about to be killed", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
