@@ -27,6 +27,7 @@ __all__ = [
     "ACTOR_ENV",
     "AGENT_VARS",
     "ATTEMPT_ENV",
+    "BACKEND_ENV",
     "CALIBRATE_ENV",
     "CALIBRATE_SECONDS_ENV",
     "CHECKPOINT_DIR_ENV",
@@ -37,6 +38,7 @@ __all__ = [
     "DIST_TIMEOUT_ENV",
     "DUMP_SIGNAL",
     "ERROR_FILE_ENV",
+    "FLIGHT_DIR_ENV",
     "FLIGHT_RECORDER_ENV",
     "HARNESS_ENV",
     "HOST_ENV",
@@ -61,6 +63,7 @@ __all__ = [
     "SHARED_DATA_PATH_ENV",
     "STREAMS_ENV",
     "TORCHELASTIC_ERROR_FILE_ENV",
+    "TRACE_WAIT_ENV",
     "WORKLOAD_WEIGHTS_ENV",
     "ScaleBy",
     "ScaleRule",
@@ -99,6 +102,11 @@ TORCHELASTIC_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 #: Seconds the SDK waits for the master, and the process group's timeout.
 RDZV_TIMEOUT_ENV = "CORRAL_RDZV_TIMEOUT"
 DIST_TIMEOUT_ENV = "CORRAL_DIST_TIMEOUT"
+#: The collective backend the ranks use, as the user declares it in the job's env
+#: (``--env CORRAL_BACKEND=nccl|gloo|auto``): ``sdk.init_distributed()`` uses it for
+#: ``backend="auto"``, and the pre-flight judges ranks sharing a GPU by it (fatal
+#: only for NCCL).
+BACKEND_ENV = "CORRAL_BACKEND"
 
 # --- what some jobs get -----------------------------------------------------------------
 #: ``--checkpoint-dir``: where ``sdk.resume()`` looks.
@@ -131,6 +139,9 @@ MLX_HOSTS_ENV = "CORRAL_MLX_HOSTS"
 MLX_INIT_TIMEOUT_ENV = "CORRAL_MLX_INIT_TIMEOUT"
 #: ``1`` in an actor worker's environment.
 ACTOR_ENV = "CORRAL_ACTOR"
+#: The node's flight folder (:mod:`corral.agent.flight`): the rank wrapper turns
+#: PyTorch's flight recorder on with it and answers dump requests there.
+FLIGHT_DIR_ENV = "CORRAL_FLIGHT_DIR"
 
 #: ``--recovery in-place`` (torchft): each node is one replica group with its own
 #: torchrun store (its MASTER_ADDR/MASTER_PORT; RANK and WORLD_SIZE are the group's).
@@ -143,9 +154,12 @@ MIN_REPLICAS_ENV = "CORRAL_MIN_REPLICAS"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 # --- set by the user --------------------------------------------------------------------
-#: In a job's ``--env``: ``1`` turns the node agent's NCCL flight recorder on without a
-#: GPU seen, ``0`` off (default: on GPU nodes).
+#: In a job's ``--env``: ``0`` turns off PyTorch's flight recorder, which the node
+#: agent turns on for its ranks (default: on).
 FLIGHT_RECORDER_ENV = "CORRAL_FLIGHT_RECORDER"
+#: In a job's ``--env``: the seconds a hang's dump waits for every rank's flight
+#: recorder dump (default 15).
+TRACE_WAIT_ENV = "CORRAL_TRACE_WAIT"
 #: ``corral serve``'s API token for its clients (``corral job``, ``corral machine``); a
 #: job's supervisor and ranks never inherit it.
 SERVER_TOKEN_ENV = "CORRAL_TOKEN"

@@ -167,7 +167,11 @@ def test_software_missing_corral_and_torch_fail() -> None:
     )  # python launcher: torch only has to agree
 
 
-def test_hardware_gpus_against_ranks_and_rdma() -> None:
+@pytest.mark.parametrize(
+    ("backend", "shared"),
+    [("nccl", Status.FAIL), (None, Status.WARN), ("gloo", Status.PASS)],
+)
+def test_hardware_gpus_against_ranks_and_rdma(backend: str | None, shared: Status) -> None:
     gpus = [{"name": "A100", "memory_mib": 81920}] * 4
     ctx = _ctx(
         {
@@ -176,12 +180,17 @@ def test_hardware_gpus_against_ranks_and_rdma() -> None:
             "n3": {"hardware": {"gpus": gpus}},
         },
         cluster=_cluster(slots=4),
+        backend=backend,
     )
     result = hardware.check(ctx)
     assert (
         result.hosts["n1"].status is Status.PASS and "4x A100 80 GiB" in result.hosts["n1"].detail
     )
-    assert result.hosts["n2"].status is Status.FAIL and "only 2 GPUs" in result.hosts["n2"].detail
+    # ranks sharing a GPU: fatal only for NCCL (gloo/CPU ranks may share one)
+    n2 = result.hosts["n2"]
+    assert n2.status is shared
+    assert n2.detail.startswith("4 ranks but 2 GPU(s): ")
+    assert ("NCCL" in n2.detail) is (backend != "gloo")
     assert result.hosts["n3"].status is Status.WARN and "RDMA" in result.hosts["n3"].detail
     assert result.fix_command is not None and "NCCL_IB_DISABLE=1" in result.fix_command
     cpu = hardware.check(_ctx())

@@ -20,7 +20,7 @@ from corral.checks.result import Status
 from corral.checks.runner import CHECK_NAMES, run_checklist
 from corral.cluster import load_cluster
 from corral.cluster.model import Host
-from corral.diagnose.gpu import HostInput, evaluate, require_nvml
+from corral.diagnose.gpu import HostInput, evaluate, job_backend, require_nvml
 from corral.errors import ConfigError
 from corral.transport.local import LocalTransport
 
@@ -176,10 +176,64 @@ def test_the_jobs_own_processes_are_not_foreign() -> None:
     assert evaluate({"h": HostInput(probe, ranks=1)}, "j2")["h"].status == "warn"
 
 
-def test_more_ranks_than_gpus_fails_and_cuda_visible_devices_counts() -> None:
-    assert _kinds(_health(FakeNvml(), ranks=3)) == {"count": "fail"}
-    h = _health(FakeNvml(), ranks=2, visible="0")
+def _backend_health(backend: str | None, *, ranks: int, gpus: int, **kw: Any) -> Any:
+    probe = {"devices": True, "visible": None, **gpuprobe.collect(FakeNvml(gpus), None), **kw}
+    return evaluate({"h1": HostInput(probe, ranks=ranks, backend=backend)})["h1"]
+
+
+def test_more_ranks_than_gpus_fails_an_nccl_job_and_cuda_visible_devices_counts() -> None:
+    h = _backend_health("nccl", ranks=3, gpus=2)
+    assert _kinds(h) == {"count": "fail"} and h.status == "fail"
+    assert "3 ranks but 2 GPU(s): NCCL refuses two ranks on one GPU" in h.detail
+    h = _backend_health("nccl", ranks=2, gpus=2, visible="0")
     assert h.status == "fail" and "CUDA_VISIBLE_DEVICES=0" in h.detail
+
+
+def test_more_ranks_than_gpus_is_a_note_for_gloo_and_a_warning_when_undeclared() -> None:
+    # the issue's machine: local:2 (one rank each) on one GPU
+    gloo = _backend_health("gloo", ranks=2, gpus=1)
+    assert gloo.status == "pass" and _kinds(gloo) == {"count": "info"}
+    assert "2 ranks but 1 GPU(s): ranks share GPUs (gloo" in gloo.detail
+    unknown = _backend_health(None, ranks=2, gpus=1)
+    assert unknown.status == "warn" and _kinds(unknown) == {"count": "warn"}
+    assert "fine for gloo/CPU ranks; NCCL ranks would fail" in unknown.detail
+    assert "CORRAL_BACKEND=nccl|gloo" in unknown.findings[0].advice
+    assert _backend_health(None, ranks=1, gpus=1).findings == []
+
+
+def test_the_job_declares_its_backend_in_its_env() -> None:
+    assert job_backend({}) is None and job_backend({"CORRAL_BACKEND": " "}) is None
+    assert job_backend({"CORRAL_BACKEND": "gloo"}) == "gloo"
+    assert job_backend({"CORRAL_BACKEND": "NCCL"}) == "nccl"
+    assert job_backend({"CORRAL_BACKEND": "auto"}) == "nccl"  # the SDK's pick on a GPU host
+    with pytest.raises(ConfigError, match="'mpi' is not a backend") as err:
+        job_backend({"CORRAL_BACKEND": "mpi"})
+    assert err.value.option == "--env"
+
+
+@pytest.mark.parametrize(
+    ("env", "status"),
+    [({}, Status.WARN), ({"CORRAL_BACKEND": "gloo"}, Status.PASS),
+     ({"CORRAL_BACKEND": "nccl"}, Status.FAIL)],
+)  # fmt: skip
+def test_a_cpu_job_on_a_one_gpu_machine_passes_the_preflight(
+    env: dict[str, str], status: Status
+) -> None:
+    """``corral run --hosts local:2`` on one GPU: the job's env reaches the gpu check
+    through the pre-flight's options; only an NCCL job is refused."""
+    from corral.job.options import CheckPolicy
+    from corral.job.preflight import checklist_options
+    from corral.plan.spec import JobSpec
+    from corral.transport.options import SshOptions
+
+    cluster = load_cluster("local:2")
+    spec = JobSpec(script="train.py", nproc_per_node=1, env=env)
+    opts = checklist_options(CheckPolicy(), spec, cluster, SshOptions(), None, None)
+    one_gpu = {"devices": True, "visible": None, **gpuprobe.collect(FakeNvml(1), None)}
+    result = gpu_check.check(_ctx(cluster, {"local-0": one_gpu}, opts))
+    assert result.status is status, result
+    if status is not Status.FAIL:
+        assert result.error is None
 
 
 def test_driver_and_cuda_versions_that_differ_across_hosts_warn_on_the_odd_host() -> None:
@@ -227,15 +281,19 @@ def test_the_check_maps_findings_to_host_statuses_and_ssh_fixes() -> None:
     assert result.data["g1"]["findings"][0]["kind"] == "ecc"
 
 
-def _ctx(cluster: Any, probes: dict[str, Any]) -> CheckContext:
+def _ctx(
+    cluster: Any, probes: dict[str, Any], options: ChecklistOptions | None = None
+) -> CheckContext:
     from corral.checks.gather import HostFacts
 
     facts = {
-        h.name: HostFacts(host=h, facts={gpu_check.FACTS_KEY: probes[h.name], "software": {}})
+        h.name: HostFacts(
+            host=h, facts={gpu_check.FACTS_KEY: probes.get(h.name) or {}, "software": {}}
+        )
         for h in cluster.hosts
     }
     return CheckContext(
-        options=ChecklistOptions(cluster=cluster),
+        options=options or ChecklistOptions(cluster=cluster),
         cluster=cluster,
         master=cluster.hosts[0],
         master_addr="127.0.0.1",

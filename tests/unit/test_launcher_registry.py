@@ -44,6 +44,9 @@ def test_corral_run_options_build_typed_options() -> None:
     with pytest.raises(ConfigError) as err:
         job_spec(JobOptions(command=("t.py",), launcher="python", mlx_backend="jaccl"))
     assert err.value.option == "--mlx-backend"
+    with pytest.raises(ConfigError, match="CORRAL_BACKEND='mpi' is not a backend") as err:
+        job_spec(JobOptions(command=("t.py",), env={"CORRAL_BACKEND": "mpi"}))
+    assert err.value.option == "--env"
 
 
 def test_a_spec_round_trips_through_json() -> None:

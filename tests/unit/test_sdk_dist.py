@@ -211,6 +211,24 @@ def test_rank0_initialises_without_waiting(
 
 
 @pytest.mark.torch
+def test_auto_takes_the_backend_the_job_declares(
+    monkeypatch: pytest.MonkeyPatch, fake_init: list[dict[str, Any]]
+) -> None:
+    """``--env CORRAL_BACKEND=gloo`` keeps a CPU job on gloo where CUDA is available
+    (what the pre-flight judged it by); an explicit argument still wins."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("CORRAL_BACKEND", "gloo")
+    dist_env(monkeypatch, 0, closed_port())
+    assert sdk.init_distributed(timeout=5) is True
+    assert fake_init[-1]["backend"] == "gloo"
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    assert sdk.init_distributed("nccl", timeout=5) is True
+    assert fake_init[-1]["backend"] == "nccl"
+
+
+@pytest.mark.torch
 def test_other_ranks_wait_then_initialise(
     monkeypatch: pytest.MonkeyPatch,
     fake_init: list[dict[str, Any]],

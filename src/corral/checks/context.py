@@ -37,6 +37,9 @@ class ChecklistOptions:
     master_addr: str | None = None
     master_port: int = 29500
     nproc_per_node: int | None = None
+    # the ranks' collective backend as the job declares it (CORRAL_BACKEND): nccl, gloo
+    # or None (not declared); see corral.diagnose.gpu.job_backend
+    backend: str | None = None
     nccl_interface: str | None = None
     gloo_interface: str | None = None
     checkpoint_dir: str | None = None

@@ -28,6 +28,7 @@ def _inputs(ctx: CheckContext) -> dict[str, HostInput]:
             probe=f.facts.get(FACTS_KEY) if f.ok else None,
             ranks=ranks,
             torch_cuda=(f.facts.get("software") or {}).get("cuda") if f.ok else None,
+            backend=ctx.options.backend,
         )
     return inputs
 

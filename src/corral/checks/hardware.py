@@ -7,10 +7,12 @@ from typing import Any
 
 from corral.checks.context import CheckContext
 from corral.checks.result import CheckResult, HostCheck, Status
+from corral.diagnose.gpu import rank_sharing
 
 NAME = "hardware"
 LOW_MEMORY_BYTES = 1 << 30
 _GIB = float(1 << 30)
+_SEVERITY = {"fail": Status.FAIL, "warn": Status.WARN, "info": Status.PASS}
 
 
 def _gpu_text(gpus: list[dict[str, Any]]) -> str:
@@ -29,6 +31,7 @@ def check(ctx: CheckContext) -> CheckResult:
     uses_gpus = any(f.facts.get("hardware", {}).get("gpus") for f in answered)
     hosts: dict[str, HostCheck] = {}
     no_rdma: list[str] = []
+    sharing_fix = ""
     data: dict[str, Any] = {}
     for host in ctx.cluster.hosts:
         f = ctx.facts[host.name]
@@ -57,9 +60,11 @@ def check(ctx: CheckContext) -> CheckResult:
             if not gpus:
                 status = Status.WARN
                 problems.append("no GPU while other hosts have GPUs")
-            elif nproc > len(gpus):
-                status = Status.FAIL
-                problems.append(f"{nproc} ranks but only {len(gpus)} GPUs (ranks would share one)")
+            elif shared := rank_sharing(host.name, nproc, len(gpus), ctx.options.backend):
+                # fatal only for NCCL: gloo/CPU ranks may share GPUs (see the gpu check)
+                status = _SEVERITY[shared.severity]
+                problems.append(shared.text)
+                sharing_fix = sharing_fix or shared.advice
             elif nproc < len(gpus):
                 status = Status.WARN
                 problems.append(f"{nproc} ranks use {nproc} of {len(gpus)} GPUs")
@@ -81,8 +86,8 @@ def check(ctx: CheckContext) -> CheckResult:
             "install the InfiniBand/RoCE drivers (check with `ibv_devinfo`), or run over "
             "TCP with --env NCCL_IB_DISABLE=1"
         )
-    elif any(c.status is Status.FAIL for c in hosts.values()):
-        fix = "pass --nproc-per-node N with N <= GPUs per host, or fix the slots in the hostfile"
+    elif sharing_fix:
+        fix = sharing_fix
     total_gpus = sum(len(d["gpus"]) for d in data.values())
     summary = f"{total_gpus} GPUs" if uses_gpus else "CPU only (no GPU on any host)"
     return CheckResult.from_hosts(NAME, hosts, summary=summary, fix_command=fix, data=data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -55,6 +56,8 @@ from corral.cli.options import (
     WorkdirOpt,
 )
 from corral.console import make_console
+from corral.contract import BACKEND_ENV
+from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target
 from corral.job.resolve import parse_nproc
@@ -158,6 +161,7 @@ def checklist_options(
         master_addr=master_addr,
         master_port=master_port,
         nproc_per_node=parse_nproc(nproc_per_node, cluster),
+        backend=job_backend(os.environ, where=BACKEND_ENV),
         nccl_interface=nccl_interface,
         gloo_interface=gloo_interface,
         checkpoint_dir=checkpoint_dir,

@@ -3,7 +3,9 @@
 The input is what :func:`corral.agent.gpuprobe.probe` answered on each host;
 the output is one :class:`HostHealth` per host: a status (``skip``, ``pass``,
 ``warn`` or ``fail``, the words of :mod:`corral.checks.result`) and the
-:class:`Finding` behind it, each with a fix. What fails: fewer GPUs than ranks,
+:class:`Finding` behind it, each with a fix. What fails: fewer GPUs than ranks
+for an NCCL job (NCCL refuses two ranks on one GPU; for gloo/CPU ranks, or a job
+whose backend is not declared, it is a warning or a note: see :func:`job_backend`),
 volatile uncorrectable ECC errors, a failed row remapping, Xid errors that mean
 broken hardware, a driver too old for torch's CUDA major version. What warns:
 rows or pages waiting for a GPU reset, other Xid errors, throttling, GPU memory
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from corral.agent.gpuprobe import EXTRA_HINT, SLOWDOWN_REASONS
+from corral.contract import BACKEND_ENV
 from corral.errors import ConfigError
 
 Severity = Literal["fail", "warn", "info"]
@@ -88,6 +91,61 @@ class HostInput:
     probe: Mapping[str, Any] | None
     ranks: int = 1
     torch_cuda: str | None = None
+    backend: str | None = None
+    """``nccl``, ``gloo`` or None (not declared): see :func:`job_backend`."""
+
+
+_BACKENDS = ("nccl", "gloo", "auto")
+
+
+def job_backend(env: Mapping[str, str], *, where: str = "--env") -> str | None:
+    """The collective backend a job's ranks use, as far as corral can know it before
+    launch: the user's script chooses it, so the job declares it with
+    ``CORRAL_BACKEND`` in its env (``--env CORRAL_BACKEND=nccl``; ``corral check``
+    reads its own environment). ``auto`` is the SDK's choice, NCCL wherever there are
+    GPUs, so it counts as ``nccl`` here; unset is None (not declared).
+    :class:`~corral.errors.ConfigError` for any other value, naming ``where``."""
+    raw = (env.get(BACKEND_ENV) or "").strip().lower()
+    if not raw:
+        return None
+    if raw not in _BACKENDS:
+        raise ConfigError(
+            f"{BACKEND_ENV}={raw!r} is not a backend; use one of {', '.join(_BACKENDS)}",
+            option=where,
+        )
+    return "nccl" if raw == "auto" else raw
+
+
+def rank_sharing(
+    name: str, ranks: int, usable: int, backend: str | None, visible: Any = None
+) -> Finding | None:
+    """More ranks than GPUs on host ``name``: fatal for NCCL ("Duplicate GPU
+    detected"), fine for gloo (a note), a warning naming when it would fail while the
+    job's backend is not declared (``backend``: see :func:`job_backend`)."""
+    if ranks <= usable:
+        return None
+    seen = f"{ranks} ranks but {usable} GPU(s)" + (
+        f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    )
+    fit = "pass --nproc-per-node N with N <= GPUs, or fix the slots"
+    if backend == "nccl":
+        return Finding(
+            name,
+            "count",
+            "fail",
+            f"{seen}: NCCL refuses two ranks on one GPU",
+            advice=f"{fit} ({BACKEND_ENV}=nccl)",
+        )
+    if backend == "gloo":
+        return Finding(name, "count", "info", f"{seen}: ranks share GPUs (gloo, {BACKEND_ENV})")
+    return Finding(
+        name,
+        "count",
+        "warn",
+        f"{seen}: fine for gloo/CPU ranks; NCCL ranks would fail (two ranks on one GPU: "
+        '"Duplicate GPU detected")',
+        advice=f"for NCCL {fit}; declare the backend with --env {BACKEND_ENV}=nccl|gloo",
+    )
 
 
 def require_nvml() -> Any:
@@ -267,17 +325,9 @@ def _host(name: str, item: HostInput, job_id: str | None, others_have_gpus: bool
     if visible is not None:
         usable = len([v for v in str(visible).split(",") if v.strip()])
     findings: list[Finding] = []
-    if item.ranks > usable:
-        findings.append(
-            Finding(
-                name,
-                "count",
-                "fail",
-                f"{item.ranks} ranks but {usable} GPU(s)"
-                + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""),
-                advice="pass --nproc-per-node N with N <= GPUs, or fix the slots",
-            )
-        )
+    count = rank_sharing(name, item.ranks, usable, item.backend, visible)
+    if count is not None:
+        findings.append(count)
     for g in gpus:
         findings += _gpu_findings(name, g, job_id)
     findings += _xid_findings(name, list(p.get("xid") or []))
@@ -300,12 +350,15 @@ def _host(name: str, item: HostInput, job_id: str | None, others_have_gpus: bool
         status = "fail"
     elif any(f.severity == "warn" for f in findings):
         status = "warn"
-    if findings:
-        detail = "; ".join(f.text for f in findings if f.severity != "info")
-    else:
+    detail = "; ".join(f.text for f in findings if f.severity != "info")
+    if not detail:
         names = Counter(str(g.get("name")) for g in gpus)
-        detail = ", ".join(f"{n}x {k}" for k, n in names.items()) + (
-            f"; driver {p.get('driver')}, CUDA {p.get('cuda')}"
+        detail = "; ".join(
+            [
+                ", ".join(f"{n}x {k}" for k, n in names.items()),
+                f"driver {p.get('driver')}, CUDA {p.get('cuda')}",
+                *(f.text for f in findings if f.kind == "count"),
+            ]
         )
     return HostHealth(status, detail, findings, len(gpus))
 

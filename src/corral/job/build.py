@@ -19,6 +19,7 @@ from typing import cast
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster
 from corral.contract import QOS_CLASSES
+from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
 from corral.job.engine import Job
@@ -131,6 +132,7 @@ def job_spec(options: JobOptions) -> JobSpec:
     script, *args = options.command or [""]
     check_launch(script, launcher)
     check_backend(options.mlx_backend)
+    job_backend(options.env)  # a CORRAL_BACKEND the SDK and the pre-flight cannot read fails here
     own = launcher_options(
         launcher,
         {

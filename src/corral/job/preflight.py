@@ -23,6 +23,7 @@ from corral.checks.result import ChecklistReport
 from corral.checks.runner import ChecklistOutcome, run_checklist
 from corral.checks.shared_data import validate_path
 from corral.cluster.model import Cluster
+from corral.diagnose.gpu import job_backend
 from corral.errors import CheckFailed
 from corral.job.options import CheckPolicy
 from corral.plan.launchers.command import template_of
@@ -54,6 +55,7 @@ def checklist_options(
         master_addr=spec.master_addr,
         master_port=spec.master_port,
         nproc_per_node=spec.nproc_per_node,
+        backend=job_backend(spec.env),
         nccl_interface=spec.nccl_interface,
         gloo_interface=spec.gloo_interface,
         checkpoint_dir=spec.checkpoint_dir,

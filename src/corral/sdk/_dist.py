@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import timedelta
 
-from corral.contract import DIST_TIMEOUT_ENV, RDZV_TIMEOUT_ENV
+from corral.contract import BACKEND_ENV, DIST_TIMEOUT_ENV, RDZV_TIMEOUT_ENV
 from corral.sdk._env import info
 
 __all__ = [
@@ -107,8 +107,9 @@ def init_distributed(
     Otherwise ranks other than 0 first wait (up to ``master_timeout``, default
     ``timeout``) for ``MASTER_ADDR:MASTER_PORT`` to accept connections; rank 0
     hosts the store itself and does not wait. Then the group is created with
-    ``init_method="env://"`` and ``timeout``. ``backend="auto"`` picks ``nccl``
-    when CUDA is available (and selects the ``LOCAL_RANK`` device), else ``gloo``.
+    ``init_method="env://"`` and ``timeout``. ``backend="auto"`` takes
+    ``$CORRAL_BACKEND`` when the job sets it (``--env CORRAL_BACKEND=gloo``), else picks
+    ``nccl`` when CUDA is available (and selects the ``LOCAL_RANK`` device), else ``gloo``.
     Calling it again once the group is up returns True without doing anything.
 
     Defaults when not given: ``timeout`` from ``$CORRAL_DIST_TIMEOUT`` (set by the
@@ -137,6 +138,8 @@ def init_distributed(
         wait_for_master(
             me.master_addr, me.master_port, pg_timeout if master_timeout is None else master_timeout
         )
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "").strip().lower() or "auto"
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and torch.cuda.is_available():
