@@ -40,12 +40,12 @@ from typing import Any
 from benchlib import (
     PYTHON,
     exit_on_sigterm,
+    finish,
     log,
     median,
     metric,
     ratio,
     shared_tmpdir,
-    write_result,
 )
 
 NAME = "actors"
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     bed = {"skipped": "--no-testbed"} if args.no_testbed else testbed_part(args.runs)
     metrics = _metrics(rt, bed)
     judged = [row["met"] for row in metrics if row["met"] is not None]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Actors: round trip, 64 MiB throughput, cluster start",
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in metrics:
         value, unit, base = row["value"], row["unit"], row["baseline"]
         print(f"{row['metric']}: {value} {unit} vs {base} -> {row['ratio']}")
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

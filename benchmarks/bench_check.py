@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,12 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    Runs,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     log,
     median,
     metric,
+    output_tail,
     ratio,
     shared_tmpdir,
     write_result,
@@ -92,8 +96,16 @@ def _corral_check(
         cmd, capture_output=True, text=True, env=bench_env(), cwd=workdir, timeout=timeout
     )
     wall = time.perf_counter() - started
-    report = json.loads(proc.stdout)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        tail = "\n".join(output_tail(proc.stderr or proc.stdout))
+        raise RuntimeError(
+            f"{shlex.join(cmd)} exited {proc.returncode} without a report:\n{tail}"
+        ) from None
     return {
+        "argv": cmd,
+        "output_tail": output_tail(proc.stderr) if proc.returncode != 0 else [],
         "wall_s": wall,
         "exit_code": proc.returncode,
         "overall": report["overall_status"],
@@ -220,13 +232,12 @@ def _scale_only(hosts: int) -> int:
     doc.setdefault("config", {})["scale"] = hosts
     doc["metrics"] = [m for m in doc.get("metrics", []) if "hosts (once," not in m["metric"]]
     doc["metrics"].append(_scale_metric(run))
-    write_result(NAME, doc)
-    return 0 if run["exit_code"] == 0 else 1
+    runs = Runs()
+    runs.check_records(f"checklist on {hosts} hosts", [run], timing="wall_s")
+    return finish(NAME, doc, runs)
 
 
 def _shell_quote(text: str) -> str:
-    import shlex
-
     return shlex.quote(text)
 
 
@@ -297,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     bus = median(r["collective"].get("bus_bandwidth_gbps") for r in full)
     floor_s = median(floors)
     small_s = median(r["wall_s"] for r in small)
-    all_ok = all(r["exit_code"] == 0 for r in full + lean + small)
+    runs = Runs()
+    runs.check_records("full checklist", full, timing="wall_s")
+    runs.check_records("checklist without the smoke test", lean, timing="wall_s")
+    runs.check_records(f"checklist on {args.small} hosts", small, timing="wall_s")
+    all_ok = not runs.failures
     metrics = [
         metric(
             f"full checklist incl. smoke test, {args.hosts} hosts",
@@ -333,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if scale is not None:
         metrics.append(_scale_metric(scale))
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": f"Pre-flight checklist on {args.hosts} testbed hosts",
@@ -368,13 +383,14 @@ def main(argv: list[str] | None = None) -> int:
             "metrics": metrics,
             "met": bool(metrics[0]["met"]),
         },
+        runs,
     )
     print(
         f"checklist on {args.hosts} hosts: full {full_s} s (smoke {smoke_s} s), "
         f"without smoke {lean_s} s, sequential ssh loop {loop_s} s, floor {floor_s} s, "
         f"{args.small} hosts {small_s} s"
     )
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from benchlib import PYTHON, bench_env, corral_cli, log, median, metric, ratio, write_result
+from benchlib import PYTHON, bench_env, corral_cli, finish, log, median, metric, ratio
 
 NAME = "cli_start"
 TARGET_S = 0.3
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     met = all(m["met"] for m in metrics[:2])
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "CLI start-up time",
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     print(", ".join(f"{name}: {value} s" for name, value in medians.items()))
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

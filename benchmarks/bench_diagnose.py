@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import BENCH_DIR, bench_env, corral_cli, log, median, metric, write_result
+from benchlib import BENCH_DIR, bench_env, corral_cli, finish, log, median, metric
 
 NAME = "diagnose"
 WORKLOAD = BENCH_DIR / "workloads" / "diagnose_job.py"
@@ -120,7 +120,7 @@ def main() -> int:
         metric("equal ranks named", 0.0 if equal is None else 1.0, "lines", "0", equal is None),
     ]  # fmt: skip
     met = all(m["met"] for m in metrics)
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Diagnosis: straggler detection and hang report latency (local, gloo)",
@@ -133,7 +133,7 @@ def main() -> int:
         },
     )
     print(f"straggler named after {steps} steps; hang report {hang_s} s beyond the timeout")
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

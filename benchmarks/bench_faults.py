@@ -71,10 +71,12 @@ import psutil
 from benchlib import (
     PYTHON,
     ROOT,
+    Runs,
     alive,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     job_processes,
     kill_popen,
     log,
@@ -195,8 +197,9 @@ class Corral:
         cli, _ = corral_cli()
         env = bench_env()
         env["COLUMNS"] = "400"  # one [corral] message per line
+        self.argv = [*cli, *args]
         self.proc = subprocess.Popen(
-            [*cli, *args],
+            self.argv,
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -437,6 +440,7 @@ def restart_run(tb: Any, top: Path, kind: str, run_no: int) -> dict[str, Any]:
     args = [*_corral_args(tb, work, job, *extra), "--", *_train_args(None, *train)]
     result: dict[str, Any] = {"job_id": job, "fault_step": fault_step}
     run = Corral(args, work)
+    result["argv"] = run.argv
     injected: float | None = None
     try:
         if kind == "host":
@@ -572,6 +576,7 @@ def cut_corral(tb: Any, top: Path, run_no: int, cap: float) -> dict[str, Any]:
     args = [*_corral_args(tb, work, job), "--", *_train_args(None)]
     result: dict[str, Any] = {"job_id": job}
     run = Corral(args, work)
+    result["argv"] = run.argv
     cut: float | None = None
     try:
         hit = run.lines.wait_for(rf"step {CUT_STEP}/", "out", timeout=START_TIMEOUT)
@@ -807,11 +812,24 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
     cut_ratio = ratio(corral_exit, torchrun_s)
     link_target = HOST_TIMEOUT_S + 5.0
     first_target = FIRST_STEP_TARGET_S + (load_s or 0.0)
-    bad_runs = [
-        r
-        for r in kill + host + hang
-        if r.get("error") or r.get("exit_code") != 0 or not r.get("finished")
-    ] + [r for r in cuts if r.get("error") or r.get("detect_s") is None]
+    runs = Runs()
+    for kind, rows in (("kill", kill), ("host", host), ("hang", hang), ("cut", cuts)):
+        for n, r in enumerate(rows, 1):
+            cut_run = kind == "cut"
+            runs.check(
+                f"{kind} run {n}",
+                r.get("argv") or ["(command not recorded: the run raised before it)"],
+                r.get("exit_code", 0 if r.get("error") else None),
+                # a recovered run ends 0 and trains to the end; a cut is judged by its detection
+                expect_code=None if cut_run or r.get("error") else 0,
+                output=r.get("stderr_tail"),
+                timings={"detection": r.get("detect_s")} if cut_run else None,
+                problems=[
+                    r.get("error") or "",
+                    "" if cut_run or r.get("finished") else "training never printed its final loss",
+                ],
+            )
+    bad_runs = runs.failures
     left = sum(int(r.get("left_after_exit") or 0) for r in kill + host + hang + cuts)
     left += sum(int(r.get("left_after_cleanup") or 0) for r in trs)
     left += sum(int(r.get("cleanup_left") or 0) for rows in samples.values() for r in rows)
@@ -914,7 +932,7 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
             left + len(bad_runs) == 0,
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Fault detection, recovery and work lost (3-host netns testbed)",
@@ -971,6 +989,7 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
             ),
             "met": link_met and first_met and lost_met,
         },
+        runs,
     )
     print(
         "detection (median): "
@@ -984,7 +1003,7 @@ def _report(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], 
         f"{'>= ' if capped else ''}{torchrun_s} s -> ratio {bound}{cut_ratio}"
     )
     print(f"processes left {left}, failed runs {len(bad_runs)}, wall {wall:.0f} s")
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from benchlib import (
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     job_processes,
     log,
     median,
@@ -480,7 +481,7 @@ def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> int:
                 rank["examples_per_step"] = rank["examples"][-1]
                 for key in ("t", "step", "examples", "busy", "loss"):
                     del rank[key]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Heterogeneous split: uniform vs calibrated (tb2 at half a CPU)",
@@ -514,7 +515,7 @@ def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> int:
     )
     print(f"uniform {uni_s:.2f} s, calibrated {cal_s:.2f} s -> speedup {speedup:.2f}x")
     print(f"calibration {cal_cost:.1f} s; final loss differs by at most {loss_diff}")
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

@@ -47,16 +47,18 @@ from typing import Any
 from benchlib import (
     BENCH_DIR,
     PYTHON,
+    Runs,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     job_processes,
     kill_popen,
     log,
     median,
     metric,
+    output_tail,
     ratio,
-    write_result,
 )
 
 SCRIPT = BENCH_DIR / "workloads" / "ft_bench.py"
@@ -130,6 +132,9 @@ def run_arm(mode: str, round_: int, work: Path, *, fault: bool = True) -> dict[s
     total = time.monotonic() - start
     leftovers = job_processes(job_id)
     out = {"mode": mode, "exit_code": code, "total_s": total, "orphans": len(leftovers)}
+    out["argv"] = argv
+    if code != 0:
+        out["output_tail"] = output_tail([text for _, text in lines])
     if not fault:
         return out | {"undisturbed": True, "step_s": _step_time(lines)}
     return out | _timeline(lines)
@@ -266,8 +271,10 @@ def main() -> int:
             ratio_value=overhead,
         )
     )
+    checked = Runs()
+    checked.check_records("run", runs)
     ok = all(r["exit_code"] == 0 and r["orphans"] == 0 for r in runs)
-    write_result(
+    status_code = finish(
         "inplace",
         {
             "config": {
@@ -282,13 +289,14 @@ def main() -> int:
             "metrics": rows,
             "all_exit_0_no_orphans": ok,
         },
+        checked,
     )
     for row in rows:
         print(
             f"{row['metric']}: {row['value']} {row['unit']} (restart {row['baseline']}, "
             f"ratio {row['ratio']})"
         )
-    return 0 if ok else 1
+    return status_code or (0 if ok else 1)
 
 
 if __name__ == "__main__":

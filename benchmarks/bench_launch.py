@@ -36,17 +36,20 @@ from typing import Any
 from benchlib import (
     PYTHON,
     WORKLOADS,
+    Runs,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     free_port,
     kill_popen,
     log,
     median,
     metric,
+    output_tail,
     ratio,
     read_stamp,
-    write_result,
+    seconds_text,
 )
 
 NAME = "launch"
@@ -107,7 +110,8 @@ def by_hand(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
             for proc in procs:
                 kill_popen(proc)
     stepped = read_stamp(stamp)
-    return _result(launched, stepped, ended, codes, work / "out.log", children_cpu() - cpu0)
+    argv = [*torchrun_argv(0, nproc, port, rdzv_id), str(SCRIPT), str(stamp)]
+    return _result(launched, stepped, ended, codes, work / "out.log", children_cpu() - cpu0, argv)
 
 
 def with_corral(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
@@ -146,7 +150,7 @@ def with_corral(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
             ended = time.time()
             kill_popen(proc)
     cpu = children_cpu() - cpu0
-    return _result(launched, read_stamp(stamp), ended, [code], work / "out.log", cpu)
+    return _result(launched, read_stamp(stamp), ended, [code], work / "out.log", cpu, argv)
 
 
 def children_cpu() -> float:
@@ -162,15 +166,17 @@ def _result(
     codes: list[int | None],
     out: Path,
     cpu: float,
+    argv: list[str],
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "exit_codes": codes,
         "cpu_s": cpu,
         "first_step_s": stepped - launched if stepped else None,
         "total_s": ended - launched,
+        "argv": argv,
     }
     if stepped is None or any(c != 0 for c in codes):
-        result["output_tail"] = out.read_text(errors="replace").splitlines()[-15:]
+        result["output_tail"] = output_tail(out)
     return result
 
 
@@ -186,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     top = Path(tempfile.mkdtemp(prefix="corral-bench-launch-"))
     hand_runs: list[dict[str, Any]] = []
     corral_runs: list[dict[str, Any]] = []
+    runs = Runs()
     try:
         for round_no in range(args.rounds):
             order = ("hand", "corral") if round_no % 2 == 0 else ("corral", "hand")
@@ -199,12 +206,16 @@ def main(argv: list[str] | None = None) -> int:
                     corral_runs.append(res)
                 shutil.rmtree(work, ignore_errors=True)
                 log(
-                    f"round {round_no + 1} {method}: first step {res['first_step_s'] or -1:.3f} s,"
+                    f"round {round_no + 1} {method}: "
+                    f"first step {seconds_text(res['first_step_s'])},"
                     f" all exited {res['total_s']:.3f} s, {res['cpu_s']:.2f} CPU-s"
                     f" (exit {res['exit_codes']})"
                 )
     finally:
         shutil.rmtree(top, ignore_errors=True)
+    # every run must have ended with 0 and rank 0 must have stamped its first step
+    runs.check_records("corral round", corral_runs, timing="first_step_s")
+    runs.check_records("by hand round", hand_runs, timing="first_step_s")
 
     corral_s = median(r["first_step_s"] for r in corral_runs)
     hand_s = median(r["first_step_s"] for r in hand_runs)
@@ -219,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         for c, h in zip(corral_runs, hand_runs, strict=True)
     ]
     met = step_ratio is not None and step_ratio <= TARGET_RATIO
-    failed = [r for r in corral_runs + hand_runs if r["first_step_s"] is None]
     metrics = [
         metric(
             f"time to first step, torchrun local:{NODES}x{nproc}",
@@ -252,12 +262,16 @@ def main(argv: list[str] | None = None) -> int:
             ratio_value=ratio(corral_cpu, hand_cpu),
         ),
     ]
-    write_result(
+    print(
+        f"launch: first step corral {seconds_text(corral_s)}, by hand {seconds_text(hand_s)}, "
+        f"ratio {_x(step_ratio)} (per-round median {_x(median(paired))}; "
+        f"target <= {TARGET_RATIO:.2f})"
+    )
+    return finish(
         NAME,
         {
             "title": "Launch overhead",
-            "status": "ok" if not failed else "failed",
-            "reason": f"{len(failed)} run(s) never reached the first step" if failed else "",
+            "status": "ok",
             "config": {
                 "hosts": f"local:{NODES}",
                 "nproc_per_node": nproc,
@@ -280,15 +294,14 @@ def main(argv: list[str] | None = None) -> int:
             "metrics": metrics,
             "ratio": step_ratio,
             "target": f"<= {TARGET_RATIO:.2f}x",
-            "met": met and not failed,
+            "met": met,
         },
+        runs,
     )
-    print(
-        f"launch: first step corral {corral_s or 0:.3f} s, by hand {hand_s or 0:.3f} s, "
-        f"ratio {step_ratio or 0:.3f} (per-round median {median(paired) or 0:.3f}; "
-        f"target <= {TARGET_RATIO:.2f})"
-    )
-    return 0
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

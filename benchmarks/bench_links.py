@@ -34,6 +34,7 @@ from benchlib import (
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     log,
     median,
     metric,
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio_value=ratio(measured, set_gbs),
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": f"Link matrix on {args.hosts} testbed hosts",
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for m in metrics:
         print(json.dumps(m))
-    return 0 if healthy_ok and named else 1
+    return status_code or (0 if healthy_ok and named else 1)
 
 
 if __name__ == "__main__":

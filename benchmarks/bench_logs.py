@@ -45,16 +45,18 @@ from typing import IO, Any
 from benchlib import (
     PYTHON,
     WORKLOADS,
+    Runs,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     kill_popen,
     log,
     median,
     metric,
+    output_tail,
     ratio,
     read_stamp,
-    write_result,
 )
 
 NAME = "logs"
@@ -243,6 +245,7 @@ def run_corral(
         "launch_to_exit_s": ended - launched,
         "cpu_s": cpu,
         "job_id": job_id,
+        "argv": argv,
     }
     if first is not None:
         result["stream_s"] = ended - first
@@ -269,8 +272,8 @@ def run_corral(
     result["logs"] = log_tally.summary()
     result["host_logs"] = host_tally.summary()
     result["lost"] = (0 if tty else stdout_tally.lost) + log_tally.lost + host_tally.lost
-    if code != 0:
-        result["stderr_tail"] = err_path.read_text(errors="replace").splitlines()[-20:]
+    if code != 0 or first is None:
+        result["stderr_tail"] = output_tail(err_path, 20)
     return result
 
 
@@ -396,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     corral_rate = median(r.get("lines_per_s") for r in corral_runs)
     base_rate = median(r.get("lines_per_s") for r in baseline_runs)
     lost = sum(r["lost"] for r in corral_runs + tty_runs)
-    failed = [r for r in corral_runs if r["exit_code"] != 0]
+    runs = Runs()
+    runs.check_records("corral round", corral_runs, timing="lines_per_s")
+    runs.check_records("corral on a terminal, round", tty_runs, timing="lines_per_s")
+    failed = runs.failures
     rate_ratio = ratio(corral_rate, base_rate)
     rate_met = corral_rate is not None and corral_rate >= TARGET_RATE
     medians = {
@@ -445,12 +451,11 @@ def main(argv: list[str] | None = None) -> int:
             lost == 0 and not failed,
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Log pipeline throughput",
-            "status": "ok" if not failed else "failed",
-            "reason": f"{len(failed)} corral run(s) exited non-zero" if failed else "",
+            "status": "ok",
             "config": {
                 "hosts": f"local:{NODES}",
                 "nproc_per_node": NPROC,
@@ -467,12 +472,13 @@ def main(argv: list[str] | None = None) -> int:
             "target": f">= {TARGET_RATE:,.0f} lines/s, 0 lost",
             "met": rate_met and lost == 0 and not failed,
         },
+        runs,
     )
     print(
         f"log throughput: corral {corral_rate or 0:,.0f} lines/s, baseline "
         f"{base_rate or 0:,.0f} lines/s, ratio {rate_ratio or 0:.2f}, lost {lost}"
     )
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

@@ -37,7 +37,17 @@ from bench_faults import (
     _train_args,
     _wait_job_gone,
 )
-from benchlib import exit_on_sigterm, log, median, metric, ratio, shared_tmpdir, write_result
+from benchlib import (
+    Runs,
+    exit_on_sigterm,
+    finish,
+    log,
+    median,
+    metric,
+    ratio,
+    shared_tmpdir,
+    write_result,
+)
 
 NAME = "replica"
 STEPS = 20
@@ -73,7 +83,10 @@ def one_run(tb: Any, top: Path, replicate: bool, run_no: int, ballast_mb: float)
         "replicate": replicate,
         "exit_code": code,
         "save_extra_s": _save_extra(run.lines, None, EVERY),
+        "argv": run.argv,
     }
+    if code != 0:
+        result["stderr_tail"] = run.lines.tail("err", 15)
     replica = work / "runs" / job / "checkpoints"
     kept = _steps_in(replica.glob("ckpt-*.pt")) if replicate else []
     if kept:
@@ -122,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     size = median(r.get("checkpoint_bytes") for r in rows[True])
     copy_s = None if synced is None or local is None else synced - local
     throughput = size / copy_s / 1e6 if size and copy_s and copy_s > 0 else None
-    bad = [r for rs in rows.values() for r in rs if r["exit_code"] != 0]
+    runs = Runs()
+    runs.check_records("run without a replica", rows[False])
+    runs.check_records("run with the replica", rows[True])
+    bad = runs.failures
     left = sum(
         int(r["left_after_exit"]) + int(r["cleanup_left"]) for rs in rows.values() for r in rs
     )
@@ -150,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "failed runs / job processes left", len(bad) + left, "count", "0", not bad and not left
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Synchronous checkpoint replica: cost per save (3-host netns testbed)",
@@ -171,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             "metrics": metrics,
             "met": not bad and not left,
         },
+        runs,
     )
     print(
         f"save of {mb:.0f} MB: +{local} s without a replica, +{synced} s waiting for it "
         f"({throughput} MB/s)"
     )
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

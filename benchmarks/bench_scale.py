@@ -61,10 +61,10 @@ from benchlib import (
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     log,
     metric,
     ratio,
-    write_result,
 )
 
 sys.path.insert(0, str(ROOT))
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds
         for key in ("status", "list", "healthz")
     }
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "corral serve at scale",
@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             f"SSE x{args.sse_subscribers} {sse_ratio or 0:.2f}x, lost {sse['api']['lost']}"
         )
     print(f"scale ({size}): " + "; ".join(parts))
-    return 0
+    return status_code
 
 
 @contextmanager

@@ -61,13 +61,13 @@ from benchlib import (
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     kill_popen,
     log,
     median,
     metric,
     ratio,
     read_stamp,
-    write_result,
 )
 
 sys.path.insert(0, str(ROOT))
@@ -906,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "corral serve control plane",
@@ -955,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({sse_ratio or 0:.2f}x, lost {sse_lost}); dispatch {api_first or 0:.3f} vs "
         f"{cli_first or 0:.3f} s ({dispatch_ratio or 0:.2f}x)"
     )
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

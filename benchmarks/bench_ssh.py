@@ -31,14 +31,17 @@ from typing import Any
 from benchlib import (
     PYTHON,
     WORKLOADS,
+    Runs,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     job_processes,
     kill_popen,
     log,
     median,
     metric,
+    output_tail,
     ratio,
     read_stamp,
     shared_tmpdir,
@@ -90,14 +93,21 @@ def by_hand(tb: Any, work: Path, round_no: int) -> dict[str, Any]:
                 )
             )
         try:
-            codes = [p.wait(timeout=TIMEOUT) for p in procs]
+            codes: list[int | None] = [p.wait(timeout=TIMEOUT) for p in procs]
         except subprocess.TimeoutExpired:
             codes = [None] * len(procs)
         finally:
             for proc in procs:
                 kill_popen(proc)
     stepped = read_stamp(stamp)
-    return {"first_step_s": stepped - launched if stepped else None, "exit_codes": codes}
+    result = {
+        "first_step_s": stepped - launched if stepped else None,
+        "exit_codes": codes,
+        "argv": procs[0].args if procs else [],
+    }
+    if stepped is None or any(c != 0 for c in codes):
+        result["output_tail"] = output_tail(work / "out.log")
+    return result
 
 
 def with_corral(tb: Any, work: Path) -> dict[str, Any]:
@@ -132,9 +142,13 @@ def with_corral(tb: Any, work: Path) -> dict[str, Any]:
         finally:
             kill_popen(proc)
     stepped = read_stamp(stamp)
-    result = {"first_step_s": stepped - launched if stepped else None, "exit_codes": [code]}
-    if stepped is None:
-        result["output_tail"] = (work / "out.log").read_text(errors="replace").splitlines()[-15:]
+    result = {
+        "first_step_s": stepped - launched if stepped else None,
+        "exit_codes": [code],
+        "argv": argv,
+    }
+    if stepped is None or code != 0:
+        result["output_tail"] = output_tail(work / "out.log")
     return result
 
 
@@ -178,11 +192,15 @@ def teardown(tb: Any, work: Path, run_no: int) -> dict[str, Any]:
         kill_popen(proc)
     died = read_stamp(stamps / "exit-2")
     survivors = job_processes(job)
-    return {
+    result = {
         "teardown_s": ended - died if died else None,
         "exit_code": code,
         "survivors": len(survivors),
+        "argv": argv,
     }
+    if code != 7 or died is None:
+        result["output_tail"] = output_tail(work / "out.log")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +231,7 @@ def _measure(args: argparse.Namespace) -> int:
     hand: list[dict[str, Any]] = []
     corral: list[dict[str, Any]] = []
     downs: list[dict[str, Any]] = []
+    runs = Runs()
     try:
         for round_no in range(args.rounds):
             order = ("hand", "corral") if round_no % 2 == 0 else ("corral", "hand")
@@ -229,6 +248,9 @@ def _measure(args: argparse.Namespace) -> int:
     finally:
         tb.down()
         shutil.rmtree(top, ignore_errors=True)
+    runs.check_records("corral round", corral, timing="first_step_s")
+    runs.check_records("by hand round", hand, timing="first_step_s")
+    runs.check_records("teardown run", downs, expect_code=7, timing="teardown_s")
     corral_s = median(r["first_step_s"] for r in corral)
     hand_s = median(r["first_step_s"] for r in hand)
     launch_ratio = ratio(corral_s, hand_s)
@@ -267,7 +289,7 @@ def _measure(args: argparse.Namespace) -> int:
             survivors + wrong == 0,
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Launch and teardown across SSH hosts (netns testbed)",
@@ -290,10 +312,11 @@ def _measure(args: argparse.Namespace) -> int:
             "target": f"launch <= {LAUNCH_TARGET:.2f}x, teardown <= {TEARDOWN_TARGET_S:g} s",
             "met": launch_met and down_met,
         },
+        runs,
     )
     print(f"launch over SSH: corral {corral_s} s vs by hand {hand_s} s -> {launch_ratio}x")
     print(f"teardown over SSH: {down_s} s, survivors {survivors}, wrong exit codes {wrong}")
-    return 0
+    return status_code
 
 
 if __name__ == "__main__":

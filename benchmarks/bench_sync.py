@@ -33,12 +33,15 @@ from typing import Any
 
 from benchlib import (
     PYTHON,
+    Runs,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     log,
     median,
     metric,
+    output_tail,
     ratio,
     write_result,
 )
@@ -102,37 +105,31 @@ def corral_sync(tb: Any, src: Path, work: Path, label: str) -> dict[str, Any]:
     )
     seconds = time.monotonic() - started
     (work / f"{label}.out").write_text(proc.stdout + proc.stderr)
-    result: dict[str, Any] = {"seconds": seconds, "exit_code": proc.returncode}
+    result: dict[str, Any] = {"seconds": seconds, "exit_code": proc.returncode, "argv": argv}
     try:
         doc = json.loads(proc.stdout)
         result["files_sent"] = sum(h["files_transferred"] for h in doc["hosts"])
         result["host_seconds_max"] = max(h["seconds"] for h in doc["hosts"])
     except (ValueError, KeyError, TypeError):
-        result["output_tail"] = (proc.stdout + proc.stderr).splitlines()[-10:]
+        result["output_tail"] = output_tail(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        result["output_tail"] = output_tail(proc.stderr or proc.stdout)
     return result
 
 
 def rsync_loop(tb: Any, src: Path, hosts: list[str]) -> dict[str, Any]:
     """The seed's way: one plain rsync per host, one after the other."""
     codes = []
+    result: dict[str, Any] = {}
     started = time.monotonic()
     for host in hosts:
-        proc = subprocess.run(
-            [
-                "rsync",
-                "-a",
-                "--delete",
-                "-e",
-                f"ssh -F {tb.ssh_config}",
-                f"{src}/",
-                f"{host}:{DEST}/",
-            ],
-            capture_output=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        argv = ["rsync", "-a", "--delete", "-e", f"ssh -F {tb.ssh_config}", f"{src}/"]
+        argv.append(f"{host}:{DEST}/")
+        proc = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, check=False)
         codes.append(proc.returncode)
-    return {"seconds": time.monotonic() - started, "exit_codes": codes}
+        if proc.returncode != 0 and "argv" not in result:
+            result.update(argv=argv, output_tail=output_tail(proc.stderr))
+    return {"seconds": time.monotonic() - started, "exit_codes": codes, **result}
 
 
 def divergent_hosts(tb: Any, src: Path, hosts: list[str]) -> list[str]:
@@ -213,10 +210,10 @@ def _measure(args: argparse.Namespace) -> int:
     med = {k: median(r["seconds"] for r in v) for k, v in samples.items()}
     first_ratio = ratio(med["corral_first"], med["loop_first"])
     again_ratio = ratio(med["corral_again"], med["loop_again"])
-    failures = sum(
-        r["exit_code"] != 0 for k in ("corral_first", "corral_again") for r in samples[k]
-    )
-    failures += sum(any(samples_codes(r)) for k in ("loop_first", "loop_again") for r in samples[k])
+    runs = Runs()
+    for key, rows in samples.items():
+        runs.check_records(key.replace("_", " ") + " round", rows, timing="seconds")
+    failures = len(runs.failures)
     first_met = first_ratio is not None and first_ratio <= TARGET
     again_met = again_ratio is not None and again_ratio <= TARGET
     desc = f"sequential rsync -a --delete -e 'ssh -F cfg' to {args.hosts} hosts"
@@ -249,7 +246,7 @@ def _measure(args: argparse.Namespace) -> int:
             not divergent and not failures,
         ),
     ]
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "corral sync vs a sequential rsync loop (netns testbed)",
@@ -269,18 +266,14 @@ def _measure(args: argparse.Namespace) -> int:
             "target": f"first sync and re-sync <= {TARGET}x the loop",
             "met": first_met and again_met,
         },
+        runs,
     )
     print(
         f"first sync: corral {med['corral_first']:.2f} s vs loop {med['loop_first']:.2f} s "
         f"-> {first_ratio:.2f}x; re-sync: corral {med['corral_again']:.2f} s vs loop "
         f"{med['loop_again']:.2f} s -> {again_ratio:.2f}x; divergent hosts {divergent}"
     )
-    return 0
-
-
-def samples_codes(result: dict[str, Any]) -> list[int]:
-    """Non-zero exit codes of a loop run."""
-    return [c for c in result.get("exit_codes", []) if c != 0]
+    return status_code
 
 
 if __name__ == "__main__":

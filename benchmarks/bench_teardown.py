@@ -39,20 +39,23 @@ import psutil
 from benchlib import (
     PYTHON,
     WORKLOADS,
+    Runs,
     alive,
     bench_env,
     corral_cli,
     exit_on_sigterm,
+    finish,
     free_port,
     job_processes,
     kill_popen,
     log,
     median,
     metric,
+    output_tail,
     ratio,
     read_stamp,
+    seconds_text,
     tree,
-    write_result,
 )
 
 NAME = "teardown"
@@ -143,7 +146,7 @@ def run_corral(work: Path, launcher: str, mode: str, round_no: int) -> dict[str,
         str(SCRIPT),
         *_script_args(stamp_dir, mode),
     ]
-    result: dict[str, Any] = {"job_id": job_id}
+    result: dict[str, Any] = {"job_id": job_id, "argv": argv}
     with open(work / "corral.out", "wb") as out, open(work / "corral.err", "wb") as err:
         launched = time.time()
         proc = subprocess.Popen(
@@ -179,9 +182,23 @@ def run_corral(work: Path, launcher: str, mode: str, round_no: int) -> dict[str,
         doc = json.loads((run_dir / job_id / "result.json").read_text())
         cause = doc["failures"][0]
         result["root_cause"] = {"host": cause["host"], "rank": cause["rank"], "code": cause["code"]}
-    if code != FAIL_CODE:
-        result["stderr_tail"] = (work / "corral.err").read_text(errors="replace").splitlines()[-15:]
+    if code != FAIL_CODE or "root_cause" not in result:
+        result["stderr_tail"] = output_tail(work / "corral.err")
     return result
+
+
+def check_run(runs: Runs, label: str, res: dict[str, Any]) -> None:
+    """One corral run: exit code 7, rank 1 named as the root cause, a teardown time."""
+    runs.check(
+        label,
+        res["argv"],
+        res["exit_code"],
+        expect_code=FAIL_CODE,
+        output=res.get("stderr_tail"),
+        timings={"teardown time (the failing rank's exit stamp)": res["teardown_s"]},
+        cause=res.get("root_cause"),
+        expect_cause={"rank": FAIL_RANK},
+    )
 
 
 def _rank_env(rank: int, port: int) -> dict[str, str]:
@@ -294,9 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gloo-runs", type=int, default=3, help="rounds of the gloo configuration")
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    configs = [("python", "sleep", args.runs), ("torchrun", "sleep", args.torchrun_runs)]
-    if args.gloo_runs > 0:
-        configs.append(("python", "gloo", args.gloo_runs))
+    configs = [
+        (launcher, mode, n)
+        for launcher, mode, n in [
+            ("python", "sleep", args.runs),
+            ("torchrun", "sleep", args.torchrun_runs),
+            ("python", "gloo", args.gloo_runs),
+        ]
+        if n > 0
+    ]
+    checked = Runs()
     log(f"teardown: {configs}; corral via {corral_cli()[1]}")
     top = Path(tempfile.mkdtemp(prefix="corral-bench-teardown-"))
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -311,10 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_corral(work / "corral", launcher, mode, round_no)
                 samples[key]["corral"].append(res)
                 shutil.rmtree(work, ignore_errors=True)
+                check_run(checked, f"{key} round {round_no + 1}", res)
                 log(
-                    f"{key} round {round_no + 1}: corral {res['teardown_s'] or -1:.3f} s "
+                    f"{key} round {round_no + 1}: corral {seconds_text(res['teardown_s'])} "
                     f"(exit {res['exit_code']}, survivors {res['survivors_at_exit']}), "
-                    f"plain SIGTERM {base['teardown_s'] or -1:.3f} s"
+                    f"plain SIGTERM {seconds_text(base['teardown_s'])}"
                 )
         bare = bare_python(5)
     finally:
@@ -372,8 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             wrong == 0,
         )
     )
-    headline = medians["python/sleep"]
-    write_result(
+    headline = medians[next(iter(samples))] if samples else {}
+    for row in metrics:
+        print(f"{row['metric']}: {row['value']} {row['unit']} (baseline {row['baseline']})")
+    return finish(
         NAME,
         {
             "title": "Teardown latency",
@@ -389,14 +416,12 @@ def main(argv: list[str] | None = None) -> int:
             "samples": {**samples, "bare_python_start_exit_s": bare},
             "medians": medians,
             "metrics": metrics,
-            "ratio": ratio(headline["corral_teardown_s"], headline["baseline_teardown_s"]),
+            "ratio": ratio(headline.get("corral_teardown_s"), headline.get("baseline_teardown_s")),
             "target": f"<= {TARGET_S:g} s, no survivors",
             "met": all_met and survivors == 0 and wrong == 0,
         },
+        checked,
     )
-    for row in metrics:
-        print(f"{row['metric']}: {row['value']} {row['unit']} (baseline {row['baseline']})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, exit_on_sigterm, log, median, metric, ratio, write_result
+from benchlib import ROOT, exit_on_sigterm, finish, log, median, metric, ratio
 
 sys.path.insert(0, str(ROOT))
 from tests.serverlib import LiveServer, live_server
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if latency["sse_error"]:
         problems.append(f"SSE baseline: {latency['sse_error']}")
-    write_result(
+    status_code = finish(
         NAME,
         {
             "title": "Web page: live log latency and page weight",
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         f"SSE client {sse_median or 0:.3f} s); job page {total:,} bytes "
         f"({', '.join(f['url'] for f in weight['files'])})"
     )
-    return 0 if not problems else 1
+    return status_code or (0 if not problems else 1)
 
 
 if __name__ == "__main__":

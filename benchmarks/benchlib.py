@@ -20,6 +20,12 @@ Every ``bench_<name>.py`` writes ``benchmarks/results/<name>.json``::
 
 ``run_all.py`` turns these into ``results/summary.json`` and ``summary.md``.
 Timings are measurements, never asserts.
+
+A benchmark's figures are only as good as its runs: every measured run goes
+through :meth:`Runs.check` (exit code, root cause, a timing that was really
+taken) and every benchmark ends with :func:`finish`, which marks the result
+``failed`` when a run failed or a targeted figure is missing, prints each failing
+run's command and last stderr lines, and gives the exit code (1: failed).
 """
 
 from __future__ import annotations
@@ -30,13 +36,15 @@ import functools
 import json
 import os
 import platform
+import shlex
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,7 +53,9 @@ import psutil
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
-RESULTS_DIR = BENCH_DIR / "results"
+#: Where result files go: ``results/``, or ``$CORRAL_BENCH_RESULTS`` (a test's own
+#: directory, so that it never overwrites the published figures).
+RESULTS_DIR = Path(os.environ.get("CORRAL_BENCH_RESULTS") or BENCH_DIR / "results")
 WORKLOADS = BENCH_DIR / "workloads"
 PYTHON = sys.executable
 
@@ -322,3 +332,183 @@ def read_stamp(path: Path) -> float | None:
         return float(text) if text else None
     except ValueError:
         return None
+
+
+# -- verifying the measured runs ---------------------------------------------------------
+
+#: The exit code of a benchmark that cannot run here (``run_all`` records it as skipped).
+SKIP_EXIT = 77
+#: Lines of a failing run's output kept in the result and printed.
+TAIL_LINES = 15
+#: Units of the figures that are times: a targeted time of 0 was never measured.
+TIME_UNITS = frozenset({"s", "ms", "us", "CPU-s"})
+#: Failing runs printed in full (the rest are counted).
+SHOWN_FAILURES = 3
+
+
+def output_tail(
+    output: str | bytes | Path | Sequence[str] | None, lines: int = TAIL_LINES
+) -> list[str]:
+    """The last non-empty ``lines`` of a run's output (text, a file, or lines)."""
+    if output is None:
+        return []
+    if isinstance(output, Path):
+        try:
+            output = output.read_text(errors="replace")
+        except OSError as exc:
+            return [f"(cannot read {output}: {exc})"]
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    text_lines = output.splitlines() if isinstance(output, str) else list(output)
+    return [line.rstrip() for line in text_lines if line.strip()][-lines:]
+
+
+@dataclass
+class RunFailure:
+    """One measured run that failed: what it was, its command, what was wrong, and
+    the last lines of its output."""
+
+    label: str
+    argv: list[str]
+    problems: list[str]
+    tail: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        """The run as printed: label, problems, command, output tail."""
+        lines = [
+            f"run {self.label}: {'; '.join(self.problems)}",
+            f"  command: {shlex.join(self.argv)}",
+        ]
+        if self.tail:
+            lines.append("  last lines of its stderr/output:")
+            lines += [f"    {line}" for line in self.tail]
+        else:
+            lines.append("  (it printed nothing)")
+        return "\n".join(lines)
+
+
+@dataclass
+class Runs:
+    """The measured runs of one benchmark, each checked the same way
+    (:meth:`check`); :func:`finish` turns the failures into the benchmark's result."""
+
+    checked: int = 0
+    failures: list[RunFailure] = field(default_factory=list)
+
+    def check(
+        self,
+        label: str,
+        argv: Sequence[str],
+        code: int | None,
+        *,
+        expect_code: int | None = 0,
+        output: str | bytes | Path | Sequence[str] | None = None,
+        timings: Mapping[str, float | None] | None = None,
+        cause: Mapping[str, Any] | None = None,
+        expect_cause: Mapping[str, Any] | None = None,
+        problems: Iterable[str] = (),
+    ) -> bool:
+        """Whether one run did what was measured: it ended (``code`` None: it did not),
+        with ``expect_code`` (None: any), every timing in ``timings`` was taken and is
+        positive, the root cause it named (``cause``) matches ``expect_cause``, and the
+        benchmark saw no other ``problems`` of its own. A failure is kept with ``argv``
+        and the tail of ``output``."""
+        self.checked += 1
+        problems = [p for p in problems if p]
+        if code is None:
+            problems.append("did not end within its timeout")
+        elif expect_code is not None and code != expect_code:
+            problems.append(f"exit code {code}, expected {expect_code}")
+        for name, value in (timings or {}).items():
+            if value is None:
+                problems.append(f"no {name} was measured")
+            elif value <= 0:
+                problems.append(f"{name} is {value!r}: not a measurement")
+        for key, want in (expect_cause or {}).items():
+            got = (cause or {}).get(key)
+            if got != want:
+                problems.append(f"root cause {key} {got!r}, expected {want!r}")
+        if problems:
+            self.failures.append(RunFailure(label, list(argv), problems, output_tail(output)))
+        return not problems
+
+    def check_records(
+        self,
+        label: str,
+        records: Iterable[Mapping[str, Any]],
+        *,
+        expect_code: int | None = 0,
+        timing: str | None = None,
+    ) -> None:
+        """:meth:`check` for each run recorded as a dict: its ``exit_code`` (or the
+        worst of ``exit_codes``), ``argv``, output (``output_tail``/``stderr_tail``)
+        and, when ``timing`` names a key, that timing."""
+        for n, rec in enumerate(records, 1):
+            codes = rec.get("exit_codes")
+            if codes is None:
+                code = rec.get("exit_code")
+            else:
+                code = None if None in codes else next((c for c in codes if c != 0), 0)
+            self.check(
+                f"{label} {n}",
+                [str(a) for a in rec.get("argv") or ["(command not recorded)"]],
+                code,
+                expect_code=expect_code,
+                output=rec.get("output_tail") or rec.get("stderr_tail"),
+                timings={timing: rec.get(timing)} if timing else None,
+            )
+
+
+def figure_problems(metrics: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The targeted rows without a real figure: no value, or a time of 0."""
+    problems = []
+    for row in metrics:
+        target = str(row.get("target") or "-").strip()
+        if target in ("-", ""):
+            continue
+        value, unit = row.get("value"), str(row.get("unit") or "")
+        if value is None:
+            problems.append(f"no figure for {row.get('metric')!r}")
+        elif unit in TIME_UNITS and isinstance(value, int | float) and value == 0:
+            problems.append(f"{row.get('metric')!r} is 0 {unit}: never measured")
+    return problems
+
+
+def finish(name: str, doc: dict[str, Any], runs: Runs | None = None) -> int:
+    """Write ``results/<name>.json`` and return the benchmark's exit code: 1 when a
+    measured run failed, a targeted figure is missing or ``doc`` says ``failed``
+    (the result then says ``failed`` with the reason and ``failed_runs``, and each
+    failing run's command and last output lines go to stderr), else 0."""
+    runs = runs or Runs()
+    problems = figure_problems(doc.get("metrics") or [])
+    failed = bool(runs.failures or problems or doc.get("status") == "failed")
+    if failed:
+        reasons = [str(doc.get("reason") or "")] if doc.get("status") == "failed" else []
+        if runs.failures:
+            reasons.append(f"{len(runs.failures)} of {runs.checked} measured run(s) failed")
+        reasons += problems
+        doc.update(
+            status="failed",
+            reason="; ".join(r for r in reasons if r) or "failed",
+            met=False,
+            failed_runs=[asdict(f) for f in runs.failures],
+        )
+    write_result(name, doc)
+    if not failed:
+        return SKIP_EXIT if doc.get("status") == "skipped" else 0
+    out = [f"[bench] {name} FAILED: {doc['reason']}"]
+    out += [f.text() for f in runs.failures[:SHOWN_FAILURES]]
+    if len(runs.failures) > SHOWN_FAILURES:
+        out.append(f"... and {len(runs.failures) - SHOWN_FAILURES} more failing run(s)")
+    if runs.failures:
+        first = runs.failures[0]
+        out.append(f"{name}: FAILED: run {first.label}: {'; '.join(first.problems)}")
+    else:
+        out.append(f"{name}: FAILED: {doc['reason']}")
+    print("\n".join(out), file=sys.stderr, flush=True)
+    return 1
+
+
+def seconds_text(value: float | None) -> str:
+    """A time for a summary line: ``1.234 s``, or ``-`` when it was not measured."""
+    return "-" if value is None else f"{value:.3f} s"

@@ -8,8 +8,10 @@ target, met?) and prints the table.
 
 A benchmark counts as *skipped* (not failed) when it exits with code 77 or says
 why it cannot run (``skipped``, ``missing tools``, ``needs root``...): the
-reason is recorded. A result file older than this run is never reported as a
-fresh result.
+reason is recorded. A benchmark whose result file says ``failed`` (a measured run
+failed: ``benchlib.finish``) is failed whatever its output says, and its failing
+runs (command, problems, last output lines) are carried into the summary. A
+result file older than this run is never reported as a fresh result.
 
     python benchmarks/run_all.py [--only logs,launch] [--skip fanout] [--timeout 300]
 """
@@ -21,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,9 +32,17 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from benchlib import BENCH_DIR, PYTHON, RESULTS_DIR, bench_env, machine_info, now_iso, rounded
+from benchlib import (
+    BENCH_DIR,
+    PYTHON,
+    RESULTS_DIR,
+    SKIP_EXIT,
+    bench_env,
+    machine_info,
+    now_iso,
+    rounded,
+)
 
-SKIP_EXIT = 77
 _SKIP_HINTS = re.compile(
     r"skipp|missing tools?|needs? root|requires? root|not root|permission denied|not installed",
     re.IGNORECASE,
@@ -68,6 +79,16 @@ def discover(only: set[str], skip: set[str]) -> list[tuple[str, Path]]:
             continue
         found.append((name, path))
     return found
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (results may live in
+    ``$CORRAL_BENCH_RESULTS``, anywhere)."""
+    return (
+        str(path.relative_to(BENCH_DIR.parent))
+        if path.is_relative_to(BENCH_DIR.parent)
+        else str(path)
+    )
 
 
 def _tail(text: str, lines: int = 8) -> list[str]:
@@ -124,16 +145,24 @@ def run_one(name: str, path: Path, timeout: float) -> dict[str, Any]:
     text = "".join(output)
     record: dict[str, Any] = {
         "name": name,
-        "script": str(path.relative_to(BENCH_DIR.parent)),
+        "script": _shown(path),
         "exit_code": proc.returncode,
         "duration_s": time.time() - started,
-        "log": str(log_path.relative_to(BENCH_DIR.parent)),
+        "log": _shown(log_path),
         "output_tail": _tail(text),
     }
     result_path = RESULTS_DIR / f"{name}.json"
     fresh = result_path.exists() and result_path.stat().st_mtime >= started
+    doc: dict[str, Any] = {}
+    if fresh:
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(result_path.read_text())
     if timed_out:
         record.update(status="timeout", reason=f"did not finish within {timeout:g} s")
+    elif doc.get("status") == "failed":
+        # its measured runs failed: never a skip, whatever words their stderr holds
+        record.update(status="failed", reason=str(doc.get("reason") or "failed"))
+        record["failed_runs"] = doc.get("failed_runs") or []
     elif proc.returncode == SKIP_EXIT or (proc.returncode != 0 and _SKIP_HINTS.search(text)):
         reason = next(
             (line for line in reversed(_tail(text, 20)) if _SKIP_HINTS.search(line)),
@@ -146,15 +175,12 @@ def run_one(name: str, path: Path, timeout: float) -> dict[str, Any]:
         record.update(status="failed", reason=f"{result_path.name} was not written")
     else:
         record["status"] = "ok"
-    if fresh:
-        with contextlib.suppress(OSError, ValueError):
-            doc = json.loads(result_path.read_text())
-            record["result_file"] = str(result_path.relative_to(BENCH_DIR.parent))
-            record["metrics"] = extract_metrics(doc)
-            status = doc.get("status")
-            if record["status"] == "ok" and status in ("failed", "skipped"):
-                record.update(status=status, reason=doc.get("reason", ""))
-    elif result_path.exists():
+    if doc:
+        record["result_file"] = _shown(result_path)
+        record["metrics"] = extract_metrics(doc)
+        if record["status"] == "ok" and doc.get("status") == "skipped":
+            record.update(status="skipped", reason=doc.get("reason", ""))
+    elif result_path.exists() and not fresh:
         record["stale_result"] = f"{result_path.name} is from an earlier run; not reported"
     return record
 
@@ -163,7 +189,7 @@ def collect_one(name: str, path: Path) -> dict[str, Any]:
     """The record of a benchmark run on its own earlier (``python benchmarks/bench_X.py``),
     from the result file it wrote; nothing is run."""
     result_path = RESULTS_DIR / f"{name}.json"
-    record: dict[str, Any] = {"name": name, "script": str(path.relative_to(BENCH_DIR.parent))}
+    record: dict[str, Any] = {"name": name, "script": _shown(path)}
     try:
         doc = json.loads(result_path.read_text())
     except (OSError, ValueError) as exc:
@@ -172,7 +198,7 @@ def collect_one(name: str, path: Path) -> dict[str, Any]:
     record.update(
         status=doc.get("status") or "ok",
         reason=doc.get("reason", ""),
-        result_file=str(result_path.relative_to(BENCH_DIR.parent)),
+        result_file=_shown(result_path),
         metrics=extract_metrics(doc),
         collected=doc.get("date") or "an earlier run",
     )
@@ -253,6 +279,12 @@ def markdown(records: list[dict[str, Any]], machine: dict[str, Any], date: str) 
         rows = record.get("metrics") or []
         if record["status"] != "ok":
             notes.append(f"- **{name}**: {record['status']}: {record.get('reason', '')}")
+            for run in (record.get("failed_runs") or [])[:3]:
+                last = (run.get("tail") or ["(no output)"])[-1]
+                notes.append(
+                    f"  - run {run.get('label')}: {'; '.join(run.get('problems') or [])}; "
+                    f"`{shlex.join(run.get('argv') or [])}`; last line: `{last}`"
+                )
         if not rows:
             status = record["status"]
             lines.append(
