@@ -222,7 +222,9 @@ def test_each_save_is_announced_on_the_control_socket(
     assert len(control.connections) == 1  # the progress connection, shared
     assert lines[0] == "ctl 0\n"
     progress, announced, after = (json.loads(line) for line in lines[1:])
-    assert progress["type"] == after["type"] == "progress"
+    # the report made before the save goes before its announcement
+    assert progress["type"] == after["type"] == "reports"
+    assert [r["step"] for r in progress["reports"] + after["reports"]] == [4, 5]
     assert announced == {
         "type": "checkpoint",
         "step": 5,
@@ -242,7 +244,7 @@ def test_only_rank_zero_saves_are_announced(
     sdk.save_checkpoint(state(1), tmp_path, 1, all_ranks=True)  # a per-rank shard
     sdk.report(1)
     lines = control.wait_lines(2)
-    assert [json.loads(line)["type"] for line in lines[1:]] == ["progress"]
+    assert [json.loads(line)["type"] for line in lines[1:]] == ["reports"]
 
 
 def test_a_failed_save_is_not_announced(control: ControlServer, tmp_path: Path) -> None:
@@ -250,7 +252,7 @@ def test_a_failed_save_is_not_announced(control: ControlServer, tmp_path: Path) 
         sdk.save_checkpoint({"fn": lambda: 0}, tmp_path, 2)
     sdk.report(2)
     lines = control.wait_lines(2)
-    assert [json.loads(line)["type"] for line in lines[1:]] == ["progress"]
+    assert [json.loads(line)["type"] for line in lines[1:]] == ["reports"]
 
 
 # -- write errors ----------------------------------------------------------------------

@@ -71,12 +71,34 @@ class ControlServer:
             time.sleep(0.01)
         raise AssertionError(f"expected {n} lines, got {got!r}")
 
+    def wait_reports(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The progress reports received, at least ``n``: each report of a ``reports``
+        line on its own, as the node agent forwards them (``type``, ``rank`` added)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                got = [line for conn in self.connections for line in conn]
+            found = [report for line in got if line.startswith("{") for report in expand(line)]
+            if len(found) >= n or time.monotonic() >= deadline:
+                assert len(found) >= n, f"expected {n} reports, got {got!r}"
+                return found
+            time.sleep(0.01)
+
     def close(self) -> None:
         """Stop listening and hang up on every client."""
         self.sock.close()
         for conn in self.sockets:
             with contextlib.suppress(OSError):  # the reader may have closed it already
                 conn.shutdown(socket.SHUT_RDWR)
+
+
+def expand(line: str) -> list[dict[str, Any]]:
+    """The progress reports of one line the SDK sent (none for other events)."""
+    message = json.loads(line)
+    if message.get("type") != "reports":
+        return [message] if message.get("type") == "progress" else []
+    assert set(message) == {"type", "rank", "reports"}, message
+    return [{"type": "progress", "rank": message["rank"], **one} for one in message["reports"]]
 
 
 @pytest.fixture
@@ -91,38 +113,43 @@ def control_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
 
 
 def test_handshake_then_json_lines(control_server: ControlServer) -> None:
-    before = time.time()
     sdk.report(1, 10, loss=2.5, acc=0.25)
     sdk.report(2)
+    _report.flush()
+    sdk.report(3)
+    _report.flush()
     lines = control_server.wait_lines(3)
     assert len(control_server.connections) == 1  # one connection, reused
     assert control_server.auth == [f"auth {TOKEN}\n"]  # the token comes first
     assert lines[0] == "ctl 3\n"
-    first, second = (json.loads(line) for line in lines[1:])
+    batch = json.loads(lines[1])  # the reports made before a send go together, in order
+    first, second = batch["reports"]
+    assert (batch["type"], batch["rank"]) == ("reports", 3)
     assert first == {
-        "type": "progress",
-        "rank": 3,
         "step": 1,
         "total": 10,
         "metrics": {"loss": 2.5, "acc": 0.25},
-        "time": first["time"],
+        "age": first["age"],
     }
-    assert before <= first["time"] <= time.time()
+    assert 0 <= second["age"] <= first["age"] < 60  # seconds between the call and the send
     assert (second["step"], second["total"], second["metrics"]) == (2, None, {})
+    assert [r["step"] for r in json.loads(lines[2])["reports"]] == [3]
 
 
 def test_unusual_metric_values(control_server: ControlServer) -> None:
     torch = require_torch()
-    sdk.report(1, loss=torch.tensor(0.5), bad=float("nan"), big=float("inf"), n=3)
-    payload = json.loads(control_server.wait_lines(2)[1])
+    loss = torch.tensor(0.5)
+    sdk.report(1, loss=loss, bad=float("nan"), big=float("inf"), n=3)
+    loss += 1  # changed after the call: the report has the value at the call
+    payload = control_server.wait_reports(1)[0]
     assert payload["metrics"] == {"loss": 0.5, "bad": None, "big": None, "n": 3.0}
 
 
 def test_a_bad_value_drops_only_that_report(control_server: ControlServer) -> None:
     sdk.report(1, loss="not a number")  # type: ignore[arg-type]
-    sdk.report(2, loss=1.0)
-    lines = control_server.wait_lines(2)
-    assert [json.loads(line)["step"] for line in lines[1:]] == [2]
+    sdk.report("two", loss=1.0)  # type: ignore[arg-type]
+    sdk.report(3, loss=1.0)
+    assert [r["step"] for r in control_server.wait_reports(1)] == [3]
 
 
 def test_filesystem_socket_path_without_a_token(
@@ -141,7 +168,7 @@ def test_filesystem_socket_path_without_a_token(
         server.close()
     assert server.auth == ["auth \n"]  # an empty token: the agent refuses it
     assert lines[0] == "ctl 0\n"
-    assert json.loads(lines[1])["step"] == 7
+    assert [r["step"] for r in expand(lines[1])] == [7]
 
 
 def test_noop_without_control_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,10 +200,12 @@ def test_unreachable_or_bad_address_never_raises(
 
 def test_disabled_after_first_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
-    sdk.report(1)  # nobody listening: reporting turns itself off
+    sdk.report(1)
+    _report.flush()  # nobody listening: reporting turns itself off
     server = ControlServer(str(tmp_path / "ctl"))
     try:
         sdk.report(2)
+        _report.flush()
         time.sleep(0.2)
         assert server.connections == []
     finally:
@@ -187,33 +216,33 @@ def test_supervisor_going_away_never_raises(control_server: ControlServer) -> No
     sdk.report(1)
     control_server.wait_lines(2)
     control_server.close()
-    start = time.monotonic()
     for step in range(2, 200):
         sdk.report(step, loss=float(step))  # EPIPE / ECONNRESET must not escape
-    assert time.monotonic() - start < 2.0
+        _report.flush()
+    assert not _report._reporter.active  # reporting is off: reports are not even kept
+    sdk.report(200)
+    assert not _report._records
 
 
-def test_a_stalled_supervisor_does_not_block_training(
+def test_a_stalled_supervisor_never_blocks_training_and_turns_reporting_off(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "ctl"))
     listener.listen(1)  # accepts (via the backlog) but never reads
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
-    metrics = {f"metric_{i}": float(i) for i in range(200)}
+    sends = _count_sends(monkeypatch)
+    metrics = {f"metric_{i}": float(i) for i in range(60)}
     try:
-        start = time.monotonic()
-        slowest = 0.0
         for step in range(3000):  # several MB: far more than the socket buffers
-            t0 = time.monotonic()
             sdk.report(step, None, **metrics)
-            slowest = max(slowest, time.monotonic() - t0)
-        elapsed = time.monotonic() - start
+        assert sends.on_thread(threading.main_thread()) == 0  # training never sent a byte
+        _report.flush()  # blocks on the full buffer, for SEND_TIMEOUT at most
     finally:
         listener.close()
-    assert slowest >= 0.9  # one send really blocked on the full buffer and timed out...
-    assert slowest < 2.0  # ...after about SEND_TIMEOUT (1 s), not forever
-    assert elapsed < 5.0  # and reporting stayed off afterwards
+    assert not _report._reporter.active  # the send timed out: reporting is off for good
+    sdk.report(3000)
+    assert not _report._records
 
 
 def test_concurrent_reports_are_whole_lines(control_server: ControlServer) -> None:
@@ -226,25 +255,31 @@ def test_concurrent_reports_are_whole_lines(control_server: ControlServer) -> No
         t.start()
     for t in threads:
         t.join()
-    lines = control_server.wait_lines(201)
-    steps = sorted(json.loads(line)["step"] for line in lines[1:])
+    reports = control_server.wait_reports(200)
+    steps = sorted(r["step"] for r in reports)
     assert steps == sorted(k * 1000 + i for k in range(4) for i in range(50))
+    for k in range(4):  # each thread's reports in its order
+        mine = [r["step"] for r in reports if k * 1000 <= r["step"] < k * 1000 + 50]
+        assert mine == sorted(mine)
 
 
 def test_forked_child_opens_its_own_connection(control_server: ControlServer) -> None:
     sdk.report(1)
     control_server.wait_lines(2)
+    sdk.report(2)  # buffered when the process forks: sent by the parent only
     pid = os.fork()
     if pid == 0:  # child
         try:
             sdk.report(100)
+            _report.flush()
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
-    sdk.report(2)
+    sdk.report(3)
     lines = control_server.wait_lines(5)
     assert len(control_server.connections) == 2
     assert sorted(lines).count("ctl 3\n") == 2
+    assert sorted(r["step"] for r in control_server.wait_reports(4)) == [1, 2, 3, 100]
 
 
 SIGPIPE_SCRIPT = """
@@ -398,3 +433,100 @@ def test_a_replicated_save_waits_for_the_answer_and_warns_when_not_copied(
         "corral: warning: ckpt-00000007.pt is not in the coordinator's replica (cannot write "
         "it here: no space left on device); it exists on this host only\n"
     )
+
+
+# -- buffered reports: cheap per call, nothing lost ---------------------------------------
+
+
+class _Sends:
+    """The thread of every ``socket.sendall`` call."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def on_thread(self, thread: threading.Thread) -> int:
+        return sum(1 for t in self.threads if t is thread)
+
+
+def _count_sends(monkeypatch: pytest.MonkeyPatch) -> _Sends:
+    sends = _Sends()
+    real = socket.socket.sendall
+
+    def sendall(sock: socket.socket, data: Any, *args: Any) -> None:
+        sends.threads.append(threading.current_thread())
+        real(sock, data, *args)
+
+    monkeypatch.setattr(socket.socket, "sendall", sendall)
+    return sends
+
+
+def test_reports_are_sent_in_batches_by_another_thread(
+    control_server: ControlServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sends = _count_sends(monkeypatch)
+    for step in range(1, 1001):
+        with sdk.section("compute"):
+            pass
+        sdk.report(step, 1000, loss=float(step))
+    assert sends.on_thread(threading.main_thread()) == 0  # no syscall in the training loop
+    reports = control_server.wait_reports(1000)
+    assert [r["step"] for r in reports] == list(range(1, 1001))  # every one, in order
+    assert [r["metrics"]["loss"] for r in reports] == [float(s) for s in range(1, 1001)]
+    assert all(set(r["sections"]) == {"compute"} for r in reports)  # each its own step's
+    assert len(sends.threads) < 100  # a few lines of many reports, not a line each
+
+
+def test_a_report_arrives_while_the_training_thread_blocks(
+    control_server: ControlServer,
+) -> None:
+    sdk.report(41)
+    sdk.report(42)  # then no SDK call at all: the rank is stuck (a hang)
+    assert [r["step"] for r in control_server.wait_reports(2)] == [41, 42]
+
+
+def test_an_event_goes_after_the_reports_made_before_it(control_server: ControlServer) -> None:
+    for step in range(1, 6):
+        sdk.report(step)
+    _report.send_event({"type": "checkpoint", "step": 5, "path": "/ckpt/5.pt"})
+    lines = control_server.wait_lines(3)
+    assert [r["step"] for r in expand(lines[1])] == [1, 2, 3, 4, 5]
+    assert json.loads(lines[2])["type"] == "checkpoint"
+
+
+def test_long_batches_are_split_into_lines_the_agent_accepts(
+    control_server: ControlServer,
+) -> None:
+    metrics = {f"metric_{i:02d}": float(i) for i in range(60)}  # ~1.4 KB a report
+    for step in range(300):
+        sdk.report(step, **metrics)
+    _report.flush()
+    reports = control_server.wait_reports(300)
+    assert [r["step"] for r in reports] == list(range(300))
+    lines = control_server.wait_lines(2)[1:]
+    assert len(lines) > 1 and all(len(line.encode()) <= _report.MAX_LINE for line in lines)
+
+
+EXIT_SCRIPT = """
+import sys
+from corral import sdk
+with sdk.section("compute"):
+    pass
+for step in range(1, 301):
+    sdk.report(step)
+if sys.argv[1] == "crash":
+    raise RuntimeError("boom")
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "crash"])
+def test_the_last_reports_are_sent_at_exit(control_server: ControlServer, how: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == (1 if how == "crash" else 0), proc.stderr
+    reports = control_server.wait_reports(300)
+    assert [r["step"] for r in reports] == list(range(1, 301))
+    assert "compute" in reports[0]["sections"]

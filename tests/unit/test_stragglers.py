@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from corral import sdk
-from corral.agent.messages import ProgressMessage, parse_message, report_event
+from corral.agent.messages import ReportsMessage, forwarded, parse_message
 from corral.diagnose.stragglers import (
     Straggler,
     StragglerPolicy,
@@ -129,15 +129,20 @@ def test_section_sends_mean_seconds_with_the_next_report(control_server: Control
         pass
     sdk.report(1, 10, loss=1.0)
     sdk.report(2, 10)
-    lines = control_server.wait_lines(3)
-    first, second = (json.loads(line) for line in lines[1:])
+    with sdk.section("compute"):
+        pass
+    sdk.report(3, 10)
+    first, second, third = control_server.wait_reports(3)
     assert set(first["sections"]) == {"compute", "wait"}
     assert 0.02 <= first["sections"]["compute"] < 5.0
     assert "sections" not in second  # nothing timed since: nothing sent
+    assert set(third["sections"]) == {"compute"}
+    assert third["sections"]["compute"] < first["sections"]["compute"]  # its own timing
     # what the agent accepts and forwards
-    message = parse_message(lines[1].encode())
-    assert isinstance(message, ProgressMessage)
-    assert report_event(message, 3, now=1.0)["sections"] == first["sections"]
+    line = control_server.wait_lines(2)[1]
+    message = parse_message(line.encode())
+    assert isinstance(message, ReportsMessage)
+    assert forwarded(message, 3, now=1.0)[0]["sections"] == first["sections"]
 
 
 def test_section_names_are_checked_and_exceptions_still_time() -> None:
@@ -190,6 +195,8 @@ def test_cuda_sections_record_events_and_read_them_lazily(
         synchronize=lambda: synced.append(True),
     )
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(_section, "_cuda_event", None)  # what this process knew of CUDA
+    monkeypatch.setattr(_section, "_free_events", [])
     _section.drain()
     _FakeEvent.clock, _FakeEvent.gpu_done_until = 0.0, 0.0
     with sdk.section("compute"):  # events at 0.5 and 1.0

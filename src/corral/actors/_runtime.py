@@ -516,10 +516,18 @@ class Supervisor:
     def _report(self, body: bytes | bytearray) -> None:
         with contextlib.suppress(ValueError):
             report = fr.decode_json(body)
-            if isinstance(report, dict):
-                self.last_report = report
+            if not isinstance(report, dict):
+                return
+            batch = report.get("reports") if report.get("type") == "reports" else [report]
+            for one in batch if isinstance(batch, list) else []:
+                if not isinstance(one, dict):
+                    continue
+                if one is not report:  # a report of the SDK's batch: a progress report
+                    one = {"type": "progress", "rank": report.get("rank"), **one}
+                    one.pop("age", None)
+                self.last_report = one
                 if self.on_report is not None:
-                    self.on_report(self.rank, report)
+                    self.on_report(self.rank, one)
 
     async def _heartbeat(self, every: float) -> None:
         """A ping every ``every`` seconds (0: none), so a cut-off worker knows."""

@@ -17,18 +17,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-from corral.agent.messages import CheckpointMessage, ProgressMessage, first_error
+from corral.agent.messages import (
+    CheckpointMessage,
+    ChunkMessage,
+    ProgressMessage,
+    QuorumMessage,
+    first_error,
+)
 from corral.agent.probe import MAX_TEXT
 from corral.agent.protocol import EVENT_TEXT_LIMIT
 
 __all__ = [
     "AgentEvent",
     "CheckpointReport",
+    "ChunkReport",
     "HeartbeatEvent",
     "MasterReadyEvent",
     "MasterTimeoutEvent",
     "NodeExitEvent",
     "ProgressReport",
+    "QuorumReport",
     "RankExitEvent",
     "RankStartEvent",
     "StacksEvent",
@@ -118,6 +126,22 @@ class CheckpointReport(CheckpointMessage):
     time: Time
 
 
+class QuorumReport(QuorumMessage):
+    """A replica group's quorum change, forwarded by the agent."""
+
+    event: Literal["report"]
+    rank: Rank
+    time: Time
+
+
+class ChunkReport(ChunkMessage):
+    """A finished chunk of ``sdk.chunks``, forwarded by the agent."""
+
+    event: Literal["report"]
+    rank: Rank
+    time: Time
+
+
 class StackEntry(BaseModel):
     """One rank's stack dump in a ``stacks`` event."""
 
@@ -183,7 +207,9 @@ class NodeExitEvent(_Event):
     code: Code = 0
 
 
-ReportEvent = Annotated[ProgressReport | CheckpointReport, Field(discriminator="type")]
+ReportEvent = Annotated[
+    ProgressReport | CheckpointReport | QuorumReport | ChunkReport, Field(discriminator="type")
+]
 AgentEvent = Annotated[
     StartedEvent
     | RankStartEvent

@@ -1,10 +1,14 @@
 """Messages from a node's ranks to its agent (the control socket), validated.
 
 Each line a rank's SDK sends on its ``ctl`` connection is one JSON object with
-a ``type``: ``progress`` (:func:`corral.sdk.report`, with the ``sections``
-timings of ``sdk.section``), ``checkpoint``
+a ``type``: ``reports`` (what :func:`corral.sdk.report` buffered: a list of
+progress reports, each with the ``sections`` timings of ``sdk.section`` and its
+``age``, forwarded one event each), ``progress`` (one report), ``checkpoint``
 (``save_checkpoint``'s announcement, ``"ack": true`` when the rank waits for
-the coordinator's answer) or ``exit`` (the rank wrapper's exit code). Anything
+the coordinator's answer), ``quorum`` (``sdk.fault_tolerant``'s quorum changes),
+``chunk`` (``sdk.chunks``' progress) or ``exit`` (the rank wrapper's exit code).
+Every event the SDK sends is one of these (a contract test holds the two halves
+to it). Anything
 else, or a field of the wrong type or size, is rejected with ``ValueError``.
 
 Only validated fields are forwarded. The agent then sets the keys it owns
@@ -28,11 +32,16 @@ __all__ = [
     "MAX_MESSAGE",
     "MAX_SECTIONS",
     "CheckpointMessage",
+    "ChunkMessage",
     "Complaints",
     "ExitMessage",
+    "ProgressEntry",
     "ProgressMessage",
+    "QuorumMessage",
     "RankMessage",
+    "ReportsMessage",
     "first_error",
+    "forwarded",
     "parse_message",
     "report_event",
 ]
@@ -43,12 +52,15 @@ MAX_METRICS = 64
 MAX_SECTIONS = 32
 MAX_KEY = 128
 MAX_PATH = 4096
+#: Most progress reports in one ``reports`` message.
+MAX_REPORTS = 1024
 #: Keys of a forwarded event that only the agent sets.
 AGENT_KEYS = frozenset({"event", "rank", "time"})
 
 Step = Annotated[int, Field(ge=-(2**62), le=2**62)]
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEY)]
 Seconds = Annotated[float, Field(ge=0, le=1e7)]
+Count = Annotated[int, Field(ge=0, le=2**31)]
 
 
 class _Message(BaseModel):
@@ -59,10 +71,9 @@ class _Message(BaseModel):
     )
 
 
-class ProgressMessage(_Message):
+class _Progress(_Message):
     """``report(step, total, **metrics)``: how far a rank is."""
 
-    type: Literal["progress"]
     step: Step
     total: Step | None = None
     metrics: Annotated[dict[MetricName, float | None], Field(max_length=MAX_METRICS)] = Field(
@@ -74,6 +85,26 @@ class ProgressMessage(_Message):
     )
 
 
+class ProgressMessage(_Progress):
+    """One progress report."""
+
+    type: Literal["progress"]
+
+
+class ProgressEntry(_Progress):
+    """A progress report in a ``reports`` message; ``age``: seconds it waited in the
+    rank's buffer before it was sent."""
+
+    age: Seconds = 0.0
+
+
+class ReportsMessage(_Message):
+    """The progress reports a rank's SDK buffered since its previous send, in order."""
+
+    type: Literal["reports"]
+    reports: Annotated[list[ProgressEntry], Field(min_length=1, max_length=MAX_REPORTS)]
+
+
 class CheckpointMessage(_Message):
     """A checkpoint a rank saved; with ``ack`` it waits for a ``replicated`` reply."""
 
@@ -83,6 +114,27 @@ class CheckpointMessage(_Message):
     ack: bool = False
 
 
+class QuorumMessage(_Message):
+    """A replica group's quorum changed (``sdk.fault_tolerant``, see
+    docs/fault-tolerance.md): ``kind`` ``quorum``, ``healing`` or ``sending``."""
+
+    type: Literal["quorum"]
+    kind: Literal["quorum", "healing", "sending"]
+    group: Count
+    step: Step
+    participants: Count | None = None
+    participating: bool | None = None
+
+
+class ChunkMessage(_Message):
+    """``sdk.chunks``: chunk ``chunk`` of ``total`` is done (``percent`` of them)."""
+
+    type: Literal["chunk"]
+    chunk: Annotated[int, Field(ge=1, le=2**31)]
+    total: Annotated[int, Field(ge=1, le=2**31)]
+    percent: Annotated[int, Field(ge=0, le=100)]
+
+
 class ExitMessage(_Message):
     """The rank wrapper's exit code (kept by the agent, never forwarded as such)."""
 
@@ -90,13 +142,14 @@ class ExitMessage(_Message):
     code: Annotated[int, Field(ge=-255, le=255)]
 
 
-RankMessage = Annotated[
-    ProgressMessage | CheckpointMessage | ExitMessage, Field(discriminator="type")
-]
+#: What a message may become: ``report`` events for the coordinator.
+Forwardable = ProgressMessage | ReportsMessage | CheckpointMessage | QuorumMessage | ChunkMessage
+AnyMessage = Forwardable | ExitMessage
+RankMessage = Annotated[AnyMessage, Field(discriminator="type")]
 
 
 @functools.cache
-def _adapter() -> TypeAdapter[ProgressMessage | CheckpointMessage | ExitMessage]:
+def _adapter() -> TypeAdapter[AnyMessage]:
     """The validator, built on first use (building every model costs ~0.1 s of CPU,
     which a process that never validates, or not yet, should not pay at import)."""
     return TypeAdapter(RankMessage, config=ConfigDict(defer_build=True))
@@ -112,7 +165,7 @@ def first_error(exc: ValidationError, limit: int = 200) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def parse_message(line: bytes) -> ProgressMessage | CheckpointMessage | ExitMessage:
+def parse_message(line: bytes) -> AnyMessage:
     """Validate one line from a rank; ValueError with a short reason when it is invalid."""
     if len(line) > MAX_MESSAGE:
         raise ValueError(f"message of {len(line)} bytes (at most {MAX_MESSAGE})")
@@ -123,12 +176,33 @@ def parse_message(line: bytes) -> ProgressMessage | CheckpointMessage | ExitMess
 
 
 def report_event(
-    message: ProgressMessage | CheckpointMessage, rank: int, now: float | None = None
+    message: ProgressMessage | ProgressEntry | CheckpointMessage | QuorumMessage | ChunkMessage,
+    rank: int,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """The ``report`` event forwarded to the coordinator: the validated fields, then
     the agent's own keys (``event``, the connection's ``rank``, the agent's ``time``)."""
-    fields = message.model_dump()
+    fields = message.model_dump(exclude={"age"})
     if not fields.get("sections", True):
         del fields["sections"]  # no sdk.section timings in this report
     fields.update(event="report", rank=rank, time=time.time() if now is None else now)
     return fields
+
+
+def forwarded(
+    message: Forwardable,
+    rank: int,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """The ``report`` events a message becomes: one per progress report of a
+    ``reports`` message (``type: progress``, timed its ``age`` before ``now``), else
+    the message's own (:func:`report_event`)."""
+    now = time.time() if now is None else now
+    if not isinstance(message, ReportsMessage):
+        return [report_event(message, rank, now)]
+    events = []
+    for entry in message.reports:
+        event = report_event(entry, rank, max(0.0, now - entry.age))
+        event["type"] = "progress"
+        events.append(event)
+    return events

@@ -332,7 +332,8 @@ class NodeAgent:
 
     async def _rank_control(self, rank: int, reader: asyncio.StreamReader) -> None:
         """Validate each line of a rank's SDK connection: ``exit`` settles the rank,
-        the rest is forwarded as a ``report`` event; invalid lines are dropped."""
+        the rest is forwarded as ``report`` events (one per progress report of a
+        batch); invalid lines are dropped."""
         while True:
             try:
                 line = await reader.readline()
@@ -343,7 +344,7 @@ class NodeAgent:
                 return
             try:
                 # pydantic is imported on the first message, not at the agent's start
-                from corral.agent.messages import ExitMessage, parse_message, report_event
+                from corral.agent.messages import ExitMessage, forwarded, parse_message
 
                 msg = parse_message(line)
             except ValueError as exc:
@@ -354,10 +355,10 @@ class NodeAgent:
                 track.code = msg.code
                 self._maybe_report_rank(track, final=False)
             else:
-                event = report_event(msg, rank)
-                if rank in self.gpu and event.get("type", "progress") == "progress":
-                    event["gpu"] = self.gpu[rank]
-                self.emit(encode_event(event))
+                for event in forwarded(msg, rank):  # a "reports" message: one per report
+                    if rank in self.gpu and event.get("type", "progress") == "progress":
+                        event["gpu"] = self.gpu[rank]
+                    self.emit(encode_event(event))
 
     def _complain(self, text: str) -> None:
         """One line on the agent's stderr, rate-limited (a rank cannot flood it)."""

@@ -4,10 +4,22 @@
 agent makes in a private directory for each attempt. Every connection first
 sends ``auth <token>\n`` with the token from ``CORRAL_CONTROL_TOKEN`` (the agent
 drops connections without it, see :mod:`corral.agent.control`), then
-``ctl <rank>\n``; each report is then one JSON line::
+``ctl <rank>\n``; then JSON lines.
 
-    {"type": "progress", "rank": 0, "step": 10, "total": 100,
-     "metrics": {"loss": 0.5}, "time": 1700000000.0}
+:func:`report` costs about a microsecond: it appends the report to a buffer
+(:data:`corral.sdk._section.records`, in order with the section timings) and a
+daemon thread sends what piled up every :data:`FLUSH_INTERVAL` seconds as one
+line (several when long)::
+
+    {"type": "reports", "rank": 0, "reports": [
+      {"step": 10, "total": 100, "age": 0.15, "metrics": {"loss": 0.5},
+       "sections": {"compute": 0.051}}, ...]}
+
+``age``: seconds between the call and the send. The node agent forwards each
+report as its own ``progress`` event (time: its clock less the age), so the
+coordinator sees every step as before. The buffer is also sent before any other
+event (:func:`send_event`: a checkpoint announced at step N comes after the
+report of step N) and at exit (``atexit``, also after an uncaught exception).
 
 Other SDK parts send their own events on the same connection with
 :func:`send_event` (e.g. ``save_checkpoint``'s ``{"type": "checkpoint", ...}``);
@@ -26,6 +38,7 @@ rest of the process.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -35,7 +48,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from corral.contract import CONTROL_ENV, CONTROL_TOKEN_ENV, auth_line
 from corral.sdk import _section
@@ -43,11 +56,13 @@ from corral.sdk._env import info
 
 __all__ = [
     "CONTROL_ENV",
+    "FLUSH_INTERVAL",
     "REQUEST_TIMEOUT",
     "SEND_TIMEOUT",
     "TOKEN_ENV",
     "auth_line",
     "connect_control",
+    "flush",
     "report",
     "request",
     "send_event",
@@ -57,6 +72,15 @@ SEND_TIMEOUT = 1.0
 REQUEST_TIMEOUT = 600.0
 TOKEN_ENV = CONTROL_TOKEN_ENV
 _monotonic = time.monotonic  # the clock of request()'s deadline (tests replace it)
+_clock = time.monotonic  # when a report was made
+#: Seconds between two sends of the buffered reports at most (hang detection's
+#: resolution is seconds: a report reaches the coordinator well within one).
+FLUSH_INTERVAL = 0.2
+#: Records piled up before the sender thread is woken early.
+_WAKE_AT = 4096
+#: Longest ``reports`` line sent (the agent accepts 64 KiB) and most reports in one.
+MAX_LINE = 60_000
+MAX_BATCH = 512
 # No SIGPIPE even in a process that restored its default action (which kills).
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
@@ -90,24 +114,81 @@ def _metric(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _plain(metrics: dict[str, object]) -> dict[str, object] | None:
+    """``metrics`` with every value a float (read now: a tensor may change, and holding
+    it would keep its memory); None when one is not a number."""
+    try:
+        return {name: float(value) for name, value in metrics.items()}  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _batches(rank: int, taken: list[_section.Report], now: float) -> Iterator[bytes]:
+    """The ``reports`` lines for ``taken`` (reports and their sections), each at most
+    :data:`MAX_LINE` bytes and :data:`MAX_BATCH` reports; a report with a bad value
+    is dropped alone."""
+    head = b'{"type":"reports","rank":%d,"reports":[' % rank
+    parts: list[bytes] = []
+    size = len(head)
+    for (step, total, metrics, when), sections in taken:
+        entry: dict[str, object] = {
+            "step": step,
+            "total": total,
+            "age": round(max(0.0, now - when), 6),
+        }
+        try:
+            entry["metrics"] = {str(k): _metric(v) for k, v in metrics.items()}
+            if sections:
+                entry["sections"] = sections
+            data = json.dumps(entry, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if parts and (size + len(data) + 4 > MAX_LINE or len(parts) >= MAX_BATCH):
+            yield head + b",".join(parts) + b"]}\n"
+            parts, size = [], len(head)
+        parts.append(data)
+        size += len(data) + 1
+    if parts:
+        yield head + b",".join(parts) + b"]}\n"
+
+
 class _Reporter:
-    """One connection per (process, address); disabled for good after an error."""
+    """One connection per (process, address); disabled for good after an error.
+
+    :func:`report` only appends to :data:`corral.sdk._section.records` while
+    :attr:`active`; a daemon thread sends what piled up every
+    :data:`FLUSH_INTERVAL` seconds (sooner when much did), :meth:`send_event` sends
+    it before its own event, and the process sends the rest at exit.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._setup()
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()  # the connection
+        self._flush_lock = threading.Lock()  # one sender at a time, in order
         self._reply_lock = threading.Lock()
         self._replies = bytearray()
         self._spec: str | None = None
-        self._pid = 0
         self._sock: socket.socket | None = None
         self._disabled = False
+        #: report() buffers (a reachable control socket is known); read without a lock
+        self.active = False
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def _forked(self) -> None:
+        """In a forked child: its own connection, locks and sender thread, later."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()  # the child's copy of the parent's descriptor only
+        self._setup()
 
     def _reset(self, spec: str) -> None:
-        if self._sock is not None and self._pid == os.getpid():
+        if self._sock is not None:
             self._sock.close()
         self._sock = None
         self._spec = spec
-        self._pid = os.getpid()
         self._disabled = False
         self._replies = bytearray()
 
@@ -120,27 +201,58 @@ class _Reporter:
             raise
         return sock
 
-    def send(self, step: int, total: int | None, metrics: dict[str, object]) -> None:
+    def start(self) -> bool:
+        """Whether reports are to be buffered now (``$CORRAL_CONTROL`` is set and
+        reporting to it has not failed); starts the sender thread on the first."""
         spec = os.environ.get(CONTROL_ENV, "")
         if not spec:
+            return False
+        with self._lock:
+            if spec != self._spec:
+                self._reset(spec)
+            if self._disabled:
+                return False
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="corral-report", daemon=True)
+            thread.start()
+            self._thread = thread
+            if not _at_exit_registered:
+                _register_at_exit()
+        self.active = True
+        return True
+
+    def wake(self) -> None:
+        """Send soon: much piled up."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        wake = self._wake
+        while True:
+            wake.wait(FLUSH_INTERVAL)
+            wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        """Send every report recorded so far (never raises)."""
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        taken = _section.reports()
+        if not taken:
+            return
+        spec = os.environ.get(CONTROL_ENV, "")
+        if not spec or not self.active:
+            self.active = False  # not reporting (any more): dropped
             return
         try:
             rank = info().rank
-            payload = {
-                "type": "progress",
-                "rank": rank,
-                "step": int(step),
-                "total": None if total is None else int(total),
-                "metrics": {str(k): _metric(v) for k, v in metrics.items()},
-                "time": time.time(),
-            }
-            sections = _section.drain()  # sdk.section timings since the last report
-            if sections:
-                payload["sections"] = sections
-            line = (json.dumps(payload, allow_nan=False) + "\n").encode()
-        except (TypeError, ValueError):
-            return  # a bad value in this one report: drop it, keep reporting
-        self._send_line(spec, rank, line)
+        except ValueError:
+            return
+        for line in _batches(rank, taken, _clock()):
+            if self._send_line(spec, rank, line) is None:
+                self.active = False
+                return
 
     def send_event(self, event: Mapping[str, object]) -> socket.socket | None:
         spec = os.environ.get(CONTROL_ENV, "")
@@ -155,12 +267,14 @@ class _Reporter:
             line = (json.dumps(payload, allow_nan=False) + "\n").encode()
         except (TypeError, ValueError):
             return None
-        return self._send_line(spec, rank, line)
+        with self._flush_lock:  # the reports made before it go first
+            self._flush_locked()
+            return self._send_line(spec, rank, line)
 
     def _send_line(self, spec: str, rank: int, line: bytes) -> socket.socket | None:
         """Send ``line``; the socket it went out on, or None when it could not be sent."""
         with self._lock:
-            if spec != self._spec or self._pid != os.getpid():
+            if spec != self._spec:
                 self._reset(spec)
             if self._disabled:
                 return None
@@ -178,6 +292,7 @@ class _Reporter:
             self._sock.close()
         self._sock = None
         self._disabled = True
+        self.active = False
 
     def request(
         self, event: Mapping[str, object], match: Mapping[str, object], timeout: float
@@ -244,17 +359,55 @@ def _warn(message: str) -> None:
 
 
 _reporter = _Reporter()
+os.register_at_fork(after_in_child=_reporter._forked)
+_at_exit_registered = False
+
+
+def _register_at_exit() -> None:
+    global _at_exit_registered
+    _at_exit_registered = True
+    atexit.register(_reporter.flush)  # the last reports, also after an uncaught exception
+
+
+_records = _section.records
+_append = _records.append
 
 
 def report(step: int, total: int | None = None, **metrics: float) -> None:
     """Tell the supervisor this rank reached ``step`` (of ``total``), with optional metrics.
 
-    A no-op without ``CORRAL_CONTROL``. Cheap enough to call every step; never
-    raises and never blocks for more than about a second. Non-finite metric
-    values are sent as ``null``. The :func:`corral.sdk.section` timings since the
-    previous report travel with it (``"sections"``: mean seconds per section).
+    A no-op without ``CORRAL_CONTROL``. Cheap enough to call every step of a fast
+    GPU loop: the report is buffered (no syscall, no lock, no encoding here) and a
+    background thread sends what piled up every :data:`FLUSH_INTERVAL` seconds,
+    before any other SDK event (a checkpoint's) and at exit; every report arrives,
+    in order. Never raises and never blocks. Non-finite metric values are sent as
+    ``null``; a value that is not a Python number (a tensor) is read now, so pass
+    floats you already have to avoid a GPU sync. The :func:`corral.sdk.section`
+    timings since the previous report travel with it (``"sections"``: mean seconds
+    per section).
     """
-    _reporter.send(step, total, dict(metrics))
+    if not _reporter.active and not _reporter.start():
+        return
+    for value in metrics.values():
+        if value.__class__ is not float and value.__class__ is not int:
+            plain = _plain(metrics)  # type: ignore[arg-type]
+            if plain is None:
+                return  # a bad value in this one report: drop it, keep reporting
+            metrics = plain  # type: ignore[assignment]
+            break
+    if step.__class__ is not int or (total is not None and total.__class__ is not int):
+        try:
+            step, total = int(step), None if total is None else int(total)
+        except (TypeError, ValueError):
+            return
+    _append((step, total, metrics, _clock()))
+    if len(_records) >= _WAKE_AT:
+        _reporter.wake()
+
+
+def flush() -> None:
+    """Send the buffered reports now (waits at most about :data:`SEND_TIMEOUT`)."""
+    _reporter.flush()
 
 
 def request(
@@ -275,9 +428,9 @@ def request(
 def send_event(event: Mapping[str, object]) -> None:
     """Send one JSON event line (it must have a string ``"type"``, not ``"exit"``).
 
-    ``rank`` (this process's) and ``time`` are added when missing. Like
-    :func:`report`: a no-op without ``CORRAL_CONTROL``, never raises, never
-    blocks for more than about a second; the coordinator receives it as
-    ``{"event": "report", **event}``.
+    ``rank`` (this process's) and ``time`` are added when missing. The reports
+    buffered so far are sent first. Like :func:`report`: a no-op without
+    ``CORRAL_CONTROL`` and never raises; it never blocks for more than about a
+    second; the coordinator receives it as ``{"event": "report", **event}``.
     """
     _reporter.send_event(event)

@@ -1,16 +1,24 @@
 """Named section timings per rank: what the straggler scores are made of.
 
-``with sdk.section("compute"): ...`` adds the section's duration to this
-process's totals; the next :func:`corral.sdk.report` sends the mean seconds
-per section since the previous report (``"sections": {"compute": 0.051}``),
-and corral scores every rank against the others' median and its own best (see
+``with sdk.section("compute"): ...`` times the block; the next
+:func:`corral.sdk.report` carries the mean seconds per section since the
+previous report (``"sections": {"compute": 0.051}``), and corral scores every
+rank against the others' median and its own best (see
 :mod:`corral.diagnose.stragglers`). Sections whose name starts with ``wait``
 are time spent waiting for other ranks: shown, never scored.
 
+Cheap enough for every step of a fast GPU loop: entering and leaving a section
+reads the clock and appends one record to :data:`records`, the process's
+timings and reports in call order (``deque.append`` is atomic: no lock, no
+syscall). Whoever sends the reports (the SDK's reporter thread) or
+:func:`drain` adds them up later, so each report still gets exactly the
+sections timed before it and after the one before.
+
 On a GPU (torch already imported, CUDA initialised) a section records a pair of
 CUDA events on the current stream instead of reading a clock, and never
-synchronises: the pair is read by a later report once the GPU has passed it
-(``Event.query()``), so a step's GPU time arrives a report or so later.
+synchronises: the pair is read later (``Event.query()``, off the training
+thread when the reporter sends), once the GPU has passed it; a pair the GPU
+has not reached yet goes with a later report. Read events are reused.
 
 :func:`straggler_hook` measures a DDP model without changing the training
 loop: its communication hook times each rank's arrival at the gradient
@@ -23,26 +31,51 @@ sections there for GPU time.
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
-__all__ = ["MAX_PENDING", "MAX_SECTIONS", "drain", "section", "straggler_hook"]
+__all__ = [
+    "MAX_PENDING",
+    "MAX_SECTIONS",
+    "Report",
+    "drain",
+    "records",
+    "reports",
+    "section",
+    "straggler_hook",
+]
 
 #: CUDA event pairs kept for a later read at most (older ones are dropped).
 MAX_PENDING = 4096
 #: Distinct section names sent per report at most.
 MAX_SECTIONS = 32
 _MAX_NAME = 128
+#: Records a section lets pile up before it adds them up itself (nobody drains them:
+#: no reporter, e.g. outside corral).
+_ABSORB_AT = 1 << 16
+_POOL = 256  # read CUDA events kept for reuse
+
+#: This process's section timings and reports, in call order: ``(name, seconds)``
+#: (a CPU section), ``(name, start_event, end_event)`` (a CUDA section) and
+#: ``(step, total, metrics, monotonic_time)`` (:func:`corral.sdk.report`).
+records: collections.deque[tuple[Any, ...]] = collections.deque()
+
+#: A report record and the mean seconds per section timed before it.
+Report = tuple[tuple[Any, ...], dict[str, float]]
+
+_perf_counter = time.perf_counter
 
 
 class _Totals:
-    """Seconds and counts per section since the last :meth:`drain`, plus CUDA event
-    pairs not read yet; shared by every thread of the process."""
+    """Adds up :data:`records` (one consumer at a time, under a lock): seconds and
+    counts per section since the last report, CUDA event pairs not read yet, and the
+    reports met on the way with their sections."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -50,66 +83,138 @@ class _Totals:
         self._pending: collections.deque[tuple[str, Any, Any]] = collections.deque(
             maxlen=MAX_PENDING
         )
+        self._reports: list[Report] = []
 
-    def add(self, name: str, seconds: float) -> None:
+    def _add(self, name: str, seconds: float) -> None:
         if not math.isfinite(seconds) or seconds < 0:
             return
-        with self._lock:
-            entry = self._sums.get(name)
-            if entry is None:
-                if len(self._sums) >= MAX_SECTIONS:
-                    return
-                entry = self._sums[name] = [0.0, 0.0]
-            entry[0] += seconds
-            entry[1] += 1
+        entry = self._sums.get(name)
+        if entry is None:
+            if len(self._sums) >= MAX_SECTIONS:
+                return
+            entry = self._sums[name] = [0.0, 0.0]
+        entry[0] += seconds
+        entry[1] += 1
 
-    def pend(self, name: str, start: Any, end: Any) -> None:
-        with self._lock:
-            self._pending.append((name, start, end))
+    def _absorb(self) -> None:
+        pop = records.popleft
+        for _ in range(len(records)):
+            record = pop()
+            size = len(record)
+            if size == 2:
+                self._add(*record)
+            elif size == 3:
+                self._pending.append(record)
+            else:
+                self._reports.append((record, self._means()))
+
+    def _read_pending(self) -> None:
+        """Add the pairs the GPU has passed (in stream order: stop at the first not done)."""
+        pending = self._pending
+        while pending:
+            name, start, end = pending[0]
+            try:
+                if not end.query():
+                    return
+                seconds = float(start.elapsed_time(end)) / 1000.0
+            except Exception:  # a broken context, an event of another device: drop it
+                pending.popleft()
+                continue
+            pending.popleft()
+            self._add(name, seconds)
+            if len(_free_events) < _POOL:
+                _free_events.extend((start, end))
+
+    def _means(self) -> dict[str, float]:
+        if self._pending:
+            self._read_pending()
+        if not self._sums:
+            return {}
+        sums, self._sums = self._sums, {}
+        return {name: total / count for name, (total, count) in sums.items() if count}
 
     def drain(self) -> dict[str, float]:
         with self._lock:
-            pending = list(self._pending)
-            self._pending.clear()
-        later = []
-        for index, (name, start, end) in enumerate(pending):
-            try:
-                ready = bool(end.query())
-            except Exception:  # a broken context: drop the pair
-                continue
-            if not ready:  # in stream order: the later pairs are not done either
-                later = pending[index:]
-                break
-            try:
-                self.add(name, float(start.elapsed_time(end)) / 1000.0)
-            except Exception:  # e.g. an event recorded on another device
-                continue
+            self._absorb()
+            return self._means()
+
+    def reports(self) -> list[Report]:
         with self._lock:
-            self._pending.extendleft(reversed(later))
-            sums, self._sums = self._sums, {}
-        return {name: total / count for name, (total, count) in sums.items() if count}
+            self._absorb()
+            taken, self._reports = self._reports, []
+            return taken
+
+    def absorb(self) -> None:
+        if self._lock.acquire(blocking=False):  # else someone is at it already
+            try:
+                self._absorb()
+            finally:
+                self._lock.release()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's records, events and lock are not ours."""
+        self._lock = threading.Lock()
+        self._sums = {}
+        self._pending.clear()
+        self._reports = []
 
 
 _totals = _Totals()
+_free_events: list[Any] = []  # read CUDA events, recorded again by later sections
 
 
 def drain() -> dict[str, float]:
-    """The mean seconds per section since the last call (sections whose GPU work is
-    not done yet wait for a later call); what :func:`corral.sdk.report` sends."""
+    """The mean seconds per section since the last report (or call), sections whose
+    GPU work is not done yet waiting for a later call; reports met on the way are
+    kept for :func:`reports`."""
     return _totals.drain()
 
 
-def _cuda_events() -> Callable[[], Any] | None:
-    """A maker of timing CUDA events when torch is imported and CUDA is initialised."""
+def reports() -> list[Report]:
+    """The reports recorded since the last call, each with the mean seconds per
+    section timed before it (since the report before); what the reporter sends."""
+    return _totals.reports()
+
+
+def _forget_after_fork() -> None:
+    global _cuda_event
+    records.clear()
+    _totals.forget()
+    _free_events.clear()
+    _cuda_event = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+#: torch.cuda.Event once CUDA is known to be initialised in this process.
+_cuda_event: Callable[..., Any] | None = None
+
+
+def _cuda_events() -> Callable[..., Any] | None:
+    """The CUDA event class when torch is imported and CUDA is initialised."""
+    global _cuda_event
+    if _cuda_event is not None:
+        return _cuda_event
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
-        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        if not torch.cuda.is_initialized():  # initialised implies available
             return None
+        _cuda_event = torch.cuda.Event
     except Exception:  # a broken CUDA setup: time on the CPU
         return None
-    return lambda: torch.cuda.Event(enable_timing=True)
+    return _cuda_event
+
+
+def _event(make: Callable[..., Any]) -> Any:
+    try:
+        return _free_events.pop()
+    except IndexError:
+        return make(enable_timing=True)
+
+
+_known: set[str] = set()  # names checked already
 
 
 def _check_name(name: object) -> str:
@@ -118,31 +223,63 @@ def _check_name(name: object) -> str:
     return name
 
 
-@contextlib.contextmanager
-def section(name: str, *, cuda: bool | None = None) -> Iterator[None]:
+class section:  # used as a function: ``with sdk.section("compute"):``
     """Time the block as section ``name`` of this rank (sent with the next report).
 
     ``cuda``: time GPU work with CUDA events (default: when torch has initialised
     CUDA in this process). Never synchronises the GPU and never raises from
-    timing; a bad ``name`` is a ValueError.
+    timing; a bad ``name`` is a ValueError. Also a decorator.
     """
-    _check_name(name)
-    make = _cuda_events() if cuda is not False else None
-    if make is not None:
-        start = make()
-        start.record()
-        try:
-            yield
-        finally:
-            end = make()
+
+    __slots__ = ("_began", "_cuda", "_start", "name")
+
+    def __init__(self, name: str, *, cuda: bool | None = None) -> None:
+        if name not in _known:
+            _check_name(name)
+            if len(_known) < 4096:
+                _known.add(name)
+        self.name = name
+        self._cuda = cuda
+        self._start: Any = None
+        self._began = 0.0
+
+    def __enter__(self) -> None:
+        if self._cuda is not False and (make := _cuda_events()) is not None:
+            start = self._start = _event(make)
+            start.record()
+        else:
+            self._start = None
+            self._began = _perf_counter()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        start = self._start
+        if start is None:
+            records.append((self.name, _perf_counter() - self._began))
+        else:
+            self._start = None
+            end = _event(type(start))
             end.record()
-            _totals.pend(name, start, end)
-        return
-    began = time.perf_counter()
-    try:
-        yield
-    finally:
-        _totals.add(name, time.perf_counter() - began)
+            records.append((self.name, start, end))
+        if len(records) >= _ABSORB_AT:
+            _totals.absorb()
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """``@sdk.section("compute")``: time every call of ``func``."""
+        import functools
+
+        name, cuda = self.name, self._cuda
+
+        @functools.wraps(func)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with section(name, cuda=cuda):
+                return func(*args, **kwargs)
+
+        return timed
 
 
 class _HookState:
@@ -181,7 +318,7 @@ def straggler_hook(model: Any, *, compute: str = "compute", wait: str = "wait") 
                 state.in_step = True
                 state.arrived = now
                 if state.last_done is not None:
-                    _totals.add(state.compute, now - state.last_done)
+                    records.append((state.compute, now - state.last_done))
         future = default_hooks.allreduce_hook(group, bucket)  # type: ignore[arg-type]  # None: WORLD
         if not bucket.is_last():
             return future
@@ -190,7 +327,7 @@ def straggler_hook(model: Any, *, compute: str = "compute", wait: str = "wait") 
             finished = time.perf_counter()
             with state.lock:
                 state.in_step = False
-                _totals.add(state.wait, finished - state.arrived)
+                records.append((state.wait, finished - state.arrived))
                 state.last_done = finished
             return fut.value()
 
