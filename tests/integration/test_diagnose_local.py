@@ -1,5 +1,6 @@
 """Diagnosis on ``local:N`` (real gloo): a straggler is named while the job trains,
-and a rank that skipped an all-reduce is named in the hang report."""
+and a rank that skipped an all-reduce is named in the hang report (by its stack,
+and by torch's flight recorder)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ from pathlib import Path
 
 from tests.conftest import require_torch
 
-from .conftest import REPO, run_corral, wait_no_job_processes
+from .conftest import REPO, SCRIPTS, run_corral, wait_no_job_processes
 
 require_torch()
 
 
+_WORKLOAD = REPO / "benchmarks" / "workloads" / "diagnose_job.py"  # the benchmark's
+
+
 def _run(
-    tmp_path: Path, job: str, hosts: str, *script: str, extra: tuple[str, ...] = ()
+    tmp_path: Path,
+    job: str,
+    hosts: str,
+    *script: str,
+    extra: tuple[str, ...] = (),
+    workload: Path = _WORKLOAD,
 ) -> tuple[int, str]:
     result = run_corral(
         "run",
@@ -33,7 +42,7 @@ def _run(
         "3",
         *extra,
         "--",
-        str(REPO / "benchmarks" / "workloads" / "diagnose_job.py"),  # the benchmark's workload
+        str(workload),
         *script,
         cwd=tmp_path,
     )
@@ -82,3 +91,37 @@ def test_a_rank_that_skips_an_all_reduce_is_the_odd_one_out(tmp_path: Path) -> N
     assert [(o["host"], o["rank"]) for o in report["odd"]] == [("local-2", 2)]
     assert "odd one out: rank 2 on local-2" in (hang / "report.md").read_text()
     assert not wait_no_job_processes("skip1", within=30)
+
+
+def test_a_gloo_hang_report_names_the_collective_from_the_flight_recorder(
+    tmp_path: Path,
+) -> None:
+    """Two gloo ranks, rank 1 never enters the all-reduce of step 4: the hang report
+    reads both ranks' flight recorder dumps (taken by corral's rank wrapper) with
+    torch's analyser and names that all-reduce, its sequence id and rank 1."""
+    code, out = _run(
+        tmp_path,
+        "fr1",
+        "local:2",
+        *("--steps", "6", "--skip-rank", "1", "--skip-at", "3"),
+        extra=("--hang-timeout", "3"),
+        workload=SCRIPTS / "fr_skip.py",
+    )
+    assert code == 125, out[-4000:]
+    assert "deprecated" not in out.lower(), out[-4000:]  # torch's names, not the old ones
+    hang = tmp_path / "runs" / "fr1" / "hang"
+    report = json.loads((hang / "report.json").read_text())
+    flight = report["flight_recorder"]
+    assert flight is not None, report["flight_recorder_error"]
+    assert (flight["collective"], flight["sequence"], flight["missing_ranks"]) == (
+        "gloo:all_reduce",
+        4,
+        [1],
+    )
+    assert report["summary"].startswith("flight recorder: gloo:all_reduce #4"), report["summary"]
+    assert re.search(r"root cause: hang: .*gloo:all_reduce #4 .*rank 1 never entered it", out)
+    last = {entry["rank"]: entry["entries"] for entry in report["last_collectives"]}
+    assert [e["seq"] for e in last[1]] == [1, 2, 3]
+    assert last[0][-1]["op"] == "gloo:all_reduce" and last[0][-1]["input_sizes"] == [[8]]
+    assert "never entered by ranks: 1" in (hang / "report.md").read_text()
+    assert not wait_no_job_processes("fr1", within=30)

@@ -25,7 +25,7 @@ from corral.agent.messages import (
     first_error,
 )
 from corral.agent.probe import MAX_TEXT
-from corral.agent.protocol import EVENT_TEXT_LIMIT
+from corral.agent.protocol import EVENT_TEXT_LIMIT, TRACE_LIMIT
 
 __all__ = [
     "AgentEvent",
@@ -152,6 +152,8 @@ class StackEntry(BaseModel):
     method: Literal["py-spy", "faulthandler", "none"]
     text: Annotated[str, StringConstraints(max_length=EVENT_TEXT_LIMIT + 1024)]
     error: Text | None = None
+    trace: Annotated[str, StringConstraints(max_length=TRACE_LIMIT // 3 * 4 + 8)] | None = None
+    trace_error: Text | None = None
 
 
 class StacksEvent(_Event):

@@ -480,7 +480,7 @@ class NodeAgent:
             self.request_teardown(0.0, reason="kill requested")
         elif kind == "dump":
             self.stack_timeout = float(op.get("timeout", self.stack_timeout))
-            self._spawn(self._dump_stacks())
+            self._spawn(self._dump_stacks(op.get("trace_wait")))
         elif kind == "reply":
             self._reply(op)
         elif kind != "hb":
@@ -522,16 +522,18 @@ class NodeAgent:
             self.event("hb")
             await asyncio.sleep(self.heartbeat_interval)
 
-    async def _dump_stacks(self) -> None:
-        """Dump every live rank's Python stack (hang detection) and send them."""
-        from corral.agent.stacks import dump_event
+    async def _dump_stacks(self, trace_wait: float | None = None) -> None:
+        """Dump every live rank's Python stack and flight recorder (hang detection,
+        waiting ``trace_wait`` seconds for the latter) and send them."""
+        from corral.agent.stacks import TRACE_WAIT, dump_event
 
         ranks = {
             t.rank: t.pid
             for t in self.ranks.values()
             if t.pid is not None and t.code is None and not t.reported
         }
-        fields = await dump_event(ranks, self.node_dir, self.stack_timeout)
+        wait = TRACE_WAIT if trace_wait is None else float(trace_wait)
+        fields = await dump_event(ranks, self.node_dir, self.stack_timeout, wait)
         self.event("stacks", **fields)
 
     async def _track_groups(self) -> None:

@@ -20,7 +20,8 @@ The host-side log files get every byte exactly once, in order, nothing added.
 Coordinator -> agent (the agent's stdin) is JSON lines: the first is
 ``{"op": "probe", ...}`` (answered with a ``probe`` event) or ``{"op":
 "start", ...}``; then ``{"op": "hb"}`` heartbeats, ``{"op": "stop", "grace":
-S}``, ``{"op": "kill"}``, ``{"op": "dump", "timeout": S}`` (stack dumps) and
+S}``, ``{"op": "kill"}``, ``{"op": "dump", "timeout": S, "trace_wait": T}`` (stack
+and flight recorder dumps) and
 ``{"op": "reply", "rank": R, "message": {...}}`` (an answer to a rank's SDK
 request). EOF on stdin means the coordinator is gone: the agent tears the
 node down. A line that is not a JSON object with an ``op`` is reported on the
@@ -46,6 +47,8 @@ MAX_FRAME = 1 << 24
 MAX_LINE = 8 << 20  # longer lines are cut into pieces (frames are at most 16 MiB)
 CR_INTERVAL = 0.2  # at most this often per stream for ``\\r``-terminated output
 EVENT_TEXT_LIMIT = 256 * 1024  # longest stack dump text in one event (characters)
+#: Largest flight recorder dump sent to the coordinator (bytes; larger ones stay on the node).
+TRACE_LIMIT = 1 << 20
 
 
 def encode_frame(kind: bytes, rank: int, payload: bytes) -> bytes:

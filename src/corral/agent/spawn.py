@@ -23,20 +23,19 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from corral.agent.controlsock import ControlSocket
 from corral.agent.protocol import NODE
-from corral.contract import FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.contract import FLIGHT_DIR_ENV, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
 from corral.private import append_private, private_dir, write_private
 from corral.redact import redacted_node
 
 __all__ = [
     "STOP_SIGNALS",
-    "TRACE_BUFFER_SIZE",
     "SpawnedNode",
     "Workload",
     "flight_recorder_env",
@@ -47,9 +46,6 @@ __all__ = [
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-#: Collectives the NCCL flight recorder keeps per rank (a ring buffer).
-TRACE_BUFFER_SIZE = 1000
-_GPU_DEVICE = Path("/dev/nvidiactl")
 #: The signals that stop a node (the agent tears it down on each).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -111,27 +107,29 @@ def child_setup(group: int) -> Callable[[], None]:
 
 
 def flight_recorder_env(
-    node_dir: Path, env: Mapping[str, str], *, gpus: bool | None = None
+    node_dir: Path, env: Mapping[str, str], argv: Sequence[str] | None = None
 ) -> dict[str, str]:
-    """The variables that turn on PyTorch's NCCL flight recorder for a node's ranks,
-    leaving alone any the user set: on a node with NVIDIA GPUs (``gpus`` None: the
-    driver's device exists), unless ``CORRAL_FLIGHT_RECORDER=0`` (``1``: on anyway).
-    Creates ``<node_dir>/nccl/`` (0700) for the dumps and request pipes."""
-    wanted = env.get(FLIGHT_RECORDER_ENV, "")
-    if wanted == "0" or (wanted != "1" and not (_GPU_DEVICE.exists() if gpus is None else gpus)):
+    """The variables that turn on PyTorch's flight recorder for a node's ranks, unless
+    ``CORRAL_FLIGHT_RECORDER=0``; creates ``<node_dir>/flight/`` (0700) for the dumps.
+
+    When the node's ``argv`` runs corral's rank wrapper (None: it does): the folder
+    alone, from which the wrapper sets the names its torch reads
+    (:mod:`corral.agent.flight`); else (``--launcher command``) those names too, for
+    the torch of this interpreter.
+    Variables the user set are kept."""
+    from corral.agent.flight import FOLDER, WRAPPER, installed_torch_version, torch_env
+
+    if env.get(FLIGHT_RECORDER_ENV, "") == "0":
         return {}
-    folder = Path(node_dir) / "nccl"
+    folder = Path(node_dir) / FOLDER
     try:
         private_dir(folder)
     except OSError:
         return {}
-    values = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_BUFFER_SIZE),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/rank_",
-        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{folder}/pipe_",
-    }
-    return {key: value for key, value in values.items() if key not in env}
+    values = {FLIGHT_DIR_ENV: str(folder)}
+    if argv is not None and WRAPPER not in argv:
+        values.update(torch_env(folder, env, installed_torch_version()))
+    return values
 
 
 def record_pgid(pgids: set[int], node_dir: Path, pid: int) -> None:
@@ -159,7 +157,7 @@ def spawn_node(node: Mapping[str, Any]) -> SpawnedNode:
         signal.signal(signum, lambda received, _frame: spawned.signals.append(received))
     set_subreaper()
     try:
-        env.update(flight_recorder_env(node_dir, env))  # on GPU nodes
+        env.update(flight_recorder_env(node_dir, env, node["argv"]))
         cwd = _prepare(spawned, node)
         spawned.control = ControlSocket(str(node_dir))
         env.update(spawned.control.env())

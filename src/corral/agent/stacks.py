@@ -11,11 +11,11 @@ would kill it), and what the handler appended to the file is the dump.
 
 Every dump is also kept on the node in ``<node_dir>/hang/rank-<rank>.txt``.
 
-On a node with NVIDIA GPUs the agent turns PyTorch's NCCL flight recorder on
-for its ranks (:func:`corral.agent.spawn.flight_recorder_env`: a bounded trace
-buffer, a dump on the watchdog's timeout and on request through a named pipe,
-all under ``<node_dir>/nccl/``); on a hang each rank is asked for its dump
-(:func:`collect_traces`), which travels with its stack to the coordinator.
+The agent turns PyTorch's flight recorder on for its ranks (:mod:`corral.agent.flight`,
+``<node_dir>/flight/``); on a hang each rank is asked for its dump before the stacks
+are taken (:func:`request_traces`) and waited for, at most ``trace_wait`` seconds
+(:func:`gather_traces`); the dump, or why there is none, travels with the rank's
+stack to the coordinator.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
+import pickletools
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,20 +39,34 @@ from typing import Any, Literal
 
 import psutil
 
-from corral.agent.protocol import EVENT_TEXT_LIMIT
-from corral.contract import DUMP_SIGNAL, stack_file
+from corral.agent.flight import (
+    FOLDER,
+    TRACE_WAIT,
+    dump_file,
+    error_file,
+    nccl_dump_file,
+    nccl_pipe,
+    request_file,
+)
+from corral.agent.protocol import EVENT_TEXT_LIMIT, MAX_FRAME, TRACE_LIMIT
+from corral.contract import DUMP_SIGNAL, FLIGHT_RECORDER_ENV, TRACE_WAIT_ENV, stack_file
 from corral.private import private_dir, write_private
 
 __all__ = [
     "EVENT_TEXT_LIMIT",
+    "TRACES_PER_EVENT",
     "TRACE_LIMIT",
+    "TRACE_WAIT",
     "StackDump",
+    "TraceRequest",
     "collect_traces",
     "dump_event",
     "dump_stack",
     "dump_stacks",
     "find_py_spy",
+    "gather_traces",
     "hang_file",
+    "request_traces",
 ]
 
 DumpMethod = Literal["py-spy", "faulthandler", "none"]
@@ -58,9 +74,10 @@ DumpMethod = Literal["py-spy", "faulthandler", "none"]
 FAULTHANDLER_WAIT = 2.0  # how long a signalled rank gets to write its dump
 _SETTLE = 0.1  # the dump is complete once the file stopped growing for this long
 _POLL = 0.02
-#: Largest flight recorder dump sent to the coordinator (bytes; larger ones stay on the node).
-TRACE_LIMIT = 1 << 20
-TRACE_WAIT = 3.0  # how long a rank gets to write its flight recorder dump
+#: The most flight recorder dump text one ``stacks`` event carries (its frame's limit
+#: less room for the stacks).
+TRACES_PER_EVENT = MAX_FRAME // 2
+FLIGHT_RECORDER_OFF = f"{FLIGHT_RECORDER_ENV}=0, or its folder could not be made"
 
 
 @dataclass
@@ -72,10 +89,12 @@ class StackDump:
     method: DumpMethod
     text: str
     error: str | None = None
-    trace: str | None = None  # the NCCL flight recorder dump, base64
+    trace: str | None = None  # the flight recorder dump, base64
+    trace_error: str | None = None  # why there is no ``trace``
 
     def to_json(self) -> dict[str, Any]:
-        """The event form: ``{"rank", "pid", "method", "text", "error", "trace"}``."""
+        """The event form: ``{"rank", "pid", "method", "text", "error", "trace",
+        "trace_error"}``."""
         return asdict(self)
 
     @classmethod
@@ -89,6 +108,7 @@ class StackDump:
             text=str(data.get("text") or ""),
             error=None if data.get("error") is None else str(data["error"]),
             trace=None if data.get("trace") is None else str(data["trace"]),
+            trace_error=None if data.get("trace_error") is None else str(data["trace_error"]),
         )
 
     def render(self) -> str:
@@ -230,21 +250,30 @@ def dump_stack(pid: int, rank: int, node_dir: Path, timeout: float = 10.0) -> St
     return StackDump(rank, pid, "none", "", f"{spy_error}; {fh_error}")
 
 
-def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0) -> list[StackDump]:
+def dump_stacks(
+    ranks: Mapping[int, int],
+    node_dir: Path,
+    timeout: float = 10.0,
+    trace_wait: float = TRACE_WAIT,
+) -> list[StackDump]:
     """Dump every rank of ``ranks`` (rank -> pid) at once; keep each in ``hang_file``.
 
-    Returns the dumps in rank order. A dump that cannot be written to the node
-    still comes back (its ``error`` says why the file is missing).
+    The ranks are asked for their flight recorder dumps first, which are then
+    waited for at most ``trace_wait`` seconds from the request. Returns the dumps
+    in rank order. A dump that cannot be written to the node still comes back (its
+    ``error`` says why the file is missing).
     """
     node_dir = Path(node_dir)
     items = sorted(ranks.items())
     if not items:
         return []
+    request = request_traces([rank for rank, _ in items], node_dir)
     with ThreadPoolExecutor(max_workers=min(len(items), 16)) as pool:
         dumps = list(pool.map(lambda item: dump_stack(item[1], item[0], node_dir, timeout), items))
-    traces = collect_traces([rank for rank, _ in items], node_dir)
+    traces, trace_errors = gather_traces(request, trace_wait)
     for dump in dumps:
         dump.trace = traces.get(dump.rank)
+        dump.trace_error = trace_errors.get(dump.rank)
     for dump in dumps:
         target = hang_file(node_dir, dump.rank)
         try:
@@ -256,62 +285,182 @@ def dump_stacks(ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0)
     return dumps
 
 
-def collect_traces(ranks: list[int], node_dir: Path, wait: float = TRACE_WAIT) -> dict[int, str]:
-    """Each rank's NCCL flight recorder dump (base64), where the recorder is on.
+@dataclass
+class TraceRequest:
+    """The flight recorder dumps asked for: the node's flight ``folder`` (None: the
+    recorder is off), when (``time.time()`` and ``time.monotonic()``), and through
+    what each rank was asked: ``corral`` (the rank wrapper's FIFO), ``nccl``
+    (ProcessGroupNCCL's pipe) or ``none`` (nothing answers)."""
 
-    A rank with a request pipe (``nccl/pipe_<rank>.pipe``, made by
-    ProcessGroupNCCL) is asked to dump through it and waited for (at most ``wait``
-    seconds for all); a dump already there (the watchdog's, on its timeout) is
-    taken as it is. Dumps over :data:`TRACE_LIMIT` bytes stay on the node."""
-    folder = Path(node_dir) / "nccl"
+    folder: Path | None
+    asked: dict[int, str]
+    wall: float
+    started: float
+
+
+def _poke(path: Path) -> bool:
+    """Write a request to the FIFO ``path``; False when nothing reads it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"1\n")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def request_traces(ranks: Sequence[int], node_dir: Path) -> TraceRequest:
+    """Ask each rank for its flight recorder dump (the wrapper's FIFO, else NCCL's pipe)."""
+    folder = Path(node_dir) / FOLDER
+    wall, started = time.time(), time.monotonic()
     if not folder.is_dir():
-        return {}
-    asked: dict[int, float] = {}
+        return TraceRequest(None, {rank: "none" for rank in ranks}, wall, started)
+    asked: dict[int, str] = {}
     for rank in ranks:
-        pipe = folder / f"pipe_{rank}.pipe"
-        with contextlib.suppress(OSError):
-            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-            try:
-                os.write(fd, b"1\n")
-                asked[rank] = time.time()
-            finally:
-                os.close(fd)
-    deadline = time.monotonic() + wait
-    while asked and time.monotonic() < deadline:
-        fresh = [r for r, t in asked.items() if _mtime(folder / f"rank_{r}") >= t - 1.0]
-        if len(fresh) == len(asked):
-            time.sleep(_SETTLE)  # let the last write finish
+        if _poke(request_file(folder, rank)):
+            asked[rank] = "corral"
+        elif _poke(nccl_pipe(folder, rank)):
+            asked[rank] = "nccl"
+        else:
+            asked[rank] = "none"
+    return TraceRequest(folder, asked, wall, started)
+
+
+def _whole(data: bytes) -> bool:
+    """Whether ``data`` is a complete dump (torch's pickle, or its JSON form): a file
+    still being written is not. Nothing is unpickled: the opcodes are only walked."""
+    if data[:1] == b"{":
+        try:
+            json.loads(data)
+        except ValueError:
+            return False
+        return True
+    try:
+        for opcode, _arg, pos in pickletools.genops(data):
+            if opcode.name == "STOP":
+                return pos == len(data) - 1
+    except Exception:  # truncated or not a pickle
+        return False
+    return False
+
+
+def _read(path: Path, since: float | None) -> bytes | None:
+    """The file's content when it exists, is newer than ``since`` (None: any age) and
+    is whole; else None."""
+    try:
+        if since is not None and path.stat().st_mtime < since - 1.0:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if data and _whole(data) else None
+
+
+def _answer(folder: Path, rank: int, via: str, since: float | None) -> bytes | str | None:
+    """Rank ``rank``'s answer: the dump, why there is none (a string), or None (not yet)."""
+    if via == "corral":
+        try:
+            if since is None or error_file(folder, rank).stat().st_mtime >= since - 1.0:
+                return error_file(folder, rank).read_text(errors="replace").strip() or "no dump"
+        except OSError:
+            pass
+        return _read(dump_file(folder, rank), since)
+    return _read(nccl_dump_file(folder, rank), since)
+
+
+def gather_traces(
+    request: TraceRequest, wait: float = TRACE_WAIT
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Wait (at most ``wait`` seconds from the request) for every asked rank's whole
+    dump; ``({rank: dump in base64}, {rank: why there is none})``.
+
+    A rank nothing could ask still gives a dump NCCL's watchdog wrote on its timeout.
+    Dumps over :data:`TRACE_LIMIT` bytes stay on the node."""
+    folder = request.folder
+    if folder is None:
+        why = f"the flight recorder is off on this node ({FLIGHT_RECORDER_OFF})"
+        return {}, {rank: why for rank in request.asked}
+    answers: dict[int, bytes | str] = {}
+    pending = {rank: via for rank, via in request.asked.items() if via != "none"}
+    deadline = request.started + wait
+    while pending:
+        for rank, via in list(pending.items()):
+            answer = _answer(folder, rank, via, request.wall)
+            if answer is not None:
+                answers[rank] = answer
+                del pending[rank]
+        if not pending or time.monotonic() >= deadline:
             break
         time.sleep(_POLL * 5)
     traces: dict[int, str] = {}
-    for rank in ranks:
-        path = folder / f"rank_{rank}"
-        with contextlib.suppress(OSError):
-            if 0 < path.stat().st_size <= TRACE_LIMIT:
-                traces[rank] = base64.b64encode(path.read_bytes()).decode("ascii")
-    return traces
+    errors: dict[int, str] = {}
+    for rank, via in request.asked.items():
+        answer = answers.get(rank)
+        if answer is None:  # an older whole dump (NCCL's on its timeout), if any
+            answer = _read(dump_file(folder, rank), None) or _read(
+                nccl_dump_file(folder, rank), None
+            )
+        if isinstance(answer, str):
+            errors[rank] = f"rank {rank}: {answer}"
+        elif answer is None and via == "none":
+            errors[rank] = (
+                f"rank {rank} answers no dump request (not run by corral's rank wrapper,"
+                " no NCCL dump pipe) and left no dump"
+            )
+        elif answer is None:
+            errors[rank] = (
+                f"no flight recorder dump from rank {rank} within {wait:g} s of the request"
+                f" (a longer wait: --env {TRACE_WAIT_ENV}=S)"
+            )
+        elif len(answer) > TRACE_LIMIT:
+            errors[rank] = (
+                f"rank {rank}'s dump is {len(answer)} bytes, over the {TRACE_LIMIT} sent to"
+                f" the coordinator; it is in {folder} on the node"
+            )
+        else:
+            traces[rank] = base64.b64encode(answer).decode("ascii")
+    return traces, errors
 
 
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+def collect_traces(
+    ranks: list[int], node_dir: Path, wait: float = TRACE_WAIT
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Ask every rank of ``ranks`` for its flight recorder dump and wait for them
+    (:func:`request_traces` then :func:`gather_traces`)."""
+    return gather_traces(request_traces(ranks, node_dir), wait)
 
 
 async def dump_event(
-    ranks: Mapping[int, int], node_dir: Path, timeout: float = 10.0
+    ranks: Mapping[int, int],
+    node_dir: Path,
+    timeout: float = 10.0,
+    trace_wait: float = TRACE_WAIT,
 ) -> dict[str, Any]:
     """The fields of the agent's ``stacks`` event: ``{"stacks": [StackDump.to_json(), ...]}``.
 
     Runs :func:`dump_stacks` in a thread. Texts longer than
     :data:`EVENT_TEXT_LIMIT` are cut with a note, keeping the part with the main
     thread (the end of a faulthandler dump, the start of a py-spy one); the
-    node's files keep them whole.
+    node's files keep them whole. Flight recorder dumps that would make the event
+    larger than :data:`TRACES_PER_EVENT` stay on the node (``trace_error`` says so).
     """
-    dumps = await asyncio.to_thread(dump_stacks, dict(ranks), Path(node_dir), timeout)
+    dumps = await asyncio.to_thread(dump_stacks, dict(ranks), Path(node_dir), timeout, trace_wait)
     stacks = []
+    budget = TRACES_PER_EVENT
     for dump in dumps:
+        if dump.trace is not None:
+            budget -= len(dump.trace)
+            if budget < 0:
+                dump.trace_error = (
+                    f"rank {dump.rank}'s dump did not fit in the event (the node's dumps"
+                    f" together are over {TRACES_PER_EVENT} bytes); it is in"
+                    f" {Path(node_dir) / FOLDER} on the node"
+                )
+                dump.trace = None
         data = dump.to_json()
         if len(dump.text) > EVENT_TEXT_LIMIT:
             note = (

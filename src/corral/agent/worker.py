@@ -8,6 +8,8 @@ corral needs around it:
   assigned, so every line is attributed to the right ``[host:rank]``;
 * an uncaught exception is written to the rank's error file (the traceback of
   the root cause) and reported with the exit code on the control socket;
+* PyTorch's flight recorder is turned on under the names the rank's torch reads, and
+  the agent's requests for its dump are answered (:mod:`corral.agent.flight`);
 * ``SIGUSR1`` dumps every thread's Python stack to
   ``$CORRAL_NODE_DIR/stacks/rank-<RANK>.txt`` (:func:`corral.sdk.enable_stack_dumps`),
   the fallback of hang detection where py-spy cannot attach;
@@ -39,6 +41,7 @@ from corral.contract import (
     ATTEMPT_ENV,
     CONTROL_ENV,
     ERROR_FILE_ENV,
+    FLIGHT_DIR_ENV,
     HARNESS_ENV,
     MLX_BACKEND_ENV,
     NODE_DIR_ENV,
@@ -90,6 +93,19 @@ def _enable_stack_dumps(node_dir: str, rank: int) -> None:
         enable_stack_dumps(stack_file(node_dir, rank))
     except Exception as exc:  # never keep the script from running
         print(f"corral: stack dumps disabled: {exc}", file=sys.stderr)
+
+
+def _flight_recorder(folder: str, rank: int) -> None:
+    """Turn on PyTorch's flight recorder under the names this rank's torch reads (before
+    the script imports it) and answer the agent's dump requests
+    (:mod:`corral.agent.flight`)."""
+    try:
+        from corral.agent import flight
+
+        os.environ.update(flight.torch_env(folder, os.environ, flight.installed_torch_version()))
+        flight.listen(folder, rank)
+    except Exception as exc:  # never keep the script from running
+        print(f"corral: flight recorder dumps disabled: {exc}", file=sys.stderr)
 
 
 def error_file(node_dir: str, attempt: str, rank: int) -> str:
@@ -183,6 +199,8 @@ def main(argv: list[str]) -> int:
             print(f"corral: cannot reach the node agent at {control}: {exc}", file=sys.stderr)
     if node_dir:
         _enable_stack_dumps(node_dir, rank)
+    if env.get(FLIGHT_DIR_ENV):
+        _flight_recorder(env[FLIGHT_DIR_ENV], rank)
     if env.get(QOS_ENV):  # --qos: the macOS QoS class, before the script's threads
         from corral.sdk.runtime import apply_qos_from_env
 

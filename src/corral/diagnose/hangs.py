@@ -6,11 +6,13 @@ ranks by where their main thread is (function, file and line of every frame);
 every other rank waits in the same all-reduce, the one that is somewhere else (in
 another collective, in its own code) is the one that never entered it.
 
-On GPU jobs PyTorch's NCCL flight recorder saw every collective each rank issued.
-:func:`analyse_flight_recorder` reads the per-rank dumps with torch's own tooling
-(``torch.distributed.flight_recorder``, the library behind ``torchfrtrace``) and
-names the first collective not every rank entered: its name, sequence number,
-process group and the ranks missing from it.
+PyTorch's flight recorder (NCCL's, and gloo's in recent torch) saw every
+collective each rank issued. :func:`read_flight_recorder` reads the per-rank dumps
+with torch's own tooling (``torch.distributed.flight_recorder``, the library
+behind ``torchfrtrace``) and names the first collective not every rank entered:
+its name, sequence number, process group, the ranks missing from it and the ones
+that were in another collective instead; and it keeps each rank's last
+collectives, which the report shows even when every collective matched.
 
 :func:`hang_report` joins both into one JSON-able report and
 :func:`render_markdown` writes it for people (``runs/<job>/hang/report.md``).
@@ -19,6 +21,7 @@ process group and the ranks missing from it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 from collections.abc import Mapping, Sequence
@@ -35,16 +38,20 @@ from corral.recovery.hang import (
 )
 
 __all__ = [
+    "LAST_COLLECTIVES",
     "FlightFinding",
     "StackGroup",
     "analyse_flight_recorder",
     "group_stacks",
     "hang_report",
     "odd_ones_out",
+    "read_flight_recorder",
     "render_markdown",
 ]
 
 _SIGNATURE_FRAMES = 32  # innermost frames that make a rank's place
+#: How many of each rank's last flight recorder entries the report shows.
+LAST_COLLECTIVES = 5
 
 
 @dataclass(frozen=True)
@@ -112,12 +119,14 @@ def odd_ones_out(groups: Sequence[StackGroup]) -> tuple[StackGroup | None, list[
     return None, []
 
 
-# -- the NCCL flight recorder ---------------------------------------------------------
+# -- the flight recorder ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class FlightFinding:
-    """The first collective not every rank of its group entered (flight recorder)."""
+    """The first collective not every rank of its group entered (flight recorder):
+    ``missing_ranks`` never entered it, ``mismatched`` ranks were in another
+    collective at that sequence number (``{"rank", "collective"}``)."""
 
     collective: str
     sequence: int
@@ -126,43 +135,109 @@ class FlightFinding:
     missing_ranks: list[int]
     expected_ranks: list[int]
     frames: list[str] = field(default_factory=list)
+    mismatched: list[dict[str, Any]] = field(default_factory=list)
 
     def message(self) -> str:
-        """``nccl:all_reduce #5 (group 0:default_pg): ranks 2 never entered it``."""
-        who = ", ".join(str(r) for r in self.missing_ranks)
-        noun = "rank" if len(self.missing_ranks) == 1 else "ranks"
-        return (
-            f"{self.collective} #{self.sequence} (group {self.group}, {self.state}): "
-            f"{noun} {who} never entered it"
-        )
+        """``gloo:all_reduce #5 (group 0:default_pg, scheduled): rank 2 never entered it``."""
+        head = f"{self.collective} #{self.sequence} (group {self.group}, {self.state}): "
+        if self.missing_ranks:
+            who = ", ".join(str(r) for r in self.missing_ranks)
+            noun = "rank" if len(self.missing_ranks) == 1 else "ranks"
+            return f"{head}{noun} {who} never entered it"
+        if self.mismatched:
+            return head + "; ".join(
+                f"rank {m['rank']} was in {m['collective']} #{self.sequence} instead"
+                for m in self.mismatched
+            )
+        return f"{head}not the same on every rank"
 
 
-def analyse_flight_recorder(directory: Path, prefix: str = "rank_") -> FlightFinding | None:
-    """Read the per-rank flight recorder dumps ``<prefix><rank>`` in ``directory``
-    with torch's analyser; the first collective some ranks never entered, or None
-    (every collective matched). Raises ValueError when the dumps cannot be read
-    (no torch, no files, a format this torch does not know)."""
-    try:
-        from torch.distributed.flight_recorder.components.builder import build_db
-        from torch.distributed.flight_recorder.components.config_manager import JobConfig
-        from torch.distributed.flight_recorder.components.loader import read_dir
-    except ImportError as exc:
-        raise ValueError(f"torch's flight recorder analyser is not available: {exc}") from None
-    args = JobConfig().parse_args([str(directory), "--allow-incomplete-ranks", "--prefix", prefix])
+def _entry_summary(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One flight recorder entry as the report shows it: op, seq, state, sizes, group."""
+    group = entry.get("process_group") or ("", "")
+    p2p = bool(entry.get("is_p2p"))
+    seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
+    return {
+        "op": str(entry.get("profiling_name") or "?"),
+        "seq": int(seq) if isinstance(seq, int) else None,
+        "p2p": p2p,
+        "state": str(entry.get("state") or "?"),
+        "input_sizes": list(entry.get("input_sizes") or []),
+        "output_sizes": list(entry.get("output_sizes") or []),
+        "group": ":".join(str(part) for part in group),
+    }
+
+
+def _name_unnamed_groups(details: Mapping[str, Any]) -> None:
+    """Give a dump's unnamed process group the name its entries use.
+
+    gloo's recorder (torch 2.13) lists the default group under ``""`` in
+    ``pg_config`` while its entries say ``("0", "default_pg")``, which torch's
+    analyser cannot match; with exactly one such group the entry is renamed."""
+    for dump in details.values():
+        config = dump.get("pg_config")
+        if not isinstance(config, dict) or "" not in config:
+            continue
+        unknown = {
+            tuple(entry["process_group"])
+            for entry in dump.get("entries") or []
+            if isinstance(entry.get("process_group"), (list, tuple))
+            and len(entry["process_group"]) == 2
+            and str(entry["process_group"][0]) not in config
+        }
+        if len(unknown) == 1:
+            name, desc = (str(part) for part in unknown.pop())
+            config[name] = {**config.pop(""), "name": name, "desc": desc}
+
+
+def _mismatched(collective: Any) -> list[dict[str, Any]]:
+    """The ranks torch's analyser found in another collective at this one's place."""
+    others = getattr(collective, "mismatch_collectives", None) or {}
+    return [
+        {"rank": int(rank), "collective": str(getattr(other, "collective_name", "?"))}
+        for rank, other in sorted(others.items())
+    ]
+
+
+def read_flight_recorder(
+    directory: Path, prefix: str = "rank_", last: int = LAST_COLLECTIVES
+) -> tuple[FlightFinding | None, dict[int, list[dict[str, Any]]]]:
+    """Read the per-rank flight recorder dumps ``<prefix><rank>`` in ``directory`` with
+    torch's analyser: (the first collective some ranks never entered or entered
+    differently, None when every collective matched; each rank's ``last`` entries,
+    oldest first). Raises ValueError when the dumps cannot be read (no torch, no
+    files, a format this torch does not know)."""
     quiet = io.StringIO()
     logging.getLogger("Flight Recorder").setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            from torch.distributed.flight_recorder.components.builder import build_db
+            from torch.distributed.flight_recorder.components.config_manager import JobConfig
+            from torch.distributed.flight_recorder.components.loader import read_dir
+    except ImportError as exc:
+        raise ValueError(f"torch's flight recorder analyser is not available: {exc}") from None
+    args = JobConfig().parse_args([str(directory), "--allow-incomplete-ranks", "--prefix", prefix])
+    collecting = gc.isenabled()  # torch's reader turns the garbage collector off
+    try:
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             details, version = read_dir(args)
+            _name_unnamed_groups(details)
+            entries = {
+                int(dump["rank"]): [dict(e) for e in dump.get("entries") or []]
+                for dump in details.values()
+            }
             database = build_db(details, args, version)
-    except (AssertionError, ValueError, KeyError, TypeError, OSError, EOFError) as exc:
+    except Exception as exc:  # torch's reader raises anything from unpickling to KeyError
         raise ValueError(
-            f"cannot analyse the flight recorder dumps in {directory}: {exc}"
+            f"cannot analyse the flight recorder dumps in {directory}: {exc!r}"
         ) from None
-    except Exception as exc:  # unpickling errors and the like
-        raise ValueError(
-            f"cannot analyse the flight recorder dumps in {directory}: {exc}"
-        ) from None
+    finally:
+        if collecting:
+            gc.enable()
+    recent = {
+        rank: [_entry_summary(entry) for entry in rank_entries[-last:]]
+        for rank, rank_entries in sorted(entries.items())
+    }
     for collective in database.collectives:
         missing = sorted(collective.missing_ranks or ())
         if missing or not collective.pass_check:
@@ -177,8 +252,14 @@ def analyse_flight_recorder(directory: Path, prefix: str = "rank_") -> FlightFin
                     f"{f.get('name')} ({f.get('filename')}:{f.get('line')})"
                     for f in (collective.collective_frames or [])[:5]
                 ],
-            )
-    return None
+                mismatched=[] if missing else _mismatched(collective),
+            ), recent
+    return None, recent
+
+
+def analyse_flight_recorder(directory: Path, prefix: str = "rank_") -> FlightFinding | None:
+    """The finding of :func:`read_flight_recorder` alone."""
+    return read_flight_recorder(directory, prefix)[0]
 
 
 # -- the report -----------------------------------------------------------------------
@@ -195,11 +276,14 @@ def hang_report(
     flight: FlightFinding | None = None,
     flight_error: str | None = None,
     files: Mapping[RankKey, str] | None = None,
+    last_collectives: Mapping[int, list[dict[str, Any]]] | None = None,
+    flight_missing: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """The hang report as JSON-able data: the verdict's ``message``, the stack
     groups, the odd ones out (``odd``: one entry per rank, with its place and
-    frames), the flight recorder's finding and the per-rank dump files. ``summary``
-    is the one line that names the cause."""
+    frames), the flight recorder's finding (or ``flight_recorder_error``: why there
+    is none), each rank's last collectives, why some ranks gave no dump, and the
+    per-rank dump files. ``summary`` is the one line that names the cause."""
     groups = group_stacks(stacks)
     majority, odd = odd_ones_out(groups)
     odd_ranks = [
@@ -214,11 +298,14 @@ def hang_report(
         for key in group.ranks
     ]
     missing = [key for key in stacks if not parse_stack(stacks[key])]
-    if flight is not None:
-        summary = f"flight recorder: {flight.message()}"
-    elif odd_ranks and majority is not None:
+    odd_line = ""
+    if odd_ranks and majority is not None:
         names = ", ".join(_label(key) for group in odd for key in group.ranks[:8])
-        summary = f"odd one out: {names} at {odd[0].where}; the others are at {majority.where}"
+        odd_line = f"odd one out: {names} at {odd[0].where}; the others are at {majority.where}"
+    if flight is not None:
+        summary = f"flight recorder: {flight.message()}" + (f"; {odd_line}" if odd_line else "")
+    elif odd_line:
+        summary = odd_line
     elif len(groups) == 1 and not missing:
         summary = f"every rank is at {groups[0].where}"
     else:
@@ -239,6 +326,13 @@ def hang_report(
         "no_stack": [{"host": h, "rank": r} for h, r in missing],
         "flight_recorder": None if flight is None else asdict(flight),
         "flight_recorder_error": flight_error,
+        "last_collectives": [
+            {"rank": rank, "entries": entries}
+            for rank, entries in sorted((last_collectives or {}).items())
+        ],
+        "flight_recorder_missing": [
+            {"rank": rank, "why": why} for rank, why in sorted((flight_missing or {}).items())
+        ],
         "files": {f"{h}.{r}": path for (h, r), path in sorted((files or {}).items())},
     }
 
@@ -254,20 +348,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     ]
     for odd in report.get("odd") or []:
         lines.append(f"- odd one out: rank {odd['rank']} on {odd['host']} at `{odd['where']}`")
-    flight = report.get("flight_recorder")
-    if flight:
-        lines += [
-            "",
-            "## NCCL flight recorder",
-            "",
-            f"- collective: `{flight['collective']}` #{flight['sequence']}"
-            f" in group `{flight['group']}` ({flight['state']})",
-            f"- never entered by ranks: {', '.join(str(r) for r in flight['missing_ranks'])}",
-            f"- expected ranks: {', '.join(str(r) for r in flight['expected_ranks'])}",
-        ]
-        lines += [f"  - `{frame}`" for frame in flight.get("frames") or []]
-    elif report.get("flight_recorder_error"):
-        lines += ["", f"- flight recorder: {report['flight_recorder_error']}"]
+    lines += _flight_lines(report)
     lines += ["", "## Where each rank is", ""]
     for group in report.get("groups") or []:
         names = ", ".join(f"rank {r['rank']} on {r['host']}" for r in group["ranks"])
@@ -283,3 +364,52 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines += ["## Stack dumps", ""]
         lines += [f"- {name}: {path}" for name, path in report["files"].items()]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _sizes(sizes: Sequence[Any]) -> str:
+    return ", ".join("x".join(str(d) for d in size) or "scalar" for size in sizes) or "-"
+
+
+def _flight_lines(report: Mapping[str, Any]) -> list[str]:
+    """The report's flight recorder section: the finding (or why there is none), each
+    rank's last collectives, the ranks without a dump."""
+    lines = ["", "## Flight recorder", ""]
+    flight = report.get("flight_recorder")
+    if flight:
+        lines.append(
+            f"- collective: `{flight['collective']}` #{flight['sequence']}"
+            f" in group `{flight['group']}` ({flight['state']})"
+        )
+        if flight["missing_ranks"]:
+            lines.append(
+                f"- never entered by ranks: {', '.join(str(r) for r in flight['missing_ranks'])}"
+            )
+        for other in flight.get("mismatched") or []:
+            lines.append(f"- rank {other['rank']} was in `{other['collective']}` instead")
+        lines.append(f"- expected ranks: {', '.join(str(r) for r in flight['expected_ranks'])}")
+        lines += [f"  - `{frame}`" for frame in flight.get("frames") or []]
+    elif report.get("flight_recorder_error"):
+        lines.append(f"- no finding: {report['flight_recorder_error']}")
+    elif report.get("last_collectives"):
+        lines.append("- every recorded collective was entered by every rank of its group")
+    last = report.get("last_collectives") or []
+    if last:
+        lines += [
+            "",
+            "Each rank's last collectives (oldest first):",
+            "",
+            "| rank | seq | op | state | input sizes | output sizes | group |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for rank in last:
+            for entry in rank["entries"]:
+                seq = "" if entry["seq"] is None else entry["seq"]
+                kind = " (p2p)" if entry.get("p2p") else ""
+                lines.append(
+                    f"| {rank['rank']} | {seq}{kind} | `{entry['op']}` | {entry['state']}"
+                    f" | {_sizes(entry['input_sizes'])} | {_sizes(entry['output_sizes'])}"
+                    f" | `{entry['group']}` |"
+                )
+    for gap in report.get("flight_recorder_missing") or []:
+        lines.append(f"- no dump from rank {gap['rank']}: {gap['why']}")
+    return lines

@@ -631,14 +631,15 @@ class Supervisor:
                     node.ranks[rank].set_health(RankHealth.HUNG)
         self._say(f"hang detected: {verdict.message()}; dumping stacks", "error")
         asking = [n for n in self.nodes if n.proc is not None and not n.state.terminal]
+        wait = self._trace_wait()
         for node in asking:
             node.stacks = None
             node.stacks_ready.clear()
             assert node.proc is not None
-            node.proc.write(encode_op({"op": "dump", "timeout": STACK_TIMEOUT}))
+            node.proc.write(encode_op({"op": "dump", "timeout": STACK_TIMEOUT, "trace_wait": wait}))
         waits = [asyncio.ensure_future(n.stacks_ready.wait()) for n in asking]
-        if waits:
-            await asyncio.wait(waits, timeout=STACK_TIMEOUT + 5.0)
+        if waits:  # the job is stopped only once every node answered, or could have
+            await asyncio.wait(waits, timeout=STACK_TIMEOUT + wait + 5.0)
             for task in waits:
                 task.cancel()
         stacks: dict[tuple[str, int], str] = {}
@@ -651,14 +652,28 @@ class Supervisor:
         paths = self.hang.write(stacks)
         for line in self.hang.describe(verdict, stacks, paths):
             self._say(line, "error")
-        traces = {  # NCCL flight recorder dumps the agents collected (GPU jobs)
+        traces = {  # the flight recorder dumps the agents collected
             int(entry["rank"]): str(entry["trace"])
             for node in asking
             for entry in node.stacks or []
             if entry.get("trace")
         }
+        trace_errors = {
+            int(entry["rank"]): str(entry["trace_error"])
+            for node in asking
+            for entry in node.stacks or []
+            if entry.get("trace_error") and not entry.get("trace")
+        }
+        trace_errors.update(
+            {
+                int(rank): f"{node.host.name} sent no dumps within {STACK_TIMEOUT + wait + 5.0:g} s"
+                for node in asking
+                if node.stacks is None
+                for rank in node.ranks
+            }
+        )
         report, report_path = write_hang_report(
-            self.hang.directory, verdict.message(), stacks, paths, traces
+            self.hang.directory, verdict.message(), stacks, paths, traces, trace_errors
         )
         self._say(report["summary"] + (f" (report: {report_path})" if report_path else ""), "error")
         self.emit(HangReported.of(self.job_id, report, str(report_path) if report_path else None))
@@ -674,6 +689,17 @@ class Supervisor:
         if report_path is not None:
             where = [*where, f"hang report: {report_path}"]
         self._fail(Failure(blamed, blamed_rank, None, time.time(), message, where), EXIT_HANG)
+
+    def _trace_wait(self) -> float:
+        """How long the agents wait for the flight recorder dumps (the job's
+        ``CORRAL_TRACE_WAIT``; a bad value is said and the default used)."""
+        from corral.agent.flight import TRACE_WAIT, trace_wait
+
+        try:
+            return trace_wait(self.nodes[0].command.env) if self.nodes else TRACE_WAIT
+        except ValueError as exc:
+            self._say(f"{exc}; waiting {TRACE_WAIT:g} s", "warning")
+            return TRACE_WAIT
 
     async def _deadline(self, timeout: float) -> None:
         await asyncio.sleep(timeout)
