@@ -184,6 +184,17 @@ def serve(
             rich_help_panel=_M,
         ),
     ] = 30.0,
+    tracking_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tracking-allow",
+            metavar="PATH|URL",
+            help="Where users' tracking targets may write or connect besides their job's "
+            "run dir (repeatable): an absolute path, or a URL prefix such as "
+            "http://mlflow:5000. Admins are not held to it.",
+            rich_help_panel=_S,
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API: machines, planning, dispatch, status, logs, queue.
 
@@ -217,6 +228,7 @@ def serve(
     from corral.api.app import create_app
     from corral.api.services import Services
     from corral.service.settings import ServerSettings
+    from corral.service.trust import parse_allow
     from corral.store import open_store
 
     store = open_store(db)
@@ -227,6 +239,7 @@ def serve(
         insecure_no_host_key_check=insecure_no_host_key_check,
         plugins_dir=Path(plugins_dir).resolve() if plugins_dir else None,
         health_interval=health_interval,
+        tracking_allow=parse_allow(tracking_allow or ()),
         public_url=public_url or f"{'https' if tls_cert else 'http'}://{host}:{port}",
     )
     app = create_app(Services.build(store, settings), token, max_request_bytes=max_request_bytes)

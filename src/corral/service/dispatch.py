@@ -38,8 +38,12 @@ from corral.service.settings import ServerSettings
 from corral.store import Store
 from corral.store.models import Job, Machine
 
-SERVER_ONLY_ENV = (SERVER_TOKEN_ENV,)
-"""Variables of the server that its jobs' supervisors never inherit."""
+SERVER_ONLY_ENV = (SERVER_TOKEN_ENV, "CORRAL_TOKEN_FILE", "CORRAL_DB")
+"""Variables of the server that its jobs' supervisors never inherit (its token, where
+the token is, its store's URL)."""
+SUPERVISOR_UMASK = 0o077
+"""What a job's supervisor (and a local job's processes) create on the server's host
+is its user's only: tracking stores and event files 0600, directories 0700."""
 
 
 @dataclass
@@ -66,7 +70,8 @@ def alive(pid: int | None, started: float | None) -> bool:
 
 def spawn_supervisor(description: JobDescription) -> SupervisorProcess:
     """Start ``python -m corral.service.launch`` for ``description`` (it and its
-    secret values on its stdin, its output in the job dir's ``supervisor.log``)."""
+    secret values on its stdin, its output in the job dir's ``supervisor.log``),
+    without the server's secrets in its environment, with umask 077."""
     options = description.options
     assert options.job_id is not None  # the planner gives every job its id
     directory = private_dir(job_dir(options.run_dir, options.job_id))
@@ -79,6 +84,7 @@ def spawn_supervisor(description: JobDescription) -> SupervisorProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a signal to the server never reaches the job
             close_fds=True,
+            umask=SUPERVISOR_UMASK,
             env=env,
         )
     assert proc.stdin is not None

@@ -70,9 +70,16 @@ class JobManager:
 
     # -- planning and dispatch -----------------------------------------------------------
 
-    def select(self, request: JobRequest, busy: dict[str, list[str]] | None = None) -> Selection:
-        """The machines ``request`` would run on now (Conflict when it cannot)."""
-        return self.planning.select(request, busy)
+    def select(
+        self,
+        request: JobRequest,
+        busy: dict[str, list[str]] | None = None,
+        *,
+        owner: str | None = None,
+    ) -> Selection:
+        """The machines ``request`` would run on now for ``owner`` (Conflict when it
+        cannot; Forbidden when ``owner`` may not run it: :mod:`corral.service.trust`)."""
+        return self.planning.select(request, busy, owner=owner)
 
     def plan(
         self,
@@ -95,9 +102,10 @@ class JobManager:
         """Claim a planned (or queued) job and start its supervisor."""
         self.dispatcher.start(row)
 
-    def execute_here(self, request: JobRequest) -> DistributedJobStatus:
-        """Run a job on the server's own machine (one local node), now."""
-        job_id = self.planning.plan_here(request)
+    def execute_here(self, request: JobRequest, owner: str | None = None) -> DistributedJobStatus:
+        """Run ``owner``'s job on the server's own machine (one local node), now
+        (Forbidden unless ``owner`` is an admin)."""
+        job_id = self.planning.plan_here(request, owner)
         self.dispatcher.claim(job_id)
         self.dispatcher.launch(job_id, self.dispatcher.planned_launch(self.row(job_id)))
         return self.status(job_id)

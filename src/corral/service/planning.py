@@ -34,6 +34,13 @@ from corral.service.planner import (
     stored_request,
 )
 from corral.service.settings import ServerSettings
+from corral.service.trust import (
+    admit_tracking,
+    check_machines,
+    check_server_paths,
+    is_trusted,
+    refuse_server_host,
+)
 from corral.store import Store
 from corral.store.models import Job, Machine, Preference
 
@@ -109,11 +116,22 @@ class Planning:
             pref = s.get(Preference, "distributed")
         return list((pref.value if pref else {}).get("preferred_machines", []))
 
-    def select(self, request: JobRequest, busy: dict[str, list[str]] | None = None) -> Selection:
-        """The machines ``request`` would run on now (Conflict when it cannot)."""
+    def select(
+        self,
+        request: JobRequest,
+        busy: dict[str, list[str]] | None = None,
+        *,
+        owner: str | None = None,
+    ) -> Selection:
+        """The machines ``request`` would run on now (Conflict when it cannot). For an
+        ``owner`` who is not an admin, local machines are never picked automatically
+        and naming one is Forbidden (:mod:`corral.service.trust`)."""
         busy = busy_machines(self.store) if busy is None else busy
+        trusted = is_trusted(self.store, owner)
         with self.store.session() as s:
             machines = list(s.scalars(select(Machine).order_by(Machine.name)).all())
+        if not trusted:
+            machines = [m for m in machines if not m.local]
         chosen = None
         if request.machine_selection == "manual":
             if not request.selected_machines:
@@ -127,6 +145,7 @@ class Planning:
                     details={"field": "selected_machines"},
                 )
             chosen = self.machines.rows(request.selected_machines)
+            check_machines(chosen, owner, trusted)
         return select_machines(machines, request, busy, self._preferred(), chosen)
 
     def plan(
@@ -141,9 +160,16 @@ class Planning:
         """Choose machines, fix the job description and the execution plan, and store
         the job as ``planned`` (a queued job ``job_id`` moves to ``planned``; ``owner``:
         the user it is planned for, a queued job keeps its own)."""
-        selection = self.select(request)
+        if owner is None and job_id is not None:
+            with self.store.session() as s:
+                queued = s.get(Job, job_id)
+            owner = queued.owner if queued is not None else None
+        self.admit(request, owner)
+        selection = self.select(request, owner=owner)
         job_id = job_id or new_job_id()
-        launch = job_description(job_id, request, selection.chosen, self.settings)
+        launch = self._bounded(
+            job_description(job_id, request, selection.chosen, self.settings), request, owner
+        )
         plan = execution_plan(launch, selection)
         with self.store.session() as s:
             row = s.get(Job, job_id)
@@ -172,7 +198,11 @@ class Planning:
 
     def plan_here(self, request: JobRequest, owner: str | None = None) -> str:
         """Plan ``owner``'s job on the server's own machine (one local node), stored
-        ``planned`` with kind ``local``; its id."""
+        ``planned`` with kind ``local``; its id. Forbidden unless ``owner`` is an admin
+        (:mod:`corral.service.trust`)."""
+        if not is_trusted(self.store, owner):
+            raise refuse_server_host(owner, "execute_job runs the job on the server's machine")
+        self.admit(request, owner)
         name = socket.gethostname().split(".")[0] or "localhost"
         here = Machine(
             id="",
@@ -188,7 +218,9 @@ class Planning:
         )
         selection = Selection(chosen=[here], reasons={"": ["the server's own machine"]})
         job_id = new_job_id()
-        launch = job_description(job_id, request, [here], self.settings)
+        launch = self._bounded(
+            job_description(job_id, request, [here], self.settings), request, owner
+        )
         plan = execution_plan(launch, selection)
         with self.store.session() as s:
             s.add(
@@ -209,3 +241,52 @@ class Planning:
             )
         self.launches[job_id] = launch
         return job_id
+
+    # -- the trust boundary (corral.service.trust) ---------------------------------------
+
+    def admit(self, request: JobRequest, owner: str | None) -> None:
+        """Forbidden when ``owner`` may not submit ``request`` at all: a local machine
+        named, a tree of the server's filesystem pushed or read, or a tracking target
+        out of bounds (for a non-admin; a metadata address for anyone)."""
+        trusted = is_trusted(self.store, owner)
+        if not trusted:
+            check_server_paths(request.sync, request.code_dir, owner)
+            if request.machine_selection == "manual" and request.selected_machines:
+                names = set(request.selected_machines)
+                with self.store.session() as s:
+                    local = list(
+                        s.scalars(
+                            select(Machine).where(
+                                Machine.local.is_(True),
+                                Machine.id.in_(names) | Machine.name.in_(names),
+                            )
+                        ).all()
+                    )
+                check_machines(local, owner, trusted)
+        admit_tracking(
+            request.track,
+            # a relative path lands in the job's run dir (its id is not drawn yet)
+            job_dir=str(job_dir(self.settings.run_dir.resolve(), "new-job")),
+            allow=self.settings.tracking_allow,
+            trusted=trusted,
+        )
+
+    def _bounded(
+        self, launch: JobDescription, request: JobRequest, owner: str | None
+    ) -> JobDescription:
+        """The description as the trust boundary runs it: tracking paths made absolute
+        under the job's run dir (and checked), no tree of the server's own filesystem
+        for a non-admin's consistency check."""
+        options = launch.options
+        assert options.job_id is not None
+        trusted = is_trusted(self.store, owner)
+        track = admit_tracking(
+            request.track,
+            job_dir=str(job_dir(self.settings.run_dir, options.job_id).resolve()),
+            allow=self.settings.tracking_allow,
+            trusted=trusted,
+        )
+        changes: dict[str, Any] = {"track": track}
+        if not trusted:
+            changes["code_dir"] = None
+        return dataclasses.replace(launch, options=dataclasses.replace(options, **changes))

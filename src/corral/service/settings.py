@@ -32,6 +32,10 @@ class ServerSettings:
     notify_max_backoff: float = 600.0
     notify_timeout: float = 10.0
     notify_concurrency: int = 8
+    #: where a non-admin's tracking targets may write or connect besides the job's run
+    #: dir: absolute paths and URL prefixes (corral serve --tracking-allow; see
+    #: corral.service.trust)
+    tracking_allow: tuple[str, ...] = ()
 
 
 def new_id(prefix: str) -> str:

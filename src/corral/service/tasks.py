@@ -102,6 +102,7 @@ class TaskService:
                 "a single-machine task runs on one machine",
                 details={"field": "request.resource_requirements.num_machines"},
             )
+        self.jobs.planning.admit(body.request, owner)  # Forbidden: corral.service.trust
         task = Task(
             id=new_id("t"),
             name=body.name,
@@ -161,6 +162,7 @@ class TaskService:
             )
             kind = "single"
         chosen = (task.priority or 0) if priority is None else priority
+        self.jobs.planning.admit(request, owner)  # Forbidden: corral.service.trust
         self._check_never_over_limit(owner, _request_machines(request))
         return self._enqueue(request, kind, task.id, "", owner, chosen)
 
@@ -169,11 +171,13 @@ class TaskService:
     ) -> QueuedOut:
         """Queue ``owner``'s job from a request (``corral job submit --queue``). Its
         reason says what it waits for; a request that could never run, even with every
-        machine free (or its owner's limit), is refused (Conflict) instead of queued."""
+        machine free (or its owner's limit), is refused (Conflict) instead of queued;
+        one its owner may not run at all (:mod:`corral.service.trust`) is Forbidden."""
+        self.jobs.planning.admit(request, owner)
         self._check_never_over_limit(owner, _request_machines(request))
         reason = ""
         try:
-            self.jobs.select(request)
+            self.jobs.select(request, owner=owner)
         except Conflict as exc:
             if self._never(request, exc):
                 raise

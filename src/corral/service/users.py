@@ -86,6 +86,20 @@ class Principal:
                 details={"user": self.name, "owner": owner},
             )
 
+    def may_read_output(self, owner: str | None) -> bool:
+        """Whether they may read a job's output (its log lines, its run dir's files):
+        its owner and admins only; everyone reads every job's state."""
+        return self.admin or (owner is not None and owner == self.name)
+
+    def require_reader(self, owner: str | None, what: str) -> None:
+        """Forbidden unless they may read the output of a job of ``owner``."""
+        if not self.may_read_output(owner):
+            raise Forbidden(
+                f"{what}: a job's output is for its owner ({owner or 'nobody'}) and "
+                f"admins only ({self.name} is a {self.role.value})",
+                details={"user": self.name, "owner": owner, "needed": "owner or admin"},
+            )
+
 
 class UserIn(BaseModel):
     """A user to add."""

@@ -11,8 +11,9 @@ typo or a missing extra is one clear error naming the option (and the extra).
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, cast
 from urllib.parse import urlsplit
 
@@ -64,6 +65,65 @@ def parse_target(text: str) -> TrackTarget:
     if backend == "wandb" and (where.count("/") > 1 or any(c.isspace() for c in where)):
         raise ConfigError(f"wandb: {where!r} is not PROJECT or ENTITY/PROJECT", option=OPTION)
     return TrackTarget(cast(Backend, backend), where)
+
+
+def _sqlite_path(where: str) -> str | None:
+    """The file of an MLflow ``sqlite:`` URI (``sqlite:///rel.db``, ``sqlite:////abs.db``);
+    None for an in-memory database (``sqlite://``)."""
+    rest = where[len("sqlite:") :]
+    if not rest.startswith("///"):
+        return None  # sqlite:// or sqlite://:memory: -- nothing on disk
+    path = rest[3:].partition("?")[0]
+    return path or None
+
+
+def written_path(target: TrackTarget) -> str | None:
+    """The file or directory a target writes on the coordinator, as given (maybe
+    relative): a TensorBoard directory, an MLflow ``sqlite:``/``file:`` store or plain
+    path; None for a tracking server (a URL), W&B (its run dir) or in-memory SQLite."""
+    if target.backend == "tensorboard":
+        return target.where
+    if target.backend != "mlflow":
+        return None
+    where = target.where
+    scheme = urlsplit(where).scheme.lower()
+    if scheme == "sqlite":
+        return _sqlite_path(where)
+    if scheme == "file":
+        rest = where[len("file:") :]
+        if rest.startswith("//"):
+            rest = "/" + rest[2:].partition("/")[2]  # file://HOST/path: the path
+        return rest.partition("?")[0] or "."
+    if scheme and len(scheme) > 1:  # http:, postgresql:, databricks: ... (C: is a drive)
+        return None
+    return where
+
+
+def remote_url(target: TrackTarget) -> str | None:
+    """The tracking server an MLflow target talks to (``http://host:5000``,
+    ``postgresql://host/db``, ``databricks``); None for what is written locally."""
+    if target.backend != "mlflow" or written_path(target) is not None:
+        return None
+    if target.where.lower().startswith("sqlite:"):
+        return None  # in-memory
+    return target.where
+
+
+def rebased(target: TrackTarget, base: str) -> TrackTarget:
+    """``target`` with a relative path it writes made absolute under ``base``."""
+    path = written_path(target)
+    if path is None or os.path.isabs(os.path.expanduser(path)):
+        return target
+    absolute = os.path.normpath(os.path.join(base, path))
+    if target.backend == "tensorboard":
+        return replace(target, where=absolute)
+    scheme = urlsplit(target.where).scheme.lower()
+    if scheme == "sqlite":
+        query = target.where.partition("?")[2]
+        return replace(target, where=f"sqlite:///{absolute}" + (f"?{query}" if query else ""))
+    if scheme == "file":
+        return replace(target, where=f"file://{absolute}")
+    return replace(target, where=absolute)
 
 
 def installed(module: str) -> bool:

@@ -17,6 +17,9 @@ from corral.api.services import Services, services
 from corral.service.models import DistributedJobStatus, JobList, JobRequest, JobSummary, QueuedOut
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], dependencies=[Security(bearer)])
+OUTPUT_EVENTS = frozenset({"log"})
+"""Events that carry a job's output: left out of the stream for anyone but the job's
+owner and admins (everyone sees its state, nodes, progress and messages)."""
 Svc = Annotated[Services, Depends(services)]
 
 
@@ -84,7 +87,8 @@ def delete_job(job_id: str, svc: Svc, who: Caller) -> JobSummary:
 
 
 @router.get("/{job_id}/files", responses=ERRORS, summary="The files of a job's run dir")
-def job_files(job_id: str, svc: Svc) -> list[str]:
+def job_files(job_id: str, svc: Svc, who: Caller) -> list[str]:
+    who.require_reader(svc.jobs.row(job_id).owner, f"listing job {job_id}'s files")
     return svc.jobs.files(job_id)
 
 
@@ -95,7 +99,8 @@ def job_files(job_id: str, svc: Svc) -> list[str]:
     summary="Live events (SSE): state, node, progress, log, message, attempts, finished",
     description="Each event's `id` is the byte offset after it in the job's events file: "
     "reconnect with `Last-Event-ID` (or `?from=`) to resume without losing or repeating "
-    "anything. The stream ends after the job's `finished` (or `error`) event.",
+    "anything. The stream ends after the job's `finished` (or `error`) event. The `log` "
+    "events (the job's output) go to the job's owner and admins only.",
 )
 async def job_events(
     job_id: str,
@@ -103,8 +108,11 @@ async def job_events(
     svc: Svc,
     start: Annotated[int | None, Query(alias="from", ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
+    *,
+    who: Caller,
 ) -> EventSourceResponse:
-    svc.jobs.row(job_id)  # 404 before the stream starts
+    # 404 before the stream starts; a job's log lines are for its owner and admins
+    reader = who.may_read_output(svc.jobs.row(job_id).owner)
     pos = start or 0
     if last_event_id and last_event_id.isdigit():
         pos = int(last_event_id)
@@ -114,6 +122,8 @@ async def job_events(
         # ends the stream through sse-starlette's own disconnect watch
         async for ev in svc.jobs.events(job_id, pos):
             kind = str(ev.data.get("kind", "message"))
+            if kind in OUTPUT_EVENTS and not reader:
+                continue
             if ev.raw:
                 yield _frame(ev.next_pos, kind, ev.raw)
             else:  # a note of the stream's own (the folded teardown)

@@ -10,7 +10,6 @@ from fastapi.responses import FileResponse
 from corral.api.auth import Caller, bearer, require_admin
 from corral.api.services import Services, services
 from corral.fleet.capabilities import local_health
-from corral.service.jobrows import set_values
 from corral.service.links import LinksIn, LinksOut, measure_machines
 from corral.service.models import (
     DispatchIn,
@@ -25,13 +24,17 @@ from corral.service.models import (
     StopOut,
 )
 from corral.service.prepare import prepare_dependencies
+from corral.service.trust import refuse_server_host
 from corral.service.users import Role
 
 router = APIRouter(prefix="/api/network", tags=["network"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or wrong bearer token (nothing about the resource)."},
-    403: {"description": "The caller's role may not do this, or it is another user's job."},
+    403: {
+        "description": "The caller's role may not do this, it is another user's job, or it "
+        "would run on the server's own host (admins only)."
+    },
     404: {"description": "Unknown machine or job."},
     409: {"description": "Conflicts with the current state (duplicate, busy, too few machines)."},
     413: {"description": "Body larger than the server's limit (--max-request-bytes)."},
@@ -238,9 +241,13 @@ def machine_stop_job(machine_id: str, job_id: str, svc: Svc, who: Caller) -> Sto
 @router.post(
     "/prepare_dependencies",
     responses=ERRORS,
-    summary="Sync a code tree to machines and pip-install its requirements",
+    summary="Sync a code tree to machines and pip-install its requirements (admin)",
+    description="Reads a tree of the server's own filesystem (and on a local machine runs "
+    "pip as the server's user): an admin's only, a 403 for anyone else.",
 )
-async def prepare(body: PrepareIn, svc: Svc) -> dict[str, Any]:
+async def prepare(body: PrepareIn, svc: Svc, who: Caller) -> dict[str, Any]:
+    if not who.admin:
+        raise refuse_server_host(who.name, "prepare_dependencies reads and installs a code tree")
     machines = svc.machines.rows(body.machine_ids)
     return await prepare_dependencies(
         machines,
@@ -252,12 +259,16 @@ async def prepare(body: PrepareIn, svc: Svc) -> dict[str, Any]:
     )
 
 
-@router.post("/execute_job", responses=ERRORS, summary="Run a job on the server's machine")
+@router.post(
+    "/execute_job",
+    responses=ERRORS,
+    summary="Run a job on the server's machine (admin)",
+    description="The job runs as the server's OS user, next to its token and store: an "
+    "admin's only, a 403 for anyone else.",
+)
 def execute_job(body: JobRequest, svc: Svc, who: Caller) -> DistributedJobStatus:
     svc.tasks.check_limit(who.name, 1)
-    status = svc.jobs.execute_here(body)
-    set_values(svc.store, status.job_id, owner=who.name)
-    return status.model_copy(update={"owner": who.name})
+    return svc.jobs.execute_here(body, owner=who.name)
 
 
 @router.get("/local_job_status/{job_id}", responses=ERRORS, summary="A job's status")
@@ -275,7 +286,10 @@ def local_job_output(
     svc: Svc,
     offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    *,
+    who: Caller,
 ) -> OutputPage:
+    who.require_reader(svc.jobs.row(job_id).owner, f"reading job {job_id}'s output")
     return svc.jobs.output(job_id, offset, limit)
 
 
@@ -289,7 +303,8 @@ def local_job_output(
     response_class=FileResponse,
     summary="A file of the job's run dir (logs, result.json, plan)",
 )
-def local_job_file(job_id: str, key: str, svc: Svc) -> FileResponse:
+def local_job_file(job_id: str, key: str, svc: Svc, who: Caller) -> FileResponse:
+    who.require_reader(svc.jobs.row(job_id).owner, f"reading job {job_id}'s files")
     path = svc.jobs.file(job_id, key)
     media = "application/json" if path.suffix == ".json" else "text/plain"
     return FileResponse(path, media_type=media, filename=path.name)
