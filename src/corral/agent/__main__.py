@@ -7,7 +7,11 @@ and ``time`` requests until the start), so the probe round trip costs as little
 as possible. At the start message the node's processes are started first, still
 with the standard library (:func:`corral.agent.spawn.spawn_node`); the agent's
 heavier machinery (asyncio, psutil: :mod:`corral.agent.node`) is imported while
-the launcher imports its own.
+the launcher imports its own. When the probe (or a ``prestart`` op after it)
+carries the node's plan, its processes start then, held at their gates while the
+checklist runs, and the start message releases them
+(:mod:`corral.agent.prestart`); an ``abort`` kills them before anything of the
+job ran.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from corral.agent.hostcheck import host_checks
 from corral.agent.probe import probe_info
@@ -45,7 +50,10 @@ def main() -> int:
     except ValueError as exc:
         print(f"corral agent: expected a probe or start op: {exc}", file=sys.stderr)
         return 2
+    held = None  # the node's processes started while the checks run (at their gates)
     if message["op"] == "probe":
+        if message.get("prestart"):  # before the host's facts: they take a while
+            held = _prestart(message["prestart"], None)
         info = probe_info(message.get("workdir") or "", message.get("port"))
         checks = host_checks(message.get("facts"))  # the checklist's host facts, if asked
         answer = {**info, **(checks.reply() if checks else {}), "event": "probe"}
@@ -57,6 +65,9 @@ def main() -> int:
                 message = decode_op(first) if first else {"op": "abort"}
             except ValueError:
                 message = {"op": "abort"}
+            if message["op"] == "prestart":  # a plan the probe's answer corrected
+                held = _prestart(message.get("node"), held)
+                continue
             reply = checks.answer(message) if checks else None
             if reply is None:
                 break
@@ -66,19 +77,41 @@ def main() -> int:
                 import corral.agent.spawn  # noqa: F401
         if checks is not None:
             checks.close()  # the master port is free before anything is launched
-        if not first:
-            return 2
         if message["op"] != "start":
-            return 0  # the launch was called off before anything started
+            if held is not None:  # nothing of the job ran: nothing is left behind
+                from corral.agent.prestart import cancel
+
+                cancel(held)
+            return 0 if first else 2  # the launch was called off before anything started
     elif message["op"] != "start":
         print(f"corral agent: expected a probe or start op, got {message['op']!r}", file=sys.stderr)
         return 2
-    from corral.agent.spawn import spawn_node
+    if held is not None:
+        from corral.agent.prestart import release
 
-    spawned = spawn_node(message["node"])  # before the agent's own imports
+        spawned, _ = release(held, message["node"])
+    else:
+        from corral.agent.spawn import spawn_node
+
+        spawned = spawn_node(message["node"])  # before the agent's own imports
     from corral.agent.node import run_agent
 
     return run_agent(message, out, stdin_fd, spawned)
+
+
+def _prestart(node: object, held: Any) -> Any:
+    """The node's processes started at their gates for ``node`` (None: not for its
+    command); ``held``, those started for an earlier plan, are kept when they can
+    run this one, else replaced."""
+    if not isinstance(node, dict):
+        return held
+    from corral.agent.prestart import prestart
+
+    try:
+        return prestart(node, held)
+    except Exception as exc:  # the start message starts the node then, and reports it
+        print(f"corral agent: could not start the node's processes early: {exc}", file=sys.stderr)
+        return None
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.agent.controlsock import ControlSocket
+from corral.agent.gate import gated_argv
 from corral.agent.protocol import NODE
 from corral.contract import FLIGHT_DIR_ENV, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
 from corral.private import append_private, private_dir, write_private
@@ -86,6 +87,8 @@ class SpawnedNode:
     pgids: set[int] = field(default_factory=set)
     signals: list[int] = field(default_factory=list)
     error: Exception | None = None
+    gates: dict[int, int] = field(default_factory=dict)  # pid -> its gate's write end
+    created_dir: bool = False  # the node's directory did not exist before
 
 
 def set_subreaper() -> None:
@@ -146,22 +149,35 @@ def record_pgid(pgids: set[int], node_dir: Path, pid: int) -> None:
         write_private(node_dir / "pgids", "".join(f"{g}\n" for g in sorted(pgids)))
 
 
-def spawn_node(node: Mapping[str, Any]) -> SpawnedNode:
-    """Make the node's directory, bind the control socket and start the node's
-    processes (the start message's ``node``); never raises (see the module doc)."""
-    env = dict(node["env"])
-    node_dir = Path(os.path.expanduser(env.get(NODE_DIR_ENV, ".corral-node"))).absolute()
-    env[NODE_DIR_ENV] = str(node_dir)
-    spawned = SpawnedNode(node_dir=node_dir, env=env)
+def node_dir_of(node: Mapping[str, Any]) -> Path:
+    """Where a node's directory is (its ``CORRAL_NODE_DIR``, absolute)."""
+    return Path(os.path.expanduser(node["env"].get(NODE_DIR_ENV, ".corral-node"))).absolute()
+
+
+def keep_signals(spawned: SpawnedNode) -> None:
+    """Keep the stop signals received from now on, for the agent to act upon."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda received, _frame: spawned.signals.append(received))
+
+
+def spawn_node(node: Mapping[str, Any], *, gated: bool = False) -> SpawnedNode:
+    """Make the node's directory, bind the control socket and start the node's
+    processes (the start message's ``node``); never raises (see the module doc).
+    ``gated``: each process is held at its gate (:mod:`corral.agent.prestart`), and
+    stop signals keep their default action (the processes die with the agent)."""
+    env = dict(node["env"])
+    node_dir = node_dir_of(node)
+    env[NODE_DIR_ENV] = str(node_dir)
+    spawned = SpawnedNode(node_dir=node_dir, env=env, created_dir=not node_dir.exists())
+    if not gated:
+        keep_signals(spawned)
     set_subreaper()
     try:
         env.update(flight_recorder_env(node_dir, env, node["argv"]))
         cwd = _prepare(spawned, node)
         spawned.control = ControlSocket(str(node_dir))
         env.update(spawned.control.env())
-        _start(spawned, node, cwd)
+        _start(spawned, node, cwd, gated)
     except Exception as exc:
         spawned.error = exc
     return spawned
@@ -184,33 +200,54 @@ def _prepare(spawned: SpawnedNode, node: Mapping[str, Any]) -> str:
     return cwd
 
 
-def _start(spawned: SpawnedNode, node: Mapping[str, Any], cwd: str) -> None:
+def _start(spawned: SpawnedNode, node: Mapping[str, Any], cwd: str, gated: bool) -> None:
     """One process per rank spec (all in the first one's group), or the one launcher."""
     argv = list(node["argv"])
     rank_specs = node.get("ranks") or []
     if not rank_specs:
-        spawned.workloads.append(_popen(spawned, argv, dict(spawned.env), cwd, 0, NODE))
+        spawned.workloads.append(_popen(spawned, argv, dict(spawned.env), cwd, 0, NODE, gated))
         return
     group = 0
     for spec in rank_specs:
         env = {**spawned.env, **spec["env"]}
-        work = _popen(spawned, argv, env, cwd, group, int(spec["rank"]))
+        work = _popen(spawned, argv, env, cwd, group, int(spec["rank"]), gated)
         work.local_rank = int(spec["local_rank"])
         group = group or work.pid
         spawned.workloads.append(work)
 
 
 def _popen(
-    spawned: SpawnedNode, argv: list[str], env: dict[str, str], cwd: str, group: int, rank: int
+    spawned: SpawnedNode,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    group: int,
+    rank: int,
+    gated: bool = False,
 ) -> Workload:
-    popen = subprocess.Popen(
-        argv,
-        env={**os.environ, **env},
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=child_setup(group),
-    )
+    gate_r = gate_w = -1
+    if gated:  # the process reads its gate's end; only the agent holds the other
+        gate_r, gate_w = os.pipe()
+        argv = gated_argv(argv, gate_r)
+    try:
+        popen = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=child_setup(group),
+            pass_fds=(gate_r,) if gated else (),
+        )
+    except BaseException:
+        if gated:
+            os.close(gate_w)
+        raise
+    finally:
+        if gated:
+            os.close(gate_r)
+    if gated:
+        spawned.gates[popen.pid] = gate_w
     record_pgid(spawned.pgids, spawned.node_dir, popen.pid)
     return Workload(pid=popen.pid, rank=rank, popen=popen)

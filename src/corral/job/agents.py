@@ -18,23 +18,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import corral
+from corral.agent.gate import split_argv
 from corral.agent.probe import read_answer
 from corral.agent.protocol import EVENT, encode_op, read_frame
 from corral.checks.gather import AgentSessions
-from corral.cluster.model import Host
+from corral.cluster.model import Cluster, Host
 from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError, LaunchError
+from corral.job.resolve import Prepared, plan_attempt
+from corral.plan.render import master_index
+from corral.plan.spec import JobSpec
 from corral.remote.python import candidates
 from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0
+#: The plan of a node to start held at its gates while the checklist runs, a node
+#: command's JSON: called with None for the one sent with the probe, then with the
+#: probe's answer for one sent after it (None: nothing to send).
+Prestart = Callable[["HostProbe | None"], Mapping[str, Any] | None]
 
 _AGENT_SHELL = (
     'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m corral.agent; fi; '
@@ -162,13 +172,16 @@ async def start_agent(
     job_id: str | None = None,
     argv: Sequence[str] | None = None,
     checks: AgentSessions | None = None,
+    prestart: Prestart | None = None,
 ) -> tuple[NodeProcess, HostProbe]:
     """Start ``host``'s agent (with ``CORRAL_JOB_ID=job_id`` in its environment, so
     the pre-flight's stale check knows it as this job's) and read its probe
     (TransportError / LaunchError). ``argv``: the agent's command when the
     interpreter is known (default: :func:`agent_argv`, the first one found).
     ``checks``: the pre-flight running meanwhile; the probe carries the host's
-    facts when it asks for them, and the agent's session answers it."""
+    facts when it asks for them, and the agent's session answers it. ``prestart``: the
+    node's plan while the checklist runs (:data:`Prestart`), whose processes the
+    agent starts held at their gates (:mod:`corral.agent.prestart`)."""
     started = time.monotonic()
     try:
         env = {JOB_ID_ENV: job_id} if job_id else None
@@ -179,8 +192,11 @@ async def start_agent(
         raise
     try:
         probe = await asyncio.wait_for(
-            _probe(proc, host, python, workdir, port, checks), PROBE_TIMEOUT
+            _probe(proc, host, python, workdir, port, checks, prestart), PROBE_TIMEOUT
         )
+        node = prestart(probe) if prestart is not None else None
+        if node is not None:  # a plan the probe's answer corrected
+            proc.write(encode_op({"op": "prestart", "node": node}))
     except BaseException as exc:
         abort(proc)
         if checks is not None:  # no facts: the checklist asks the host its own way
@@ -206,8 +222,12 @@ async def _probe(
     workdir: str | None,
     port: int | None,
     checks: AgentSessions | None,
+    prestart: Prestart | None = None,
 ) -> HostProbe:
     op: dict[str, Any] = {"op": "probe", "workdir": workdir, "port": port}
+    node = prestart(None) if prestart is not None else None
+    if node is not None:
+        op["prestart"] = node
     facts = checks.params(host.name) if checks is not None else None
     if facts is not None:
         op["facts"] = facts
@@ -264,9 +284,11 @@ async def start_agents(
     workdir_given: bool = True,
     job_id: str | None = None,
     checks: AgentSessions | None = None,
+    prestart: Callable[[str, HostProbe | None], Mapping[str, Any] | None] | None = None,
 ) -> dict[str, tuple[NodeProcess, HostProbe]]:
     """Start and probe every host's agent in parallel (``master_port`` None: the
-    master port is not tested; ``job_id``, ``checks``: see :func:`start_agent`). If
+    master port is not tested; ``job_id``, ``checks``: see :func:`start_agent`;
+    ``prestart(host, probe)``: the host's :data:`Prestart`). If
     any host is not ready, every agent is aborted and one LaunchError lists each
     host's problem."""
 
@@ -280,6 +302,7 @@ async def start_agents(
             port=port,
             job_id=job_id,
             checks=checks,
+            prestart=functools.partial(prestart, host.name) if prestart else None,
         )
 
     results = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
@@ -321,6 +344,86 @@ async def start_agents(
     return started
 
 
+def held_node(
+    spec: JobSpec,
+    cluster: Cluster,
+    attempt: int,
+    python: str | None,
+    name: str,
+    probe: HostProbe | None,
+) -> dict[str, Any] | None:
+    """SSH host ``name``'s plan for its agent to start held at the gates: before its
+    probe (None) with the interpreter the agent is most likely started with (the
+    first of :func:`~corral.remote.python.candidates`; port 0 stays 0 until the start
+    message, read after the gates), after it only if its interpreter is another
+    one; None when there is nothing to send or the command cannot be held."""
+    guess = candidates(python)[0]
+    if probe is not None and probe.python == guess:
+        return None  # the plan sent with the probe was right
+    found = probe.python if probe is not None else guess
+    hosts = tuple(
+        dataclasses.replace(h, python=found) if h.name == name else h for h in cluster.hosts
+    )
+    try:
+        plan = plan_attempt(spec, Cluster(hosts, source=cluster.source), attempt)
+    except CorralError:
+        return None  # the start message's plan reports it
+    cmd = next(c for c in plan.commands if c.host.name == name)
+    return cmd.to_json() if split_argv(cmd.argv) else None
+
+
+def _with_probe(node: Mapping[str, Any] | None) -> Prestart | None:
+    """A local node's :data:`Prestart`: its plan, sent with the probe."""
+    if node is None:
+        return None
+    return lambda probe: node if probe is None else None
+
+
+async def start_remote(
+    transport: Transport,
+    prepared: Prepared,
+    cluster: Cluster,
+    *,
+    python: str | None,
+    check_port: bool = True,
+    agents: AgentSessions | None = None,
+    held: bool = False,
+) -> tuple[Prepared, dict[str, NodeProcess]]:
+    """Start and probe every SSH host's agent (interpreter, torch, workdir, corral's
+    version, master port unless ``check_port`` is False; port 0 is always
+    resolved; ``agents``: the checklist running meanwhile, which they answer)
+    and re-plan with what they found. Nothing is launched if a host is not
+    ready. ``held``: each host's processes are started once its agent answered,
+    held at their gates until the start message."""
+    spec = prepared.spec
+    master_addr = spec.master_addr or cluster.hosts[0].address
+    master = cluster.hosts[master_index(cluster, master_addr)]
+    prestart = functools.partial(held_node, spec, cluster, prepared.attempt, python)
+    started = await start_agents(
+        transport,
+        cluster.hosts,
+        python=python,
+        workdir=prepared.commands[0].cwd,  # --workdir, or this machine's current directory
+        workdir_given=spec.workdir is not None,
+        master=master,
+        master_port=spec.master_port if check_port or spec.master_port == 0 else None,
+        need_torch=spec.launcher == "torchrun",
+        job_id=spec.job_id,  # the pre-flight's stale check must not count them
+        checks=agents,
+        prestart=prestart if held else None,
+    )
+    resolved = Cluster(
+        tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
+        source=cluster.source,
+    )
+    if spec.master_port == 0:
+        port = started[master.name][1].port
+        assert port is not None
+        spec = dataclasses.replace(spec, master_port=port)
+    planned = plan_attempt(spec, resolved, prepared.attempt)
+    return planned, {name: proc for name, (proc, _) in started.items()}
+
+
 T = TypeVar("T")
 P = TypeVar("P")
 
@@ -341,10 +444,12 @@ async def start_local_agents(
     argv: Callable[[Host], list[str]],
     job_id: str | None,
     checks: AgentSessions | None = None,
+    prestart: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, NodeProcess]:
     """Start and probe the agents of simulated (``local:N``) nodes with ``argv(host)``,
     the supervisor's own command: their interpreter start and imports happen before
-    the launch (``checks``: see :func:`start_agent`). A node whose agent did not
+    the launch (``checks``: see :func:`start_agent`; ``prestart``: each host's plan,
+    sent with its probe). A node whose agent did not
     answer is left out (the supervisor starts it, and reports its failure, as
     without this head start)."""
 
@@ -358,6 +463,7 @@ async def start_local_agents(
             job_id=job_id,
             argv=argv(host),
             checks=checks,
+            prestart=_with_probe((prestart or {}).get(host.name)),
         )
         return proc
 

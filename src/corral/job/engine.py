@@ -36,7 +36,7 @@ from corral.cluster.model import Cluster, Host
 from corral.contract import NODE_DIR_ENV
 from corral.errors import ConfigError, CorralError
 from corral.job.agents import abort_all as _abort_all
-from corral.job.agents import alongside, start_agents, start_local_agents
+from corral.job.agents import alongside, start_local_agents, start_remote
 from corral.job.events import (
     AttemptEnded,
     AttemptStarted,
@@ -60,7 +60,6 @@ from corral.job.resolve import Prepared, plan_attempt, resolve
 from corral.job.result import EXIT_INTERRUPTED, JobResult
 from corral.job.states import JobMachine, JobState, NodeState
 from corral.plan.launchers.command import template_of
-from corral.plan.render import master_index
 from corral.plan.spec import NODE_LAUNCHERS, JobSpec
 from corral.private import private_dir, write_private
 from corral.recovery.restart import AttemptLog, decide
@@ -446,17 +445,20 @@ class Job:
         self, prepared: Prepared, transport: Transport, sync: Any
     ) -> tuple[Prepared, dict[str, NodeProcess]]:
         """The checklist, and meanwhile every simulated node's agent started and probed:
-        its interpreter start and imports are off the launch's path. Nothing is
-        launched until the checklist passed."""
+        its interpreter start and imports are off the launch's path, and so are its
+        launcher's or ranks' (started with the probe, held at their gates until the
+        start message: :mod:`corral.agent.prestart`). Nothing of the job runs until
+        the checklist passed."""
         from corral.job.preflight import apply
 
         hosts = [c.host for c in prepared.commands]
         agents = AgentSessions(h.name for h in hosts)
+        held = {c.host.name: c.to_json() for c in prepared.commands}  # started with the probe
 
         async def warm() -> tuple[None, dict[str, NodeProcess]]:
             argv = _agent_argv(prepared.spec)
             job_id = prepared.spec.job_id
-            return None, await start_local_agents(transport, hosts, argv, job_id, agents)
+            return None, await start_local_agents(transport, hosts, argv, job_id, agents, held)
 
         outcome, (_, started) = await self._checked_alongside(
             prepared, transport, sync, agents, warm()
@@ -472,8 +474,10 @@ class Job:
         self, prepared: Prepared, transport: Transport, sync: Any
     ) -> tuple[Prepared, dict[str, NodeProcess]]:
         """The checklist and the agents' start-up at the same time (both are a Python
-        start on every host): nothing is launched until the checklist passed. The
-        checklist tests the master port, so the agents do not (port 0 excepted)."""
+        start on every host), each node's launcher or ranks started once its agent
+        answered, held at their gates (:mod:`corral.agent.prestart`): nothing of the
+        job runs until the checklist passed. The checklist tests the master port,
+        so the agents do not (port 0 excepted)."""
         from corral.job.preflight import apply
 
         agents = AgentSessions(h.name for h in self.cluster.hosts)
@@ -482,7 +486,9 @@ class Job:
             transport,
             sync,
             agents,
-            self._start_remote(prepared, self.cluster, transport, check_port=False, agents=agents),
+            self._start_remote(
+                prepared, self.cluster, transport, check_port=False, agents=agents, held=True
+            ),
         )
         cluster = apply(outcome, self.cluster)
         if cluster == self.cluster:
@@ -498,44 +504,10 @@ class Job:
         return plan_attempt(planned.spec, resolved, planned.attempt), started
 
     async def _start_remote(
-        self,
-        prepared: Prepared,
-        cluster: Cluster,
-        transport: Transport,
-        *,
-        check_port: bool = True,
-        agents: AgentSessions | None = None,
+        self, prepared: Prepared, cluster: Cluster, transport: Transport, **how: Any
     ) -> tuple[Prepared, dict[str, NodeProcess]]:
-        """Start and probe every SSH host's agent (interpreter, torch, workdir, corral's
-        version, master port unless ``check_port`` is False; port 0 is always
-        resolved; ``agents``: the checklist running meanwhile, which they answer)
-        and re-plan with what they found. Nothing is launched if a host is not
-        ready."""
-        spec = prepared.spec
-        master_addr = spec.master_addr or cluster.hosts[0].address
-        master = cluster.hosts[master_index(cluster, master_addr)]
-        started = await start_agents(
-            transport,
-            cluster.hosts,
-            python=self.python,
-            workdir=prepared.commands[0].cwd,  # --workdir, or this machine's current directory
-            workdir_given=spec.workdir is not None,
-            master=master,
-            master_port=spec.master_port if check_port or spec.master_port == 0 else None,
-            need_torch=spec.launcher == "torchrun",
-            job_id=spec.job_id,  # the pre-flight's stale check must not count them
-            checks=agents,
-        )
-        resolved = Cluster(
-            tuple(dataclasses.replace(h, python=started[h.name][1].python) for h in cluster.hosts),
-            source=cluster.source,
-        )
-        if spec.master_port == 0:
-            port = started[master.name][1].port
-            assert port is not None
-            spec = dataclasses.replace(spec, master_port=port)
-        planned = plan_attempt(spec, resolved, prepared.attempt)
-        return planned, {name: proc for name, (proc, _) in started.items()}
+        """:func:`~corral.job.agents.start_remote` with this job's interpreter."""
+        return await start_remote(transport, prepared, cluster, python=self.python, **how)
 
     # -- attempts -----------------------------------------------------------------------
 

@@ -1,0 +1,138 @@
+"""``python -m corral.agent.gate FD MODULE [ARGS...]``: a node's launcher or rank,
+started while the pre-flight checklist still runs, held at a gate.
+
+The agent starts the node's processes through this wrapper as soon as it knows
+the plan (the ``prestart`` op, :mod:`corral.agent.prestart`): the interpreter
+starts and the framework is imported (torch for ``torch.distributed.run``, or for
+a rank whose script imports it) while the checks run. Then it blocks reading the
+gate, the pipe on ``FD`` that only the agent writes:
+
+* one JSON line ``{"argv": [...], "set": {...}, "unset": [...]}``: the checklist
+  passed. The environment is brought to the start message's (variables set and
+  removed) and ``MODULE``'s main runs with its arguments (what ``python -m MODULE
+  ARGS`` runs), in this process, with what it imported;
+* end of file without a line: the launch was called off. It exits at once; no
+  code of the job ran (the agent kills the node's process group anyway).
+
+Nothing of the user's is imported before the gate opens: only torch itself (and
+corral's worker), never a module of the script's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import re
+import sys
+from typing import Any
+
+TORCHRUN = "torch.distributed.run"
+WORKER = "corral.agent.worker"
+#: The modules that can be held at the gate (what the torchrun and per-rank plans run).
+GATED_MODULES = (TORCHRUN, WORKER)
+GATE_MODULE = "corral.agent.gate"
+_IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import[ \t]+torch\b|from[ \t]+torch\b)", re.MULTILINE)
+_MAX_SCRIPT = 4 << 20  # bytes of a script scanned for its torch import
+
+
+_FLAGS = frozenset({"-u", "-B", "-s", "-E", "-I", "-q"})  # interpreter flags allowed before -m
+
+
+def split_argv(argv: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]] | None:
+    """``[PYTHON, *flags, "-m", MODULE, *args]`` of a gateable module as (everything up
+    to the module, the module's arguments); None for any other command."""
+    argv = list(argv)
+    for at in range(1, len(argv) - 1):
+        if argv[at] == "-m":
+            if argv[at + 1] not in GATED_MODULES:
+                return None
+            return argv[: at + 2], argv[at + 2 :]
+        if argv[at] not in _FLAGS:
+            return None
+    return None
+
+
+def gated_argv(argv: list[str], fd: int) -> list[str]:
+    """``argv`` (see :func:`split_argv`) run through the gate on ``fd``."""
+    split = split_argv(argv)
+    if split is None:
+        raise ValueError(f"not a command the gate can hold: {argv[:4]}")
+    head, args = split
+    return [*head[:-2], "-m", GATE_MODULE, str(fd), head[-1], *args]
+
+
+def imports_torch(script: str) -> bool:
+    """Whether ``script``'s source has an ``import torch`` / ``from torch...`` line."""
+    try:
+        with open(script, "rb") as fh:
+            return _IMPORTS_TORCH.search(fh.read(_MAX_SCRIPT)) is not None
+    except OSError:
+        return False
+
+
+def preload(module: str, args: list[str]) -> list[str]:
+    """Import what ``module`` (run with ``args``) imports first: torch for torchrun, and
+    for a rank whose script imports torch. Returns what was imported; a module that
+    cannot be imported is left for the run itself to report."""
+    wanted = [TORCHRUN] if module == TORCHRUN else [WORKER]
+    if module == WORKER and args and imports_torch(args[0]):
+        wanted.append("torch")
+    done = []
+    for name in wanted:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+            done.append(name)
+    return done
+
+
+def read_gate(fd: int) -> dict[str, Any] | None:
+    """Block until the agent opens the gate (its message) or calls the launch off (None)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        data += chunk
+    os.close(fd)
+    message = json.loads(data)
+    return message if isinstance(message, dict) else None
+
+
+def apply_gate(message: dict[str, Any]) -> list[str]:
+    """Set the environment the start message planned; the module's arguments."""
+    for key in message.get("unset") or []:
+        os.environ.pop(str(key), None)
+    os.environ.update({str(k): str(v) for k, v in (message.get("set") or {}).items()})
+    return [str(a) for a in message.get("argv") or []]
+
+
+def main(argv: list[str]) -> int:
+    """Preload, wait at the gate, run ``MODULE`` as ``__main__`` (see the module doc)."""
+    if len(argv) < 2 or argv[1] not in GATED_MODULES:
+        print(f"usage: python -m corral.agent.gate FD {{{','.join(GATED_MODULES)}}} [ARGS...]")
+        return 2
+    fd, module = int(argv[0]), argv[1]
+    preload(module, argv[2:])
+    message = read_gate(fd)
+    if message is None:
+        os._exit(0)  # called off: nothing ran, nothing to flush (skip torch's destructors)
+    args = apply_gate(message)
+    if module == WORKER:
+        from corral.agent.worker import main as run_worker
+
+        return run_worker(args)
+    from torch.distributed.run import __file__ as torchrun_file
+    from torch.distributed.run import main as run_torchrun
+
+    sys.argv = [torchrun_file or module, *args]
+    run_torchrun()  # what ``python -m torch.distributed.run ARGS`` runs
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,190 @@
+"""A node's processes started while the pre-flight checklist runs, released when it passed.
+
+The coordinator sends the plan of the node with the probe (or in a ``prestart``
+op after it) while the checklist still runs. When its command is the torchrun
+launcher or corral's per-rank worker, the agent starts the node's processes at
+once through the gate (:mod:`corral.agent.gate`): their interpreters start and
+import torch meanwhile, but nothing of the job runs. Then:
+
+* the start message (the checklist passed) opens the gates (:func:`release`):
+  each process gets the start message's arguments and environment and runs it.
+  Only what a process reads after its gate may differ from the plan it was
+  started with (its rank numbers, the rendezvous address and port, the
+  interfaces the checks found, corral's own variables): for anything else (its
+  interpreter, directory or another variable) the processes are killed and the
+  node is started from the start message, as without a head start;
+* an ``abort`` (the checklist failed, the launch was called off) or the
+  coordinator's end closes the gates (:func:`cancel`): each process exits
+  without running anything of the job, the node's process groups are killed, and
+  the node's directory, when this made it, is removed.
+
+Signals keep their default action until the gates open: a killed agent takes its
+held processes with it (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from corral.agent.gate import split_argv
+from corral.agent.spawn import SpawnedNode, keep_signals, node_dir_of, spawn_node
+from corral.contract import CONTRACT_VARS, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.private import write_private
+from corral.redact import redacted_node
+
+__all__ = ["LATE_ENV", "Prestarted", "cancel", "mismatch", "prestart", "release"]
+
+#: Variables the held processes read only after their gate (torch reads them when a
+#: process group or rendezvous is made; corral's worker and SDK when they run): they
+#: may differ between the two plans. corral's own ``CORRAL_*`` variables too, but
+#: :data:`_EARLY_CORRAL`.
+LATE_ENV = frozenset(
+    {v for v in CONTRACT_VARS if not v.startswith("CORRAL_")}
+    | {"GROUP_RANK", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
+)
+_EARLY_CORRAL = frozenset({NODE_DIR_ENV, FLIGHT_RECORDER_ENV})  # read by the agent at spawn
+
+
+@dataclass
+class Prestarted:
+    """The processes started for ``node`` (the plan sent while the checks ran)."""
+
+    node: Mapping[str, Any]
+    spawned: SpawnedNode
+
+
+def prestart(node: Mapping[str, Any], held: Prestarted | None = None) -> Prestarted | None:
+    """Start ``node``'s processes held at their gates; None when its command cannot be
+    held (another launcher) or they could not be started (the start message tries
+    again and reports why). ``held``: those started for an earlier plan of the node,
+    kept when they can run this one, else replaced."""
+    gated = split_argv(node["argv"]) is not None
+    created = None
+    if held is not None:
+        if mismatch(held.node, node) is None:
+            return held
+        created = held.spawned.created_dir
+        cancel(held, remove_dir=not gated)
+    if not gated:
+        return None
+    spawned = spawn_node(node, gated=True)
+    if created is not None:
+        spawned.created_dir = created  # removed on an abort if the first plan made it
+    fresh = Prestarted(node, spawned)
+    if spawned.error is not None:
+        cancel(fresh)
+        return None
+    return fresh
+
+
+def _local_ranks(node: Mapping[str, Any]) -> list[int]:
+    return sorted(int(r["local_rank"]) for r in node.get("ranks") or [])
+
+
+def mismatch(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """Why processes started for the plan ``old`` cannot run the plan ``new`` (None:
+    they can; only :data:`LATE_ENV`, corral's own variables and the module's
+    arguments differ)."""
+    if node_dir_of(old) != node_dir_of(new):
+        return "its node directory changed"
+    if old["cwd"] != new["cwd"]:
+        return "its working directory changed"
+    before, after = split_argv(old["argv"]), split_argv(new["argv"])
+    if before is None or after is None or before[0] != after[0]:
+        return "its command changed"
+    if _local_ranks(old) != _local_ranks(new):
+        return "its ranks changed"
+    old_env, new_env = dict(old["env"]), dict(new["env"])
+    for key in sorted(old_env.keys() | new_env.keys()):
+        if old_env.get(key) == new_env.get(key) or key in LATE_ENV:
+            continue
+        if key.startswith("CORRAL_") and key not in _EARLY_CORRAL:
+            continue
+        return f"{key} changed"
+    return None
+
+
+def _gate_message(
+    old: Mapping[str, str], new: Mapping[str, str], argv: list[str]
+) -> dict[str, Any]:
+    """The variables to set and remove so that a process started with ``old`` has
+    ``new`` (what the agent's own environment gives it where ``new`` has nothing)."""
+    changed = {k: v for k, v in new.items() if old.get(k) != v}
+    unset = []
+    for key in old:
+        if key not in new:
+            if key in os.environ:
+                changed[key] = os.environ[key]
+            else:
+                unset.append(key)
+    return {"argv": argv, "set": changed, "unset": unset}
+
+
+def release(held: Prestarted, node: Mapping[str, Any]) -> tuple[SpawnedNode, str | None]:
+    """Run the start message's ``node``: open the held processes' gates when they can
+    run it, else kill them and start it anew. The node and why it was started anew."""
+    spawned = held.spawned
+    why = mismatch(held.node, node)
+    if why is None and any(w.popen.poll() is not None for w in spawned.workloads):
+        why = "a held process exited"
+    if why is not None:
+        cancel(held, remove_dir=False)
+        return spawn_node(node), why
+    keep_signals(spawned)
+    split = split_argv(node["argv"])
+    assert split is not None
+    old_env, new_env = dict(held.node["env"]), dict(node["env"])
+    ranks = {int(r["local_rank"]): r for r in node.get("ranks") or []}
+    old_ranks = {int(r["local_rank"]): r for r in held.node.get("ranks") or []}
+    for work in spawned.workloads:
+        before, after = old_env, new_env
+        if ranks:
+            before = {**old_env, **old_ranks[work.local_rank]["env"]}
+            after = {**new_env, **ranks[work.local_rank]["env"]}
+            work.rank = int(ranks[work.local_rank]["rank"])
+        message = json.dumps(_gate_message(before, after, split[1])).encode() + b"\n"
+        fd = spawned.gates.pop(work.pid)
+        with contextlib.suppress(OSError):  # it died meanwhile: reported as its exit
+            os.write(fd, message)
+        os.close(fd)
+    common = _gate_message(old_env, new_env, [])
+    spawned.env.update(common["set"])
+    for key in common["unset"]:
+        spawned.env.pop(key, None)
+    with contextlib.suppress(OSError):
+        write_private(spawned.node_dir / "spec.json", json.dumps(redacted_node(node), indent=1))
+    return spawned, None
+
+
+def cancel(held: Prestarted, *, remove_dir: bool = True) -> None:
+    """Close the gates, kill the held processes' groups and wait for them; remove the
+    node's directory when the prestart made it (``remove_dir``)."""
+    spawned = held.spawned
+    for fd in spawned.gates.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    spawned.gates.clear()
+    for pgid in spawned.pgids:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    for work in spawned.workloads:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            work.popen.kill()
+            work.popen.wait(timeout=10)
+        for stream in (work.popen.stdout, work.popen.stderr):
+            if stream is not None:
+                stream.close()
+    if spawned.control is not None:
+        spawned.control.close()
+    if spawned.node_log is not None:
+        spawned.node_log.close()
+    if remove_dir and spawned.created_dir:
+        shutil.rmtree(spawned.node_dir, ignore_errors=True)
