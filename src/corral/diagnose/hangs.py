@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import io
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ __all__ = [
     "group_stacks",
     "hang_report",
     "odd_ones_out",
+    "preload_analyser",
     "read_flight_recorder",
     "render_markdown",
 ]
@@ -199,6 +202,27 @@ def _mismatched(collective: Any) -> list[dict[str, Any]]:
     ]
 
 
+_ANALYSER = tuple(
+    f"torch.distributed.flight_recorder.components.{name}"
+    for name in ("builder", "config_manager", "loader")
+)
+_FR_LOGGER = "Flight Recorder"  # torch's analyser logs (and warns at import) under it
+
+
+def preload_analyser() -> None:
+    """Start importing torch's flight recorder analyser in a daemon thread: importing
+    torch takes seconds, which then pass while the ranks' dumps are collected.
+    Nothing happens without torch."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            for name in _ANALYSER:
+                importlib.import_module(name)
+
+    logging.getLogger(_FR_LOGGER).disabled = True  # its notes are not the user's
+    threading.Thread(target=load, name="corral-flight-analyser", daemon=True).start()
+
+
 def read_flight_recorder(
     directory: Path, prefix: str = "rank_", last: int = LAST_COLLECTIVES
 ) -> tuple[FlightFinding | None, dict[int, list[dict[str, Any]]]]:
@@ -208,7 +232,7 @@ def read_flight_recorder(
     oldest first). Raises ValueError when the dumps cannot be read (no torch, no
     files, a format this torch does not know)."""
     quiet = io.StringIO()
-    logging.getLogger("Flight Recorder").setLevel(logging.ERROR)
+    logging.getLogger(_FR_LOGGER).disabled = True
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             from torch.distributed.flight_recorder.components.builder import build_db
