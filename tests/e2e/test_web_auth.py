@@ -386,6 +386,9 @@ def test_a_viewer_logs_in_with_their_token_and_sees_no_actions(
         page.goto(f"{server.url}/jobs/{job_id}")
         _settle(page)
         assert page.locator("#stop-all, #stop-dialog").count() == 0
+        # the job is admin's: its output is not shown to a viewer, and the page says why
+        assert "hello 0 from rank 0" not in page.locator("#logs").inner_text()
+        assert "owner (admin) and admins only" in page.locator("#logs-empty").inner_text()
         page.goto(server.url + "/jobs")
         _settle(page)
         assert page.locator(f"tr[data-job='{job_id}']").count() >= 1  # a viewer reads

@@ -181,6 +181,11 @@
 
   function applyStatus(st) {
     job.status = st;
+    // a job's output (its log lines and files) is its owner's and the admins' only
+    const body = document.body.dataset;
+    if (body.role !== "admin" && st.owner !== body.user) {
+      $("logs-empty").textContent = `The output of this job is shown to its owner (${st.owner || "nobody"}) and admins only.`;
+    }
     // a final state known from the event stream is kept over a status the store has
     // not caught up with yet
     if (!(job.final && !FINAL.has(st.status))) {
