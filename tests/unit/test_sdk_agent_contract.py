@@ -55,3 +55,21 @@ def test_every_sdk_message_is_accepted_by_the_agent_and_the_coordinator(
     assert 0 < first["time"] <= second["time"] <= 1000.0  # the agent's clock less the age
     assert (events[3]["kind"], events[3]["group"]) == ("healing", 1)
     assert (events[4]["chunk"], events[4]["percent"]) == (1, 33)
+
+
+def test_an_invalid_report_costs_only_itself(
+    control_server: ControlServer,  # noqa: F811
+) -> None:
+    sdk.report(1, loss=1.0)
+    sdk.report(2**70)  # beyond what the agent accepts as a step
+    sdk.report(3, **{"": 1.0})  # an empty metric name: refused by the agent
+    sdk.report(4)
+    _report.flush()
+    sdk.report(5, loss=float("nan"))  # sent as null
+    _report.flush()
+    first, second = control_server.wait_lines(3)[1:]
+    message = parse_message(first.encode())
+    assert getattr(message, "dropped", None) == 2  # the agent says so, once per line
+    events = _events([first, second])
+    assert [e["step"] for e in events] == [1, 4, 5]
+    assert events[2]["metrics"] == {"loss": None}

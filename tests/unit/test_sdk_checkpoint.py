@@ -224,7 +224,7 @@ def test_each_save_is_announced_on_the_control_socket(
     progress, announced, after = (json.loads(line) for line in lines[1:])
     # the report made before the save goes before its announcement
     assert progress["type"] == after["type"] == "reports"
-    assert [r["step"] for r in progress["reports"] + after["reports"]] == [4, 5]
+    assert [r[0] for r in progress["reports"] + after["reports"]] == [4, 5]  # r[0]: step
     assert announced == {
         "type": "checkpoint",
         "step": 5,

@@ -98,7 +98,14 @@ def expand(line: str) -> list[dict[str, Any]]:
     if message.get("type") != "reports":
         return [message] if message.get("type") == "progress" else []
     assert set(message) == {"type", "rank", "reports"}, message
-    return [{"type": "progress", "rank": message["rank"], **one} for one in message["reports"]]
+    reports = []
+    for step, total, age, metrics, sections in message["reports"]:
+        report = {"type": "progress", "rank": message["rank"], "step": step, "total": total}
+        report.update(age=age, metrics=metrics)
+        if sections is not None:  # nanoseconds on the wire, seconds as the agent forwards
+            report["sections"] = {name: ns / 1e9 for name, ns in sections.items()}
+        reports.append(report)
+    return reports
 
 
 @pytest.fixture
@@ -125,15 +132,11 @@ def test_handshake_then_json_lines(control_server: ControlServer) -> None:
     batch = json.loads(lines[1])  # the reports made before a send go together, in order
     first, second = batch["reports"]
     assert (batch["type"], batch["rank"]) == ("reports", 3)
-    assert first == {
-        "step": 1,
-        "total": 10,
-        "metrics": {"loss": 2.5, "acc": 0.25},
-        "age": first["age"],
-    }
-    assert 0 <= second["age"] <= first["age"] < 60  # seconds between the call and the send
-    assert (second["step"], second["total"], second["metrics"]) == (2, None, {})
-    assert [r["step"] for r in json.loads(lines[2])["reports"]] == [3]
+    # [step, total, age (ms between the call and the send), metrics, sections]
+    assert first == [1, 10, first[2], {"loss": 2.5, "acc": 0.25}, None]
+    assert second == [2, None, second[2], {}, None]
+    assert 0 <= second[2] <= first[2] < 60_000
+    assert [r[0] for r in json.loads(lines[2])["reports"]] == [3]
 
 
 def test_unusual_metric_values(control_server: ControlServer) -> None:

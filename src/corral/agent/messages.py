@@ -2,8 +2,10 @@
 
 Each line a rank's SDK sends on its ``ctl`` connection is one JSON object with
 a ``type``: ``reports`` (what :func:`corral.sdk.report` buffered: a list of
-progress reports, each with the ``sections`` timings of ``sdk.section`` and its
-``age``, forwarded one event each), ``progress`` (one report), ``checkpoint``
+progress reports ``[step, total, age_ms, metrics, sections_ns]``, ``sections_ns``
+the timings of ``sdk.section``, forwarded one ``progress`` event each, sections in
+seconds),
+``progress`` (one report), ``checkpoint``
 (``save_checkpoint``'s announcement, ``"ack": true`` when the rank waits for
 the coordinator's answer), ``quorum`` (``sdk.fault_tolerant``'s quorum changes),
 ``chunk`` (``sdk.chunks``' progress) or ``exit`` (the rank wrapper's exit code).
@@ -20,6 +22,7 @@ like another event (``rank_exit``, ``node_exit``, ...).
 from __future__ import annotations
 
 import functools
+import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -35,10 +38,10 @@ __all__ = [
     "ChunkMessage",
     "Complaints",
     "ExitMessage",
-    "ProgressEntry",
     "ProgressMessage",
     "QuorumMessage",
     "RankMessage",
+    "ReportEntry",
     "ReportsMessage",
     "first_error",
     "forwarded",
@@ -71,38 +74,41 @@ class _Message(BaseModel):
     )
 
 
-class _Progress(_Message):
+Metrics = Annotated[dict[MetricName, float | None], Field(max_length=MAX_METRICS)]
+#: ``sdk.section`` timings since the previous report: mean seconds per section.
+Sections = Annotated[dict[MetricName, Seconds], Field(max_length=MAX_SECTIONS)]
+
+
+class ProgressMessage(_Message):
     """``report(step, total, **metrics)``: how far a rank is."""
 
+    type: Literal["progress"]
     step: Step
     total: Step | None = None
-    metrics: Annotated[dict[MetricName, float | None], Field(max_length=MAX_METRICS)] = Field(
-        default_factory=dict
-    )
-    #: ``sdk.section`` timings since the previous report: mean seconds per section.
-    sections: Annotated[dict[MetricName, Seconds], Field(max_length=MAX_SECTIONS)] = Field(
-        default_factory=dict
-    )
+    metrics: Metrics = Field(default_factory=dict)
+    sections: Sections = Field(default_factory=dict)
 
 
-class ProgressMessage(_Progress):
-    """One progress report."""
-
-    type: Literal["progress"]
-
-
-class ProgressEntry(_Progress):
-    """A progress report in a ``reports`` message; ``age``: seconds it waited in the
-    rank's buffer before it was sent."""
-
-    age: Seconds = 0.0
+Nanoseconds = Annotated[int, Field(ge=0, le=10**16)]
+#: One report of a ``reports`` message: ``[step, total, age, metrics, sections]``,
+#: ``age`` the milliseconds it waited in the rank's buffer before it was sent,
+#: ``sections`` the mean nanoseconds per section (sent as integers: cheaper to print).
+ReportEntry = tuple[
+    Step,
+    Step | None,
+    Count,
+    Metrics,
+    Annotated[dict[MetricName, Nanoseconds], Field(max_length=MAX_SECTIONS)] | None,
+]
 
 
 class ReportsMessage(_Message):
-    """The progress reports a rank's SDK buffered since its previous send, in order."""
+    """The progress reports a rank's SDK buffered since its previous send, in order;
+    ``dropped``: how many invalid ones the agent left out (see :func:`parse_message`)."""
 
     type: Literal["reports"]
-    reports: Annotated[list[ProgressEntry], Field(min_length=1, max_length=MAX_REPORTS)]
+    reports: Annotated[list[ReportEntry], Field(min_length=1, max_length=MAX_REPORTS)]
+    dropped: Count = 0
 
 
 class CheckpointMessage(_Message):
@@ -155,6 +161,11 @@ def _adapter() -> TypeAdapter[AnyMessage]:
     return TypeAdapter(RankMessage, config=ConfigDict(defer_build=True))
 
 
+@functools.cache
+def _entry_adapter() -> TypeAdapter[ReportEntry]:
+    return TypeAdapter(ReportEntry, config=ConfigDict(strict=True, allow_inf_nan=False))
+
+
 def first_error(exc: ValidationError, limit: int = 200) -> str:
     """The first problem of a validation error on one short printable line."""
     error = exc.errors(include_url=False, include_input=False)[0]
@@ -166,23 +177,52 @@ def first_error(exc: ValidationError, limit: int = 200) -> str:
 
 
 def parse_message(line: bytes) -> AnyMessage:
-    """Validate one line from a rank; ValueError with a short reason when it is invalid."""
+    """Validate one line from a rank; ValueError with a short reason when it is invalid.
+
+    A ``reports`` message with some invalid reports keeps its valid ones (each report
+    is judged alone, as when each was a line of its own), ``dropped`` counting the rest.
+    """
     if len(line) > MAX_MESSAGE:
         raise ValueError(f"message of {len(line)} bytes (at most {MAX_MESSAGE})")
     try:
         return _adapter().validate_json(line)
     except ValidationError as exc:
-        raise ValueError(first_error(exc)) from None
+        kept = _valid_reports(line)
+        if kept is None:
+            raise ValueError(first_error(exc)) from None
+        return kept
+
+
+def _valid_reports(line: bytes) -> ReportsMessage | None:
+    """The valid reports of an invalid ``reports`` line (None: not one, or none valid)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("type") != "reports":
+        return None
+    entries = data.get("reports")
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_REPORTS:
+        return None
+    kept = []
+    for entry in entries:
+        try:  # JSON mode: the same strictness as a whole line's
+            kept.append(_entry_adapter().validate_json(json.dumps(entry)))
+        except (ValidationError, ValueError):
+            continue
+    if not kept:
+        return None
+    return ReportsMessage(type="reports", reports=kept, dropped=len(entries) - len(kept))
 
 
 def report_event(
-    message: ProgressMessage | ProgressEntry | CheckpointMessage | QuorumMessage | ChunkMessage,
+    message: ProgressMessage | CheckpointMessage | QuorumMessage | ChunkMessage,
     rank: int,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The ``report`` event forwarded to the coordinator: the validated fields, then
     the agent's own keys (``event``, the connection's ``rank``, the agent's ``time``)."""
-    fields = message.model_dump(exclude={"age"})
+    fields = message.model_dump()
     if not fields.get("sections", True):
         del fields["sections"]  # no sdk.section timings in this report
     fields.update(event="report", rank=rank, time=time.time() if now is None else now)
@@ -195,14 +235,17 @@ def forwarded(
     now: float | None = None,
 ) -> list[dict[str, Any]]:
     """The ``report`` events a message becomes: one per progress report of a
-    ``reports`` message (``type: progress``, timed its ``age`` before ``now``), else
-    the message's own (:func:`report_event`)."""
+    ``reports`` message (``type: progress``, as :func:`report_event` makes it for a
+    ``progress`` message, timed its ``age`` before ``now``), else the message's own."""
     now = time.time() if now is None else now
     if not isinstance(message, ReportsMessage):
         return [report_event(message, rank, now)]
     events = []
-    for entry in message.reports:
-        event = report_event(entry, rank, max(0.0, now - entry.age))
-        event["type"] = "progress"
+    for step, total, age, metrics, sections in message.reports:
+        event: dict[str, Any] = {"type": "progress", "step": step, "total": total}
+        event["metrics"] = metrics
+        if sections:
+            event["sections"] = {name: ns / 1e9 for name, ns in sections.items()}
+        event.update(event="report", rank=rank, time=max(0.0, now - age / 1000.0))
         events.append(event)
     return events

@@ -344,7 +344,12 @@ class NodeAgent:
                 return
             try:
                 # pydantic is imported on the first message, not at the agent's start
-                from corral.agent.messages import ExitMessage, forwarded, parse_message
+                from corral.agent.messages import (
+                    ExitMessage,
+                    ReportsMessage,
+                    forwarded,
+                    parse_message,
+                )
 
                 msg = parse_message(line)
             except ValueError as exc:
@@ -355,6 +360,8 @@ class NodeAgent:
                 track.code = msg.code
                 self._maybe_report_rank(track, final=False)
             else:
+                if isinstance(msg, ReportsMessage) and msg.dropped:  # its invalid reports
+                    self._complain(f"dropped {msg.dropped} invalid report(s) from rank {rank}")
                 for event in forwarded(msg, rank):  # a "reports" message: one per report
                     if rank in self.gpu and event.get("type", "progress") == "progress":
                         event["gpu"] = self.gpu[rank]

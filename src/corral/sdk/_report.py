@@ -9,14 +9,16 @@ drops connections without it, see :mod:`corral.agent.control`), then
 :func:`report` costs about a microsecond: it appends the report to a buffer
 (:data:`corral.sdk._section.records`, in order with the section timings) and a
 daemon thread sends what piled up every :data:`FLUSH_INTERVAL` seconds as one
-line (several when long)::
+line (several when long), each report ``[step, total, age, metrics, sections]``::
 
-    {"type": "reports", "rank": 0, "reports": [
-      {"step": 10, "total": 100, "age": 0.15, "metrics": {"loss": 0.5},
-       "sections": {"compute": 0.051}}, ...]}
+    {"type":"reports","rank":0,"reports":[[10,100,150,{"loss":0.5},{"compute":51000000}],
+                                          [11,100,148,{"loss":0.49},null], ...]}
 
-``age``: seconds between the call and the send. The node agent forwards each
-report as its own ``progress`` event (time: its clock less the age), so the
+``age``: milliseconds between the call and the send; ``sections``: the mean
+nanoseconds per :func:`corral.sdk.section` timed since the previous report
+(null: none; integers print faster than floats). The node agent forwards each
+report as its own ``progress`` event (time: its clock less the age; sections in
+seconds, as ``{"type": "progress"}`` had them), so the
 coordinator sees every step as before. The buffer is also sent before any other
 event (:func:`send_event`: a checkpoint announced at step N comes after the
 report of step N) and at exit (``atexit``, also after an uncaught exception).
@@ -123,33 +125,54 @@ def _plain(metrics: dict[str, object]) -> dict[str, object] | None:
         return None
 
 
-def _batches(rank: int, taken: list[_section.Report], now: float) -> Iterator[bytes]:
-    """The ``reports`` lines for ``taken`` (reports and their sections), each at most
-    :data:`MAX_LINE` bytes and :data:`MAX_BATCH` reports; a report with a bad value
-    is dropped alone."""
-    head = b'{"type":"reports","rank":%d,"reports":[' % rank
-    parts: list[bytes] = []
-    size = len(head)
-    for (step, total, metrics, when), sections in taken:
-        entry: dict[str, object] = {
-            "step": step,
-            "total": total,
-            "age": round(max(0.0, now - when), 6),
-        }
-        try:
-            entry["metrics"] = {str(k): _metric(v) for k, v in metrics.items()}
-            if sections:
-                entry["sections"] = sections
-            data = json.dumps(entry, allow_nan=False, separators=(",", ":")).encode()
-        except (TypeError, ValueError, OverflowError):
-            continue
-        if parts and (size + len(data) + 4 > MAX_LINE or len(parts) >= MAX_BATCH):
-            yield head + b",".join(parts) + b"]}\n"
-            parts, size = [], len(head)
-        parts.append(data)
-        size += len(data) + 1
-    if parts:
-        yield head + b",".join(parts) + b"]}\n"
+_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+_STEP_LIMIT = 2**62  # what the agent accepts as a step or a total
+
+
+def _entries(taken: list[_section.Report], now: float) -> list[_section.Report]:
+    """``taken`` as the ``reports`` line lists them: the report's time becomes its age
+    in milliseconds (in place)."""
+    for entry in taken:
+        age = now - entry[2]
+        entry[2] = int(age * 1000.0) if age > 0 else 0
+    return taken
+
+
+def _cleaned(entry: _section.Report) -> _section.Report | None:
+    """``entry`` as the agent accepts it (non-finite metrics as null), or None."""
+    try:
+        step, total, age, metrics, sections = entry
+        if abs(step) > _STEP_LIMIT or (total is not None and abs(total) > _STEP_LIMIT):
+            return None
+        entry = [step, total, age, {str(k): _metric(v) for k, v in metrics.items()}, sections]
+        _encode(entry)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return entry
+
+
+def _lines(rank: int, entries: list[_section.Report]) -> Iterator[bytes]:
+    """``reports`` lines of at most :data:`MAX_BATCH` reports and :data:`MAX_LINE`
+    bytes; a report with a bad value is dropped alone."""
+    for first in range(0, len(entries), MAX_BATCH):
+        yield from _encoded(rank, entries[first : first + MAX_BATCH])
+
+
+def _encoded(rank: int, entries: list[_section.Report]) -> Iterator[bytes]:
+    message = {"type": "reports", "rank": rank, "reports": entries}
+    try:
+        line = _encode(message).encode() + b"\n"
+    except (TypeError, ValueError, OverflowError):  # NaN, a huge int, ...: the slow way
+        entries = [clean for entry in entries if (clean := _cleaned(entry)) is not None]
+        if not entries:
+            return
+        line = _encode({**message, "reports": entries}).encode() + b"\n"
+    if len(line) > MAX_LINE and len(entries) > 1:
+        half = len(entries) // 2
+        yield from _encoded(rank, entries[:half])
+        yield from _encoded(rank, entries[half:])
+    elif len(line) <= MAX_LINE:
+        yield line
 
 
 class _Reporter:
@@ -176,6 +199,7 @@ class _Reporter:
         self.active = False
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self.woken = False  # the sender thread was told to send soon
 
     def _forked(self) -> None:
         """In a forked child: its own connection, locks and sender thread, later."""
@@ -223,6 +247,7 @@ class _Reporter:
 
     def wake(self) -> None:
         """Send soon: much piled up."""
+        self.woken = True
         self._wake.set()
 
     def _run(self) -> None:
@@ -230,6 +255,7 @@ class _Reporter:
         while True:
             wake.wait(FLUSH_INTERVAL)
             wake.clear()
+            self.woken = False
             self.flush()
 
     def flush(self) -> None:
@@ -249,7 +275,7 @@ class _Reporter:
             rank = info().rank
         except ValueError:
             return
-        for line in _batches(rank, taken, _clock()):
+        for line in _lines(rank, _entries(taken, _clock())):
             if self._send_line(spec, rank, line) is None:
                 self.active = False
                 return
@@ -400,8 +426,8 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
             step, total = int(step), None if total is None else int(total)
         except (TypeError, ValueError):
             return
-    _append((step, total, metrics, _clock()))
-    if len(_records) >= _WAKE_AT:
+    _append([step, total, _clock(), metrics, None])
+    if len(_records) >= _WAKE_AT and not _reporter.woken:
         _reporter.wake()
 
 

@@ -63,11 +63,13 @@ _POOL = 256  # read CUDA events kept for reuse
 
 #: This process's section timings and reports, in call order: ``(name, seconds)``
 #: (a CPU section), ``(name, start_event, end_event)`` (a CUDA section) and
-#: ``(step, total, metrics, monotonic_time)`` (:func:`corral.sdk.report`).
-records: collections.deque[tuple[Any, ...]] = collections.deque()
+#: ``[step, total, monotonic_time, metrics, None]`` (:func:`corral.sdk.report`; its
+#: last item becomes the mean nanoseconds (an int) per section timed before it, or
+#: None).
+records: collections.deque[Any] = collections.deque()
 
-#: A report record and the mean seconds per section timed before it.
-Report = tuple[tuple[Any, ...], dict[str, float]]
+#: A report as :func:`reports` returns it: ``[step, total, time, metrics, sections]``.
+Report = list[Any]
 
 _perf_counter = time.perf_counter
 
@@ -86,8 +88,6 @@ class _Totals:
         self._reports: list[Report] = []
 
     def _add(self, name: str, seconds: float) -> None:
-        if not math.isfinite(seconds) or seconds < 0:
-            return
         entry = self._sums.get(name)
         if entry is None:
             if len(self._sums) >= MAX_SECTIONS:
@@ -98,15 +98,28 @@ class _Totals:
 
     def _absorb(self) -> None:
         pop = records.popleft
+        sums = self._sums
+        reports = self._reports
         for _ in range(len(records)):
             record = pop()
             size = len(record)
-            if size == 2:
-                self._add(*record)
+            if size == 2:  # a CPU section (a clock difference: finite, >= 0)
+                name, seconds = record
+                entry = sums.get(name)
+                if entry is not None:
+                    entry[0] += seconds
+                    entry[1] += 1
+                elif len(sums) < MAX_SECTIONS:
+                    sums[name] = [seconds, 1]
             elif size == 3:
                 self._pending.append(record)
             else:
-                self._reports.append((record, self._means()))
+                if self._pending:
+                    self._read_pending()
+                if sums:
+                    record[4] = {n: int(t / c * 1e9) for n, (t, c) in sums.items()}
+                    sums = self._sums = {}
+                reports.append(record)
 
     def _read_pending(self) -> None:
         """Add the pairs the GPU has passed (in stream order: stop at the first not done)."""
@@ -121,7 +134,8 @@ class _Totals:
                 pending.popleft()
                 continue
             pending.popleft()
-            self._add(name, seconds)
+            if math.isfinite(seconds) and seconds >= 0:
+                self._add(name, seconds)
             if len(_free_events) < _POOL:
                 _free_events.extend((start, end))
 
@@ -171,7 +185,7 @@ def drain() -> dict[str, float]:
 
 
 def reports() -> list[Report]:
-    """The reports recorded since the last call, each with the mean seconds per
+    """The reports recorded since the last call, each with the mean nanoseconds per
     section timed before it (since the report before); what the reporter sends."""
     return _totals.reports()
 
@@ -231,7 +245,7 @@ class section:  # used as a function: ``with sdk.section("compute"):``
     timing; a bad ``name`` is a ValueError. Also a decorator.
     """
 
-    __slots__ = ("_began", "_cuda", "_start", "name")
+    __slots__ = ("_cuda", "_start", "name")
 
     def __init__(self, name: str, *, cuda: bool | None = None) -> None:
         if name not in _known:
@@ -240,16 +254,14 @@ class section:  # used as a function: ``with sdk.section("compute"):``
                 _known.add(name)
         self.name = name
         self._cuda = cuda
-        self._start: Any = None
-        self._began = 0.0
+        self._start: Any = None  # the CPU clock (a float) or a CUDA event
 
     def __enter__(self) -> None:
-        if self._cuda is not False and (make := _cuda_events()) is not None:
+        if self._cuda is not False and (make := _cuda_event or _cuda_events()) is not None:
             start = self._start = _event(make)
             start.record()
         else:
-            self._start = None
-            self._began = _perf_counter()
+            self._start = _perf_counter()
 
     def __exit__(
         self,
@@ -258,10 +270,9 @@ class section:  # used as a function: ``with sdk.section("compute"):``
         tb: TracebackType | None,
     ) -> None:
         start = self._start
-        if start is None:
-            records.append((self.name, _perf_counter() - self._began))
+        if start.__class__ is float:
+            records.append((self.name, _perf_counter() - start))
         else:
-            self._start = None
             end = _event(type(start))
             end.record()
             records.append((self.name, start, end))

@@ -1,0 +1,160 @@
+"""What ``sdk.report`` + ``sdk.section`` cost a training step, inside a live job.
+
+``corral``'s own engine runs ``workloads/sdk_overhead.py`` on ``local:1``
+(``--launcher python``, the rank's real control socket and node agent, this
+process as the coordinator). The workload runs one loop body in four modes
+(no SDK call, ``report`` every step, ``section`` every step, both), paced to
+``--rate`` steps per second in blocks of ``--block`` steps, ``--rounds`` rounds
+in a rotating order. Metrics (median over the rounds):
+
+* **report + section, CPU per step** (the headline, target <= 5 us): the rank
+  process's extra CPU time per step in mode ``both`` over ``plain``, every
+  thread counted (the reporter thread's encoding and sends too);
+* the same for ``report`` and ``section`` alone (info);
+* **training-thread time per step**: the extra wall time of a block of steps,
+  per step (median block): what the step itself is delayed by (info);
+* **reports lost**: every report must reach the coordinator as a ``progress``
+  event, in order (target 0; the job must succeed).
+
+    python benchmarks/bench_sdk.py [--steps 6000] [--rounds 3] [--rate 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchlib import ROOT, WORKLOADS, bench_env, log, median, metric, write_result
+
+sys.path.insert(0, str(ROOT / "src"))  # the corral of this tree, installed or not
+
+NAME = "sdk"
+WORKLOAD = WORKLOADS / "sdk_overhead.py"
+TARGET_US = 5.0
+
+
+def run_job(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], list[int], str]:
+    """Run the workload as a corral job: (its samples, the steps of every progress
+    event the coordinator got, the job's end state and reason)."""
+    from corral.cluster.hostfile import load_cluster
+    from corral.job.engine import Job
+    from corral.job.events import JobEvent, Progress
+    from corral.job.options import CheckPolicy
+    from corral.plan.spec import JobSpec
+
+    out = tmp / "samples.json"
+    env = bench_env()
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the agent: this tree's corral
+    spec = JobSpec(
+        script=str(WORKLOAD),
+        args=(
+            "--out", str(out), "--steps", str(args.steps), "--rounds", str(args.rounds),
+            "--block", str(args.block), "--rate", str(args.rate),
+        ),
+        launcher="python",
+        job_id="bench-sdk",
+        master_port=0,
+        workdir=str(tmp),
+        run_dir=str(tmp / "runs"),
+        env={"PYTHONPATH": env["PYTHONPATH"]},  # the rank: this tree's corral
+    )  # fmt: skip
+    job = Job(spec, load_cluster("local:1"), checks=CheckPolicy(enabled=False))
+    steps: list[int] = []
+
+    def on_event(event: JobEvent) -> None:
+        if isinstance(event, Progress) and isinstance(event.step, int):
+            steps.append(event.step)
+
+    job.subscribe(on_event)
+    result = asyncio.run(asyncio.wait_for(job.run(), 600))
+    state = f"{result.state.value}{': ' + result.reason if result.reason else ''}"
+    samples = json.loads(out.read_text()) if out.exists() else {}
+    return samples, steps, state
+
+
+def per_step_us(samples: dict[str, list[dict[str, Any]]], mode: str, steps: int) -> dict[str, Any]:
+    """Extra CPU and training-thread time per step of ``mode`` over ``plain``, in us,
+    per round and their medians."""
+    cpu = [
+        (run["cpu"] - plain["cpu"]) / steps * 1e6
+        for run, plain in zip(samples[mode], samples["plain"], strict=True)
+    ]
+    wall = [
+        (statistics.median(run["blocks"]) - statistics.median(plain["blocks"]))
+        / (steps / len(run["blocks"]))
+        * 1e6
+        for run, plain in zip(samples[mode], samples["plain"], strict=True)
+    ]
+    return {"cpu_us": cpu, "wall_us": wall, "cpu": median(cpu), "wall": median(wall)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=6000, help="steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--block", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=2000.0, help="steps per second")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="corral-bench-sdk-") as tmp:
+        samples, steps, state = run_job(args, Path(tmp))
+    if not samples or not state.startswith("succeeded"):
+        write_result(NAME, {"title": "SDK cost per step", "status": "failed", "reason": state})
+        print(f"the job did not succeed: {state}", file=sys.stderr)
+        return 1
+    reported = int(samples["reported"])
+    expected = list(range(reported + 1))
+    lost = len(set(expected) - set(steps))
+    in_order = steps == expected
+    log(f"{len(steps)} progress events for {reported + 1} reports; in order: {in_order}")
+    modes = {m: per_step_us(samples["samples"], m, args.steps) for m in ("report", "section", "both")}
+    for mode, found in modes.items():
+        log(f"{mode}: CPU {found['cpu_us']} us/step, training thread {found['wall_us']} us/step")
+    both = modes["both"]
+    cond = f"local:1, python launcher, {args.rate:g} steps/s, median of {args.rounds} rounds"
+    metrics = [
+        metric(
+            f"sdk.report + sdk.section per step, CPU of the rank (all threads; {cond})",
+            both["cpu"], "us", f"<= {TARGET_US:g} us", both["cpu"] <= TARGET_US,
+        ),
+        metric("sdk.report per step, CPU of the rank (info)", modes["report"]["cpu"], "us", "-", None),
+        metric("sdk.section per step, CPU of the rank (info)", modes["section"]["cpu"], "us", "-", None),
+        metric(
+            "sdk.report + sdk.section per step, training thread (median block; info)",
+            both["wall"], "us", "-", None,
+        ),
+        metric(
+            "reports lost or out of order on the way to the coordinator",
+            float(lost + (0 if in_order else 1)), "count", "0", lost == 0 and in_order,
+        ),
+    ]  # fmt: skip
+    met = all(m["met"] for m in metrics if m["met"] is not None)
+    write_result(
+        NAME,
+        {
+            "title": "SDK cost per step (report + section inside a live job)",
+            "status": "ok",
+            "config": vars(args),
+            "samples": {"per_mode": modes, "progress_events": len(steps), "reports": reported + 1},
+            "medians": {m: {"cpu_us": v["cpu"], "wall_us": v["wall"]} for m, v in modes.items()},
+            "metrics": metrics,
+            "ratio": None,
+            "target": f"<= {TARGET_US:g} us per step",
+            "met": met,
+        },
+    )
+    print(
+        f"report + section: {both['cpu']:.2f} us CPU per step ({both['wall']:.2f} us on the "
+        f"training thread); reports lost: {lost}"
+    )
+    return 0 if lost == 0 and in_order else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
