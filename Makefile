@@ -22,7 +22,7 @@ elif command -v nvidia-smi >/dev/null 2>&1; then echo gpu; \
 else echo cpu-index; fi
 endef
 
-.PHONY: setup system-deps demo test test-fast unit lint bench gpu-check clean torch-source
+.PHONY: setup system-deps demo test test-fast unit lint bench gpu-check wheelhouse clean torch-source
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -79,10 +79,28 @@ test: setup system-deps lint
 	$(PY) -m pytest -q -ra --durations=25
 
 # corral's GPU paths on this machine's GPUs (NCCL, FSDP2 bf16, calibrate, NVML health,
-# launch/teardown benchmarks); without a GPU: a CPU dry run of its plumbing, exit 0
-gpu-check: setup
+# launch/teardown benchmarks); without a GPU: a CPU dry run of its plumbing, exit 0.
+# Steps that need more GPUs than there are are listed SKIPPED with the reason.
+# With WHEELHOUSE=DIR (made by `make wheelhouse` elsewhere) nothing is downloaded:
+# corral and its dependencies are installed from DIR (pip --no-index) into $(PYTHON),
+# the machine's own interpreter with its CUDA torch, and the check runs with it:
+#   make gpu-check WHEELHOUSE=wheelhouse PYTHON=python3
+gpu-check: $(if $(WHEELHOUSE),,setup)
+ifneq ($(WHEELHOUSE),)
+	$(PYTHON) scripts/gpu_check.py --wheelhouse '$(WHEELHOUSE)'
+else
 	@$(PY) -c 'import pynvml' 2>/dev/null || $(PY) -m pip install -q -e '.[gpu]' || true
 	$(PY) scripts/gpu_check.py
+endif
+
+# Wheels of corral and all its runtime dependencies (not torch) plus the [gpu] extra, for
+# a machine that reaches no package registry; default: this machine's Python and platform.
+#   make wheelhouse PY_VERSION=3.12 PLATFORM=manylinux2014_x86_64 [WHEELHOUSE=wheelhouse]
+# (PLATFORM may list several tags, e.g. "manylinux2014_x86_64 manylinux_2_28_x86_64")
+wheelhouse:
+	$(PYTHON) scripts/wheelhouse.py --dest '$(or $(WHEELHOUSE),wheelhouse)' \
+		$(if $(PY_VERSION),--python-version $(PY_VERSION)) \
+		$(foreach p,$(PLATFORM),--platform $(p))
 
 bench: setup system-deps
 	$(PY) benchmarks/run_all.py
