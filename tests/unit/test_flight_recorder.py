@@ -271,3 +271,24 @@ def test_the_agents_event_carries_the_dump_and_why_there_is_none() -> None:
     parsed = parse_event(json.dumps(event))
     assert parsed["stacks"][0]["trace"] == "AAEC"
     assert parsed["stacks"][1]["trace_error"] == "rank 1: off"
+
+
+def test_torchs_analyser_runs_without_loading_libtorch(tmp_path: Path) -> None:
+    """The analysis (its own process) loads torch's analyser files, not libtorch:
+    seconds of a busy coordinator's CPU before the report otherwise."""
+    require_torch()
+    _write_dumps(tmp_path, {0: 5, 1: 5, 2: 4})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; from corral.diagnose.frtrace import analyse;"
+            " print(json.dumps([analyse(sys.argv[1])['finding'], 'torch._C' in sys.modules]))",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    finding, loaded = json.loads(done.stdout)
+    assert (finding["sequence"], finding["missing_ranks"], loaded) == (5, [2], False)

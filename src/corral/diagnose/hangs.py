@@ -20,12 +20,9 @@ collectives, which the report shows even when every collective matched.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import importlib
-import io
-import logging
-import threading
+import json
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +44,6 @@ __all__ = [
     "group_stacks",
     "hang_report",
     "odd_ones_out",
-    "preload_analyser",
     "read_flight_recorder",
     "render_markdown",
 ]
@@ -55,6 +51,7 @@ __all__ = [
 _SIGNATURE_FRAMES = 32  # innermost frames that make a rank's place
 #: How many of each rank's last flight recorder entries the report shows.
 LAST_COLLECTIVES = 5
+_ANALYSIS_TIMEOUT = 120.0  # seconds torch's analyser may take over the dumps
 
 
 @dataclass(frozen=True)
@@ -155,130 +152,46 @@ class FlightFinding:
         return f"{head}not the same on every rank"
 
 
-def _entry_summary(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """One flight recorder entry as the report shows it: op, seq, state, sizes, group."""
-    group = entry.get("process_group") or ("", "")
-    p2p = bool(entry.get("is_p2p"))
-    seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
-    return {
-        "op": str(entry.get("profiling_name") or "?"),
-        "seq": int(seq) if isinstance(seq, int) else None,
-        "p2p": p2p,
-        "state": str(entry.get("state") or "?"),
-        "input_sizes": list(entry.get("input_sizes") or []),
-        "output_sizes": list(entry.get("output_sizes") or []),
-        "group": ":".join(str(part) for part in group),
-    }
-
-
-def _name_unnamed_groups(details: Mapping[str, Any]) -> None:
-    """Give a dump's unnamed process group the name its entries use.
-
-    gloo's recorder (torch 2.13) lists the default group under ``""`` in
-    ``pg_config`` while its entries say ``("0", "default_pg")``, which torch's
-    analyser cannot match; with exactly one such group the entry is renamed."""
-    for dump in details.values():
-        config = dump.get("pg_config")
-        if not isinstance(config, dict) or "" not in config:
-            continue
-        unknown = {
-            tuple(entry["process_group"])
-            for entry in dump.get("entries") or []
-            if isinstance(entry.get("process_group"), (list, tuple))
-            and len(entry["process_group"]) == 2
-            and str(entry["process_group"][0]) not in config
-        }
-        if len(unknown) == 1:
-            name, desc = (str(part) for part in unknown.pop())
-            config[name] = {**config.pop(""), "name": name, "desc": desc}
-
-
-def _mismatched(collective: Any) -> list[dict[str, Any]]:
-    """The ranks torch's analyser found in another collective at this one's place."""
-    others = getattr(collective, "mismatch_collectives", None) or {}
-    return [
-        {"rank": int(rank), "collective": str(getattr(other, "collective_name", "?"))}
-        for rank, other in sorted(others.items())
-    ]
-
-
-_ANALYSER = tuple(
-    f"torch.distributed.flight_recorder.components.{name}"
-    for name in ("builder", "config_manager", "loader")
-)
-_FR_LOGGER = "Flight Recorder"  # torch's analyser logs (and warns at import) under it
-
-
-def preload_analyser() -> None:
-    """Start importing torch's flight recorder analyser in a daemon thread: importing
-    torch takes seconds, which then pass while the ranks' dumps are collected.
-    Nothing happens without torch."""
-
-    def load() -> None:
-        with contextlib.suppress(Exception):
-            for name in _ANALYSER:
-                importlib.import_module(name)
-
-    logging.getLogger(_FR_LOGGER).disabled = True  # its notes are not the user's
-    threading.Thread(target=load, name="corral-flight-analyser", daemon=True).start()
-
-
 def read_flight_recorder(
     directory: Path, prefix: str = "rank_", last: int = LAST_COLLECTIVES
 ) -> tuple[FlightFinding | None, dict[int, list[dict[str, Any]]]]:
     """Read the per-rank flight recorder dumps ``<prefix><rank>`` in ``directory`` with
-    torch's analyser: (the first collective some ranks never entered or entered
-    differently, None when every collective matched; each rank's ``last`` entries,
-    oldest first). Raises ValueError when the dumps cannot be read (no torch, no
-    files, a format this torch does not know)."""
-    quiet = io.StringIO()
-    logging.getLogger(_FR_LOGGER).disabled = True
+    torch's analyser (:mod:`corral.diagnose.frtrace`, in its own process): (the first
+    collective some ranks never entered or entered differently, None when every
+    collective matched; each rank's ``last`` entries, oldest first). Raises
+    ValueError when the dumps cannot be read (no torch, no files, a format this
+    torch does not know)."""
     try:
-        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            from torch.distributed.flight_recorder.components.builder import build_db
-            from torch.distributed.flight_recorder.components.config_manager import JobConfig
-            from torch.distributed.flight_recorder.components.loader import read_dir
-    except ImportError as exc:
-        raise ValueError(f"torch's flight recorder analyser is not available: {exc}") from None
-    args = JobConfig().parse_args([str(directory), "--allow-incomplete-ranks", "--prefix", prefix])
-    collecting = gc.isenabled()  # torch's reader turns the garbage collector off
+        done = subprocess.run(
+            [sys.executable, "-m", "corral.diagnose.frtrace", str(directory), prefix, str(last)],
+            capture_output=True,
+            text=True,
+            timeout=_ANALYSIS_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"cannot run torch's flight recorder analyser: {exc}") from None
     try:
-        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            details, version = read_dir(args)
-            _name_unnamed_groups(details)
-            entries = {
-                int(dump["rank"]): [dict(e) for e in dump.get("entries") or []]
-                for dump in details.values()
-            }
-            database = build_db(details, args, version)
-    except Exception as exc:  # torch's reader raises anything from unpickling to KeyError
-        raise ValueError(
-            f"cannot analyse the flight recorder dumps in {directory}: {exc!r}"
-        ) from None
-    finally:
-        if collecting:
-            gc.enable()
-    recent = {
-        rank: [_entry_summary(entry) for entry in rank_entries[-last:]]
-        for rank, rank_entries in sorted(entries.items())
-    }
-    for collective in database.collectives:
-        missing = sorted(collective.missing_ranks or ())
-        if missing or not collective.pass_check:
-            return FlightFinding(
-                collective=str(collective.collective_name),
-                sequence=int(collective.collective_seq_id),
-                group=str(collective.pg_desc),
-                state=str(collective.collective_state),
-                missing_ranks=missing,
-                expected_ranks=sorted(collective.expected_ranks),
-                frames=[
-                    f"{f.get('name')} ({f.get('filename')}:{f.get('line')})"
-                    for f in (collective.collective_frames or [])[:5]
-                ],
-                mismatched=[] if missing else _mismatched(collective),
-            ), recent
-    return None, recent
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ValueError(f"torch's flight recorder analyser failed: {tail}") from None
+    if result.get("error"):
+        raise ValueError(str(result["error"]))
+    recent = {int(rank): list(rows) for rank, rows in (result.get("last") or {}).items()}
+    found = result.get("finding")
+    if not found:
+        return None, recent
+    return FlightFinding(
+        collective=str(found["collective"]),
+        sequence=int(found["sequence"]),
+        group=str(found["group"]),
+        state=str(found["state"]),
+        missing_ranks=[int(r) for r in found["missing_ranks"]],
+        expected_ranks=[int(r) for r in found["expected_ranks"]],
+        frames=[str(f) for f in found.get("frames") or []],
+        mismatched=list(found.get("mismatched") or []),
+    ), recent
 
 
 def analyse_flight_recorder(directory: Path, prefix: str = "rank_") -> FlightFinding | None:

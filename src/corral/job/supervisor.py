@@ -28,9 +28,8 @@ from typing import Any
 
 from corral.agent.protocol import EVENT, NODE, STDERR, encode_op, read_frame
 from corral.cluster.model import Host
-from corral.contract import FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.contract import NODE_DIR_ENV
 from corral.diagnose.hangreport import write_hang_report
-from corral.diagnose.hangs import preload_analyser
 from corral.diagnose.stragglers import StragglerScores
 from corral.errors import CorralError
 from corral.job.events import (
@@ -633,8 +632,6 @@ class Supervisor:
         self._say(f"hang detected: {verdict.message()}; dumping stacks", "error")
         asking = [n for n in self.nodes if n.proc is not None and not n.state.terminal]
         wait = self._trace_wait()
-        if self.nodes and self.nodes[0].command.env.get(FLIGHT_RECORDER_ENV) != "0":
-            preload_analyser()  # torch's import overlaps the dumps' collection
         for node in asking:
             node.stacks = None
             node.stacks_ready.clear()
