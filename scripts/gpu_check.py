@@ -3,10 +3,12 @@
 With N >= 1 NVIDIA GPUs (found through NVML: ``pip install 'corral[gpu]'``):
 
 1. ``nvml``: the pre-flight's GPU health check (``corral check --json``, the ``gpu`` row);
-2. ``nccl-ddp-1gpu``: ``corral run --hosts local:1 --nproc-per-node 1`` with
-   ``examples/train_ddp.py`` (one NCCL rank, ``--env CORRAL_BACKEND=nccl``);
-3. ``nccl-ddp``: the same with one rank per GPU (needs >= 2 GPUs: DDP's all-reduce
-   across GPUs; NCCL refuses two ranks on one GPU);
+2. ``ddp-1gpu``: ``corral run --hosts local:1 --nproc-per-node 1`` with
+   ``examples/train_ddp.py`` (one rank training on CUDA: a world of one needs no
+   process group);
+3. ``nccl-ddp``: the same with one rank per GPU and ``--env CORRAL_BACKEND=nccl``
+   (needs >= 2 GPUs: DDP's NCCL all-reduce across GPUs; NCCL refuses two ranks on
+   one GPU);
 4. ``fsdp2-bf16-1gpu`` / ``fsdp2-bf16``: ``examples/actors_fsdp.py --backend fsdp --bf16
    --device cuda`` through the actors backend with one worker, and with one worker per
    GPU (needs >= 2 GPUs: parameters sharded across them);
@@ -162,7 +164,7 @@ def steps(n: int, train_steps: int, quick: bool, workdir: Path) -> list[Step]:
             _gpu_row,
             why=_failed_checks,
         ),
-        _ddp("nccl-ddp-1gpu", 1, train_steps, 1),
+        _ddp("ddp-1gpu", 1, train_steps, 1),
         _ddp("nccl-ddp", many, train_steps, 2, f"one NCCL rank per GPU: {TWO_NCCL}"),
         _fsdp("fsdp2-bf16-1gpu", 1, train_steps, workdir, 1),
         _fsdp(

@@ -47,7 +47,7 @@ def test_without_gpus_it_says_so_and_checks_its_plumbing() -> None:
     rows = {ln.split()[0]: ln for ln in out.splitlines()[3:] if ln.strip()}
     assert "skip: no GPUs" in rows["nvml"] and rows["nvml"].split()[1] == "ok"
     for step in (
-        "nccl-ddp-1gpu",
+        "ddp-1gpu",
         "nccl-ddp",
         "fsdp2-bf16-1gpu",
         "fsdp2-bf16",
@@ -56,7 +56,7 @@ def test_without_gpus_it_says_so_and_checks_its_plumbing() -> None:
         "bench-teardown",
     ):
         assert "skipped (no GPU)" in rows[step]
-    assert "--bf16" in rows["fsdp2-bf16"] and "--nproc-per-node 1" in rows["nccl-ddp-1gpu"]
+    assert "--bf16" in rows["fsdp2-bf16"] and "--nproc-per-node 1" in rows["ddp-1gpu"]
     assert rows["plan"].split()[1] == "ok"
 
 
@@ -79,7 +79,7 @@ def test_one_gpu_runs_what_one_gpu_allows_and_skips_each_multi_gpu_step_with_the
 ) -> None:
     todo = gpu_check.steps(1, 5, True, tmp_path)
     by_name = {s.name: s for s in todo}
-    assert _ranks(by_name["nccl-ddp-1gpu"].argv) == "1"
+    assert _ranks(by_name["ddp-1gpu"].argv) == "1"
     assert _ranks(by_name["nccl-ddp"].argv) == "2"  # two NCCL ranks
     assert _ranks(by_name["fsdp2-bf16"].argv, "--workers-per-host") == "2"
     assert "CORRAL_BACKEND=nccl" in by_name["nccl-ddp"].argv  # the pre-flight is strict
