@@ -206,8 +206,9 @@ def test_dump_event(tmp_path: Path, start: Start, no_py_spy: None) -> None:
     event = asyncio.run(dump_event({4: proc.pid}, node_dir(tmp_path), 10.0))
     assert list(event) == ["stacks"]
     (entry,) = json.loads(json.dumps(event))["stacks"]
-    assert set(entry) == {"rank", "pid", "method", "text", "error", "trace"}
-    assert entry["trace"] is None  # no NCCL flight recorder on a CPU rank
+    assert set(entry) == {"rank", "pid", "method", "text", "error", "trace", "trace_error"}
+    assert entry["trace"] is None  # this node has no flight folder: the report says why
+    assert entry["trace_error"].startswith("the flight recorder is off on this node")
     assert entry["rank"] == 4 and entry["pid"] == proc.pid and entry["method"] == "faulthandler"
     back = StackDump.from_json(entry)
     assert parse_stack(back.text)[0].function == "step"
