@@ -202,6 +202,8 @@ def collect_one(name: str, path: Path) -> dict[str, Any]:
         metrics=extract_metrics(doc),
         collected=doc.get("date") or "an earlier run",
     )
+    if doc.get("failed_runs"):
+        record["failed_runs"] = doc["failed_runs"]
     return record
 
 
