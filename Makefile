@@ -4,6 +4,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# pytest-xdist workers of `make test` and `make test-fast`
+TEST_WORKERS ?= 4
 STAMP := $(VENV)/.installed-stamp
 
 # The project's own torch: the CPU build of one exact version. The [torch] extra in
@@ -73,10 +75,16 @@ unit: setup
 # The edit loop: unit tests and the local integration tests; no netns testbed, no
 # test marked slow (both run in `make test`).
 test-fast: setup
-	$(PY) -m pytest -q -ra -m 'not netns and not slow' tests/unit tests/integration
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -m 'not netns and not slow' \
+		tests/unit tests/integration
 
+# Tests run on TEST_WORKERS pytest-xdist workers (most of them wait on processes, servers
+# and browsers, so more workers than cores pays); the netns testbed's tests share one
+# worker and one testbed (tests/parallel.py). The end of the run lists the 25 tests
+# that cost the most CPU (their processes included, tests/cpumeter.py) and the total,
+# after the 25 slowest by wall time.
 test: setup system-deps lint
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --durations=25 --cpu-report=25
 
 # corral's GPU paths on this machine's GPUs (NCCL, FSDP2 bf16, calibrate, NVML health,
 # launch/teardown benchmarks); without a GPU: a CPU dry run of its plumbing, exit 0.

@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 
-pytest_plugins = ("pytester",)
+pytest_plugins = ("pytester", "tests.cpumeter", "tests.parallel")
 
 _TRUE = ("true", "1", "yes")
 
