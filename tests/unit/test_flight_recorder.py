@@ -292,3 +292,16 @@ def test_torchs_analyser_runs_without_loading_libtorch(tmp_path: Path) -> None:
     )
     finding, loaded = json.loads(done.stdout)
     assert (finding["sequence"], finding["missing_ranks"], loaded) == (5, [2], False)
+
+
+def test_a_job_with_a_bad_wait_is_refused_before_it_starts() -> None:
+    from corral.errors import ConfigError
+    from corral.job.build import JobOptions, job_spec
+
+    assert job_spec(JobOptions(command=("t.py",), env={"CORRAL_TRACE_WAIT": "30"}))
+    try:
+        job_spec(JobOptions(command=("t.py",), env={"CORRAL_TRACE_WAIT": "soon"}))
+    except ConfigError as exc:
+        assert "CORRAL_TRACE_WAIT='soon'" in str(exc) and exc.option == "--env"
+    else:
+        raise AssertionError("a bad CORRAL_TRACE_WAIT was accepted")

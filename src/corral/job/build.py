@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from corral.agent.flight import trace_wait
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster
 from corral.contract import QOS_CLASSES
@@ -133,6 +134,10 @@ def job_spec(options: JobOptions) -> JobSpec:
     check_launch(script, launcher)
     check_backend(options.mlx_backend)
     job_backend(options.env)  # a CORRAL_BACKEND the SDK and the pre-flight cannot read fails here
+    try:
+        trace_wait(options.env)  # a CORRAL_TRACE_WAIT the hang dump cannot use fails here too
+    except ValueError as exc:
+        raise ConfigError(str(exc), option="--env") from None
     own = launcher_options(
         launcher,
         {
