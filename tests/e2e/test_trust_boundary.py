@@ -209,13 +209,14 @@ def test_tracking_in_bounds_is_accepted_and_metadata_is_refused_to_admins_too(te
 def test_an_admins_local_job_lacks_the_servers_secrets_and_others_cannot_read_it(
     team: Team,
 ) -> None:
-    # the rank walks up to its supervisor and reads its environment; prints its umask
+    # the rank walks up to its supervisor and reads its environment; prints its umask;
+    # the markers are computed by the shell, so the job's name (its template) lacks them
     template = (
-        'echo MARK-OUTPUT-LINE; umask; p=$PPID; while [ "$p" -gt 1 ]; do '
+        'echo MARK-OUTPUT-$((6 * 7)); umask; p=$PPID; while [ "$p" -gt 1 ]; do '
         "if tr '\\0' ' ' < /proc/$p/cmdline | grep -q corral.service.launch; then "
         "if tr '\\0' '\\n' < /proc/$p/environ | grep -Eq '^CORRAL_(DB|TOKEN|TOKEN_FILE)='; "
         "then echo SUPERVISOR-HAS-SECRETS; else echo SUPERVISOR-CLEAN; fi; fi; "
-        "p=$(cut -d' ' -f4 /proc/$p/stat); done"
+        "p=$(cut -d' ' -f4 /proc/$p/stat); done; echo MARK-ERROR-$((6 * 7)) >&2; exit 3"
     )
     answer = team.admin.post(
         "/api/network/execute_job",
@@ -229,10 +230,11 @@ def test_an_admins_local_job_lacks_the_servers_secrets_and_others_cannot_read_it
     assert answer.status_code == 200, answer.text
     job_id = answer.json()["job_id"]
     done = wait_status(team.admin, job_id, ["succeeded", "failed"])
-    assert done["status"] == "succeeded", done
+    assert done["status"] == "failed" and done["exit_code"] == 3, done
+    assert "MARK-ERROR-42" in json.dumps(done["root_cause"])  # the owner's view
     lines = team.admin.get(f"/api/network/local_job_output/{job_id}").json()["lines"]
     text = "\n".join(lines)
-    assert "MARK-OUTPUT-LINE" in text
+    assert "MARK-OUTPUT-42" in text
     assert "SUPERVISOR-CLEAN" in text and "SUPERVISOR-HAS-SECRETS" not in text, text
     assert "0077" in text, text
 
@@ -249,10 +251,15 @@ def test_an_admins_local_job_lacks_the_servers_secrets_and_others_cannot_read_it
         _refused(other.get(f"/api/network/local_job_output/{job_id}"), "owner")
         _refused(other.get(f"/api/network/local_job_file/{job_id}/events"), "owner")
         _refused(other.get(f"/api/jobs/{job_id}/files"), "owner")
-        assert other.get(f"/api/jobs/{job_id}").json()["status"] == "succeeded"
+        # the state is everyone's; the lines of output the root cause quotes are not
+        for path in (f"/api/jobs/{job_id}", f"/api/network/distributed/status/{job_id}"):
+            shown = other.get(path)
+            assert shown.json()["status"] == "failed", shown.text
+            assert shown.json()["root_cause"]["message"]
+            assert "MARK-ERROR-42" not in shown.text
         seen = follow_events(other, job_id)
         kinds = {kind for _, kind, _ in seen}
         assert "finished" in kinds and "log" not in kinds, kinds
-        assert "MARK-OUTPUT-LINE" not in json.dumps(seen)
+        assert "MARK-OUTPUT-42" not in json.dumps(seen)
     mine = follow_events(team.admin, job_id)
-    assert "MARK-OUTPUT-LINE" in json.dumps(mine)
+    assert "MARK-OUTPUT-42" in json.dumps(mine)

@@ -32,12 +32,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from corral.errors import ConfigError, Forbidden
+from corral.service.models import DistributedJobStatus
 from corral.service.users import Principal, UserService
 from corral.store import Store
 from corral.store.models import Machine
 from corral.track.targets import TrackTarget, parse_target, rebased, remote_url, written_path
 
 ALLOW_OPTION = "--tracking-allow"
+OUTPUT_KEYS = ("stderr_tail", "log_tail", "traceback")
+"""The parts of a job's root cause that are its output (left out for other readers)."""
 METADATA_HOSTS = frozenset(
     {"metadata", "metadata.google.internal", "metadata.goog", "instance-data", "100.100.100.200"}
 )
@@ -200,3 +203,13 @@ def check_server_paths(sync: bool, code_dir: str | None, owner: str | None) -> N
         raise refuse_server_host(owner, "sync pushes a tree of the server's own filesystem")
     if code_dir is not None:
         raise refuse_server_host(owner, "code_dir reads a tree of the server's own filesystem")
+
+
+def shown_status(status: DistributedJobStatus, who: Principal) -> DistributedJobStatus:
+    """A job's status as ``who`` sees it: whole for its owner and admins; for anyone
+    else without the lines of output its root cause quotes (stderr, log, traceback)."""
+    cause = status.root_cause
+    if who.may_read_output(status.owner) or not cause:
+        return status
+    kept = {k: v for k, v in cause.items() if k not in OUTPUT_KEYS}
+    return status.model_copy(update={"root_cause": kept})

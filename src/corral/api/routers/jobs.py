@@ -15,6 +15,7 @@ from corral.api.auth import Caller, bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.service.models import DistributedJobStatus, JobList, JobRequest, JobSummary, QueuedOut
+from corral.service.trust import shown_status
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], dependencies=[Security(bearer)])
 OUTPUT_EVENTS = frozenset({"log"})
@@ -72,8 +73,8 @@ def queue_job(
 
 
 @router.get("/{job_id}", responses=ERRORS, summary="A job's status")
-def get_job(job_id: str, svc: Svc) -> DistributedJobStatus:
-    return svc.jobs.status(job_id)
+def get_job(job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
+    return shown_status(svc.jobs.status(job_id), who)
 
 
 @router.delete(

@@ -24,7 +24,7 @@ from corral.service.models import (
     StopOut,
 )
 from corral.service.prepare import prepare_dependencies
-from corral.service.trust import refuse_server_host
+from corral.service.trust import refuse_server_host, shown_status
 from corral.service.users import Role
 
 router = APIRouter(prefix="/api/network", tags=["network"], dependencies=[Security(bearer)])
@@ -138,8 +138,8 @@ def dispatch(body: DispatchIn, svc: Svc, who: Caller) -> DistributedJobStatus:
 
 
 @router.get("/distributed/status/{job_id}", responses=ERRORS, summary="Distributed job status")
-def status(job_id: str, svc: Svc) -> DistributedJobStatus:
-    return svc.jobs.status(job_id)
+def status(job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
+    return shown_status(svc.jobs.status(job_id), who)
 
 
 @router.post(
@@ -177,8 +177,8 @@ router.add_api_route(
     responses=ERRORS,
     summary="Distributed job status (older path)",
 )
-def status_old(job_id: str, svc: Svc) -> DistributedJobStatus:
-    return svc.jobs.status(job_id)
+def status_old(job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
+    return shown_status(svc.jobs.status(job_id), who)
 
 
 # -- single-machine jobs -------------------------------------------------------------------
@@ -221,9 +221,9 @@ def _job_on(svc: Services, machine_id: str, job_id: str) -> None:
     responses=ERRORS,
     summary="Status of a job on a machine",
 )
-def machine_job_status(machine_id: str, job_id: str, svc: Svc) -> DistributedJobStatus:
+def machine_job_status(machine_id: str, job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
     _job_on(svc, machine_id, job_id)
-    return svc.jobs.status(job_id)
+    return shown_status(svc.jobs.status(job_id), who)
 
 
 @router.post(
@@ -272,8 +272,8 @@ def execute_job(body: JobRequest, svc: Svc, who: Caller) -> DistributedJobStatus
 
 
 @router.get("/local_job_status/{job_id}", responses=ERRORS, summary="A job's status")
-def local_job_status(job_id: str, svc: Svc) -> DistributedJobStatus:
-    return svc.jobs.status(job_id)
+def local_job_status(job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
+    return shown_status(svc.jobs.status(job_id), who)
 
 
 @router.get(
