@@ -19,7 +19,7 @@ from corral.diagnose.stragglers import (
     is_wait_section,
     median_ratios,
 )
-from corral.sdk import _section
+from corral.sdk import _report, _section
 from tests.conftest import require_torch
 from tests.unit.test_sdk_report import ControlServer, control_server  # noqa: F401
 
@@ -168,10 +168,12 @@ class _FakeEvent:
 
     clock = 0.0
     gpu_done_until = 0.0
+    made = 0
 
     def __init__(self, enable_timing: bool = False) -> None:
         assert enable_timing
         self.at = 0.0
+        _FakeEvent.made += 1
 
     def record(self) -> None:
         _FakeEvent.clock += 0.5
@@ -184,9 +186,10 @@ class _FakeEvent:
         return (end.at - self.at) * 1000.0
 
 
-def test_cuda_sections_record_events_and_read_them_lazily(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """torch with CUDA initialised, its events :class:`_FakeEvent`; the synchronize
+    calls made (there must be none)."""
     synced: list[bool] = []
     cuda = types.SimpleNamespace(
         is_available=lambda: True,
@@ -198,7 +201,12 @@ def test_cuda_sections_record_events_and_read_them_lazily(
     monkeypatch.setattr(_section, "_cuda_event", None)  # what this process knew of CUDA
     monkeypatch.setattr(_section, "_free_events", [])
     _section.drain()
-    _FakeEvent.clock, _FakeEvent.gpu_done_until = 0.0, 0.0
+    _FakeEvent.clock, _FakeEvent.gpu_done_until, _FakeEvent.made = 0.0, 0.0, 0
+    return synced
+
+
+def test_cuda_sections_record_events_and_read_them_lazily(fake_cuda: list[bool]) -> None:
+    synced = fake_cuda
     with sdk.section("compute"):  # events at 0.5 and 1.0
         pass
     with sdk.section("compute"):  # events at 1.5 and 2.0
@@ -233,3 +241,33 @@ def test_ddp_hook_times_compute_and_wait(tmp_path: Any, monkeypatch: pytest.Monk
         assert timed["compute"] >= 0.01  # between the end of one all-reduce and the next
     finally:
         dist.destroy_process_group()
+
+
+def test_cuda_sections_go_with_their_report_and_reuse_read_events(
+    fake_cuda: list[bool],
+    control_server: ControlServer,  # noqa: F811
+) -> None:
+    _FakeEvent.gpu_done_until = 1e9  # the GPU keeps up: each pair is done when read
+    for step in range(1, 201):
+        with sdk.section("compute"):  # 0.5 s of fake GPU time each
+            pass
+        sdk.report(step)
+        if step % 20 == 0:
+            _report.flush()  # the sender reads the pairs, then reuses them
+    reports = control_server.wait_reports(200)
+    assert [r["step"] for r in reports] == list(range(1, 201))
+    assert all(r["sections"] == {"compute": pytest.approx(0.5)} for r in reports)
+    assert _FakeEvent.made <= 2 * 20 + 2  # not two new events a step
+    assert fake_cuda == []  # never a synchronize
+
+
+def test_section_as_a_decorator_times_each_call() -> None:
+    _section.drain()
+
+    @sdk.section("compute", cuda=False)
+    def work(x: int) -> int:
+        time.sleep(0.01)
+        return x + 1
+
+    assert [work(1), work(2)] == [2, 3]
+    assert _section.drain()["compute"] >= 0.01

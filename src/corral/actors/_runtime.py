@@ -518,13 +518,15 @@ class Supervisor:
             report = fr.decode_json(body)
             if not isinstance(report, dict):
                 return
-            batch = report.get("reports") if report.get("type") == "reports" else [report]
-            for one in batch if isinstance(batch, list) else []:
-                if not isinstance(one, dict):
-                    continue
-                if one is not report:  # a report of the SDK's batch: a progress report
-                    one = {"type": "progress", "rank": report.get("rank"), **one}
-                    one.pop("age", None)
+            batch = [report]
+            if report.get("type") == "reports":  # what sdk.report buffered: one each
+                from corral.agent.messages import ReportsMessage, forwarded, parse_message
+
+                message = parse_message(bytes(body))
+                if not isinstance(message, ReportsMessage):
+                    return
+                batch = forwarded(message, self.rank)
+            for one in batch:
                 self.last_report = one
                 if self.on_report is not None:
                     self.on_report(self.rank, one)
