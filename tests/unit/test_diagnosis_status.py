@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from corral.cli.jobview import print_status
+from corral.cli.jobview import diagnosis_lines, print_status
 from corral.job.events import (
     AttemptStarted,
     HangReported,
@@ -186,3 +186,30 @@ def test_the_supervisor_emits_one_hang_report_event_where_it_writes_the_report(
     assert hang.report == str(tmp_path / "hang" / "report.md")
     assert (tmp_path / "hang" / "report.json").is_file()
     assert hang.collective is None  # a CPU job: no flight recorder
+
+
+def test_a_rank_in_another_collective_is_shown_with_it() -> None:
+    hang = {
+        "summary": "flight recorder: gloo:all_reduce #12 ...",
+        "collective": json_of(
+            HangReported.of(
+                JOB,
+                {
+                    "summary": "s",
+                    "flight_recorder": {
+                        "collective": "gloo:all_reduce",
+                        "sequence": 12,
+                        "group": "0:default_pg",
+                        "missing_ranks": [],
+                        "mismatched": [{"rank": 2, "collective": "gloo:barrier"}],
+                    },
+                },
+                None,
+            )
+        )["collective"],
+    }
+    lines = [line for line, _ in diagnosis_lines({"hang": hang})]
+    assert (
+        "  collective: gloo:all_reduce #12 (group 0:default_pg); rank 2 was in gloo:barrier"
+        " instead" in lines
+    )

@@ -188,11 +188,16 @@ def diagnosis_lines(status: dict[str, Any]) -> list[tuple[str, str]]:
             )
         found = hang.get("collective")
         if found:
-            who = ", ".join(str(r) for r in found.get("missing_ranks") or []) or "-"
+            who = ", ".join(str(r) for r in found.get("missing_ranks") or [])
+            others = "; ".join(
+                f"rank {m['rank']} was in {m['collective']} instead"
+                for m in found.get("mismatched") or []
+            )
             lines.append(
                 (
                     f"  collective: {found['collective']} #{found['sequence']} "
-                    f"(group {found.get('group')}); never entered by ranks {who}",
+                    f"(group {found.get('group')}); "
+                    + (others if others and not who else f"never entered by ranks {who or '-'}"),
                     "",
                 )
             )

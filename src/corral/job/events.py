@@ -201,9 +201,18 @@ class OddRank:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MismatchedRank:
+    """A rank that was in another ``collective`` at the stuck one's place."""
+
+    rank: int
+    collective: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class StuckCollective:
-    """The NCCL flight recorder's finding: the first ``collective`` (its ``sequence``
-    number in process ``group``) that ``missing_ranks`` never entered."""
+    """The flight recorder's finding (NCCL's or gloo's): the first ``collective`` (its
+    ``sequence`` number in process ``group``) that ``missing_ranks`` never entered, or
+    that the ``mismatched`` ranks entered as another collective."""
 
     collective: str
     sequence: int
@@ -211,13 +220,14 @@ class StuckCollective:
     state: str = ""
     missing_ranks: list[int] = field(default_factory=list)
     expected_ranks: list[int] = field(default_factory=list)
+    mismatched: list[MismatchedRank] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
 class HangReported(JobEvent):
     """The hang report was written (:mod:`corral.diagnose.hangreport`), once per hang:
     its one-line ``summary``, the detection's ``message``, the ``odd`` ranks out, the
-    ``collective`` the flight recorder names (GPU jobs) and ``report``, the path of
+    ``collective`` the flight recorder names and ``report``, the path of
     ``report.md`` (``report.json`` beside it; None when it could not be written)."""
 
     kind: Literal["hang_report"] = "hang_report"

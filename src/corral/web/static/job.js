@@ -1004,9 +1004,11 @@
     }
     const c = h.collective;
     if (c) {
-      const who = (c.missing_ranks || []).join(", ") || "–";
+      const who = (c.missing_ranks || []).join(", ");
+      const others = (c.mismatched || []).map((m) => `rank ${m.rank} was in ${m.collective} instead`).join("; ");
+      const said = others && !who ? others : `never entered by ranks ${who || "–"}`;
       parts.push(el("p", { class: "hang-collective" },
-        `collective ${c.collective} #${c.sequence} (group ${c.group}${c.state ? `, ${c.state}` : ""}): never entered by ranks ${who}`));
+        `collective ${c.collective} #${c.sequence} (group ${c.group}${c.state ? `, ${c.state}` : ""}): ${said}`));
     }
     if (h.report) {
       const inRun = /(^|\/)hang\/report\.md$/.test(h.report);
