@@ -67,6 +67,10 @@ def parse_target(text: str) -> TrackTarget:
     return TrackTarget(cast(Backend, backend), where)
 
 
+REMOTE_WORDS = frozenset({"databricks", "databricks-uc", "uc"})
+"""MLflow tracking URIs without a scheme that name a remote service, not a path."""
+
+
 def _sqlite_path(where: str) -> str | None:
     """The file of an MLflow ``sqlite:`` URI (``sqlite:///rel.db``, ``sqlite:////abs.db``);
     None for an in-memory database (``sqlite://``)."""
@@ -95,6 +99,8 @@ def written_path(target: TrackTarget) -> str | None:
             rest = "/" + rest[2:].partition("/")[2]  # file://HOST/path: the path
         return rest.partition("?")[0] or "."
     if scheme and len(scheme) > 1:  # http:, postgresql:, databricks: ... (C: is a drive)
+        return None
+    if where in REMOTE_WORDS:
         return None
     return where
 
