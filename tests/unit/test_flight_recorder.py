@@ -170,6 +170,9 @@ def test_the_wrapper_answers_for_itself_and_the_report_says_why_there_is_no_dump
 ) -> None:
     folder = tmp_path / "flight"
     folder.mkdir()
+    stale = [folder / "corral_rank_3", folder / "rank_3"]  # an earlier attempt's dumps
+    for path in stale:
+        path.write_bytes(_dump(2))
     rank = subprocess.Popen(  # a rank under the wrapper's listener that never imported torch
         [
             sys.executable,
@@ -183,6 +186,7 @@ def test_the_wrapper_answers_for_itself_and_the_report_says_why_there_is_no_dump
     )
     try:
         assert rank.stdout is not None and rank.stdout.readline() == "ready\n"
+        assert not [path for path in stale if path.exists()]
         traces, errors = collect_traces([3, 4], tmp_path)
     finally:
         rank.kill()

@@ -238,9 +238,13 @@ def _serve(fd: int, folder: Path, rank: int) -> None:
 
 def listen(folder: str | os.PathLike[str], rank: int) -> bool:
     """Make ``dump_<rank>.fifo`` in ``folder`` and answer its requests from a daemon
-    thread (see the module doc); False when the FIFO cannot be made."""
+    thread (see the module doc), removing the rank's dumps of an earlier attempt;
+    False when the FIFO cannot be made."""
     where = Path(folder)
     path = request_file(where, rank)
+    for stale in (dump_file(where, rank), error_file(where, rank), nccl_dump_file(where, rank)):
+        with contextlib.suppress(OSError):  # an earlier attempt's answers are not this one's
+            stale.unlink()
     try:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # an earlier attempt's
