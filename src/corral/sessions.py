@@ -3,7 +3,10 @@ exchanged for an HttpOnly, SameSite=Strict session cookie; every state-changing
 request made with that cookie must carry the session's CSRF token.
 
 Sessions live in the server's memory (a restart asks for the token again);
-logout ends one. The API's own clients keep using ``Authorization: Bearer``.
+logout ends one. A session is bound to the grant it was made from (the stored hash
+of the token typed), not to a user's name: revoking the user, or giving the name a
+new token, ends it for good. The API's own clients keep using
+``Authorization: Bearer``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ class Session:
 
     csrf: str
     created: float
-    user: str = "admin"  # whose token was typed (their role is looked up per request)
+    user: str  # whose token was typed (their role is looked up per request)
+    grant: str  # the stored hash of that token: the session lives while it does
 
 
 class Sessions:
@@ -36,11 +40,14 @@ class Sessions:
         self.ttl_s = ttl_s
         self._by_id: dict[str, Session] = {}
 
-    def create(self, user: str = "admin") -> tuple[str, Session]:
-        """A new session of ``user``: its cookie value and its CSRF token."""
+    def create(self, user: str, grant: str) -> tuple[str, Session]:
+        """A new session of ``user`` made from the token whose stored hash is ``grant``:
+        its cookie value and the session (its CSRF token)."""
         self._expire()
         sid = secrets.token_urlsafe(32)
-        session = Session(csrf=secrets.token_urlsafe(32), created=time.time(), user=user)
+        session = Session(
+            csrf=secrets.token_urlsafe(32), created=time.time(), user=user, grant=grant
+        )
         self._by_id[sid] = session
         return sid, session
 

@@ -99,19 +99,24 @@ class Api:
 
 
 @contextmanager
-def served(root: Path) -> Iterator[Api]:
+def served(root: Path, **overrides: Any) -> Iterator[Api]:
+    """The app (background tasks on) over a SQLite store in ``root``; ``overrides``:
+    server settings besides the tests' quick retries."""
     root.mkdir(parents=True, exist_ok=True)
     store = open_store(f"sqlite:///{root / 'corral.db'}")
+    quick: dict[str, Any] = {
+        "notify_backoff": 0.05,
+        "notify_max_backoff": 0.2,
+        "notify_timeout": 30.0,
+        "notify_attempts": 1000,
+    }
     settings = ServerSettings(
         run_dir=root / "runs",
         ingest_interval=0.05,
         schedule_interval=0.2,
         health_interval=0,
         public_url=PUBLIC,
-        notify_backoff=0.05,
-        notify_max_backoff=0.2,
-        notify_timeout=30.0,
-        notify_attempts=1000,
+        **{**quick, **overrides},
     )
     svc = Services.build(store, settings)
     spawned = Spawned()

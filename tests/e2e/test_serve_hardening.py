@@ -30,6 +30,7 @@ from corral.api.app import create_app
 from corral.api.hardening import CSP
 from corral.api.services import Services
 from corral.service.settings import ServerSettings
+from corral.service.users import hash_token
 from corral.sessions import CSRF_HEADER, SESSION_COOKIE, Sessions
 from corral.store import open_store
 from tests.serverlib import TOKEN, free_port, live_server
@@ -87,7 +88,7 @@ def _queued(client: TestClient) -> int:
 def test_queue_gets_refuse_a_cookie_session_and_posts_need_its_csrf(client: TestClient) -> None:
     task = _task(client)
     sessions: Sessions = client.app.state.sessions  # type: ignore[attr-defined]
-    sid, session = sessions.create()
+    sid, session = sessions.create("admin", hash_token(TOKEN))
     cookie = {"Cookie": f"{SESSION_COOKIE}={sid}"}
     for path in (f"/api/tasks/{task}/queue_distributed", f"/api/tasks/{task}/queue/m1"):
         assert _error(client.get(path, headers=cookie), 403)["type"] == "forbidden"

@@ -30,7 +30,7 @@ from corral.api.metrics import CONTENT_TYPE, Metrics
 from corral.api.routers import compare, jobs, network, notify, queue, tasks, users
 from corral.api.services import Services
 from corral.service.audit import AuditLog
-from corral.service.users import Principal, Role, UserService
+from corral.service.users import Principal, Role, UserService, hash_token
 from corral.sessions import (
     CSRF_HEADER,
     SAFE_METHODS,
@@ -111,12 +111,18 @@ class TokenMiddleware:
         if path in OPEN_PATHS or path.startswith(PUBLIC_PREFIXES):
             return None
         api = path.startswith("/api/") or path == "/metrics"
-        principal = self.users.authenticate(bearer_value(request.headers.get("authorization")))
+        token = bearer_value(request.headers.get("authorization"))
+        grant = hash_token(token) if token else ""
+        principal = self.users.by_grant(grant) if token else None
         via = "bearer"
         if principal is None:
-            session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
-            principal = self.users.principal(session.user) if session is not None else None
+            sid = request.cookies.get(SESSION_COOKIE)
+            session = self.sessions.get(sid)
+            grant = session.grant if session is not None else ""
+            principal = self.users.by_grant(grant) if session is not None else None
             via = "session"
+            if session is not None and principal is None:
+                self.sessions.end(sid)  # its grant was revoked: the session dies with it
             if (
                 session is not None
                 and principal is not None
@@ -130,6 +136,7 @@ class TokenMiddleware:
         if principal is not None:
             request.state.principal = principal
             request.state.via = via
+            request.state.grant = grant  # a live stream re-checks it (auth.credential_alive)
             if (
                 api
                 and request.method not in SAFE_METHODS

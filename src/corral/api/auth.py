@@ -23,6 +23,7 @@ from fastapi.security import HTTPBearer
 from corral.errors import ConfigError, Forbidden
 from corral.private import private_dir, write_private
 from corral.service.users import Principal, Role
+from corral.sessions import SESSION_COOKIE
 
 OPEN_PATHS = frozenset({"/healthz", "/login"})
 PUBLIC_PREFIXES = ("/static/",)  # the web page's own JS/CSS: nothing secret
@@ -123,6 +124,20 @@ def caller(request: Request) -> Principal:
 
 
 Caller = Annotated[Principal, Depends(caller)]
+
+
+def credential_alive(request: Request) -> bool:
+    """Whether the token or web session ``request`` was let in with still holds (its
+    grant not revoked, the session not logged out): a long answer, a live stream, asks
+    again while it runs, so it ends with the grant (blocking: run it in a thread)."""
+    grant = getattr(request.state, "grant", None)
+    if not isinstance(grant, str) or not grant:
+        return False
+    if getattr(request.state, "via", None) == "session":
+        session = request.app.state.sessions.get(request.cookies.get(SESSION_COOKIE))
+        if session is None or session.grant != grant:
+            return False
+    return request.app.state.services.users.by_grant(grant) is not None
 
 
 def require_admin(request: Request) -> None:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from corral.cluster.model import Cluster
 from corral.errors import ConfigError
 from corral.job.build import JobOptions
-from corral.redact import is_secret
+from corral.redact import secret_keys
 from corral.transport.options import SshOptions
 
 VERSION = 1
@@ -52,7 +52,7 @@ class JobDescription:
 
     def secret_keys(self) -> list[str]:
         """The env keys of the options that are secret (their values never serialised)."""
-        return [k for k in self.options.env if is_secret(k, self.options.secret_env)]
+        return secret_keys(self.options.env, self.options.secret_env)
 
     def secrets(self) -> dict[str, str]:
         """The secret env values, to hand over beside :meth:`to_json`."""

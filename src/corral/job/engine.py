@@ -95,12 +95,16 @@ def redact_words(words: Sequence[str], spec: JobSpec) -> list[str]:
     (see :mod:`corral.redact`) and every secret ``--env`` value replaced by
     :data:`~corral.redact.REDACTED`."""
     values = [
-        v for k, v in spec.env.items() if len(v) >= _MIN_SECRET and is_secret(k, spec.secret_env)
+        v
+        for k, v in spec.env.items()
+        if len(v) >= _MIN_SECRET and is_secret(k, spec.secret_env, v)
     ]
 
     def assignment(match: re.Match[str]) -> str:
-        name = match.group(1)
-        return f"{name}={REDACTED}" if is_secret(name, spec.secret_env) else match.group(0)
+        name, value = match.group(1), match.group(2)
+        if is_secret(name, spec.secret_env, value.strip("'\"")):
+            return f"{name}={REDACTED}"
+        return match.group(0)
 
     out = []
     for word in words:

@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from corral import redact
 from corral.contract import (
     CHECKPOINT_DIR_ENV,
     CONTRACT_VARS,
@@ -55,7 +56,6 @@ from corral.contract import (
 )
 from corral.errors import ConfigError
 from corral.plan.spec import JobSpec
-from corral.redact import is_secret
 
 __all__ = [
     "COMPLETION_INDEX",
@@ -202,7 +202,7 @@ def master_addr(job_id: str) -> str:
 def secret_keys(spec: JobSpec) -> list[str]:
     """The env keys the pods read from the Secret: those named like secrets or listed
     in ``spec.secret_env`` (a bare ``--env K`` lands there), in a stable order."""
-    keys = [k for k in spec.env if is_secret(k, spec.secret_env)]
+    keys = redact.secret_keys(spec.env, spec.secret_env)
     keys += [k for k in spec.secret_env if k not in spec.env]
     return list(dict.fromkeys(keys))
 

@@ -1,18 +1,18 @@
 """The API's bodies of notification targets and their delivery log (pydantic).
 
-A target's secret (a webhook's shared secret) is accepted and never returned; an
-apprise URL, which carries its service's credentials, is returned in apprise's
-privacy form (credentials masked).
+A target's secret (a webhook's shared secret) is accepted and never returned; a
+webhook URL is returned with its credentials masked (:func:`corral.notify.urls.mask_url`),
+an apprise URL, which carries its service's credentials, in apprise's privacy form.
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.notify.events import EVENTS, EventName
+from corral.notify.urls import MAX_URL, check_url
 
 
 def _all_events() -> list[EventName]:
@@ -24,7 +24,12 @@ class WebhookIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(max_length=2000, description="http:// or https:// URL the events go to.")
+    url: str = Field(
+        max_length=MAX_URL,
+        description="http:// or https:// URL the events go to (a host, a port 1-65535). "
+        "Its address must be allowed by the server's address rule (`GET "
+        "/api/notify/addresses`). Credentials in it are masked when it is shown.",
+    )
     secret: str = Field(
         min_length=8,
         max_length=1024,
@@ -38,10 +43,7 @@ class WebhookIn(BaseModel):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        return value
+        return check_url(value)
 
 
 class NotifierIn(BaseModel):
@@ -60,13 +62,23 @@ class NotifierIn(BaseModel):
         default_factory=_all_events, min_length=1, description="The events it wants."
     )
 
+    @field_validator("url")
+    @classmethod
+    def _no_control(cls, value: str) -> str:
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("must not contain control characters")
+        return value
+
 
 class HookOut(BaseModel):
     """A notification target as the API shows it (no secret)."""
 
     id: str
     kind: str = Field(description="`webhook` or `apprise`.")
-    url: str = Field(description="The webhook's URL; an apprise URL with its credentials masked.")
+    url: str = Field(
+        description="The URL, its credentials masked (user-info, query values "
+        "named like credentials; an apprise URL in apprise's privacy form)."
+    )
     events: list[str]
     created: float
     has_secret: bool = Field(description="Whether it signs with a secret (never shown).")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from types import ModuleType
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 from corral import __version__
 from corral.errors import Invalid
 from corral.notify.sign import SIGNATURE_HEADER, sign
+from corral.notify.urls import Pinned, mask_url
 
 EXTRA_HINT = "chat and mail notifications need apprise: pip install 'corral[notify]'"
 
@@ -39,16 +41,37 @@ def webhook_headers(secret: str | None, body: bytes, event: str, delivery: int) 
 
 
 async def post_webhook(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes, timeout: float
+    client: httpx.AsyncClient,
+    target: Pinned,
+    headers: dict[str, str],
+    body: bytes,
+    timeout: float,
 ) -> tuple[int | None, str | None]:
-    """POST ``body``; (the status, None) on a 2xx, else (the status or None, why)."""
+    """POST ``body`` to the checked address of ``target`` (its host name kept for the
+    ``Host`` header and TLS); (the status, None) on a 2xx, else (the status or None,
+    why). Any failure to send is a (None, why), never an exception."""
+    extensions = {"sni_hostname": target.sni} if target.sni else None
     try:
-        response = await client.post(url, content=body, headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:  # refused, timed out, cut: the message names no secret
-        return None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        response = await client.post(
+            target.url,
+            content=body,
+            headers={**headers, "Host": target.host_header},
+            timeout=timeout,
+            extensions=extensions,
+        )
+    except Exception as exc:  # refused, timed out, cut, or a URL no socket takes
+        return None, failure(exc)
     if 200 <= response.status_code < 300:
         return response.status_code, None
     return response.status_code, f"HTTP {response.status_code} {response.reason_phrase}".strip()
+
+
+def failure(exc: BaseException) -> str:
+    """One line saying why a delivery failed (its type and message; no URL, which may
+    hold a credential, and no traceback)."""
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    text = re.sub(r"[a-z][a-z0-9+.-]*://\S+", lambda m: mask_url(m.group(0)), text)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def load_apprise() -> ModuleType:

@@ -25,13 +25,14 @@ import httpx
 from sqlalchemy import delete, event, func, select
 from sqlalchemy.orm import Session
 
-from corral.errors import NotFound
+from corral.errors import Invalid, NotFound
 from corral.job.events import JobEvent
-from corral.notify import send
+from corral.notify import send, urls
 from corral.notify.events import JobFacts, Notice, notices
 from corral.notify.models import DeliveryOut, HookOut, NotifierIn, WebhookIn
+from corral.notify.urls import AddressRefused, AddressRule, check_host, mask_url
 from corral.store import Store
-from corral.store.models import Delivery, Job, Webhook
+from corral.store.models import Delivery, Job, Preference, Webhook
 
 log = logging.getLogger("corral.serve")
 
@@ -39,6 +40,8 @@ WEBHOOK = "webhook"
 APPRISE = "apprise"
 #: Finished deliveries kept per target (the oldest beyond are dropped).
 KEEP_PER_HOOK = 1000
+#: The preference row of the address rule (:class:`~corral.notify.urls.AddressRule`).
+ADDRESS_RULE_KEY = "notify-addresses"
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class DeliveryPolicy:
 
 
 def _out(hook: Webhook, pending: int = 0) -> HookOut:
-    url = hook.url
+    url = mask_url(hook.url)
     if hook.kind == APPRISE:
         try:
             url = send.apprise_privacy_url(hook.url)
@@ -110,13 +113,35 @@ class Notifications:
     # -- targets (the admin's routes) ------------------------------------------------------
 
     def add_webhook(self, body: WebhookIn) -> HookOut:
-        """Register a webhook."""
+        """Register a webhook (Invalid when the address rule refuses its host)."""
+        self._allowed(body.url)
         return self._add(WEBHOOK, body.url, body.secret, list(body.events))
 
     def add_notifier(self, body: NotifierIn) -> HookOut:
         """Register an apprise URL (Invalid without apprise or for a URL it cannot use)."""
         send.apprise_privacy_url(body.url)
+        self._allowed(body.url)
         return self._add(APPRISE, body.url, None, list(body.events))
+
+    def _allowed(self, url: str) -> None:
+        try:
+            check_host(url, self.address_rule())
+        except AddressRefused as exc:
+            raise Invalid(f"url: {exc}", details={"field": "url"}) from None
+
+    def address_rule(self) -> AddressRule:
+        """Which addresses notifications may go to (the default until an admin sets it)."""
+        with self.store.session() as s:
+            row = s.get(Preference, ADDRESS_RULE_KEY)
+            value = dict(row.value) if row is not None else None
+        return AddressRule.model_validate(value) if value is not None else AddressRule()
+
+    def set_address_rule(self, rule: AddressRule) -> AddressRule:
+        """Save the address rule (it holds for the next delivery of every target)."""
+        value = {"allow": sorted(set(rule.allow))}
+        with self.store.session() as s:
+            s.merge(Preference(key=ADDRESS_RULE_KEY, value=value, updated=time.time()))
+        return AddressRule.model_validate(value)
 
     def _add(self, kind: str, url: str, secret: str | None, events: list[str]) -> HookOut:
         hook = Webhook(
@@ -275,30 +300,45 @@ class Notifications:
         return due, (min(later) if later else None)
 
     async def _deliver(self, client: httpx.AsyncClient, delivery_id: int) -> None:
+        """One attempt: whatever goes wrong in it is that attempt's error (counted, and
+        tried again after the backoff), never a hot loop of retries or a traceback."""
         try:
             target = await asyncio.to_thread(self._target, delivery_id)
             if target is None:
                 return
-            kind, url, secret, event_name, payload = target
-            if kind == WEBHOOK:
-                body = send.body_of({**payload, "delivery": delivery_id})
-                headers = send.webhook_headers(secret, body, event_name, delivery_id)
-                status, error = await send.post_webhook(
-                    client, url, headers, body, self.policy.timeout
-                )
-            else:
-                status = None
-                text = f"{payload.get('text', '')} {payload.get('job', {}).get('url', '')}"
-                error = await asyncio.to_thread(
-                    send.send_apprise, url, f"corral: {event_name}", text.strip()
-                )
+            try:
+                status, error = await self._send(client, delivery_id, target)
+            except Exception as exc:  # a bug or a URL nothing can send to: this try failed
+                status, error = None, send.failure(exc)
             await asyncio.to_thread(self._outcome, delivery_id, status, error)
-        except Exception:
-            log.exception("notification delivery %d failed", delivery_id)
+        except Exception as exc:  # the store failed: hold this one back for a backoff
+            log.warning("notification %d: recording the attempt failed: %s", delivery_id,
+                        send.failure(exc))  # fmt: skip
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(self.policy.backoff)
         finally:
             self._inflight.discard(delivery_id)
 
-    def _target(self, delivery_id: int) -> tuple[str, str, str | None, str, dict[str, Any]] | None:
+    async def _send(
+        self, client: httpx.AsyncClient, delivery_id: int, target: _Target
+    ) -> tuple[int | None, str | None]:
+        if target.kind == WEBHOOK:
+            try:
+                pinned_to = await urls.pinned(target.url, target.rule)
+            except AddressRefused as exc:
+                return None, str(exc)
+            body = send.body_of({**target.payload, "delivery": delivery_id})
+            headers = send.webhook_headers(target.secret, body, target.event, delivery_id)
+            return await send.post_webhook(client, pinned_to, headers, body, self.policy.timeout)
+        payload = target.payload
+        text = f"{payload.get('text', '')} {payload.get('job', {}).get('url', '')}"
+        error = await asyncio.to_thread(
+            send.send_apprise, target.url, f"corral: {target.event}", text.strip()
+        )
+        return None, error
+
+    def _target(self, delivery_id: int) -> _Target | None:
+        rule = self.address_rule()
         with self.store.session() as s:
             d = s.get(Delivery, delivery_id)
             if d is None or d.state != "pending":
@@ -306,7 +346,7 @@ class Notifications:
             hook = s.get(Webhook, d.hook_id)
             if hook is None:
                 return None
-            return hook.kind, hook.url, hook.secret, d.event, dict(d.payload)
+            return _Target(hook.kind, hook.url, hook.secret, d.event, dict(d.payload), rule)
 
     def _outcome(self, delivery_id: int, status: int | None, error: str | None) -> None:
         now = time.time()
@@ -323,13 +363,31 @@ class Notifications:
             elif d.attempts >= self.policy.attempts:
                 d.state = "failed"
                 log.warning(
-                    "notification %d (%s of job %s) to target %s given up after %d attempts: %s",
-                    d.id, d.event, d.job_id, d.hook_id, d.attempts, error,
+                    "notification %d (%s of job %s) to target %s: attempt %d failed, given "
+                    "up: %s", d.id, d.event, d.job_id, d.hook_id, d.attempts, error,
                 )  # fmt: skip
             else:
-                d.next_try = now + self.policy.delay(d.attempts)
+                delay = self.policy.delay(d.attempts)
+                d.next_try = now + delay
+                log.info(
+                    "notification %d (%s of job %s) to target %s: attempt %d of %d failed, "
+                    "next in %.0f s: %s", d.id, d.event, d.job_id, d.hook_id, d.attempts,
+                    self.policy.attempts, delay, error,
+                )  # fmt: skip
             if d.state != "pending":
                 _prune(s, d.hook_id)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What one attempt sends, and where."""
+
+    kind: str
+    url: str
+    secret: str | None
+    event: str
+    payload: dict[str, Any]
+    rule: AddressRule
 
 
 def _prune(s: Session, hook_id: str) -> None:

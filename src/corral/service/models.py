@@ -10,7 +10,9 @@ stores (they reach only the job's supervisor process, over its stdin).
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -29,6 +31,7 @@ from corral.errors import ConfigError
 from corral.job.events import OddRank, StuckCollective
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.redact import is_secret, looks_secret
 from corral.track.targets import MAX_TARGETS, parse_targets
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -81,6 +84,20 @@ def _check_json(value: Any, where: str, depth: int) -> None:
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             _check_json(item, f"{where}[{i}]", depth + 1)
+
+
+HOST_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")
+USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+
+
+def is_host(value: str) -> bool:
+    """Whether ``value`` is a host name, an ssh alias of the same characters, or an
+    IPv4/IPv6 address."""
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return bool(HOST_RE.match(value)) and ".." not in value
 
 
 class MachineIn(_Body):
@@ -144,6 +161,23 @@ class MachineIn(_Body):
         # ssh would read "-oProxyCommand=..." as an option, whatever comes before it
         if value is not None and value.startswith("-"):
             raise ValueError("must not start with '-'")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host_syntax(cls, value: str | None) -> str | None:
+        if value is not None and not is_host(value):
+            raise ValueError(
+                "must be a host name, an IPv4 or IPv6 address or an ssh alias (letters, "
+                "digits, '.', '-', '_'; the user goes in the field user)"
+            )
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user_syntax(cls, value: str | None) -> str | None:
+        if value is not None and not USER_RE.match(value):
+            raise ValueError("must be a user name (letters, digits, '.', '_', '-')")
         return value
 
     @model_validator(mode="before")
@@ -359,6 +393,17 @@ class JobRequest(_Body):
             if not is_env_name(key):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return value
+
+    @model_validator(mode="after")
+    def _secrets_by_name_and_value(self) -> JobRequest:
+        # a value that is a credential (DATABASE_URL with a password, hf_..., ghp_...) is
+        # secret whatever its name: listed here, it is redacted and kept out of the store
+        # everywhere secret_env is honoured
+        found = [k for k, v in self.env.items() if not is_secret(k, self.secret_env, None)
+                 and looks_secret(v)]  # fmt: skip
+        if found:
+            self.secret_env = [*self.secret_env, *found]
+        return self
 
     track: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list,

@@ -175,7 +175,12 @@ class UserService:
         """Who holds ``token`` (None: nobody, or a revoked user)."""
         if not token:
             return None
-        digest = hash_token(token)
+        return self.by_grant(hash_token(token))
+
+    def by_grant(self, digest: str) -> Principal | None:
+        """Who holds the token whose stored hash is ``digest`` (None: nobody now: the
+        user was revoked or given a new token since). A web session is bound to the
+        grant it was made from, so it dies with it (a re-added name is a new grant)."""
         with self.store.session() as s:
             row = s.scalar(select(User).where(User.token_hash == digest))
         if row is None or row.revoked is not None:

@@ -258,8 +258,8 @@ def _validate_env(job: SlurmJob) -> None:
             raise ConfigError(
                 f"{key} is set by corral for every node and cannot be overridden", option="--env"
             )
-    for key in job.env:
-        if is_secret(key, job.secret_env):
+    for key, value in job.env.items():
+        if is_secret(key, job.secret_env, value):
             raise ConfigError(
                 f"{key} is secret: its value would be written into the batch script. Give it "
                 f"bare (--env {key}): corral slurm submit forwards it from this shell's "

@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from corral import __version__
-from corral.service.users import Principal, Role, UserService
+from corral.service.users import Principal, Role, UserService, hash_token
 from corral.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
 from corral.web.form import option_sections
 
@@ -105,10 +105,11 @@ def login(
     if not expected or not same_token(csrf_token, expected):
         return RedirectResponse("/login?error=csrf", status_code=303)
     users: UserService = request.app.state.services.users
-    who = users.authenticate(token.strip())
+    grant = hash_token(token.strip())
+    who = users.by_grant(grant) if token.strip() else None
     if who is None:
         return RedirectResponse(f"/login?error=token&next={_safe_next(next)}", status_code=303)
-    sid, _ = _sessions(request).create(who.name)
+    sid, _ = _sessions(request).create(who.name, grant)
     response = RedirectResponse(_safe_next(next), status_code=303)
     response.set_cookie(
         SESSION_COOKIE, sid, httponly=True, samesite="strict", secure=_secure(request), path="/"

@@ -14,6 +14,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from corral.api.auth import Caller, bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
+from corral.api.streams import REVOKED_EVENT, revocable
 from corral.service.models import DistributedJobStatus, JobList, JobRequest, JobSummary, QueuedOut
 from corral.service.trust import shown_status
 
@@ -100,7 +101,8 @@ def job_files(job_id: str, svc: Svc, who: Caller) -> list[str]:
     summary="Live events (SSE): state, node, progress, log, message, attempts, finished",
     description="Each event's `id` is the byte offset after it in the job's events file: "
     "reconnect with `Last-Event-ID` (or `?from=`) to resume without losing or repeating "
-    "anything. The stream ends after the job's `finished` (or `error`) event. The `log` "
+    "anything. The stream ends after the job's `finished` (or `error`) event, or with a "
+    "`revoked` event within seconds of its token or web session being revoked. The `log` "
     "events (the job's output) go to the job's owner and admins only.",
 )
 async def job_events(
@@ -120,8 +122,12 @@ async def job_events(
 
     async def stream() -> AsyncIterator[dict[str, Any] | bytes]:
         # the line as the supervisor wrote it (no re-encoding); a client that goes away
-        # ends the stream through sse-starlette's own disconnect watch
-        async for ev in svc.jobs.events(job_id, pos):
+        # ends the stream through sse-starlette's own disconnect watch, a revoked token
+        # or session through the re-check of revocable()
+        async for ev in revocable(request, svc.jobs.events(job_id, pos)):
+            if ev is None:
+                yield REVOKED_EVENT
+                return
             kind = str(ev.data.get("kind", "message"))
             if kind in OUTPUT_EVENTS and not reader:
                 continue

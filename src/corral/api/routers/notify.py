@@ -12,6 +12,7 @@ from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.notify.models import DeliveryOut, HookOut, NotifierIn, WebhookIn
 from corral.notify.service import APPRISE, WEBHOOK
+from corral.notify.urls import AddressRule
 
 router = APIRouter(
     prefix="/api",
@@ -79,3 +80,25 @@ def delete_notifier(hook_id: str, svc: Svc) -> HookOut:
 )
 def notifier_deliveries(hook_id: str, svc: Svc, limit: Limit = 100) -> list[DeliveryOut]:
     return svc.jobs.notifications.deliveries(APPRISE, hook_id, limit)
+
+
+@router.get(
+    "/notify/addresses",
+    summary="The address rule of notifications",
+    description="Which addresses webhooks (and apprise URLs naming an address) may reach "
+    "besides public ones. Default: `loopback` and `private`; link-local addresses and "
+    "the clouds' metadata endpoints are refused until an admin allows `link_local`.",
+)
+def get_address_rule(svc: Svc) -> AddressRule:
+    return svc.jobs.notifications.address_rule()
+
+
+@router.put(
+    "/notify/addresses",
+    responses=ERRORS,
+    summary="Set the address rule of notifications",
+    description="Holds from the next delivery on, for every target: a host is resolved "
+    "at each delivery and every address it has must be allowed.",
+)
+def set_address_rule(body: AddressRule, svc: Svc) -> AddressRule:
+    return svc.jobs.notifications.set_address_rule(body)
