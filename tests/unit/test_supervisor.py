@@ -321,6 +321,17 @@ def test_progress_reports_reach_the_summary(tmp_path: Path, code: int) -> None:
     assert result.nodes[0].ranks[0].progress is not None
 
 
+def test_a_report_is_dated_when_the_rank_made_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK sends reports in batches; the agent dates each by its age in the rank's
+    buffer, and Progress carries that date on our clock (rates stay true)."""
+    node = NodeRun(_commands()[0], clock_offset=100.0)  # the host's clock is 100 s behind
+    monkeypatch.setattr(time, "time", lambda: 1000.0)
+    assert node.made_at(899.85) == pytest.approx(999.85)  # 150 ms in the rank's buffer
+    assert node.made_at(950.0) == 1000.0  # never in the future
+    assert node.made_at(10.0) == 995.0  # a clock that jumped: at most 5 s back
+    assert node.made_at(None) == 1000.0
+
+
 def test_launcher_failing_before_any_rank_fails_the_job(tmp_path: Path) -> None:
     async def torchrun_dies(node: FakeNode) -> int:
         node.event("started", pid=1, pgids=[1])

@@ -85,6 +85,15 @@ class NodeRun:
         """A timestamp of this host's clock on the coordinator's clock."""
         return host_time + self.clock_offset
 
+    def made_at(self, host_time: object, lag_max: float = 5.0) -> float:
+        """When a rank made a report the agent dated ``host_time`` (its age in the
+        rank's buffer taken off: the SDK sends reports in batches, every 0.2 s), on our
+        clock: never in the future, never more than ``lag_max`` s ago (a clock jump)."""
+        now = time.time()
+        if not isinstance(host_time, int | float) or isinstance(host_time, bool):
+            return now
+        return min(now, max(now - lag_max, self.to_local(float(host_time))))
+
     listener: Callable[[NodeRun], None] | None = None  # told of every state change
 
     @property

@@ -332,7 +332,7 @@ class Supervisor:
             self.emit(
                 Progress(
                     job_id=self.job_id,
-                    time=time.time(),
+                    time=node.made_at(event.get("time")),
                     host=node.host.name,
                     rank=record.rank,
                     step=event.get("step"),
