@@ -9,7 +9,10 @@ environment, and what it writes for tracking lands in its run dir, private."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,6 +263,15 @@ def test_an_admins_local_job_lacks_the_servers_secrets_and_others_cannot_read_it
         seen = follow_events(other, job_id)
         kinds = {kind for _, kind, _ in seen}
         assert "finished" in kinds and "log" not in kinds, kinds
+        assert "shown to its owner (admin) and admins only" in seen[0][2]
         assert "MARK-OUTPUT-42" not in json.dumps(seen)
+    # the CLI says so too: `corral job logs` is refused, `-f` follows without the lines
+    env = {**os.environ, "CORRAL_TOKEN": team.mallory.headers["Authorization"][7:]}
+    cli = [sys.executable, "-m", "corral", "job", "logs", job_id, "--server", team.server.url]
+    refused = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode != 0 and "owner (admin) and admins only" in refused.stderr
+    followed = subprocess.run([*cli, "-f"], capture_output=True, text=True, env=env, timeout=120)
+    assert "shown to its owner (admin) and admins only" in followed.stdout + followed.stderr
+    assert "MARK-OUTPUT-42" not in followed.stdout + followed.stderr
     mine = follow_events(team.admin, job_id)
     assert "MARK-OUTPUT-42" in json.dumps(mine)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -115,12 +116,15 @@ async def job_events(
     who: Caller,
 ) -> EventSourceResponse:
     # 404 before the stream starts; a job's log lines are for its owner and admins
-    reader = who.may_read_output(svc.jobs.row(job_id).owner)
+    owner = svc.jobs.row(job_id).owner
+    reader = who.may_read_output(owner)
     pos = start or 0
     if last_event_id and last_event_id.isdigit():
         pos = int(last_event_id)
 
     async def stream() -> AsyncIterator[dict[str, Any] | bytes]:
+        if not reader:  # said once, so the page and `corral job logs -f` tell why
+            yield withheld_note(job_id, owner, pos)
         # the line as the supervisor wrote it (no re-encoding); a client that goes away
         # ends the stream through sse-starlette's own disconnect watch, a revoked token
         # or session through the re-check of revocable()
@@ -137,6 +141,16 @@ async def job_events(
                 yield {"id": str(ev.next_pos), "event": kind, "data": json.dumps(ev.data)}
 
     return EventSourceResponse(stream(), ping=15)
+
+
+def withheld_note(job_id: str, owner: str | None, pos: int) -> dict[str, Any]:
+    """The message that opens the stream of a reader who may not see the output."""
+    text = (
+        f"the output of job {job_id} is shown to its owner ({owner or 'nobody'}) and "
+        "admins only: its log lines are left out"
+    )
+    data = {"kind": "message", "job_id": job_id, "time": time.time(), "text": text}
+    return {"id": str(pos), "event": "message", "data": json.dumps({**data, "level": "info"})}
 
 
 @functools.lru_cache(maxsize=512)
