@@ -1,6 +1,6 @@
 """``sdk.report`` and ``sdk.section`` in a fast loop, through a real node agent
-(``local:2``, stdlib ranks): every step reaches the coordinator, in order, with
-its own section timings, the last ones as the rank exits."""
+(``local:2``, stdlib ranks): every step reaches the coordinator, in order,
+the last ones as the rank exits (before the rank's exit is known)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from corral.cluster.hostfile import load_cluster
 from corral.job.engine import Job
-from corral.job.events import JobEvent, Progress
+from corral.job.events import JobEvent, Progress, RankExited
 from corral.job.options import CheckPolicy
 from corral.job.states import JobState
 from corral.plan.spec import JobSpec
@@ -50,6 +50,8 @@ def test_every_step_of_a_fast_loop_reaches_the_coordinator(tmp_path: Path) -> No
         assert [e.step for e in mine] == list(range(1, STEPS + 1))  # nothing lost, in order
         assert mine[-1].metrics == {"loss": 1.0}  # the last one too, sent as the rank exited
         assert all(e.total == STEPS for e in mine)
+        exited = next(e for e in events if isinstance(e, RankExited) and e.rank == rank)
+        assert events.index(mine[-1]) < events.index(exited)  # flushed before the exit code
     records = [r for node in result.nodes for r in node.ranks.values()]
     assert sorted((r.rank, (r.progress or {}).get("step")) for r in records) == [
         (0, STEPS),

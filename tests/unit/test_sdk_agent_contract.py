@@ -64,9 +64,9 @@ def test_an_invalid_report_costs_only_itself(
     sdk.report(2**70)  # beyond what the agent accepts as a step
     sdk.report(3, **{"": 1.0})  # an empty metric name: refused by the agent
     sdk.report(4)
-    _report.flush()
+    _report.flush_reports()
     sdk.report(5, loss=float("nan"))  # sent as null
-    _report.flush()
+    _report.flush_reports()
     first, second = control_server.wait_lines(3)[1:]
     message = parse_message(first.encode())
     assert getattr(message, "dropped", None) == 2  # the agent says so, once per line

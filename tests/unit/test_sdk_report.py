@@ -122,9 +122,9 @@ def control_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
 def test_handshake_then_json_lines(control_server: ControlServer) -> None:
     sdk.report(1, 10, loss=2.5, acc=0.25)
     sdk.report(2)
-    _report.flush()
+    _report.flush_reports()
     sdk.report(3)
-    _report.flush()
+    _report.flush_reports()
     lines = control_server.wait_lines(3)
     assert len(control_server.connections) == 1  # one connection, reused
     assert control_server.auth == [f"auth {TOKEN}\n"]  # the token comes first
@@ -204,11 +204,11 @@ def test_unreachable_or_bad_address_never_raises(
 def test_disabled_after_first_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
     sdk.report(1)
-    _report.flush()  # nobody listening: reporting turns itself off
+    _report.flush_reports()  # nobody listening: reporting turns itself off
     server = ControlServer(str(tmp_path / "ctl"))
     try:
         sdk.report(2)
-        _report.flush()
+        _report.flush_reports()
         time.sleep(0.2)
         assert server.connections == []
     finally:
@@ -221,7 +221,7 @@ def test_supervisor_going_away_never_raises(control_server: ControlServer) -> No
     control_server.close()
     for step in range(2, 200):
         sdk.report(step, loss=float(step))  # EPIPE / ECONNRESET must not escape
-        _report.flush()
+        _report.flush_reports()
     assert not _report._reporter.active  # reporting is off: reports are not even kept
     sdk.report(200)
     assert not _report._records
@@ -240,7 +240,7 @@ def test_a_stalled_supervisor_never_blocks_training_and_turns_reporting_off(
         for step in range(3000):  # several MB: far more than the socket buffers
             sdk.report(step, None, **metrics)
         assert sends.on_thread(threading.main_thread()) == 0  # training never sent a byte
-        _report.flush()  # blocks on the full buffer, for SEND_TIMEOUT at most
+        _report.flush_reports()  # blocks on the full buffer, for SEND_TIMEOUT at most
     finally:
         listener.close()
     assert not _report._reporter.active  # the send timed out: reporting is off for good
@@ -274,7 +274,7 @@ def test_forked_child_opens_its_own_connection(control_server: ControlServer) ->
     if pid == 0:  # child
         try:
             sdk.report(100)
-            _report.flush()
+            _report.flush_reports()
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -502,7 +502,7 @@ def test_long_batches_are_split_into_lines_the_agent_accepts(
     metrics = {f"metric_{i:02d}": float(i) for i in range(60)}  # ~1.4 KB a report
     for step in range(300):
         sdk.report(step, **metrics)
-    _report.flush()
+    _report.flush_reports()
     reports = control_server.wait_reports(300)
     assert [r["step"] for r in reports] == list(range(300))
     lines = control_server.wait_lines(2)[1:]

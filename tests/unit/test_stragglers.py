@@ -253,7 +253,7 @@ def test_cuda_sections_go_with_their_report_and_reuse_read_events(
             pass
         sdk.report(step)
         if step % 20 == 0:
-            _report.flush()  # the sender reads the pairs, then reuses them
+            _report.flush_reports()  # the sender reads the pairs, then reuses them
     reports = control_server.wait_reports(200)
     assert [r["step"] for r in reports] == list(range(1, 201))
     assert all(r["sections"] == {"compute": pytest.approx(0.5)} for r in reports)

@@ -49,7 +49,7 @@ from corral.contract import (
     STREAMS_ENV,
     stack_file,
 )
-from corral.sdk.runtime import connect_control
+from corral.sdk.runtime import connect_control, flush_reports
 
 PR_SET_PDEATHSIG = 1
 
@@ -230,6 +230,7 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
+    flush_reports()  # the script's last reports reach the agent before its exit code
     _report_exit(control, rank, code)
     # MLX too: its teardown closes the ring's sockets before the process ends, so the
     # neighbours' "connection lost" could be seen as failing before this rank

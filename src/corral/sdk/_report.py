@@ -64,7 +64,7 @@ __all__ = [
     "TOKEN_ENV",
     "auth_line",
     "connect_control",
-    "flush",
+    "flush_reports",
     "report",
     "request",
     "send_event",
@@ -431,8 +431,9 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
         _reporter.wake()
 
 
-def flush() -> None:
-    """Send the buffered reports now (waits at most about :data:`SEND_TIMEOUT`)."""
+def flush_reports() -> None:
+    """Send the buffered reports now (waits at most about :data:`SEND_TIMEOUT`): the
+    rank wrapper does before it tells the agent the script's exit code."""
     _reporter.flush()
 
 

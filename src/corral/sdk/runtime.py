@@ -17,14 +17,15 @@ if TYPE_CHECKING:
     from corral.sdk._accelerate import set_accelerator
     from corral.sdk._dist import collect_garbage_at_exit
     from corral.sdk._qos import apply_qos_from_env
-    from corral.sdk._report import connect_control
+    from corral.sdk._report import connect_control, flush_reports
 
-# Imported on first use (PEP 562): the rank wrapper needs connect_control on every
-# rank, the rest only with the options that use them.
+# Imported on first use (PEP 562): the rank wrapper needs connect_control and
+# flush_reports on every rank, the rest only with the options that use them.
 _LAZY = {
     "apply_qos_from_env": "corral.sdk._qos",
     "collect_garbage_at_exit": "corral.sdk._dist",
     "connect_control": "corral.sdk._report",
+    "flush_reports": "corral.sdk._report",
     "set_accelerator": "corral.sdk._accelerate",
 }
 
@@ -37,5 +38,6 @@ __all__ = [
     "apply_qos_from_env",
     "collect_garbage_at_exit",
     "connect_control",
+    "flush_reports",
     "set_accelerator",
 ]
