@@ -533,3 +533,35 @@ def test_the_last_reports_are_sent_at_exit(control_server: ControlServer, how: s
     reports = control_server.wait_reports(300)
     assert [r["step"] for r in reports] == list(range(1, 301))
     assert "compute" in reports[0]["sections"]
+
+
+MP_SCRIPT = """
+import multiprocessing, sys
+from corral import sdk
+
+def rank(first):
+    for step in range(first, first + 100):
+        sdk.report(step)  # then the child leaves with os._exit: no atexit
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context(sys.argv[1])
+    children = [ctx.Process(target=rank, args=(k * 1000,)) for k in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_multiprocessing_child_sends_its_last_reports(
+    control_server: ControlServer, tmp_path: Path, method: str
+) -> None:
+    script = tmp_path / "mp.py"
+    script.write_text(MP_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), method], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    steps = sorted(r["step"] for r in control_server.wait_reports(200))
+    assert steps == list(range(100)) + list(range(1000, 1100))

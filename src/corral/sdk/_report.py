@@ -240,8 +240,7 @@ class _Reporter:
             thread = threading.Thread(target=self._run, name="corral-report", daemon=True)
             thread.start()
             self._thread = thread
-            if not _at_exit_registered:
-                _register_at_exit()
+            _flush_at_exit()
         self.active = True
         return True
 
@@ -389,10 +388,17 @@ os.register_at_fork(after_in_child=_reporter._forked)
 _at_exit_registered = False
 
 
-def _register_at_exit() -> None:
+def _flush_at_exit() -> None:
+    """Send the last reports at exit: an interpreter's (also after an uncaught
+    exception), and a ``multiprocessing`` child's (it leaves with ``os._exit``, after
+    its finalizers: ``torch.multiprocessing.spawn``'s ranks, a forked worker)."""
     global _at_exit_registered
-    _at_exit_registered = True
-    atexit.register(_reporter.flush)  # the last reports, also after an uncaught exception
+    if not _at_exit_registered:  # inherited by forked children
+        _at_exit_registered = True
+        atexit.register(_reporter.flush)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:  # a child's finalizers start empty: once per process
+        mp_util.Finalize(None, _reporter.flush, exitpriority=100)
 
 
 _records = _section.records
