@@ -129,7 +129,7 @@ def test_a_delivery_that_raises_is_an_attempt_with_backoff_and_ends_failed(
                 kind="webhook",
                 url="http://u:hunter2@127.0.0.1:99999/x?token=sekret",
                 secret=SECRET,
-                events=["finished", "failed"],
+                events=["host_lost", "finished", "failed"],  # one terminal: failed
                 created=time.time(),
             )
         )

@@ -7,16 +7,24 @@ after the event was folded in) to the notices it is worth:
 - ``queued_started``: the same, for a job that waited in the queue;
 - ``finished``: the job ended, with its final state (every end: succeeded,
   failed, timed out, cancelled, lost);
-- ``failed``: it ended without success (failed, timed out, lost), with the root
-  cause (host, rank, message); a cancelled job is only ``finished``;
+- ``failed``: it ended without success (failed, timed out, lost), with the final
+  state and the root cause (host, rank, message); a cancelled job is only ``finished``;
 - ``hang``: hang detection found no progress (before the job is stopped);
-- ``host_lost``: a node stopped answering (or, in-place recovery, its group was lost);
+- ``host_lost``: a node stopped answering ("lost host H: ..."), or, in-place recovery,
+  a replica group was torn down, with what took it down ("lost replica group 2 on
+  H: rank 3 on H killed by SIGKILL": the host itself may be healthy);
 - ``restarted``: a new attempt started after a failure;
 - ``healed``: in-place recovery: a lost node's group trains again.
+
+``finished`` and ``failed`` are the two *terminal* notices: a target gets exactly
+one of them per job (:func:`for_target`): ``failed`` when it asked for it and the
+job ended without success, else ``finished``. Each notice's text names the job by
+its ``--name`` and id ("job train-a (j1) ...") when it has a name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -41,6 +49,8 @@ EVENTS: tuple[str, ...] = get_args(EventName)
 HANG_PREFIX = "hang detected: "
 """How the supervisor's message of a detected hang begins (:mod:`corral.job.supervisor`)."""
 _UNSUCCESSFUL = frozenset({JobState.FAILED, JobState.TIMED_OUT, JobState.LOST})
+TERMINAL = ("finished", "failed")
+"""The notices of a job's end; a target gets one of them (:func:`for_target`)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class JobFacts:
 
     id: str
     state: str
+    name: str | None = None  # the job's --name (None: none given)
     owner: str | None = None
     queued: float | None = None  # when it entered the queue (None: never queued)
     reason: str = ""
@@ -70,41 +81,47 @@ class Notice:
 def notices(event: JobEvent, job: JobFacts) -> list[Notice]:
     """The notices ``event`` of ``job`` is worth (most events: none)."""
     found: list[tuple[str, str, dict[str, Any]]] = []
+    label = _label(job)
     match event:
         case StateChanged(state=JobState.RUNNING, attempt=0):
-            found.append(("started", f"job {job.id} started", {"attempt": 0}))
+            found.append(("started", f"job {label} started", {"attempt": 0}))
             if job.queued is not None:
                 waited = max(0.0, event.time - job.queued)
                 found.append(
                     (
                         "queued_started",
-                        f"job {job.id} started after {_duration(waited)} in the queue",
+                        f"job {label} started after {duration(waited)} in the queue",
                         {"waited_s": round(waited, 1)},
                     )
                 )
         case AttemptStarted() if event.number > 0:
             where = f" from {event.checkpoint}" if event.checkpoint else ""
             text = (
-                f"job {job.id} restarted: attempt {event.number} on "
+                f"job {label} restarted: attempt {event.number} on "
                 f"{len(event.hosts)} host{'s' if len(event.hosts) != 1 else ''}{where}"
             )
             data = {"attempt": event.number, "hosts": list(event.hosts)}
             found.append(("restarted", text, {**data, "checkpoint": event.checkpoint}))
         case NodeChanged(state=NodeState.LOST):
             detail = f": {event.detail}" if event.detail else ""
-            text = f"job {job.id} lost host {event.host}{detail}"
-            found.append(("host_lost", text, {"host": event.host, "detail": event.detail}))
+            text = f"job {label} lost host {event.host}{detail}"
+            data = {"host": event.host, "lost": "host", "detail": event.detail}
+            found.append(("host_lost", text, data))
         case GroupChanged(change="lost"):
-            text = f"job {job.id} lost host {event.host} (replica group {event.group})"
-            found.append(("host_lost", text, {"host": event.host, "group": event.group}))
+            # the group was torn down for what its detail says (a rank that died, a
+            # hang, the host gone): the host itself may be healthy
+            why = f": {event.detail}" if event.detail else ""
+            text = f"job {label} lost replica group {event.group} on {event.host}{why}"
+            data = {"host": event.host, "lost": "group", "group": event.group}
+            found.append(("host_lost", text, {**data, "detail": event.detail}))
         case GroupChanged(change="rejoined"):
             peer = f" (healed from {event.healed_from})" if event.healed_from else ""
             at = f" at step {event.step}" if event.step is not None else ""
-            text = f"job {job.id} healed: {event.host} trains again{at}{peer}"
+            text = f"job {label} healed: {event.host} trains again{at}{peer}"
             data = {"host": event.host, "step": event.step, "healed_from": event.healed_from}
             found.append(("healed", text, data))
         case Message(level="error") if event.text.startswith(HANG_PREFIX):
-            found.append(("hang", f"job {job.id}: {event.text}", {"message": event.text}))
+            found.append(("hang", f"job {label}: {event.text}", {"message": event.text}))
         case Finished() | LaunchFailed() | Lost():
             found.extend(_ended(event, job))
         case _:
@@ -121,7 +138,8 @@ def _ended(event: JobEvent, job: JobFacts) -> list[tuple[str, str, dict[str, Any
     else:
         state, code = JobState.LOST, job.exit_code
     how = state.value.replace("_", " ")
-    text = f"job {job.id} finished: {how}" + (f" (exit code {code})" if code is not None else "")
+    label = _label(job)
+    text = f"job {label} finished: {how}" + (f" (exit code {code})" if code is not None else "")
     data: dict[str, Any] = {"state": state.value, "exit_code": code, "reason": job.reason}
     out: list[tuple[str, str, dict[str, Any]]] = [("finished", text, data)]
     if state in _UNSUCCESSFUL:
@@ -129,8 +147,25 @@ def _ended(event: JobEvent, job: JobFacts) -> list[tuple[str, str, dict[str, Any
         cause.pop("log_tail", None)  # the rank's output stays on the server
         message = str(cause.get("message") or job.reason or how)
         where = _where(cause)
-        out.append(("failed", f"job {job.id} {how}: {where}{message}", {"root_cause": cause}))
+        failed = f"job {label} {how}: {where}{message}"
+        out.append(("failed", failed, {**data, "root_cause": cause}))
     return out
+
+
+def for_target(found: Sequence[Notice], wanted: Collection[str]) -> list[Notice]:
+    """The notices of ``found`` a target that asked for ``wanted`` gets, in order:
+    at most one terminal notice, ``failed`` when it asked for it and there is one,
+    else ``finished``."""
+    picked = [n for n in found if n.event in wanted]
+    ends = [n for n in picked if n.event in TERMINAL]
+    if len(ends) > 1:
+        keep = next((n for n in ends if n.event == "failed"), ends[0])
+        picked = [n for n in picked if n.event not in TERMINAL or n is keep]
+    return picked
+
+
+def _label(job: JobFacts) -> str:
+    return f"{job.name} ({job.id})" if job.name and job.name != job.id else job.id
 
 
 def _where(cause: dict[str, Any]) -> str:
@@ -143,9 +178,14 @@ def _where(cause: dict[str, Any]) -> str:
     return f"rank {rank} on {host}: " if rank is not None else f"{host}: "
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def duration(seconds: float) -> str:
+    """``seconds`` for a reader, to the second below an hour ("45 s", "2 min 30 s",
+    "3 min"), to the minute above ("1 h 5 min")."""
+    total = round(max(0.0, seconds))
+    if total < 120:
+        return f"{total} s"
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{minutes} min {secs} s" if secs else f"{minutes} min"

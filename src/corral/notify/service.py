@@ -8,7 +8,9 @@ store holds what waits, so nothing is lost across a restart); a failure is tried
 again after ``backoff * 2**(attempts-1)`` seconds (at most ``max_backoff``) until
 ``attempts`` tries were made, then the delivery is ``failed``. A delivery is sent
 at least once: one in flight when the server stops is sent again after its start
-(``X-Corral-Delivery`` lets a receiver drop a repeat).
+(``X-Corral-Delivery`` lets a receiver drop a repeat). A job's notices reach each
+target in the order they happened: one is sent once the earlier ones of the same job
+to the same target are delivered or given up.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from sqlalchemy import delete, event, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, event, exists, func, select
+from sqlalchemy.orm import Session, aliased
 
 from corral.errors import Invalid, NotFound
 from corral.job.events import JobEvent
 from corral.notify import send, urls
-from corral.notify.events import JobFacts, Notice, notices
+from corral.notify.events import JobFacts, Notice, for_target, notices
 from corral.notify.models import DeliveryOut, HookOut, NotifierIn, WebhookIn
 from corral.notify.urls import AddressRefused, AddressRule, check_host, mask_url
 from corral.store import Store
@@ -213,23 +215,22 @@ class Notifications:
         hooks = list(s.scalars(select(Webhook)))
         now = time.time()
         added = False
-        for notice in found:
-            payload = self._payload(notice, job)
-            for hook in hooks:
-                if notice.event in hook.events:
-                    s.add(
-                        Delivery(
-                            hook_id=hook.id,
-                            event=notice.event,
-                            job_id=job.id,
-                            payload=payload,
-                            state="pending",
-                            attempts=0,
-                            created=now,
-                            next_try=now,
-                        )
+        payloads = {id(n): self._payload(n, job) for n in found}
+        for hook in hooks:
+            for notice in for_target(found, hook.events):  # one terminal notice each
+                s.add(
+                    Delivery(
+                        hook_id=hook.id,
+                        event=notice.event,
+                        job_id=job.id,
+                        payload=payloads[id(notice)],
+                        state="pending",
+                        attempts=0,
+                        created=now,
+                        next_try=now,
                     )
-                    added = True
+                )
+                added = True
         if added:
             event.listen(s, "after_commit", lambda _s: self.wake(), once=True)
 
@@ -239,7 +240,13 @@ class Notifications:
             "event": notice.event,
             "time": notice.time,
             "text": notice.text,
-            "job": {"id": job.id, "state": job.state, "owner": job.owner, "url": link},
+            "job": {
+                "id": job.id,
+                "name": job_name(job),
+                "state": job.state,
+                "owner": job.owner,
+                "url": link,
+            },
             "data": notice.data,
         }
 
@@ -289,7 +296,18 @@ class Notifications:
         free = self.policy.concurrency - len(self._inflight)
         now = time.time()
         with self.store.session() as s:
-            pending = select(Delivery.id, Delivery.next_try).where(Delivery.state == "pending")
+            earlier = aliased(Delivery)
+            # a job's notices reach a target in order: one waits while an earlier one of
+            # the same job to the same target is pending (in flight or backing off)
+            first = ~exists().where(
+                earlier.hook_id == Delivery.hook_id,
+                earlier.job_id == Delivery.job_id,
+                earlier.state == "pending",
+                earlier.id < Delivery.id,
+            )
+            pending = select(Delivery.id, Delivery.next_try).where(
+                Delivery.state == "pending", first
+            )
             if self._inflight:
                 pending = pending.where(Delivery.id.not_in(self._inflight))
             rows = s.execute(pending.order_by(Delivery.next_try, Delivery.id).limit(free + 1))
@@ -412,12 +430,19 @@ def facts(job: Job) -> JobFacts:
     return JobFacts(
         id=job.id,
         state=job.state,
+        name=job_name(job),
         owner=job.owner,
         queued=job.queued,
         reason=job.reason or "",
         exit_code=job.exit_code,
         root_cause=dict(job.root_cause) if job.root_cause else None,
     )
+
+
+def job_name(job: Job) -> str | None:
+    """The job's ``--name`` (None when it was given none)."""
+    name = (job.request or {}).get("name")
+    return str(name) if name else None
 
 
 def _new_id(prefix: str) -> str:
