@@ -5,8 +5,10 @@ loaded by tests/conftest.py).
   one worker brings the machine's one testbed up, once, and runs them all in turn;
   a module with a module- or class-scoped fixture (a live server, a browser, a
   trained model) is one group, so that fixture is set up once; every other test is
-  scheduled on its own. The netns group and the other groups are collected first:
-  the longest units start first, and the single tests fill in around them.
+  scheduled on its own. xdist starts the largest groups first (the netns group).
+  The workers find the groups at collection (fixture scopes and markers are known
+  there) and hand them to the controller's scheduler in a file: pytest 9's node ids
+  no longer take the ``@group`` suffix that xdist's own ``xdist_group`` relies on.
 - Isolation. Each worker gets its own ``HOME`` (and XDG data, config, cache, state and
   runtime dirs under it), so nothing that a test or a server writes to the user's
   home (corral's data dir and token, chromium's profile) is shared with a test on
@@ -18,15 +20,24 @@ loaded by tests/conftest.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+try:
+    from xdist.scheduler import LoadGroupScheduling
+except ImportError:  # no pytest-xdist: nothing runs in parallel
+    LoadGroupScheduling = object
+
 NETNS_GROUP = "netns"
 _WIDE_SCOPES = ("module", "class", "package")
+_GROUPS_ENV = "CORRAL_TEST_GROUPS"
+"""The directory where the workers write the groups they found (set by the controller)."""
 _HOME_LINKS = (".gitconfig", ".pyenv")
 """Entries of the real home that a worker's home links to: git's identity, and
 pyenv's interpreters (``python3`` on PATH may be a pyenv shim, which finds them
@@ -34,9 +45,12 @@ under ``$HOME/.pyenv`` unless ``PYENV_ROOT`` is set)."""
 
 
 def _group(item: pytest.Item) -> str | None:
-    """The xdist group of ``item``: ``netns``, its module's path, or None."""
+    """The group of ``item``: ``netns``, its module's path, or None (scheduled alone)."""
     if item.get_closest_marker("netns") is not None:
         return NETNS_GROUP
+    marked = item.get_closest_marker("xdist_group")
+    if marked is not None:
+        return str(marked.args[0] if marked.args else marked.kwargs.get("name", "default"))
     info = getattr(item, "_fixtureinfo", None)
     for defs in getattr(info, "name2fixturedefs", {}).values():
         if any(d.scope in _WIDE_SCOPES for d in defs):
@@ -44,30 +58,44 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def _worker(config: pytest.Config) -> str | None:
+    """The xdist worker id of this run (None: not a worker, e.g. a pytester run in one)."""
+    info = getattr(config, "workerinput", None)
+    return str(info["workerid"]) if isinstance(info, dict) else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not _distributed(config):
+    worker = _worker(config)
+    shared = os.environ.get(_GROUPS_ENV)
+    if not worker or not shared:
         return
-    groups: dict[int, str] = {}
-    for index, item in enumerate(items):
-        group = _group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
-            groups[index] = group
-    netns = [item for i, item in enumerate(items) if groups.get(i) == NETNS_GROUP]
-    grouped = [item for i, item in enumerate(items) if i in groups and groups[i] != NETNS_GROUP]
-    single = [item for i, item in enumerate(items) if i not in groups]
-    items[:] = netns + grouped + single
+    groups = {item.nodeid: group for item in items if (group := _group(item)) is not None}
+    tmp = Path(shared) / f".{worker}.tmp"
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(Path(shared) / f"{worker}.json")  # every worker writes the same groups
 
 
-def _distributed(config: pytest.Config) -> bool:
-    """True in an xdist worker, and in the controller of a distributed run."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return True
-    return (
-        bool(getattr(config.option, "numprocesses", None))
-        and config.getoption("dist", "no") != "no"
-    )
+class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
+    """xdist's ``loadgroup``, with the groups the workers found at collection."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if "@" in nodeid:  # an xdist that could suffix the id
+            return str(super()._split_scope(nodeid))
+        if self._groups is None:
+            found = sorted(Path(os.environ[_GROUPS_ENV]).glob("*.json"))
+            self._groups = json.loads(found[0].read_text()) if found else {}
+        return self._groups.get(nodeid, nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling | None:
+    if config.getvalue("dist") != "loadgroup" or not os.environ.get(_GROUPS_ENV):
+        return None
+    return GroupScheduling(config, log)
 
 
 class WorkerHome:
@@ -95,15 +123,24 @@ class WorkerHome:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
-        config.pluginmanager.register(_HomeCleanup(WorkerHome(worker)), "corral-worker-home")
-
-
-class _HomeCleanup:
-    def __init__(self, home: WorkerHome) -> None:
-        self.home = home
+class _Cleanup:
+    def __init__(self, path: Path | WorkerHome) -> None:
+        self.path = path
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self.home.close()
+        if isinstance(self.path, WorkerHome):
+            self.path.close()
+        else:
+            os.environ.pop(_GROUPS_ENV, None)
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = _worker(config)
+    if worker:
+        config.pluginmanager.register(_Cleanup(WorkerHome(worker)), "corral-worker-home")
+    elif getattr(config.option, "numprocesses", None) and config.getvalue("dist") == "loadgroup":
+        # the controller, before it starts the workers (they inherit the variable)
+        shared = Path(tempfile.mkdtemp(prefix="corral-test-groups-"))
+        os.environ[_GROUPS_ENV] = str(shared)
+        config.pluginmanager.register(_Cleanup(shared), "corral-test-groups")
