@@ -35,6 +35,8 @@ EVERY_OPTION: dict[str, Any] = {
     "run_dir": "/runs",
     "rdzv_timeout": 120.0,
     "job_id": "j-every",
+    "name": "every-option",
+    "owner": "alice",
     "mlx_backend": "jaccl",
     "shared_data_path": "/data",
     "command_template": "echo {host}",

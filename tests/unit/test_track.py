@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
 
+from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
 from corral.job.build import JobOptions, build_job
 from corral.job.engine import Job
@@ -22,7 +24,8 @@ from corral.plan.spec import JobSpec
 from corral.service.models import JobRequest
 from corral.track.base import FinalState, Point, RunInfo
 from corral.track.forward import Forwarder
-from corral.track.targets import TrackTarget, parse_target, parse_targets
+from corral.track.targets import TrackPolicy, TrackTarget, parse_target, parse_targets
+from tests.conftest import require
 
 
 class Recorder:
@@ -209,6 +212,7 @@ class _Job:
     """What the subscriber needs of a Job: its id and emit (to every subscriber)."""
 
     job_id = "j1"
+    cluster = Cluster((Host("a", slots=1), Host("b", slots=1)), source="test")
 
     def __init__(self) -> None:
         self.subscribers: list[Any] = []
@@ -228,7 +232,8 @@ def test_job_events_become_params_points_and_the_final_state() -> None:
     fwd = _forwarder(rec)
     spec = JobSpec(script="train.py", args=("--steps", "3"), job_id="j1", run_dir="runs")
     job = _Job()
-    sub = TrackingSubscriber(cast(Job, job), spec, fwd)
+    policy = TrackPolicy(("tensorboard:tb",), name="resnet-a", owner="alice")
+    sub = TrackingSubscriber(cast(Job, job), spec, fwd, policy)
     job.subscribers = [sub.on_event, job.seen.append]
     job.emit(
         AttemptStarted(
@@ -261,8 +266,12 @@ def test_job_events_become_params_points_and_the_final_state() -> None:
         "world_size": 2,
         "nnodes": 2,
         "hosts": "a,b",
+        "name": "resnet-a",
+        "owner": "alice",
+        "nproc_per_node": 1,  # the hosts' slots (the spec left it to them)
         "workload_weights": "0.6,0.4",
     }
+    assert (rec.run.title, rec.run.owner) == ("resnet-a", "alice")
     series: dict[str, list[tuple[int, float]]] = {}
     for p in rec.points:
         series.setdefault(p.name, []).append((p.step, p.value))
@@ -310,12 +319,61 @@ def test_a_job_that_never_started_opens_no_run() -> None:
 
 
 def test_the_job_description_carries_track_to_the_supervisor() -> None:
-    from corral.cluster.model import Cluster, Host
     from corral.job.describe import JobDescription
 
-    options = JobOptions(command=("train.py",), track=("tensorboard:tb", "wandb:p"))
+    options = JobOptions(
+        command=("train.py",), track=("tensorboard:tb", "wandb:p"), name="resnet", owner="bob"
+    )
     described = JobDescription(options, Cluster((Host("a"),), source="a"))
     again = JobDescription.from_json(described.to_json())
     assert again.options.track == ("tensorboard:tb", "wandb:p")
     _, made = build_job(again.options)
     assert [str(t) for t in made.tracking.targets] == ["tensorboard:tb", "wandb:p"]
+    assert (made.tracking.name, made.tracking.owner) == ("resnet", "bob")
+
+
+def test_a_server_jobs_description_names_it_and_its_owner(tmp_path: Path) -> None:
+    """The API's --name and the job's owner reach the supervisor's trackers."""
+    from corral.service.planner import job_description
+    from corral.service.settings import ServerSettings
+    from tests.unit.test_service_planner import machine
+
+    (tmp_path / "train.py").write_text("")
+    request = JobRequest(script=str(tmp_path / "train.py"), name="resnet", track=["tensorboard:tb"])
+    settings = ServerSettings(run_dir=tmp_path / "runs")
+    described = job_description("j1", request, [machine("a")], settings, owner="bob")
+    _, made = build_job(described.options)
+    assert (made.tracking.name, made.tracking.owner) == ("resnet", "bob")
+
+
+def test_the_mlflow_run_is_named_after_the_job_and_records_its_owner(tmp_path: Path) -> None:
+    require("mlflow", "the [mlflow] extra: make setup")
+    from mlflow.tracking import MlflowClient
+
+    from corral.track.mlflow import MlflowTracker
+
+    store = f"file:{tmp_path / 'mlruns'}"
+    tracker = MlflowTracker(TrackTarget("mlflow", store))
+    run = RunInfo(job_id="j1", params={}, job_dir=tmp_path, name="resnet", owner="alice")
+    tracker.start(run)
+    tracker.start(RunInfo(job_id="j2", params={}, job_dir=tmp_path))
+    got = MlflowClient(tracking_uri=store).get_run(tracker.run_id)
+    assert got.info.run_name == "j2"  # no name: the job id
+    named = MlflowClient(tracking_uri=store).search_runs(
+        [got.info.experiment_id], "tags.`corral.job_id` = 'j1'"
+    )
+    assert [r.info.run_name for r in named] == ["resnet"]
+    assert named[0].data.tags["corral.owner"] == "alice"
+    assert named[0].data.tags["mlflow.user"] == "alice"
+
+
+def test_nproc_per_node_is_recorded_as_asked_else_from_the_hosts_slots() -> None:
+    fwd = _forwarder(Recorder(TB))
+    job = _Job()
+    job.cluster = Cluster((Host("a", slots=2), Host("b", slots=4)), source="test")
+    started = AttemptStarted(job_id="j1", number=0, hosts=["a", "b"], world_size=6)
+    sub = TrackingSubscriber(cast(Job, job), JobSpec(script="t.py", job_id="j1"), fwd)
+    assert sub._nproc(started) == "2,4"
+    asked = JobSpec(script="t.py", job_id="j1", nproc_per_node=3)
+    assert TrackingSubscriber(cast(Job, job), asked, fwd)._nproc(started) == 3
+    fwd.close(10)

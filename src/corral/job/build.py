@@ -73,6 +73,10 @@ class JobOptions:
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
     job_id: str | None = None
     """Default: a new, time-based id."""
+    name: str | None = None
+    """The job's name (``corral job submit --name``): trackers name their run after it."""
+    owner: str | None = None
+    """Who submitted it (the server's user; None: the user running it)."""
     mlx_backend: str = "ring"
     shared_data_path: str | None = None
     command_template: str | None = None
@@ -211,7 +215,7 @@ def policies(options: JobOptions) -> Policies:
         checkpoints=CheckpointPolicy(options.checkpoint_dir, options.replicate_checkpoints),
         supervision=SupervisionPolicy(options.grace, options.host_timeout, options.hang_timeout),
         recovery=RecoveryPolicy(options.recovery, options.spares),
-        tracking=TrackPolicy(tuple(options.track)),
+        tracking=TrackPolicy(tuple(options.track), options.name, options.owner),
     )
 
 

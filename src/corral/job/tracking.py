@@ -6,7 +6,8 @@ process track alike). The coordinator forwards what the ranks report
 (``corral.sdk.report``), the ranks themselves know nothing of it:
 
 - at the first attempt, the job's parameters (script, args, launcher, world size,
-  hosts, workload weights) open each tracker's run;
+  hosts, ranks per node, owner, workload weights) open each tracker's run, named
+  after the job's ``--name`` (its id when it has none);
 - every :class:`~corral.job.events.Progress` gives its numeric metrics at its step
   (rank 0's under their own names, rank R's as ``rankR/NAME``), the rank's
   throughput (``throughput/rankR/steps_per_s``, and ``examples_per_s`` when it
@@ -22,6 +23,7 @@ their errors come back as warning messages of the job, never as its failure.
 
 from __future__ import annotations
 
+import getpass
 import math
 import shlex
 from pathlib import Path
@@ -40,6 +42,14 @@ THROUGHPUT_WINDOW = 0.5
 burst, as the first ones of a rank do, make no rate of their own)."""
 
 
+def _local_user() -> str | None:
+    """The user this process runs as (None when the system cannot say)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
 def _number(value: Any) -> float | None:
     """``value`` as a finite float (None for anything else: text, bools, NaN, nested)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -50,10 +60,14 @@ def _number(value: Any) -> float | None:
 class TrackingSubscriber:
     """Turns one job's events into tracker records (on the job's event loop, quickly)."""
 
-    def __init__(self, job: Job, spec: JobSpec, forwarder: Forwarder) -> None:
+    def __init__(
+        self, job: Job, spec: JobSpec, forwarder: Forwarder, policy: TrackPolicy | None = None
+    ) -> None:
         self.job = job
         self.spec = spec
         self.forwarder = forwarder
+        self.name = policy.name if policy is not None else None
+        self.owner = (policy.owner if policy is not None else None) or _local_user()
         self.started = False
         self.attempts = 0
         self.step = 0  # the highest step reported so far
@@ -83,6 +97,8 @@ class TrackingSubscriber:
                     job_id=self.spec.job_id,
                     params=self._params(event),
                     job_dir=Path(self.spec.run_dir) / self.spec.job_id,
+                    name=self.name,
+                    owner=self.owner,
                 )
             )
         self.forwarder.log(
@@ -103,13 +119,30 @@ class TrackingSubscriber:
             "nnodes": len(event.hosts),
             "hosts": ",".join(event.hosts),
         }
-        if spec.nproc_per_node is not None:
-            params["nproc_per_node"] = spec.nproc_per_node
+        if self.name:
+            params["name"] = self.name
+        if self.owner:
+            params["owner"] = self.owner
+        nproc = self._nproc(event)
+        if nproc is not None:
+            params["nproc_per_node"] = nproc
         if event.workload_weights:
             params["workload_weights"] = ",".join(f"{w:g}" for w in event.workload_weights)
         if spec.checkpoint_dir:
             params["checkpoint_dir"] = spec.checkpoint_dir
         return params
+
+    def _nproc(self, event: AttemptStarted) -> ParamValue | None:
+        """The ranks per node: as asked, else each host's slots (one number when they
+        are all alike, else one per host in node order)."""
+        if self.spec.nproc_per_node is not None:
+            return self.spec.nproc_per_node
+        cluster = getattr(self.job, "cluster", None)
+        slots = {h.name: h.slots for h in cluster.hosts} if cluster is not None else {}
+        counts = [slots.get(host) for host in event.hosts]
+        if not counts or None in counts:
+            return None
+        return counts[0] if len(set(counts)) == 1 else ",".join(map(str, counts))
 
     def _points(self, event: Progress) -> list[Point]:
         rank, now = event.rank, event.time
@@ -183,5 +216,5 @@ def attach_tracking(job: Job, spec: JobSpec, policy: TrackPolicy) -> Forwarder |
     if not policy.track:
         return None
     forwarder = Forwarder(policy.targets)
-    job.subscribe(TrackingSubscriber(job, spec, forwarder).on_event)
+    job.subscribe(TrackingSubscriber(job, spec, forwarder, policy).on_event)
     return forwarder

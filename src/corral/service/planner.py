@@ -357,12 +357,13 @@ def job_description(
     settings: ServerSettings,
     *,
     weights: Sequence[float] | None = None,
+    owner: str | None = None,
 ) -> JobDescription:
     """The one job description of an API request on ``machines``: what is stored as
     the plan and what the supervisor process runs, as is (it holds the real secret
     env values, which its JSON never does). ``weights``: the ranks' workload weights
     as planned (default: resolved now from the request's calibration or
-    workload_weights)."""
+    workload_weights); ``owner``: who it is planned for (its trackers record them)."""
     needs = request.resource_requirements
     nproc = needs.gpus_per_machine or request.nproc_per_node
     env = dict(request.env)
@@ -385,6 +386,8 @@ def job_description(
         launcher=request.launcher,
         command_template=request.command_template,
         job_id=job_id,
+        name=request.name,
+        owner=owner,
         run_dir=str(settings.run_dir),
         python=request.python,
         nproc_per_node=nproc,

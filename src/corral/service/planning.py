@@ -168,7 +168,9 @@ class Planning:
         selection = self.select(request, owner=owner)
         job_id = job_id or new_job_id()
         launch = self._bounded(
-            job_description(job_id, request, selection.chosen, self.settings), request, owner
+            job_description(job_id, request, selection.chosen, self.settings, owner=owner),
+            request,
+            owner,
         )
         plan = execution_plan(launch, selection)
         with self.store.session() as s:
@@ -219,7 +221,7 @@ class Planning:
         selection = Selection(chosen=[here], reasons={"": ["the server's own machine"]})
         job_id = new_job_id()
         launch = self._bounded(
-            job_description(job_id, request, [here], self.settings), request, owner
+            job_description(job_id, request, [here], self.settings, owner=owner), request, owner
         )
         plan = execution_plan(launch, selection)
         with self.store.session() as s:

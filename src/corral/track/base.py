@@ -24,6 +24,13 @@ class RunInfo:
     job_id: str
     params: Mapping[str, ParamValue]
     job_dir: Path  # <run_dir>/<job id> on the coordinator (W&B's offline files go there)
+    name: str | None = None  # the job's --name
+    owner: str | None = None  # who submitted it (corral run: the local user)
+
+    @property
+    def title(self) -> str:
+        """The run's name in a tracker: the job's name, else its id."""
+        return self.name or self.job_id
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """``--track mlflow:URI``: one MLflow run per job, through MLflow's client.
 
-The run is named after the job id (tag ``corral.job_id``) in the experiment
-``MLFLOW_EXPERIMENT_NAME`` (default ``corral``); parameters are logged once,
+The run is named after the job's ``--name`` (its id when it has none; tags
+``corral.job_id``, ``corral.owner`` and MLflow's own ``mlflow.user``: who submitted
+it) in the experiment ``MLFLOW_EXPERIMENT_NAME`` (default ``corral``); parameters are logged once,
 metrics in batches, and the run ends FINISHED, FAILED or KILLED with the tags
 ``corral.state`` and ``corral.reason`` and the metric ``exit_code``. Credentials
 come from MLflow's own variables (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``/
@@ -59,9 +60,10 @@ class MlflowTracker:
 
     def start(self, run: RunInfo) -> None:
         """Create the run and log the job's parameters."""
-        created = self.client.create_run(
-            self._experiment(), run_name=run.job_id, tags={"corral.job_id": run.job_id}
-        )
+        tags = {"corral.job_id": run.job_id}
+        if run.owner:
+            tags.update({"corral.owner": run.owner, "mlflow.user": run.owner})
+        created = self.client.create_run(self._experiment(), run_name=run.title, tags=tags)
         self.run_id = created.info.run_id
         params = [Param(k, str(v)[:MAX_PARAM]) for k, v in run.params.items()]
         self.client.log_batch(self.run_id, params=params)

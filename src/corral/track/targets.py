@@ -172,6 +172,10 @@ class TrackPolicy:
     repeatable); validated on construction."""
 
     track: tuple[str, ...] = ()
+    name: str | None = None
+    """The job's name (a tracker's run is named after it; None: after the job id)."""
+    owner: str | None = None
+    """Who submitted the job (None: the user running the supervisor)."""
 
     def __post_init__(self) -> None:
         parse_targets(self.track)

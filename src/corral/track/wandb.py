@@ -36,7 +36,7 @@ class WandbTracker:
         self.run = wandb.init(
             project=project,
             entity=entity or None,
-            name=run.job_id,
+            name=run.title,
             id=re.sub(r"[^A-Za-z0-9_.-]", "-", run.job_id),
             dir=str(run.job_dir),
             mode=os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]
