@@ -462,15 +462,18 @@ def test_heartbeats_keep_a_quiet_host_alive(tmp_path: Path) -> None:
     assert result.state == JobState.SUCCEEDED
 
 
+_SLEEPING = (
+    'Thread 1 (idle): "MainThread"\n    hang_forever (train.py:12)\n    main (train.py:30)\n'
+)
+_WAITING = (
+    'Thread 1 (active): "MainThread"\n'
+    "    all_reduce (torch/distributed/distributed_c10d.py:2500)\n"
+    "    main (train.py:28)\n"
+)
+
+
 def test_a_hang_dumps_stacks_and_names_the_stuck_rank(tmp_path: Path) -> None:
-    sleeping = (
-        'Thread 1 (idle): "MainThread"\n    hang_forever (train.py:12)\n    main (train.py:30)\n'
-    )
-    waiting = (
-        'Thread 1 (active): "MainThread"\n'
-        "    all_reduce (torch/distributed/distributed_c10d.py:2500)\n"
-        "    main (train.py:28)\n"
-    )
+    sleeping, waiting = _SLEEPING, _WAITING
 
     def hanging(stuck_rank: int | None):  # type: ignore[no-untyped-def]
         async def behave(node: FakeNode) -> int:
@@ -499,9 +502,38 @@ def test_a_hang_dumps_stacks_and_names_the_stuck_rank(tmp_path: Path) -> None:
     assert cause is not None and (cause.host, cause.rank) == ("b", 3)
     assert "hang: no rank made progress" in cause.message
     assert "is stuck in hang_forever (train.py:12)" in cause.message
+    assert "the stack of rank 3 on b, innermost frame first:" in report
+    assert "lines of stderr" not in report  # the tail is the rank's stack
     assert "hang_forever" in (tmp_path / "hang" / "b.3.txt").read_text()
     assert "all_reduce" in (tmp_path / "hang" / "a.0.txt").read_text()
     assert len(list((tmp_path / "hang").glob("*.txt"))) == 6
+
+
+def test_a_hang_with_every_rank_on_one_line_blames_none_of_them(tmp_path: Path) -> None:
+    async def all_asleep(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        for rank in _ranks(node):
+            node.event("rank_start", rank=rank, local_rank=rank % 2, pid=100 + rank)
+            node.event("report", type="progress", rank=rank, step=5, total=10)
+        await node.next_op("dump")
+        stacks = [
+            {"rank": r, "pid": 100 + r, "method": "py-spy", "error": None, "text": _SLEEPING}
+            for r in _ranks(node)
+        ]
+        node.event("stacks", stacks=stacks)
+        return await _stop_on_request(node)
+
+    transport = FakeTransport({h: all_asleep for h in HOSTS})
+    result, _, report = asyncio.run(
+        run_sup(transport, tmp_path, hang_timeout=1.0, hang_dir=tmp_path / "hang")
+    )
+    cause = result.root_cause
+    assert cause is not None and result.exit_code == 125
+    assert cause.rank is None  # not "rank 0 on a"
+    assert "; all 6 ranks at hang_forever (train.py:12)" in cause.message
+    assert "is stuck in" not in cause.message
+    assert "the stack every rank shares, innermost frame first:" in report
+    assert cause.stderr_tail[0] == "hang_forever (train.py:12)"
 
 
 def test_node_output_after_its_ranks_ended_is_folded_and_logged(tmp_path: Path) -> None:

@@ -106,6 +106,7 @@ def root_cause_block(cause: dict[str, Any]) -> Text:
         stderr_tail=list(cause.get("stderr_tail") or []),
         traceback=cause.get("traceback"),
         exit_code=int(cause.get("exit_code") or 1),
+        tail=str(cause.get("tail") or ""),
     )
     text = root_cause_text(failure, [])
     tail = cause.get("log_tail") or []

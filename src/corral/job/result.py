@@ -140,6 +140,9 @@ class Failure:
     stderr_tail: list[str]
     traceback: str | None = None
     exit_code: int = 1
+    tail: str = ""
+    """What ``stderr_tail`` holds when it is not the rank's stderr (a hang: the stuck
+    rank's stack); empty: its last lines of stderr."""
 
     @property
     def signal(self) -> str | None:

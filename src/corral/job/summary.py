@@ -141,7 +141,8 @@ def root_cause_text(failure: Failure, others: list[Failure]) -> Text:
         for line in failure.traceback.rstrip().splitlines():
             text.append(f"    {line}\n")
     elif failure.stderr_tail:
-        text.append(f"  last {len(failure.stderr_tail)} lines of stderr:\n", style="bold")
+        label = failure.tail or f"last {len(failure.stderr_tail)} lines of stderr"
+        text.append(f"  {label}:\n", style="bold")
         for line in failure.stderr_tail:
             text.append(f"    {line}\n")
     if failure.code in (-9, 137):

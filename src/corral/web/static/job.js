@@ -1048,7 +1048,11 @@
     const err = lines(rc.stderr_tail);
     const log = lines(rc.log_tail);
     if (tb.length) parts.push(el("h3", {}, "Traceback"), el("pre", { class: "rc-trace" }, tb.join("\n")));
-    else if (err.length) parts.push(el("h3", {}, "Last lines of stderr"), el("pre", { class: "rc-trace" }, err.join("\n")));
+    else if (err.length) {
+      // a hang's tail is a stack, not stderr: the failure says what it holds
+      const label = rc.tail ? rc.tail.charAt(0).toUpperCase() + rc.tail.slice(1) : "Last lines of stderr";
+      parts.push(el("h3", {}, label), el("pre", { class: "rc-trace" }, err.join("\n")));
+    }
     if (log.length) {
       const det = el("details", {}, el("summary", {}, `Last ${log.length} log lines of rank ${rc.rank ?? "?"}`),
         el("pre", {}, log.join("\n")));
