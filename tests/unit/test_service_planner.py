@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -675,14 +676,34 @@ def test_workload_weights_must_be_positive_numbers(weights: list[float]) -> None
         JobRequest(script="t.py", workload_weights=weights)
 
 
-@pytest.mark.parametrize("where", ["directory", "/dev/null"])
-def test_a_calibration_that_is_no_regular_file_is_not_read(tmp_path: Path, where: str) -> None:
+@pytest.mark.parametrize(
+    "where", ["directory", "/dev/null", "fifo", "missing", "binary", "not-json", "other-json"]
+)
+def test_a_calibration_the_server_cannot_use_is_one_message_whatever_the_reason(
+    tmp_path: Path, where: str
+) -> None:
+    """Nothing in the answer tells whether (or what) a file of the server is there."""
     machines = [machine("sim1", local=True, slots=1)]
-    path = str(tmp_path) if where == "directory" else where
+    path = tmp_path / where
+    if where == "directory":
+        path.mkdir()
+    elif where == "fifo":
+        os.mkfifo(path)  # no writer: a read would block the planner
+    elif where == "binary":
+        path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    elif where == "not-json":
+        path.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    elif where == "other-json":
+        path.write_text('{"users": ["alice"]}')
+    given = "/dev/null" if where == "/dev/null" else str(path)
     with pytest.raises(Invalid) as err:
-        _weighted_plan(tmp_path, machines, calibration=path)
+        _weighted_plan(tmp_path, machines, calibration=given)
     assert err.value.info == {"field": "calibration"}
-    assert err.value.message == f"calibration: {path} is not a regular file"
+    assert err.value.message == (
+        f"calibration: calibration file {given!r} cannot be used: it is not a file of "
+        "`corral calibrate` that the server can read (give the path, on the server, of "
+        "the JSON file corral calibrate saved)"
+    )
 
 
 def test_a_calibration_path_with_a_nul_byte_is_refused_by_the_model() -> None:

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.api import errors
+from corral.api.docs import install_docs
 from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, bearer_value
 from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders, no_nul_in_path
 from corral.api.metrics import CONTENT_TYPE, Metrics
@@ -214,6 +215,8 @@ def create_app(
         '`{"error": {"type", "message", "details"}}`.',
         lifespan=lifespan,
         dependencies=[Depends(no_nul_in_path)],
+        docs_url=None,  # served from the local Swagger UI (corral.api.docs), no CDN
+        redoc_url=None,
     )
     sessions = Sessions()
     app.state.services = svc
@@ -233,6 +236,7 @@ def create_app(
 
     app.include_router(pages.router)
     app.mount("/static", pages.static, name="static")
+    install_docs(app)
 
     @app.get("/healthz", tags=["server"], summary="Liveness (no token needed)")
     def healthz() -> dict[str, str]:

@@ -30,13 +30,24 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 )
-#: FastAPI's interactive docs load Swagger UI / ReDoc from a CDN with inline script.
-_OWN_CSP_EXEMPT = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
+#: The API docs page (corral.api.docs, Swagger UI from this server): its scripts come
+#: from this origin only, as the pages'; Swagger UI styles its elements inline.
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+#: Paths whose answers a browser or proxy may keep (the pages' own scripts and styles);
+#: every other answer is ``Cache-Control: no-store`` (they carry users' data, and some
+#: a new token or session).
+_CACHEABLE = ("/static/", "/docs/assets/")
 
 
 class SecurityHeaders:
     """Adds the CSP, ``X-Frame-Options``, ``nosniff`` and ``Referrer-Policy`` to
-    every HTTP response (the API's JSON included: nothing of it is framed or sniffed)."""
+    every HTTP response (the API's JSON included: nothing of it is framed or sniffed),
+    and ``Cache-Control: no-store`` to every one but the static files' (an answer
+    carrying a new token, a session cookie or users' data is never stored)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -46,8 +57,11 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         extra = list(SECURITY_HEADERS)
-        if scope["path"] not in _OWN_CSP_EXEMPT:
-            extra.append((b"content-security-policy", CSP.encode()))
+        path = str(scope["path"])
+        policy = DOCS_CSP if path == "/docs" else CSP
+        extra.append((b"content-security-policy", policy.encode()))
+        if not path.startswith(_CACHEABLE):
+            extra.append((b"cache-control", b"no-store"))
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

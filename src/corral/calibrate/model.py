@@ -122,6 +122,16 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ConfigError(
             f"cannot read calibration file {source}: {exc.strerror or exc}", option=OPTION
         ) from exc
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{source} is not a text file: not a file of corral calibrate", option=OPTION
+        ) from None
+    return parse_calibration(text, source)
+
+
+def parse_calibration(text: str, source: str | Path) -> Calibration:
+    """The calibration in ``text`` (a file of ``corral calibrate``, read from
+    ``source``); ConfigError naming what is wrong with it."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

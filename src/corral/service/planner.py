@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from corral.plan.display import command_lines, node_env
 from corral.plan.launchers import template_fields
 from corral.recovery.inplace import RecoveryPolicy
 from corral.redact import is_secret, redact_env
+from corral.service.calibration import server_calibration
 from corral.service.machines import machine_host, machines_ssh
 from corral.service.models import PASS_THROUGH, JobRequest, Suggestion
 from corral.service.settings import ServerSettings
@@ -287,30 +287,6 @@ def _local_names_note(machines: Sequence[Machine]) -> str:
     )
 
 
-MAX_CALIBRATION_BYTES = 16 * 1024 * 1024
-
-
-def _calibration_path(given: str) -> str:
-    """The calibration file's path (``~`` expanded; relative: to the server's working
-    directory); Invalid for a device, a pipe or a directory, or a huge file, which the
-    server would not read."""
-    path = os.path.expanduser(given)
-    try:
-        info = os.stat(path)
-    except (OSError, ValueError):
-        return path  # missing or unreadable: load_calibration names the problem
-    if not stat.S_ISREG(info.st_mode):
-        raise Invalid(
-            f"calibration: {given} is not a regular file", details={"field": "calibration"}
-        )
-    if info.st_size > MAX_CALIBRATION_BYTES:
-        raise Invalid(
-            f"calibration: {given} is {info.st_size} bytes; a calibration file is far smaller",
-            details={"field": "calibration"},
-        )
-    return path
-
-
 def workload_weights(
     request: JobRequest, machines: Sequence[Machine], nproc_per_node: int | None
 ) -> list[float]:
@@ -330,9 +306,9 @@ def workload_weights(
         return []
     cluster = _calibration_cluster(machines)
     if request.calibration is not None:
-        path = _calibration_path(request.calibration)
+        calibration = server_calibration(request.calibration)
         try:
-            return list(resolve_weights(path, cluster, nproc_per_node))
+            return list(resolve_weights(calibration, cluster, nproc_per_node))
         except ConfigError as exc:
             raise Invalid(
                 f"calibration: {exc.message}{_local_names_note(machines)}",
