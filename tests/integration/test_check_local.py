@@ -80,6 +80,21 @@ def test_stale_processes_finds_job_processes() -> None:
         child.wait()
 
 
+def test_a_stale_process_carries_its_node_dir() -> None:
+    """Which run dir (which corral installation) a leftover belongs to."""
+    node_dir = "/srv/other/runs/their-job/nodes/local-0"
+    env = {**os.environ, "CORRAL_JOB_ID": "their-job", "CORRAL_NODE_DIR": node_dir}
+    child = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        found = [p for p in _stale_seen() if p["pid"] == child.pid]
+        assert found == [
+            {"pid": child.pid, "job": "their-job", "cmdline": "sleep 30", "node_dir": node_dir}
+        ]
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_stale_processes_never_count_the_job_being_checked() -> None:
     env = {**os.environ, "CORRAL_JOB_ID": "this-job"}
     mine = subprocess.Popen(["sleep", "30"], env=env)

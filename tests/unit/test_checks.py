@@ -326,6 +326,37 @@ def test_stale_processes_warn_with_kill_command() -> None:
     assert result.fix_command == "ssh n2 kill 77"
 
 
+def test_another_installations_leftovers_are_named_once_and_never_killed() -> None:
+    """A shared box: leftovers under another run dir are that installation's."""
+    cluster = load_cluster("local:2")
+    theirs = {
+        "pid": 77, "job": "theirs", "cmdline": "sleep",
+        "node_dir": "/srv/other/runs/theirs/nodes/local-0",
+    }  # fmt: skip
+    mine = {"pid": 78, "job": "old", "cmdline": "sleep", "node_dir": "/srv/me/runs/old/nodes/l1"}
+    shared = {"process_scope": "box net:[1]", "stale": [theirs, mine]}
+    ctx = _ctx(
+        {h.name: dict(shared) for h in cluster.hosts}, cluster=cluster, run_dir="/srv/me/runs"
+    )
+    result = stale.check(ctx)
+    assert result.fix_command == "kill 78"  # only this installation's own leftover
+    said = "1 process(es) of another corral installation's job(s) theirs (run dir /srv/other/runs)"
+    details = " ".join(h.detail for h in result.hosts.values())
+    assert details.count(said) == 1 and "77" not in result.fix_command
+    assert said in result.summary
+
+    alone = {"process_scope": "box net:[1]", "stale": [theirs]}
+    ctx = _ctx(
+        {h.name: dict(alone) for h in cluster.hosts}, cluster=cluster, run_dir="/srv/me/runs"
+    )
+    result = stale.check(ctx)
+    assert result.status is Status.PASS and result.fix_command is None  # information, no kill
+    assert said in result.hosts["local-0"].detail
+    # without a run dir to compare (corral check), a leftover is stale as before
+    ctx = _ctx({h.name: dict(alone) for h in cluster.hosts}, cluster=cluster)
+    assert stale.check(ctx).fix_command == "kill 77"
+
+
 def _proc(pid: int, job: str | None, *, anchor: bool = False, **more: Any) -> dict[str, Any]:
     return {"pid": pid, "job": job, "cmdline": f"cmd {pid}", "anchor": anchor, **more}
 

@@ -400,15 +400,19 @@ def own_family(pids: list[int]) -> set[int]:
     return family | ancestors
 
 
-def _job_of(pid: int) -> str | None:
+def _corral_env(pid: int) -> tuple[str | None, str | None]:
+    """``(CORRAL_JOB_ID, CORRAL_NODE_DIR)`` of ``pid``'s environment (None: unset or
+    unreadable): the job and where its node's files are (which run dir it belongs to)."""
+    found: dict[bytes, str] = {}
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             for item in fh.read().split(b"\0"):
-                if item.startswith(b"CORRAL_JOB_ID="):
-                    return item.split(b"=", 1)[1].decode(errors="replace")
+                key, _, value = item.partition(b"=")
+                if key in (b"CORRAL_JOB_ID", b"CORRAL_NODE_DIR"):
+                    found[key] = value.decode(errors="replace")
     except OSError:
         pass
-    return None
+    return found.get(b"CORRAL_JOB_ID"), found.get(b"CORRAL_NODE_DIR")
 
 
 #: The modules whose process anchors a corral job on a host while it runs: the node
@@ -450,7 +454,8 @@ def classify(procs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
     live anchor (or engine daemon: Slurm's, a pod's) it descends from, if any.
     A job with an anchor or a process under one is running (``{"job", "pids"}``,
     never to be killed; an agent started without ``CORRAL_JOB_ID`` is known by its
-    ranks' job); every other process is stale (``{"pid", "job", "cmdline"}``).
+    ranks' job); every other process is stale (``{"pid", "job", "cmdline"}``, and its
+    ``node_dir`` when its environment has one).
     Each PID is listed once."""
     anchor_job: dict[int, str | None] = {p["pid"]: p["job"] for p in procs if p.get("anchor")}
     for p in procs:
@@ -470,7 +475,10 @@ def classify(procs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
         if p.get("anchor") or p.get("under") is not None or job in live:
             busy.setdefault(job, []).append(p["pid"])
         else:
-            stale.append({"pid": p["pid"], "job": p["job"], "cmdline": p["cmdline"]})
+            entry = {"pid": p["pid"], "job": p["job"], "cmdline": p["cmdline"]}
+            if p.get("node_dir"):
+                entry["node_dir"] = p["node_dir"]
+            stale.append(entry)
     running = [{"job": job, "pids": sorted(pids)} for job, pids in busy.items()]
     return stale, running
 
@@ -498,7 +506,7 @@ def corral_processes(skip: set[int], job_id: str | None = None) -> list[dict[str
     )
     info = {pid: st for pid in pids if (st := _proc_stat(pid)) is not None}
     anchors: set[int] = set()
-    candidates: list[tuple[int, str | None, str]] = []
+    candidates: list[tuple[int, str | None, str, str | None]] = []
     for pid in pids:
         if info.get(pid, ("Z", "", 0))[0] in "ZX" or not _same_netns(pid, own):
             continue
@@ -507,7 +515,7 @@ def corral_processes(skip: set[int], job_id: str | None = None) -> list[dict[str
             anchors.add(pid)
         if pid in skip:
             continue
-        job = _job_of(pid)
+        job, node_dir = _corral_env(pid)
         cmd = _cmdline(pid)
         if job is None and "corral.agent" not in cmd:
             continue
@@ -517,16 +525,17 @@ def corral_processes(skip: set[int], job_id: str | None = None) -> list[dict[str
             continue
         if job is None and (named := _JOB_ON_CMDLINE.search(raw)) is not None:
             job = named.group(1).decode(errors="replace")
-        candidates.append((pid, job, cmd))
+        candidates.append((pid, job, cmd, node_dir))
     return [
         {
             "pid": pid,
             "job": job,
             "cmdline": cmd,
+            "node_dir": node_dir,
             "anchor": pid in anchors,
             "under": _attached_to(pid, info, anchors),
         }
-        for pid, job, cmd in candidates
+        for pid, job, cmd, node_dir in candidates
     ]
 
 

@@ -52,6 +52,9 @@ class ChecklistOptions:
     connect_timeout: float = 10.0
     sync: dict[str, Any] | None = None  # what `--sync` / `--sync-script` did in this run
     job_id: str | None = None  # the job this pre-flight is for: its processes are not stale
+    # this job's run dir (absolute): a local leftover whose node dir is under another
+    # belongs to another corral installation (named as such, never to be killed)
+    run_dir: str | None = None
     shared_data_path: str | None = None  # must be one filesystem on every host (seed 003)
     harness: bool = False  # --harness: Accelerate must be there whatever the launcher
     command_template: str | None = None  # --launcher command: its first word is looked for

@@ -8,10 +8,16 @@ running here`` (a warning, without a kill, when it holds the GPUs or the port).
 The job being checked is never counted: the host side skips processes with its
 ``CORRAL_JOB_ID`` (the agents ``corral run`` starts while the checklist runs) and
 the check session's own family. Hosts that are one machine (``local:N``, or two
-names for one host) list each process once."""
+names for one host) list each process once.
+
+On a shared box, leftovers of another corral installation's jobs (a local node dir
+under another run dir than this job's) are named as that installation's, once,
+as information: they are not this job's to kill, so no warning and no ``kill``."""
 
 from __future__ import annotations
 
+import os
+from pathlib import PurePosixPath
 from typing import Any
 
 from corral.checks.context import CheckContext
@@ -30,6 +36,28 @@ def _busy_text(busy: list[dict[str, Any]]) -> str:
     )
 
 
+def installation_of(proc: dict[str, Any], run_dir: str | None) -> str | None:
+    """The run dir of another corral installation whose job ``proc`` is a leftover of
+    (a local node's dir is ``RUN_DIR/JOB/nodes/HOST``); None: this job's run dir, or
+    not known (no node dir, an SSH node's ``~/.corral/runs/JOB/HOST``)."""
+    node_dir = proc.get("node_dir")
+    if not run_dir or not node_dir:
+        return None
+    path = PurePosixPath(str(node_dir))
+    if not path.is_absolute() or path.parent.name != "nodes":
+        return None
+    root = str(path.parent.parent.parent)
+    return None if os.path.realpath(root) == os.path.realpath(run_dir) else root
+
+
+def _elsewhere_text(procs: list[dict[str, Any]], roots: list[str]) -> str:
+    ids = sorted({str(p["job"]) for p in procs if p.get("job")})
+    return (
+        f"{len(procs)} process(es) of another corral installation's job(s) "
+        f"{', '.join(ids) or '?'} (run dir {', '.join(roots)}): not this one's, left alone"
+    )
+
+
 def check(ctx: CheckContext) -> CheckResult:
     """Warn per host with what is left over; pass (naming running jobs) when nothing is."""
     hosts: dict[str, HostCheck] = {}
@@ -38,6 +66,8 @@ def check(ctx: CheckContext) -> CheckResult:
     reported: dict[str, set[int]] = {}  # machine (its processes' scope) -> PIDs named
     first_host: dict[str, str] = {}
     busy_seen: list[str] = []
+    elsewhere_seen: list[str] = []
+    run_dir = ctx.options.run_dir
     for host in ctx.cluster.hosts:
         f = ctx.facts[host.name]
         if not f.ok:
@@ -55,10 +85,15 @@ def check(ctx: CheckContext) -> CheckResult:
         busy = [b for b in busy if b["pids"]]
         running = {p: b["job"] for b in busy for p in b["pids"]}
         jobs = [p for p in f.facts.get("stale") or [] if p["pid"] not in done]
+        mine = run_dir if host.local else None  # a remote node's dir says nothing
+        elsewhere = [p for p in jobs if installation_of(p, mine) is not None]
+        jobs = [p for p in jobs if p not in elsewhere]
         gpu = [p for p in f.facts.get("gpu_processes") or [] if p["pid"] not in done]
         port = [p for p in holders if p["pid"] not in done]
         data[host.name] = {"corral": jobs, "gpu": gpu, "port": port, "busy": busy}
-        named = {p["pid"] for p in [*jobs, *gpu, *port]} | set(running)
+        if elsewhere:
+            data[host.name]["elsewhere"] = elsewhere
+        named = {p["pid"] for p in [*jobs, *gpu, *port, *elsewhere]} | set(running)
         if not named:
             same = first != host.name and bool(done)
             hosts[host.name] = HostCheck(
@@ -80,6 +115,10 @@ def check(ctx: CheckContext) -> CheckResult:
         if busy:
             parts.append(_busy_text(busy))
             busy_seen.extend(f"job {b['job'] or '?'} is running on {host.name}" for b in busy)
+        if elsewhere:
+            roots = sorted({str(installation_of(p, mine)) for p in elsewhere})
+            parts.append(_elsewhere_text(elsewhere, roots))
+            elsewhere_seen.append(f"{host.name}: {_elsewhere_text(elsewhere, roots)}")
         kill = sorted({p["pid"] for p in [*jobs, *gpu, *port] if p["pid"] not in running})
         if kill or gpu or port:
             hosts[host.name] = HostCheck(Status.WARN, "; ".join(parts))
@@ -93,6 +132,8 @@ def check(ctx: CheckContext) -> CheckResult:
     summary = "no leftover processes"
     if busy_seen:
         summary += "; busy: " + ", ".join(busy_seen)
+    if elsewhere_seen:
+        summary += "; " + "; ".join(elsewhere_seen)
     return CheckResult.from_hosts(
         NAME,
         hosts,

@@ -14,6 +14,7 @@ shared data check: the path must be one filesystem on every host.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,7 @@ def checklist_options(
         links_fail=policy.links_fail,
         sync=sync,
         job_id=spec.job_id,
+        run_dir=os.path.abspath(spec.run_dir),
         shared_data_path=validate_path(spec.shared_data_path),
         harness=spec.harness is not None,
         command_template=template_of(spec),
