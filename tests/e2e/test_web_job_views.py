@@ -2,7 +2,7 @@
 headless Chromium against a real ``corral serve`` with one local machine) name a
 failure's root cause (not ``failure``), give no ETA once the job ended, show the
 pre-flight's warnings, name the job after its script, chart over steps, and a job
-stopped from the page reads ``stopped by the API``."""
+stopped from the page names who stopped it and from where: ``stopped by admin (web)``."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_a_failed_job_reads_the_same_in_the_api_and_on_the_page(
         shots.take(page, "failed-job")
 
 
-def test_a_job_stopped_from_the_page_reads_stopped_by_the_api(
+def test_a_job_stopped_from_the_page_names_who_and_where(
     browser: Any, shots: Shots, server: LiveServer
 ) -> None:
     job_id = _submit(server, "sleeps.py", SLEEPS)
@@ -133,11 +133,11 @@ def test_a_job_stopped_from_the_page_reads_stopped_by_the_api(
         page.click("#stop-all")
         page.click("#stop-confirm")
         page.locator("#job-status", has_text="cancelled").wait_for(timeout=60_000)
-        page.locator("#job-reason", has_text="stopped by the API").wait_for()
+        page.locator("#job-reason", has_text="stopped by admin (web)").wait_for()
         shots.take(page, "stopped-job")
     with server.client() as client:
         status = client.get(f"/api/jobs/{job_id}").json()
         lines = client.get(f"/api/network/local_job_output/{job_id}").json()["lines"]
-    assert status["reason"] == "stopped by the API", status["reason"]
-    assert "[corral] stopped by the API: stopping every node" in lines, lines
+    assert status["reason"] == "stopped by admin (web)", status["reason"]
+    assert "[corral] stopped by admin (web): stopping every node" in lines, lines
     assert not any("Ctrl-C" in line for line in lines), lines

@@ -229,7 +229,7 @@ def test_a_state_write_outside_the_table_does_nothing(
     jobs._set(job_id, state="failed", reason="cannot run: late")  # the scheduler, too late
     assert (jobs.row(job_id).state, jobs.row(job_id).reason) == (
         "cancelled",
-        "stopped before it started",
+        "stopped by the API before it started",
     )
     with pytest.raises(Conflict, match="only a planned job"):
         jobs.dispatch(DispatchIn(job_id=job_id))

@@ -20,6 +20,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
 
+from corral.client.http import CLIENT_AGENT
 from corral.errors import ConfigError, Forbidden
 from corral.private import private_dir, write_private
 from corral.service.users import Principal, Role
@@ -150,3 +151,17 @@ def require_admin(request: Request) -> None:
 def require_user(request: Request) -> None:
     """A dependency of the routes that change state (403 for a viewer)."""
     caller(request).require(Role.USER, f"{request.method} {request.url.path}")
+
+
+
+def acting(request: Request) -> str:
+    """Who made the request and from where, as a job's reason names them:
+    ``alice (web)`` (a web session), ``alice (cli)`` (corral's client), ``alice (api)``."""
+    who = caller(request)
+    if getattr(request.state, "via", None) == "session":
+        where = "web"
+    elif request.headers.get("user-agent", "").startswith(CLIENT_AGENT):
+        where = "cli"
+    else:
+        where = "api"
+    return f"{who.name} ({where})"

@@ -25,6 +25,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from corral.job.events import GPU_KEY, StragglerFound, decode_event
+from corral.service.ingest import rank_number
 from corral.service.machines import ACTIVE_STATES
 from corral.store import Store
 from corral.store.models import Attempt, Event, Job, Machine, Rank
@@ -94,7 +95,7 @@ class StoreCollector(Collector):
             restarts.add_metric([], float(s.scalar(select(func.sum(Job.restarts))) or 0))
             active = select(Job.id).where(Job.state.in_(ACTIVE_STATES))
             for r in s.scalars(select(Rank).where(Rank.job_id.in_(active))):
-                labels = [r.job_id, r.host, str(r.rank)]
+                labels = [r.job_id, r.host, str(rank_number(r.rank))]
                 if r.step is not None:
                     step.add_metric(labels, float(r.step))
                 if r.steps_per_s is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, get_args
 
 import typer
+from rich.console import Console
 
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cli import jobview
@@ -91,6 +92,15 @@ SubmitLauncherOpt = Annotated[
         help=f"How ranks are started: {'|'.join(SUBMIT_LAUNCHERS)} (command: "
         "--command-template, no SCRIPT). See docs/launchers.md.",
         rich_help_panel=_L,
+    ),
+]
+AfterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--after",
+        metavar="JOB",
+        help="Start only after this job succeeds (repeatable; queues the job, which is "
+        "cancelled if JOB fails, is cancelled or lost).",
     ),
 ]
 TRANSIENT = ("busy with", "offline", "never health-checked")
@@ -471,6 +481,7 @@ def submit(
             help="With --queue: its place in the queue (higher first; above 0: admins).",
         ),
     ] = 0,
+    after: AfterOpt = None,
     plan_only: Annotated[
         bool,
         typer.Option("--plan-only", help="Print the plan (per-node commands); start nothing."),
@@ -493,6 +504,7 @@ def submit(
     waits for them (the reason shows on stderr). With -f the output follows and the
     exit code is the job's, as for corral run.
     """
+    queue = queue or bool(after)  # a job that starts after others waits in the queue
     if queue and plan_only:
         raise ConfigError("a queued job is planned when it starts", option="--plan-only")
     if priority and not queue:
@@ -500,7 +512,12 @@ def submit(
     given = locals()
     fields = {name: given[name] for name in PASS_THROUGH}
     fields.update(
-        master_port=master_port, sync=sync, recovery=recovery, spares=spares, track=track or []
+        master_port=master_port,
+        sync=sync,
+        recovery=recovery,
+        spares=spares,
+        track=track or [],
+        after=after or [],
     )
     body = _request(
         command,
@@ -549,10 +566,7 @@ def submit(
             say(err, f"job {job_id} is planned, not started (corral job stop {job_id} drops it)")
             return
         if queue:
-            if plan.get("reason"):
-                jobview.show_waiting(plan)
-            else:
-                say(err, f"job {job_id} is queued and starts now")
+            _queued(plan, err)
         else:
             say(err, jobview.describe(plan))
             if plan.get("workload_weights"):
@@ -561,6 +575,54 @@ def submit(
         sys.stdout.flush()
         if follow_:
             raise typer.Exit(jobview.follow(client, job_id))
+
+
+def _queued(answer: dict[str, Any], err: Console) -> None:
+    """Say on stderr what a queued job waits for (or that it starts now)."""
+    if answer.get("reason"):
+        jobview.show_waiting(answer)
+    else:
+        say(err, f"job {answer['job_id']} is queued and starts now")
+
+
+def resubmit(
+    job_id: JobArg,
+    priority: Annotated[
+        int,
+        typer.Option(
+            "--priority",
+            metavar="N",
+            help="Its place in the queue (higher first; above 0: admins).",
+        ),
+    ] = 0,
+    after: AfterOpt = None,
+    follow_: Annotated[
+        bool,
+        typer.Option(
+            "-f", "--follow", help="Follow the new job's output until it ends; exit with its code."
+        ),
+    ] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token_file: TokenFileOpt = None,
+) -> None:
+    """Submit a job again: a new job (yours) with the request JOB was submitted with,
+    queued (it starts as soon as its machines are free); print the new job's id.
+
+    A job that ran with secret env values is refused (the server never stored them):
+    submit it again with corral job submit --env KEY.
+    """
+    err = make_console()
+    with connect(server, token_file) as client:
+        try:
+            queued = api.resubmit(client, job_id, priority=priority, after=after or [])
+        except (Conflict, NotFound) as exc:
+            raise explained(exc) from exc
+        new_id = str(queued["job_id"])
+        _queued(queued, err)
+        sys.stdout.write(new_id + "\n")
+        sys.stdout.flush()
+        if follow_:
+            raise typer.Exit(jobview.follow(client, new_id))
 
 
 def list_jobs(
@@ -714,5 +776,6 @@ def register(app: typer.Typer) -> None:
     job_app.command("status")(status)
     job_app.command("logs")(logs)
     job_app.command("stop")(stop)
+    job_app.command("resubmit")(resubmit)
     job_app.command("queue")(queue)
     app.add_typer(job_app, name="job")

@@ -133,7 +133,8 @@ def print_status(status: dict[str, Any], console: Console) -> None:
     if status.get("started"):
         ran = (status.get("ended") or time.time()) - status["started"]
     facts = [
-        f"owner {status.get('owner') or '-'}, priority {status.get('priority', 0)}",
+        f"owner {status.get('owner') or '-'}, priority {status.get('priority', 0)}"
+        + (f", after {', '.join(status['after'])} succeed" if status.get("after") else ""),
         f"master {status.get('master') or '-'}, world size {status.get('world_size')}, "
         f"machines {', '.join(status.get('machines') or []) or '-'}",
         f"attempt {status.get('attempt', 0)} ({plural(status.get('restarts', 0), 'restart')}), "

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from corral import __version__
 from corral.client.sse import SseEvent, parse_sse
 from corral.errors import (
     ConfigError,
@@ -32,6 +33,9 @@ from corral.errors import (
 )
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
+CLIENT_AGENT = "corral/"
+"""How this client's ``User-Agent`` starts: the server names a stop made with it
+``alice (cli)``."""
 REQUEST_TIMEOUT = 30.0
 STREAM_READ_TIMEOUT = 60.0  # the server pings every 15 s
 RECONNECT_FOR = 60.0  # seconds a stream keeps trying to reconnect before giving up
@@ -97,7 +101,10 @@ class Client:
         try:
             self.http = httpx.Client(
                 base_url=server,
-                headers={"Authorization": f"Bearer {token}"},
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "User-Agent": f"{CLIENT_AGENT}{__version__}",  # a stop names the CLI
+                },
                 timeout=timeout,
                 transport=transport,
             )

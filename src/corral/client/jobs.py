@@ -65,6 +65,19 @@ def queue(client: Client, body: dict[str, Any], *, priority: int = 0) -> dict[st
     return queued
 
 
+def resubmit(
+    client: Client, job_id: str, *, priority: int = 0, after: list[str] | None = None
+) -> dict[str, Any]:
+    """Queue a job again (a new job with its request): ``QueuedOut`` of the new job."""
+    params: dict[str, Any] = {"priority": priority} if priority else {}
+    if after:
+        params["after"] = after
+    queued: dict[str, Any] = client.call(
+        "POST", f"/api/jobs/{segment(job_id)}/resubmit", params=params or None
+    )
+    return queued
+
+
 def list_queue(client: Client) -> list[dict[str, Any]]:
     """The queue in its order: position, job_id, name, owner, priority, machines, reason."""
     entries: list[dict[str, Any]] = client.call("GET", "/api/queue")

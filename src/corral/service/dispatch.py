@@ -29,6 +29,7 @@ from corral.errors import ConfigError, Conflict
 from corral.job.describe import JobDescription
 from corral.job.states import TERMINAL_STATES, WAITING_STATES, JobState
 from corral.private import append_private, private_dir
+from corral.service.chain import Chain
 from corral.service.jobrows import job_row, move, set_values
 from corral.service.launch import handover, job_dir, request_stop, stored_description
 from corral.service.machines import busy_machines
@@ -117,6 +118,7 @@ class Dispatch:
         self.spawn = spawn  # the seam a test replaces
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stop_sent: set[str] = set()
+        self.chain = Chain(store, notify)  # the jobs' ``after``
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -161,9 +163,11 @@ class Dispatch:
 
     def start(self, row: Job) -> None:
         """Run the job's stored description: refused (Conflict, the job stays as it
-        is) when its machines changed since the plan or are busy; else claim the job
-        (planned/queued -> pending, once) and start its supervisor."""
+        is) when its machines changed since the plan or are busy, or a job it is to
+        start after has not succeeded; else claim the job (planned/queued -> pending,
+        once) and start its supervisor."""
         launch = self.planned_launch(row)
+        self.chain.require_met(row.request, f"job {row.id}")
         ids = list(row.machine_ids or [])
         with self.store.session() as s:
             current = {m.id: m for m in s.scalars(select(Machine).where(Machine.id.in_(ids)))}
@@ -225,8 +229,9 @@ class Dispatch:
 
     def stop(self, job_id: str, *, force: bool = False, by: str = "the API") -> StopOut:
         """Stop a job: a planned or queued one is cancelled; a running one's supervisor
-        is asked to tear every node down (``force``: kill now; ``by``: who, for the
-        job's reason); a finished one is left as it is (idempotent)."""
+        is asked to tear every node down (``force``: kill now); a finished one is left
+        as it is (idempotent). ``by``: who stopped it and from where (``alice (web)``),
+        named by the job's reason in every view: ``stopped by alice (web)``."""
         row = job_row(self.store, job_id)
         if row.state in TERMINAL_STATES:
             return StopOut(
@@ -242,18 +247,19 @@ class Dispatch:
                 job_id,
                 cancelled,
                 only_from=WAITING_STATES,
-                reason="stopped before it started",
+                reason=f"stopped by {by} before it started",
                 ended=time.time(),
             ):
                 self.launches.pop(job_id, None)
                 self.notify(job_id)
+                self.chain.ended(job_id)  # the jobs waiting for it to succeed
                 return StopOut(
                     job_id=job_id,
                     status=cancelled.value,
                     stopping=False,
                     message=f"job {job_id} cancelled before it started",
                 )
-            return self.stop(job_id, force=force)
+            return self.stop(job_id, force=force, by=by)
         if not alive(row.supervisor_pid, row.supervisor_started):
             return StopOut(
                 job_id=job_id,

@@ -295,10 +295,33 @@ def _attempt_started(s: Session, job: Job, event: AttemptStarted, names: dict[st
         )
 
 
+RANK_STRIDE = 1_000_000
+"""An in-place job's rank rows (``recovery: in-place``: each node is its own replica
+group, and every group counts its ranks from 0) are keyed ``slot * RANK_STRIDE + rank``,
+one slot per host, so that the groups' rank 0s are kept apart;
+:func:`rank_number` gives the rank back."""
+
+
+def rank_number(key: int) -> int:
+    """The rank (as its host's group numbers it) of a rank row's key."""
+    return key % RANK_STRIDE
+
+
+def in_place(job: Job) -> bool:
+    """Whether the job recovers in place (its replica groups number their ranks alone)."""
+    return (job.request or {}).get("recovery") == "in-place"
+
+
 def _rank(s: Session, job: Job, number: int, host: str) -> Rank:
-    rank = s.get(Rank, (job.id, number))
+    key = number
+    if in_place(job):
+        rows = s.execute(select(Rank.rank, Rank.host).where(Rank.job_id == job.id)).all()
+        slots = {where: k // RANK_STRIDE for k, where in rows}
+        slot = slots.get(host, max(slots.values(), default=-1) + 1)
+        key = slot * RANK_STRIDE + number
+    rank = s.get(Rank, (job.id, key))
     if rank is None:
-        rank = Rank(job_id=job.id, rank=number, host=host, metrics={})
+        rank = Rank(job_id=job.id, rank=key, host=host, metrics={})
         s.add(rank)
     return rank
 

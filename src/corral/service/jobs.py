@@ -63,6 +63,7 @@ class JobManager:
         self.live = Live()
         self.planning = Planning(store, settings, machines, launches)
         self.dispatcher = Dispatch(store, settings, launches, self.live.notify)
+        self.chain = self.dispatcher.chain  # jobs that start after others succeed
         self.notifications = Notifications(store, delivery_policy(settings))
         self.ingester = Ingest(store, self.live, self.notifications.record)
         self.queries = Queries(store, self.ingester, self.live, launches)
@@ -105,14 +106,16 @@ class JobManager:
     def execute_here(self, request: JobRequest, owner: str | None = None) -> DistributedJobStatus:
         """Run ``owner``'s job on the server's own machine (one local node), now
         (Forbidden unless ``owner`` is an admin)."""
+        self.chain.require_met(request, "this job")
         job_id = self.planning.plan_here(request, owner)
         self.dispatcher.claim(job_id)
         self.dispatcher.launch(job_id, self.dispatcher.planned_launch(self.row(job_id)))
         return self.status(job_id)
 
-    def stop(self, job_id: str, *, force: bool = False) -> StopOut:
-        """Cancel a waiting job, tear a running one down (``force``: kill now)."""
-        return self.dispatcher.stop(job_id, force=force)
+    def stop(self, job_id: str, *, force: bool = False, by: str = "the API") -> StopOut:
+        """Cancel a waiting job, tear a running one down (``force``: kill now; ``by``:
+        who stopped it and from where, ``alice (web)``, as its reason names them)."""
+        return self.dispatcher.stop(job_id, force=force, by=by)
 
     def _set(self, job_id: str, **values: Any) -> None:
         """Write the job's columns; a ``state`` only along the transition table."""
@@ -134,6 +137,7 @@ class JobManager:
         ended = [job_id for job_id in self.ingester.active_ids() if self.ingester.ingest(job_id)]
         for job_id in ended:
             self.dispatcher.stop_sent.discard(job_id)
+            self.chain.ended(job_id)  # the jobs waiting for it: cancelled unless it succeeded
             for callback in self.on_finished:
                 callback(job_id)  # must be thread-safe (the scheduler's wake is)
         return ended
@@ -201,5 +205,8 @@ class JobManager:
         return self.queries.events(job_id, start)
 
     def delete(self, job_id: str) -> JobSummary:
-        """Forget a job that is not active (Conflict while it runs)."""
-        return self.queries.delete(job_id)
+        """Forget a job that is not active (Conflict while it runs); the jobs waiting
+        for it to succeed are cancelled."""
+        summary = self.queries.delete(job_id)
+        self.chain.ended(job_id)
+        return summary

@@ -39,6 +39,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_JSON_DEPTH = 64
 #: Bounds of the lists and maps of a body (the server's request-size limit bounds the rest).
 MAX_ITEMS = 4096
+MAX_AFTER = 64
+"""The most jobs one job may wait for (``after``)."""
 MAX_ENV = 1024
 MAX_LABELS = 64
 Ref = Annotated[str, Field(min_length=1, max_length=255)]
@@ -377,6 +379,14 @@ class JobRequest(_Body):
         "are held in reserve to take over a lost machine's replica group.",
     )
 
+    after: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_AFTER,
+        description="Jobs (ids) that must succeed before this one starts (Slurm's "
+        "afterok): it waits in the queue (`waiting for job A to succeed`) and is cancelled, "
+        "naming the job, when one of them fails, is cancelled, times out or is lost.",
+    )
+
     @field_validator("spares")
     @classmethod
     def _spares_need_in_place(cls, value: int, info: ValidationInfo) -> int:
@@ -659,6 +669,9 @@ class DistributedJobStatus(BaseModel):
     )
     owner: str | None = Field(None, description="The user who submitted or queued it.")
     priority: int = 0
+    after: list[str] = Field(
+        default_factory=list, description="The jobs that must succeed before it starts."
+    )
     groups: list[GroupChange] = Field(
         default_factory=list,
         description="recovery in-place: each change of a node's replica group, oldest first.",

@@ -27,9 +27,10 @@ from corral.job.events import (
 from corral.job.fold import TeardownFold
 from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
 from corral.job.summary import preflight_findings, reason_text
+from corral.service.chain import after_of
 from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
 from corral.service.fanout import Feeds
-from corral.service.ingest import Ingest, Live, machine_ids
+from corral.service.ingest import Ingest, Live, in_place, machine_ids, rank_number
 from corral.service.jobrows import job_row
 from corral.service.models import (
     DistributedJobStatus,
@@ -400,10 +401,11 @@ def _status(
     running = job.state in ACTIVE_STATES
     # the master is where rank 0 ran (torchrun's rendezvous may put it on any node), and
     # a node's rank is torchrun's GROUP_RANK: nodes in the order of their lowest rank
+    # (in place, every replica group has its own rank 0: the nodes keep their order)
     rank0 = next((r.host for r in ranks if r.rank == 0), None)
     lowest = {host: min(r.rank for r in rows) for host, rows in by_host.items()}
     order = {h: i for i, h in enumerate(sorted(lowest, key=lambda h: lowest[h]))}
-    if len(order) != len(nodes):
+    if len(order) != len(nodes) or in_place(job):
         order = {}
     plan_nodes = (job.plan or {}).get("nodes", [])
     machine_by_name = machine_ids(job)
@@ -477,6 +479,7 @@ def _status(
         workload_weights=_current_weights(job, attempts),
         owner=job.owner,
         priority=job.priority or 0,
+        after=after_of(job.request),
     )
 
 
@@ -547,7 +550,7 @@ def _node_status(
         "percent": round(100.0 * step / total, 1) if step is not None and total else None,
         "metrics": dict(first.metrics or {}) if first else {},
         "ranks": {
-            str(r.rank): {
+            str(rank_number(r.rank)): {
                 "step": r.step,
                 "total": r.total,
                 "steps_per_s": r.steps_per_s,
@@ -561,7 +564,7 @@ def _node_status(
         host=host,
         machine_id=machine_id,
         node_rank=node_rank,
-        ranks=sorted({r.rank for r in ranks} | set(planned)),
+        ranks=sorted({rank_number(r.rank) for r in ranks} | set(planned)),
         status=state,
         detail=detail,
         start_time=started,

@@ -71,6 +71,7 @@ SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         "Advanced",
         (
             ("secret_env", "Secret environment keys (one per line)"),
+            ("after", "Start after these jobs succeed (job ids, one per line)"),
             ("workload_weights", "Workload weights (one per rank, comma-separated)"),
         ),
     ),

@@ -16,7 +16,15 @@ from corral.api.auth import Caller, bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.api.streams import REVOKED_EVENT, revocable
-from corral.service.models import DistributedJobStatus, JobList, JobRequest, JobSummary, QueuedOut
+from corral.service.chain import resubmitted
+from corral.service.models import (
+    MAX_AFTER,
+    DistributedJobStatus,
+    JobList,
+    JobRequest,
+    JobSummary,
+    QueuedOut,
+)
 from corral.service.trust import shown_status
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], dependencies=[Security(bearer)])
@@ -72,6 +80,44 @@ def queue_job(
 ) -> QueuedOut:
     who.may_prioritise(priority)
     return svc.tasks.queue_request(body, owner=who.name, priority=priority)
+
+
+@router.post(
+    "/{job_id}/resubmit",
+    status_code=201,
+    responses=ERRORS,
+    summary="Queue a job again: a new job with the request it was submitted with",
+    description="The new job is the caller's, queued with `priority` (it starts as soon "
+    "as its machines are free) and `after` (repeatable: jobs that must succeed first; "
+    "default: none). Only the job's owner or an admin may resubmit it. A job that ran "
+    "with secret env values is a 409 naming the keys: the server never stored them.",
+)
+def resubmit_job(
+    job_id: str,
+    svc: Svc,
+    who: Caller,
+    priority: Annotated[int, Query(ge=-1_000_000, le=1_000_000)] = 0,
+    after: Annotated[
+        list[str] | None, Query(max_length=MAX_AFTER, description="Start after these succeed.")
+    ] = None,
+) -> QueuedOut:
+    who.may_prioritise(priority)
+    row = svc.jobs.row(job_id)
+    who.require_owner(row.owner, f"resubmitting job {job_id}")
+    request = resubmitted(row, after=after or ())
+    return svc.tasks.queued.enqueue(request, kind=row.kind, owner=who.name, priority=priority)
+
+
+@router.get(
+    "/{job_id}/request",
+    responses=ERRORS,
+    summary="The request a job was submitted with (secret env values redacted)",
+    description="What the new-job page's Clone fills the form with. Its owner and admins only.",
+)
+def job_request(job_id: str, svc: Svc, who: Caller) -> JobRequest:
+    row = svc.jobs.row(job_id)
+    who.require_reader(row.owner, f"reading job {job_id}'s request")
+    return JobRequest.model_validate(row.request or {})
 
 
 @router.get("/{job_id}", responses=ERRORS, summary="A job's status")

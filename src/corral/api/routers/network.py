@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.responses import FileResponse
 
-from corral.api.auth import Caller, bearer, require_admin
+from corral.api.auth import Caller, acting, bearer, require_admin
 from corral.api.services import Services, services
 from corral.fleet.capabilities import local_health
 from corral.service.links import LinksIn, LinksOut, measure_machines
@@ -147,12 +147,13 @@ def status(job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
 )
 def stop(
     job_id: str,
+    request: Request,
     svc: Svc,
     who: Caller,
     force: Annotated[bool, Query(description="Kill now instead of a graceful stop.")] = False,
 ) -> StopOut:
     who.require_owner(svc.jobs.row(job_id).owner, f"stopping job {job_id}")
-    return svc.jobs.stop(job_id, force=force)
+    return svc.jobs.stop(job_id, force=force, by=acting(request))
 
 
 # the seed's first spellings
@@ -229,10 +230,12 @@ def machine_job_status(machine_id: str, job_id: str, svc: Svc, who: Caller) -> D
 @router.post(
     "/machines/{machine_id}/stop_job/{job_id}", responses=ERRORS, summary="Stop a job on a machine"
 )
-def machine_stop_job(machine_id: str, job_id: str, svc: Svc, who: Caller) -> StopOut:
+def machine_stop_job(
+    machine_id: str, job_id: str, request: Request, svc: Svc, who: Caller
+) -> StopOut:
     _job_on(svc, machine_id, job_id)
     who.require_owner(svc.jobs.row(job_id).owner, f"stopping job {job_id}")
-    return svc.jobs.stop(job_id)
+    return svc.jobs.stop(job_id, by=acting(request))
 
 
 # -- job data ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// The compare page (/compare?job=A&job=B...): the selected jobs' metric series overlaid
+// The compare page (/compare?job_id=A&job_id=B..., or ?job=A&job=B): the selected jobs' metric series overlaid
 // on one chart (GET /api/compare), one line per job (its lowest reporting rank), over
 // steps by default (over time since each job's start when a point has no step).
 // Paths: #compare-chart svg path[data-job="ID"]; the svg's data-x and data-metric.
@@ -12,7 +12,9 @@
     "#7d4e24", "#bf3989"];
   const DASHES = ["", "7 4", "2 3"];
   const DASH_CSS = ["solid", "dashed", "dotted"];
-  const ids = new URLSearchParams(location.search).getAll("job");
+  // ?job_id=A&job_id=B as the API spells it, or ?job=A&job=B (both, in their order)
+  const query = new URLSearchParams(location.search);
+  const ids = [...new Set([...query.getAll("job_id"), ...query.getAll("job")])];
   let data = null;
 
   function fmtNumber(v) {

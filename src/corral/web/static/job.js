@@ -60,7 +60,7 @@
     if (node) return node;
     node = {
       host, index: nodes.size, nodeRank: null, machineId: null, ranks: [], status: "pending",
-      detail: "", master: false, step: null, total: null, liveRate: null, serverRate: null,
+      detail: "", master: false, step: null, total: null, liveRate: null,
       metrics: {}, rankInfo: new Map(), samples: [], series: new Map(), throughput: [],
       rateBucket: -Infinity, load: null, loadChecked: null, dom: null,
     };
@@ -211,7 +211,6 @@
         if (p.total) node.total = p.total;
         if (p.metrics && Object.keys(p.metrics).length) node.metrics = p.metrics;
       }
-      node.serverRate = p.steps_per_s ?? null;
       for (const [r, info] of Object.entries(p.ranks || {})) {
         const mine = rankOf(node, Number(r));
         if (info.step !== undefined && (mine.step === null || info.step >= mine.step)) mine.step = info.step;
@@ -261,6 +260,9 @@
     if (started) took = (ended || Date.now() / 1000) - started;
     const facts = [
       ["Name", st.name || "–"],
+      ["Owner", st.owner || "–"],
+      ["Priority", String(st.priority ?? 0)],
+      ...((st.after || []).length ? [["After", `${st.after.join(", ")} succeed`]] : []),
       ["Kind", st.kind],
       ["World size", String(st.world_size)],
       ["Machines", (st.machines || []).join(", ") || "–"],
@@ -270,7 +272,8 @@
       [ended ? "Ended" : "Running for", ended ? `${when(ended)} (${duration(took)})` : duration(took)],
       ["Exit code", st.exit_code === null || st.exit_code === undefined ? "–" : String(st.exit_code)],
     ];
-    $("job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    $("job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k),
+      el("dd", { "data-fact": k.toLowerCase().replace(/ /g, "-") }, v)]));
   }
 
   function renderTopology(st) {
@@ -312,8 +315,10 @@
     return bits.join(" ");
   }
 
+  // the node's steps/s: the throughput chart's own last point (one source: a card never
+  // shows a rate the chart has no line for, e.g. a job that ended after a burst of reports)
   function rateOf(node) {
-    return node.liveRate ?? node.serverRate;
+    return node.throughput.length ? node.liveRate : null;
   }
 
   function renderNode(node) {
@@ -1106,7 +1111,22 @@
     btn.hidden = job.final || job.state === null;
     btn.disabled = job.stopping;
     btn.textContent = job.stopping ? "Stopping…" : "Stop all";
+    // an ended job can be submitted again, as it was (Resubmit) or changed (Clone)
+    $("resubmit").hidden = !job.final;
+    $("clone").hidden = !job.final;
   }
+
+  if ($("resubmit")) $("resubmit").addEventListener("click", async () => {
+    $("resubmit").disabled = true;
+    try {
+      const out = await api("POST", `/api/jobs/${enc(JOB)}/resubmit`);
+      flash(`Resubmitted as ${out.job_id}${out.reason ? `: ${out.reason}` : ""}.`, "ok");
+      location.href = `/jobs/${enc(out.job_id)}`;
+    } catch (e) {
+      flash(`Resubmit failed: ${e.message}`, "error");
+      $("resubmit").disabled = false;
+    }
+  });
 
   const dialog = $("stop-dialog");
   if (dialog) $("stop-all").addEventListener("click", () => {

@@ -1,4 +1,5 @@
-// The jobs page: every job (paged, filtered by status), the queue with "Cancel", and
+// The jobs page: every job (paged, filtered by status), the queue in its order (as
+// GET /api/queue and `corral job queue` give it) with "Cancel", and
 // the saved tasks with "Queue". Refreshes every 3 s while the tab is visible.
 // Rows: tr[data-job="ID"] (jobs and queue), tr[data-task="ID"] (tasks).
 "use strict";
@@ -90,23 +91,27 @@
 
   $("compare-selected").addEventListener("click", () => {
     const params = new URLSearchParams();
-    for (const id of picked) params.append("job", id);
+    for (const id of picked) params.append("job_id", id);
     location.href = `/compare?${params}`;
   });
 
   // -- queue ------------------------------------------------------------------------------
 
-  function renderQueue(page) {
-    const queued = [...page.jobs].sort((a, b) => a.created - b.created); // the API lists newest first
-    $("queue-body").replaceChildren(...queued.map((job, i) =>
-      el("tr", { "data-job": job.job_id, "data-status": job.status },
-        el("td", { class: "num" }, String(i + 1)),
-        el("td", {}, jobLink(job.job_id)),
-        el("td", {}, nameOf(job)),
-        el("td", {}, machinesOf(job)),
-        el("td", {}, when(job.created)),
-        el("td", {}, mayChange(job.owner) ? el("button", { type: "button", class: "danger cancel",
-          "data-action": "cancel", "aria-label": `Cancel ${job.job_id}` }, "Cancel") : null))));
+  // the queue as GET /api/queue gives it (what `corral job queue` prints): in the order
+  // the jobs start, each with its priority, owner and what it waits for
+  function renderQueue(queued) {
+    $("queue-body").replaceChildren(...queued.map((entry) =>
+      el("tr", { "data-job": entry.job_id, "data-status": "queued" },
+        el("td", { class: "num" }, String(entry.position + 1)),
+        el("td", {}, jobLink(entry.job_id)),
+        el("td", {}, entry.name || "–"),
+        el("td", { class: "num" }, String(entry.priority)),
+        el("td", {}, entry.owner || "–"),
+        el("td", { class: "num" }, String(entry.machines)),
+        el("td", {}, when(entry.queued)),
+        el("td", { class: "reason" }, entry.reason || "starts now"),
+        el("td", {}, mayChange(entry.owner) ? el("button", { type: "button", class: "danger cancel",
+          "data-action": "cancel", "aria-label": `Cancel ${entry.job_id}` }, "Cancel") : null))));
     $("queue-empty").hidden = queued.length > 0;
     $("queue-table").parentElement.hidden = queued.length === 0;
   }
@@ -178,7 +183,7 @@
     try {
       const [page, queue, taskList] = await Promise.all([
         api("GET", `/api/jobs?${params}`),
-        api("GET", "/api/jobs?status=queued&limit=1000"),
+        api("GET", "/api/queue?limit=1000"),
         api("GET", "/api/tasks"),
       ]);
       if (mine !== seq) return undefined;

@@ -320,7 +320,8 @@
 
   function renderPicker(first) {
     const list = $("picker-list");
-    const checked = new Set(first ? suggestions.filter(isPreferred).map((s) => s.name) : selectedNames());
+    const firstPicks = cloned ? cloned.selected_machines || [] : suggestions.filter(isPreferred).map((s) => s.name);
+    const checked = new Set(first ? firstPicks : selectedNames());
     const wanted = Number(text("num_machines")) || 1;
     let eligibleSeen = 0;
     list.replaceChildren(...suggestions.map((s) => {
@@ -509,6 +510,7 @@
       name: request.name || request.script || request.plugin_name || request.command_template.slice(0, 255),
       kind: distributed() ? "distributed" : "single",
       request,
+      priority: number("queue-priority"),
     });
     const queued = distributed()
       ? await api("POST", `/api/tasks/${encodeURIComponent(task.id)}/queue_distributed`)
@@ -563,7 +565,53 @@
   $("recovery").addEventListener("change", syncRecovery);
   syncRecovery();
 
-  // -- start: preferences prefill the form ------------------------------------------------
+  // -- Clone (/jobs/new?from=JOB): the form filled with an earlier job's request --------------
+
+  const REDACTED = "<redacted>"; // a secret value the server never stored: to be typed again
+  function fillForm(req) {
+    const set = (id, v) => { if ($(id)) $(id).value = v === undefined || v === null ? "" : String(v); };
+    const rr = req.resource_requirements || {};
+    set("name", req.name);
+    set("script", req.script);
+    $("args").value = (req.args || []).join("\n");
+    set("launcher", req.launcher);
+    set("command_template", req.command_template);
+    $("env").value = Object.entries(req.env || {}).map(([k, v]) => `${k}=${v === REDACTED ? "" : v}`).join("\n");
+    set("num_machines", rr.num_machines ?? 1);
+    set("gpus_per_machine", rr.gpus_per_machine ?? 0);
+    set("min_gpu_memory", rr.min_gpu_memory ?? 0);
+    set("nproc_per_node", req.nproc_per_node);
+    set("max_restarts", req.max_restarts ?? 0);
+    set("checkpoint_dir", req.checkpoint_dir);
+    set("hang_timeout", req.hang_timeout);
+    set("calibration", req.calibration);
+    $("rebalance").checked = !!req.rebalance;
+    $("adjust_config").checked = !!req.adjust_config;
+    set("config", req.config ? JSON.stringify(req.config, null, 2) : "");
+    if (req.config_scaling && req.config_scaling.rule) set("config_rule", req.config_scaling.rule);
+    $("preflight").checked = req.preflight !== false;
+    set("recovery", req.recovery || "restart");
+    set("spares", req.spares || 0);
+    $("track").value = (req.track || []).join("\n");
+    for (const input of optionInputs()) {
+      const value = req[input.dataset.option];
+      if (value === undefined) continue;
+      if (input.dataset.kind === "checkbox") input.checked = !!value;
+      else if (input.dataset.kind === "lines") input.value = (value || []).join("\n");
+      else if (input.dataset.kind === "numbers") input.value = (value || []).join(", ");
+      else input.value = value === null ? "" : String(value);
+    }
+    $(req.machine_selection === "manual" ? "selection-manual" : "selection-auto").checked = true;
+    syncLauncher();
+    syncRule();
+    syncRecovery();
+    syncChangedCounts();
+  }
+
+  let cloned = null; // the request of the job cloned (its machines are ticked once listed)
+  const cloneOf = new URLSearchParams(location.search).get("from");
+
+  // -- start: preferences (or the cloned job's request) prefill the form -------------------
 
   async function start() {
     try {
@@ -573,6 +621,16 @@
       $(prefs.auto_machine_selection ? "selection-auto" : "selection-manual").checked = true;
     } catch (err) {
       flash(`Could not read the saved preferences: ${err.message}`, "error");
+    }
+    if (cloneOf) {
+      try {
+        cloned = await api("GET", `/api/jobs/${encodeURIComponent(cloneOf)}/request`);
+        fillForm(cloned);
+        const secret = Object.values(cloned.env || {}).includes(REDACTED);
+        flash(`The form holds job ${cloneOf}'s request${secret ? ": type its secret env values again" : ""}.`, secret ? "error" : "ok");
+      } catch (err) {
+        flash(`Could not read job ${cloneOf}'s request: ${err.message}`, "error");
+      }
     }
     syncMode();
     await loadSuggestions(true);
