@@ -144,6 +144,9 @@ def test_a_user_runs_nothing_on_the_servers_host(team: Team) -> None:
     }
     _server_host(team.mallory.post("/api/jobs/queue", json=sync))
     _server_host(team.mallory.post("/api/jobs/queue", json={**sync, "sync": False}))
+    del sync["sync"], sync["code_dir"]
+    for path in (token_file, team.server.root / "corral.db", team.server.run_dir / ".." / "token"):
+        _server_host(team.mallory.post("/api/jobs/queue", json={**sync, "calibration": str(path)}))
 
     # the admin may: the same request is no 403 for them
     here = team.admin.post(

@@ -252,7 +252,9 @@ class Planning:
         out of bounds (for a non-admin; a metadata address for anyone)."""
         trusted = is_trusted(self.store, owner)
         if not trusted:
-            check_server_paths(request.sync, request.code_dir, owner)
+            check_server_paths(
+                request.sync, request.code_dir, request.calibration, self.settings.run_dir, owner
+            )
             if request.machine_selection == "manual" and request.selected_machines:
                 names = set(request.selected_machines)
                 with self.store.session() as s:

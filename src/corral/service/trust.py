@@ -196,13 +196,26 @@ def admit_tracking(
     return tuple(str(admit_target(t, job_dir=job_dir, allow=allow, trusted=trusted)) for t in track)
 
 
-def check_server_paths(sync: bool, code_dir: str | None, owner: str | None) -> None:
+def check_server_paths(
+    sync: bool,
+    code_dir: str | None,
+    calibration: str | None,
+    run_dir: Path,
+    owner: str | None,
+) -> None:
     """Forbidden for an untrusted owner's job that pushes or reads a tree of the
-    server's own filesystem (``sync``, ``code_dir``)."""
+    server's own filesystem (``sync``, ``code_dir``) or a file of it outside the
+    server's run dir (``calibration``: ``corral calibrate`` saves there)."""
     if sync:
         raise refuse_server_host(owner, "sync pushes a tree of the server's own filesystem")
     if code_dir is not None:
         raise refuse_server_host(owner, "code_dir reads a tree of the server's own filesystem")
+    if calibration is not None:
+        real = os.path.realpath(os.path.expanduser(calibration))
+        if not _inside(real, os.path.realpath(run_dir)):
+            raise refuse_server_host(
+                owner, "calibration reads a file of the server's own filesystem outside its run dir"
+            )
 
 
 def shown_status(status: DistributedJobStatus, who: Principal) -> DistributedJobStatus:
