@@ -131,6 +131,13 @@ def test_a_user_runs_nothing_on_the_servers_host(team: Team) -> None:
     assert "here" not in queued.json()["reason"]
     status = team.mallory.get(f"/api/jobs/{queued.json()['job_id']}").json()
     assert status["status"] == "queued" and status["machines"] == []
+    # and the new-job page's machine picker says why the local machine is not offered
+    ranked = team.mallory.get("/api/tasks/distributed/suggest_machines").json()
+    here = next(s for s in ranked if s["name"] == "here")
+    assert (here["eligible"], here["reasons"]) == (False, ["on the server's own host: admins only"])
+    assert "admins only" not in json.dumps(
+        team.admin.get("/api/tasks/distributed/suggest_machines").json()
+    )
 
     # the server's own files never leave it through a user's request
     prepare = {"machine_ids": [team.ssh_id], "source": str(team.server.root)}

@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from corral.errors import ConfigError, Forbidden
-from corral.service.models import DistributedJobStatus
+from corral.service.models import DistributedJobStatus, Suggestion
 from corral.service.users import Principal, UserService
 from corral.store import Store
 from corral.store.models import Machine
@@ -77,6 +77,26 @@ def check_machines(machines: Sequence[Machine], owner: str | None, trusted: bool
     local = [m.name for m in machines if m.local]
     if local and not trusted:
         raise refuse_server_host(owner, f"machine {', '.join(local)} is local")
+
+
+SERVER_HOST_REASON = "on the server's own host: admins only"
+
+
+def mark_server_host(
+    ranked: Sequence[Suggestion], machines: Sequence[Machine], trusted: bool
+) -> list[Suggestion]:
+    """Machine suggestions as an owner sees them: for one who is not trusted, local
+    machines are not eligible (:data:`SERVER_HOST_REASON`), eligible ones first."""
+    if trusted:
+        return list(ranked)
+    local = {m.id for m in machines if m.local}
+    out = [
+        s.model_copy(update={"eligible": False, "reasons": [SERVER_HOST_REASON]})
+        if s.machine_id in local
+        else s
+        for s in ranked
+    ]
+    return sorted(out, key=lambda s: not s.eligible)  # stable: the score order stays
 
 
 def parse_allow(entries: Sequence[str]) -> tuple[str, ...]:

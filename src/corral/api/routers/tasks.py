@@ -22,6 +22,7 @@ from corral.service.models import (
     TaskOut,
 )
 from corral.service.planner import suggest
+from corral.service.trust import mark_server_host
 
 router = APIRouter(prefix="/api", tags=["tasks"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
@@ -43,10 +44,12 @@ def create_task(body: TaskIn, svc: Svc, who: Caller) -> TaskOut:
     summary="Machines ranked for a distributed job",
     description="Score = 10 x free GPUs + smallest GPU memory (GiB) + (100 - CPU%)/10 "
     "+ (100 - memory%)/20 + 5 for a preferred machine; eligible machines (online, not "
-    "busy, enough GPUs/GPU memory/slots) first.",
+    "busy, enough GPUs/GPU memory/slots) first. A local machine is not eligible for "
+    "anyone but an admin (it runs jobs on the server's own host).",
 )
 def suggest_machines(
     svc: Svc,
+    who: Caller,
     num_machines: Annotated[int, Query(ge=1, le=4096)] = 1,
     gpus_per_machine: Annotated[int, Query(ge=0, le=1024)] = 0,
     min_gpu_memory: Annotated[float, Query(ge=0, le=1e6, allow_inf_nan=False)] = 0,
@@ -68,7 +71,8 @@ def suggest_machines(
     with svc.store.session() as s:
         machines = list(s.scalars(select(Machine)).all())
     preferred = svc.tasks.preferences().preferred_machines
-    return suggest(machines, request, busy_machines(svc.store), preferred)
+    ranked = suggest(machines, request, busy_machines(svc.store), preferred)
+    return mark_server_host(ranked, machines, who.admin)
 
 
 @router.get("/tasks/{task_id}", responses=ERRORS, summary="One task")
