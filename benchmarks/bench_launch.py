@@ -15,10 +15,11 @@ Time to first step = recorded timestamp - this parent's ``time.time()`` just
 before starting. The CPU time of every process of the job (``RUSAGE_CHILDREN``)
 is recorded too: unlike wall time it barely depends on the machine's load.
 The methods alternate (ABBA order) for ``--rounds`` rounds
-each; medians and the ratio corral / by hand are reported, plus the time until
-everything has exited.
+each; the headline is the median of the rounds' ratios corral / by hand (the two
+runs of a round are adjacent in time, so load drift moves both), with the
+medians, their ratio and the time until everything has exited.
 
-    python benchmarks/bench_launch.py [--rounds 5] [--nproc-per-node 1]
+    python benchmarks/bench_launch.py [--rounds 10] [--nproc-per-node 1]
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from benchlib import (
 
 NAME = "launch"
 NODES = 2
-TARGET_RATIO = 1.10
+TARGET_RATIO = 1.05  # issue 34: the median of >= 10 paired rounds
 TIMEOUT = 90.0
 SCRIPT = WORKLOADS / "first_step.py"
 
@@ -183,7 +184,7 @@ def _result(
 def main(argv: list[str] | None = None) -> int:
     """Alternate the two methods, write ``results/launch.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--nproc-per-node", type=int, default=1)
     args = parser.parse_args(argv)
     exit_on_sigterm()
@@ -229,17 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         ratio(c["first_step_s"], h["first_step_s"])
         for c, h in zip(corral_runs, hand_runs, strict=True)
     ]
-    met = step_ratio is not None and step_ratio <= TARGET_RATIO
+    paired_ratio = median(paired)  # the headline: each round's two runs, then the median
+    met = paired_ratio is not None and paired_ratio <= TARGET_RATIO
     metrics = [
         metric(
             f"time to first step, torchrun local:{NODES}x{nproc}",
             corral_s,
             "s",
-            f"ratio <= {TARGET_RATIO:.2f}x",
+            f"median paired ratio <= {TARGET_RATIO:.2f}x",
             met,
             baseline=hand_s,
-            baseline_desc="same torchrun commands started by hand",
-            ratio_value=step_ratio,
+            baseline_desc="same torchrun commands started by hand, in the same rounds",
+            ratio_value=paired_ratio,
         ),
         metric(
             f"time to job end, torchrun local:{NODES}x{nproc} (info)",
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(
         f"launch: first step corral {seconds_text(corral_s)}, by hand {seconds_text(hand_s)}, "
-        f"ratio {_x(step_ratio)} (per-round median {_x(median(paired))}; "
+        f"per-round median ratio {_x(paired_ratio)} (ratio of the medians {_x(step_ratio)}; "
         f"target <= {TARGET_RATIO:.2f})"
     )
     return finish(
@@ -289,10 +291,11 @@ def main(argv: list[str] | None = None) -> int:
                 "corral_cpu_s": corral_cpu,
                 "by_hand_cpu_s": hand_cpu,
                 "overhead_s": corral_s - hand_s if corral_s and hand_s else None,
-                "paired_ratio": median(paired),
+                "paired_ratio": paired_ratio,
+                "ratio_of_medians": step_ratio,
             },
             "metrics": metrics,
-            "ratio": step_ratio,
+            "ratio": paired_ratio,
             "target": f"<= {TARGET_RATIO:.2f}x",
             "met": met,
         },

@@ -7,7 +7,7 @@ exit 77 otherwise; waits while tests hold the testbed) and measures:
   init + one allreduce) under ``corral run --launcher torchrun`` on tb1+tb2 vs
   the same two torchrun commands started by hand, each through its own
   ``ssh -F ssh_config tbN`` (the way people do it today), in ABBA order;
-  target corral / by hand <= 1.10x.
+  target: the median of the rounds' ratios corral / by hand <= 1.05x.
 * **teardown**: ``workloads/teardown_job.py`` on tb1+tb2 (python launcher, 2
   ranks each); rank 2 (on tb2) exits 7 at a recorded time; measured until
   ``corral run`` has exited, then every process of the job must be gone on
@@ -50,7 +50,7 @@ from benchlib import (
 
 NAME = "ssh"
 HOSTS = ("tb1", "tb2")
-LAUNCH_TARGET = 1.10
+LAUNCH_TARGET = 1.05  # issue 34: the median of the paired rounds
 TEARDOWN_TARGET_S = 5.0
 TIMEOUT = 120.0
 PORT = 29555
@@ -261,18 +261,19 @@ def _measure(args: argparse.Namespace) -> int:
     down_s = median(r["teardown_s"] for r in downs)
     survivors = sum(r["survivors"] for r in downs)
     wrong = sum(r["exit_code"] != 7 for r in downs)
-    launch_met = launch_ratio is not None and launch_ratio <= LAUNCH_TARGET
+    paired_ratio = median(paired)  # the headline
+    launch_met = paired_ratio is not None and paired_ratio <= LAUNCH_TARGET
     down_met = down_s is not None and down_s <= TEARDOWN_TARGET_S and not survivors
     metrics = [
         metric(
             "time to first step over SSH, torchrun tb1+tb2",
             corral_s,
             "s",
-            f"ratio <= {LAUNCH_TARGET:.2f}x",
+            f"median paired ratio <= {LAUNCH_TARGET:.2f}x",
             launch_met,
             baseline=hand_s,
-            baseline_desc="same torchrun commands started by hand with ssh",
-            ratio_value=launch_ratio,
+            baseline_desc="same torchrun commands started by hand with ssh, in the same rounds",
+            ratio_value=paired_ratio,
         ),
         metric(
             "teardown over SSH, rank on tb2 exits -> corral exit",
@@ -305,16 +306,20 @@ def _measure(args: argparse.Namespace) -> int:
                 "corral_first_step_s": corral_s,
                 "by_hand_first_step_s": hand_s,
                 "teardown_s": down_s,
-                "paired_ratio": median(paired),
+                "paired_ratio": paired_ratio,
+                "ratio_of_medians": launch_ratio,
             },
             "metrics": metrics,
-            "ratio": launch_ratio,
+            "ratio": paired_ratio,
             "target": f"launch <= {LAUNCH_TARGET:.2f}x, teardown <= {TEARDOWN_TARGET_S:g} s",
             "met": launch_met and down_met,
         },
         runs,
     )
-    print(f"launch over SSH: corral {corral_s} s vs by hand {hand_s} s -> {launch_ratio}x")
+    print(
+        f"launch over SSH: corral {corral_s} s vs by hand {hand_s} s -> {launch_ratio}x "
+        f"(per-round median {paired_ratio}x)"
+    )
     print(f"teardown over SSH: {down_s} s, survivors {survivors}, wrong exit codes {wrong}")
     return status_code
 

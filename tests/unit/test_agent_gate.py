@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import corral
+from corral.agent import gate
 from corral.agent.gate import WORKER, gated_argv, imports_torch, split_argv
 from corral.agent.prestart import mismatch
 from corral.cluster import Cluster, Host
@@ -125,6 +126,8 @@ def test_what_the_held_processes_may_run() -> None:
     assert mismatch(old, _node(argv=["/py2", "-u", "-m", "corral.agent.worker", "train.py"]))
     two: list[dict[str, Any]] = [{"rank": r, "local_rank": r, "env": {}} for r in (0, 1)]
     assert mismatch(old, _node(ranks=two)) == "its ranks changed"
+    early = [{"rank": 0, "local_rank": 0, "env": {"RANK": "0", "LD_PRELOAD": "x.so"}}]
+    assert mismatch(old, _node(ranks=early)) == "LD_PRELOAD changed"
 
 
 def _rank_node(tmp_path: Path, python: str) -> dict[str, Any]:
@@ -208,3 +211,15 @@ def _probe(python: str) -> HostProbe:
     return HostProbe(
         host="h2", python=python, hostname="h2", has_torch=True, workdir_ok=True, port=None
     )
+
+
+def test_what_is_imported_before_the_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+    monkeypatch.setattr(gate.importlib, "import_module", imported.append)
+    uses_torch, plain = tmp_path / "a.py", tmp_path / "b.py"
+    uses_torch.write_text("import torch\nimport mymodel\n")
+    plain.write_text("import mymodel\n")
+    assert gate.preload(gate.WORKER, [str(uses_torch), "--x"]) == [gate.WORKER, "torch"]
+    assert gate.preload(gate.WORKER, [str(plain)]) == [gate.WORKER]  # never the script's own
+    assert gate.preload(gate.TORCHRUN, ["--nnodes=2"]) == [gate.TORCHRUN]
+    assert imported == [gate.WORKER, "torch", gate.WORKER, gate.TORCHRUN]

@@ -102,14 +102,22 @@ def mismatch(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
         return "its command changed"
     if _local_ranks(old) != _local_ranks(new):
         return "its ranks changed"
-    old_env, new_env = dict(old["env"]), dict(new["env"])
-    for key in sorted(old_env.keys() | new_env.keys()):
-        if old_env.get(key) == new_env.get(key) or key in LATE_ENV:
-            continue
-        if key.startswith("CORRAL_") and key not in _EARLY_CORRAL:
-            continue
-        return f"{key} changed"
+    for old_env, new_env in zip(_envs(old), _envs(new), strict=True):
+        for key in sorted(old_env.keys() | new_env.keys()):
+            if old_env.get(key) == new_env.get(key) or key in LATE_ENV:
+                continue
+            if key.startswith("CORRAL_") and key not in _EARLY_CORRAL:
+                continue
+            return f"{key} changed"
     return None
+
+
+def _envs(node: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Each process's planned variables, by local rank (the launcher's alone)."""
+    ranks = sorted(node.get("ranks") or [], key=lambda r: int(r["local_rank"]))
+    if not ranks:
+        return [dict(node["env"])]
+    return [{**node["env"], **r["env"]} for r in ranks]
 
 
 def _gate_message(
