@@ -83,9 +83,7 @@ def test_secret_env_values_are_found_by_name_and_value_and_never_shown_or_stored
             assert value not in text, (key, text[:2000])
     assert any(PLAIN["PLAIN"] in text for text in shown)  # only the secrets are withheld
     stored = b"".join(p.read_bytes() for p in api.root.glob("corral.db*"))
-    run_files = b"".join(
-        p.read_bytes() for p in (api.root / "runs").rglob("*") if p.is_file()
-    )
+    run_files = b"".join(p.read_bytes() for p in (api.root / "runs").rglob("*") if p.is_file())
     for key, value in SECRETS.items():
         assert value.encode() not in stored, key
         assert value.encode() not in run_files, key
@@ -178,9 +176,14 @@ def test_the_docs_page_works_in_a_browser_loading_nothing_from_elsewhere(
 ) -> None:
     requested: list[str] = []
     refused: list[str] = []
+
+    def console(message: Any) -> None:
+        if "Content Security Policy" in message.text:
+            refused.append(message.text)
+
     with open_page(browser, shots) as page:
         page.on("request", lambda r: requested.append(r.url))
-        page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
+        page.on("console", console)
         login(page, server)
         page.goto(server.url + "/docs")
         page.locator(".swagger-ui .info .title").filter(has_text="corral").wait_for()
