@@ -359,6 +359,14 @@ def test_phone_width_has_no_horizontal_scroll(
         assert width <= PHONE["width"] + 2, (target, width, wide)
 
 
+def test_the_login_page_asks_for_the_users_own_token(server: LiveServer) -> None:
+    """Not the admin's: no hint at the command that prints the server's token."""
+    page = httpx.get(f"{server.url}/login", timeout=30)
+    assert page.status_code == 200
+    assert "--print-token" not in page.text
+    assert "Your API token" in page.text and "ask the server's admin" in page.text
+
+
 def test_static_files_are_open(server: LiveServer) -> None:
     """The login page's CSS and JS load without a session (``/static`` is open),
     and nothing outside the static dir is reachable through it."""
