@@ -29,6 +29,7 @@ CorralError
     ├── Forbidden          a job file outside the job's run dir
     ├── Conflict           duplicate name, busy machines, not enough machines, ...
     ├── Invalid            a body that parses but cannot be done
+    ├── TooMany            over a cap (a user's queued jobs): 429
     └── ServerFailed       any other error answer of corral serve (as its client sees it)
 ```
 
@@ -212,6 +213,12 @@ class Invalid(ServiceError):
     """A well-formed request that cannot be done as asked."""
 
     type = "invalid"
+
+
+class TooMany(ServiceError):
+    """Over a cap on how many of something one user may have (queued jobs)."""
+
+    type = "too_many"
 
 
 class ServerFailed(ServiceError):

@@ -315,7 +315,7 @@ def test_a_bad_webhook_is_a_422_naming_the_field(
 
 
 def test_only_an_admin_manages_notifications(api: Api) -> None:
-    bob = api.svc.users.add(UserIn(name="bob", role="user"))
+    bob = api.svc.users.add(UserIn(name="bob", role="user"), by="admin")
     as_bob = {"Authorization": f"Bearer {bob.token}"}
     for method, path in (
         ("GET", "/api/webhooks"),

@@ -93,7 +93,7 @@ def _populate(store: Store) -> None:
 
 
 def test_open_store_creates_the_schema_at_head(store: Store) -> None:
-    assert store.revision() == head_revision() == "0007"
+    assert store.revision() == head_revision() == "0008"
     assert _tables(store) == {*Base.metadata.tables, "alembic_version"}
     assert store.dialect in ("sqlite", "postgresql")
 
@@ -152,10 +152,13 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
             ("add_column", "tasks", "owner"),
             ("add_column", "tasks", "priority"),
             ("add_index", "ix_audit_time"),
+            ("add_index", "ix_audit_user_id"),
             ("add_index", "ix_deliveries_due"),
             ("add_index", "ix_deliveries_hook_id"),
             ("add_index", "ix_events_job_kind_pos"),
             ("add_index", "ix_jobs_owner"),
+            ("add_index", "ix_jobs_owner_state"),
+            ("add_index", "ix_jobs_queue"),
             ("add_table", "audit"),
             ("add_table", "deliveries"),
             ("add_table", "users"),
@@ -165,7 +168,7 @@ def test_upgrade_from_0001_keeps_the_rows(store_url: str) -> None:
             for statement in ROWS_AT_0001:
                 connection.execute(text(statement))
         store.upgrade()
-        assert store.revision() == "0007"
+        assert store.revision() == "0008"
         with store.session() as session:
             machine = session.get_one(Machine, "m1")
             rank = session.get_one(Rank, ("j1", 0))

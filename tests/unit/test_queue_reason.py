@@ -7,7 +7,7 @@ import pytest
 
 from corral.errors import Conflict
 from corral.service.planner import select_machines
-from corral.service.tasks import waiting_reason
+from corral.service.queue import waiting_reason
 from corral.words import plural
 from tests.unit.test_service_planner import machine, request
 

@@ -30,7 +30,7 @@ from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders,
 from corral.api.metrics import CONTENT_TYPE, Metrics
 from corral.api.routers import compare, jobs, network, notify, queue, tasks, users
 from corral.api.services import Services
-from corral.service.audit import AuditLog
+from corral.service.audit import AuditLog, RequestAudit, open_request
 from corral.service.users import Principal, Role, UserService, hash_token
 from corral.sessions import (
     CSRF_HEADER,
@@ -89,23 +89,34 @@ class TokenMiddleware:
             await send(message)
 
         request = Request(scope)
+        audited = RequestAudit(
+            request.method, request.url.path, request.client.host if request.client else None
+        )
         try:
-            refusal = await asyncio.to_thread(self._refusal, request)
-            if refusal is not None:
-                await refusal(scope, receive, timed_send)
-            else:
-                await self.app(scope, receive, timed_send)
+            with open_request(audited):
+                refusal = await asyncio.to_thread(self._refusal, request)
+                if refusal is not None:
+                    await refusal(scope, receive, timed_send)
+                else:
+                    await self.app(scope, receive, timed_send)
         finally:
-            if request.method not in SAFE_METHODS:
+            if request.method not in SAFE_METHODS or audited.entries:
                 principal = scope.get("state", {}).get("principal")
                 who = principal.name if isinstance(principal, Principal) else None
-                await self._record(who, request.method, request.url.path, status["code"])
+                await self._record(who, audited, status["code"])
 
-    async def _record(self, who: str | None, method: str, path: str, code: int) -> None:
+    async def _record(self, who: str | None, audited: RequestAudit, code: int) -> None:
+        """The request's one entry: the changes it recorded get its status; else an
+        entry of the request (without a valid token: counted per source)."""
         try:
-            await asyncio.to_thread(self.audit.record, who, method, path, code)
+            if await asyncio.to_thread(self.audit.finish, audited, code):
+                return
+            if who is None:
+                await asyncio.to_thread(self.audit.unauthenticated, audited, code)
+            else:
+                await asyncio.to_thread(self.audit.request, who, audited, code)
         except Exception:  # the answer is sent: a failed entry is logged, never raised
-            log.exception("writing the audit entry of %s %s failed", method, path)
+            log.exception("writing the audit entry of %s %s failed", audited.method, audited.path)
 
     def _refusal(self, request: Request) -> Response | None:
         path = request.url.path

@@ -30,6 +30,7 @@ from corral.errors import (
     Invalid,
     NotFound,
     ServiceError,
+    TooMany,
     TransportError,
 )
 
@@ -41,6 +42,7 @@ STATUS: dict[type[ServiceError], int] = {
     Forbidden: 403,
     Conflict: 409,
     Invalid: 422,
+    TooMany: 429,
     ServiceError: 400,
 }
 

@@ -184,6 +184,18 @@ def serve(
             rich_help_panel=_M,
         ),
     ] = 30.0,
+    max_queued: Annotated[
+        int,
+        typer.Option(
+            "--max-queued",
+            metavar="N",
+            min=0,
+            max=1_000_000,
+            help="Jobs one user may have queued at once (one more is refused with 429); "
+            "per user: corral serve user limit NAME --queued N.",
+            rich_help_panel=_S,
+        ),
+    ] = 1000,
     tracking_allow: Annotated[
         list[str] | None,
         typer.Option(
@@ -239,6 +251,7 @@ def serve(
         insecure_no_host_key_check=insecure_no_host_key_check,
         plugins_dir=Path(plugins_dir).resolve() if plugins_dir else None,
         health_interval=health_interval,
+        max_queued=max_queued,
         tracking_allow=parse_allow(tracking_allow or ()),
         public_url=public_url or f"{'https' if tls_cert else 'http'}://{host}:{port}",
     )
@@ -301,20 +314,25 @@ _NAME = Annotated[str, typer.Argument(metavar="NAME", help="The user's name.")]
 
 
 class _Users:
-    """The user service over the store, the server's admin made first."""
+    """The user service over the store, the server's admin made first; the changes
+    made inside are audited as the command ``corral serve <command>``."""
 
-    def __init__(self, db: str | None, token_file: str | None) -> None:
+    def __init__(self, db: str | None, token_file: str | None, command: str = "") -> None:
+        from corral.service.audit import RequestAudit, open_request
         from corral.service.users import UserService
         from corral.store import open_store
 
         self.store = open_store(db)
         self.users = UserService(self.store)
         self.users.ensure_admin(_server_token(token_file)[1])
+        self.audit = open_request(RequestAudit("CLI", f"corral serve {command}".strip()))
 
     def __enter__(self) -> Any:
+        self.audit.__enter__()
         return self.users
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, *exc: object) -> None:
+        self.audit.__exit__(None, None, None)
         self.store.close()
 
 
@@ -341,8 +359,8 @@ def user_add(
             f"invalid user name {name!r}: letters, digits, '.', '_', '-' (at most 64)",
             option="NAME",
         ) from exc
-    with _Users(db, token_file) as users:
-        created = _service_call(lambda: users.add(body))
+    with _Users(db, token_file, f"user add {name}") as users:
+        created = _service_call(lambda: users.add(body, by=_cli_actor()))
     console = make_console(stderr=True)
     console.print(
         f"added {created.name} ({created.role.value}); their token, shown this once:",
@@ -373,36 +391,81 @@ def user_list(db: _DB = None, token_file: _TOKEN_FILE = None) -> None:
 
 def user_revoke(name: _NAME, db: _DB = None, token_file: _TOKEN_FILE = None) -> None:
     """Revoke a user's token (their jobs stay theirs; the web sessions end)."""
-    with _Users(db, token_file) as users:
-        _service_call(lambda: users.revoke(name))
+    with _Users(db, token_file, f"user revoke {name}") as users:
+        _service_call(lambda: users.revoke(name, by=_cli_actor()))
     make_console(stderr=False).print(f"revoked {name}", markup=False)
 
 
 def user_limit(
     name: _NAME,
     jobs: Annotated[
-        int | None,
-        typer.Option("--jobs", metavar="N", min=0, help="Running jobs at most (omit: none)."),
+        str | None,
+        typer.Option("--jobs", metavar="N|none", help="Running jobs at most (none: no limit)."),
     ] = None,
     machines: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            "--machines", metavar="M", min=0, help="Machines their running jobs hold at most."
+            "--machines",
+            metavar="M|none",
+            help="Machines their running jobs hold at most (none: no limit).",
+        ),
+    ] = None,
+    queued: Annotated[
+        str | None,
+        typer.Option(
+            "--queued",
+            metavar="Q|default",
+            help="Jobs they may have queued (default: the server's --max-queued).",
         ),
     ] = None,
     db: _DB = None,
     token_file: _TOKEN_FILE = None,
 ) -> None:
-    """Limit a user's running jobs and the machines those hold (omitted: no limit)."""
+    """Set a user's limits: only the ones given change, the others stay as they are."""
     from corral.service.users import LimitsIn
 
-    with _Users(db, token_file) as users:
-        out = _service_call(lambda: users.set_limits(name, LimitsIn(jobs=jobs, machines=machines)))
+    given = {
+        field: _limit_value(value, option, clear)
+        for field, value, option, clear in (
+            ("jobs", jobs, "--jobs", "none"),
+            ("machines", machines, "--machines", "none"),
+            ("queued", queued, "--queued", "default"),
+        )
+        if value is not None
+    }
+    if not given:
+        raise ConfigError("give --jobs, --machines or --queued", option="--jobs")
+    body = LimitsIn.model_validate(given)
+    with _Users(db, token_file, f"user limit {name}") as users:
+        out = _service_call(lambda: users.set_limits(name, body, by=_cli_actor()))
+    queued_cap = "server default" if out.max_queued is None else out.max_queued
     make_console(stderr=False).print(
         f"{out.name}: jobs {out.max_jobs if out.max_jobs is not None else 'unlimited'}, "
-        f"machines {out.max_machines if out.max_machines is not None else 'unlimited'}",
+        f"machines {out.max_machines if out.max_machines is not None else 'unlimited'}, "
+        f"queued {queued_cap}",
         markup=False,
     )
+
+
+def _limit_value(value: str, option: str, clear: str) -> int | None:
+    """A limit option's value: a count from 0 to 1,000,000, or ``clear`` (None)."""
+    if value.strip().lower() == clear:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 1_000_000:
+        raise ConfigError(
+            f"{option} {value!r}: a whole number from 0 to 1000000, or {clear}", option=option
+        )
+    return number
+
+
+def _cli_actor() -> str:
+    from corral.service.audit import cli_actor
+
+    return cli_actor()
 
 
 def gc(

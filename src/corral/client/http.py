@@ -30,6 +30,7 @@ from corral.errors import (
     ServerUnreachable,
     ServiceError,
     TokenRefused,
+    TooMany,
 )
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
@@ -44,6 +45,7 @@ REFUSALS: dict[int, type[ServiceError]] = {
     404: NotFound,
     409: Conflict,
     422: Invalid,
+    429: TooMany,
 }
 """The error class of each HTTP status the server refuses a request with."""
 

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ class Queries:
         self.live = live
         self.launches = launches
         self.feeds = Feeds(self._source, live)
+        #: why a queued job waits, as the queue says it (set by the queue's owner)
+        self.queued_reason: Callable[[Job], str] | None = None
 
     def row(self, job_id: str) -> Job:
         """The job's row (NotFound when unknown)."""
@@ -120,6 +122,8 @@ class Queries:
             if hang is not None:
                 diagnosed.append(hang)
         status = _status(job, nodes, ranks, attempts, task.name if task else None)
+        if job.state == "queued" and self.queued_reason is not None:
+            status.reason = self.queued_reason(job)  # as the queue says it, now
         if checked is not None:
             status.preflight = preflight_findings((checked.data or {}).get("report"))
         status.groups = [GroupChange.model_validate({**g.data, "time": g.time}) for g in groups]

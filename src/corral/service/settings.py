@@ -32,6 +32,9 @@ class ServerSettings:
     notify_max_backoff: float = 600.0
     notify_timeout: float = 10.0
     notify_concurrency: int = 8
+    #: how many jobs one user may have queued (their own cap: corral serve user limit
+    #: NAME --queued N); one more is a 429
+    max_queued: int = 1000
     #: where a non-admin's tracking targets may write or connect besides the job's run
     #: dir: absolute paths and URL prefixes (corral serve --tracking-allow; see
     #: corral.service.trust)

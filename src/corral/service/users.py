@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from corral.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.service.audit import record_change
 from corral.store import Store
 from corral.store.models import User
 
@@ -109,10 +110,12 @@ class UserIn(BaseModel):
 
 
 class LimitsIn(BaseModel):
-    """A user's limits on running jobs and on the machines those hold (null: none)."""
+    """A user's limits: running jobs and the machines those hold (null: no limit), and
+    queued jobs (null: the server's ``--max-queued``). Only the fields given change."""
 
     jobs: int | None = Field(default=None, ge=0, le=1_000_000)
     machines: int | None = Field(default=None, ge=0, le=1_000_000)
+    queued: int | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class UserOut(BaseModel):
@@ -124,6 +127,7 @@ class UserOut(BaseModel):
     revoked: float | None
     max_jobs: int | None
     max_machines: int | None
+    max_queued: int | None = None
 
 
 class UserCreated(UserOut):
@@ -150,7 +154,16 @@ def _out(row: User) -> UserOut:
         revoked=row.revoked,
         max_jobs=row.max_jobs,
         max_machines=row.max_machines,
+        max_queued=row.max_queued,
     )
+
+
+LIMIT_COLUMNS = {"jobs": "max_jobs", "machines": "max_machines", "queued": "max_queued"}
+"""Each field of :class:`LimitsIn` and the user's column it sets."""
+
+
+def _limits(row: User) -> dict[str, int | None]:
+    return {field: getattr(row, column) for field, column in LIMIT_COLUMNS.items()}
 
 
 class UserService:
@@ -197,8 +210,9 @@ class UserService:
             return None
         return Principal(row.name, Role(row.role))
 
-    def add(self, body: UserIn) -> UserCreated:
-        """Add a user (or give a revoked one a new role and token): their token, once."""
+    def add(self, body: UserIn, *, by: str) -> UserCreated:
+        """Add a user (or give a revoked one a new role and token): their token, once.
+        Audited as ``by``'s change."""
         token = new_token()
         with self.store.session() as s:
             row = s.get(User, body.name)
@@ -207,12 +221,15 @@ class UserService:
                     f"a user {body.name!r} exists: revoke it first to give it a new token",
                     details={"name": body.name},
                 )
+            before = None if row is None else {"role": row.role, "revoked": row.revoked}
             if row is None:
                 row = User(name=body.name, created=time.time())
                 s.add(row)
             row.role, row.token_hash, row.revoked = body.role.value, hash_token(token), None
             s.flush()
             out = _out(row)
+            after = {"role": row.role, "revoked": None}
+            record_change(s, by, "user.add", body.name, before=before, after=after)
         return UserCreated(**out.model_dump(), token=token)
 
     def list_users(self) -> list[UserOut]:
@@ -228,8 +245,9 @@ class UserService:
                 raise NotFound(f"no user {name!r}", details={"name": name})
             return _out(row)
 
-    def revoke(self, name: str) -> UserOut:
-        """Revoke a user's token (the server's own admin cannot be revoked)."""
+    def revoke(self, name: str, *, by: str) -> UserOut:
+        """Revoke a user's token (the server's own admin cannot be revoked); audited
+        as ``by``'s change."""
         if name == ADMIN:
             raise Invalid(
                 f"{ADMIN!r} holds the server's own token (corral serve --print-token): "
@@ -244,15 +262,27 @@ class UserService:
                 row.revoked = time.time()
                 # a hash nobody's token has, so the old token is dead even if un-revoked
                 row.token_hash = "revoked:" + secrets.token_hex(24)
+                record_change(
+                    s,
+                    by,
+                    "user.revoke",
+                    name,
+                    before={"role": row.role, "revoked": None},
+                    after={"role": row.role, "revoked": row.revoked},
+                )
             return _out(row)
 
-    def set_limits(self, name: str, body: LimitsIn) -> UserOut:
-        """Set how many jobs and machines the user's running jobs may hold."""
+    def set_limits(self, name: str, body: LimitsIn, *, by: str) -> UserOut:
+        """Set the limits given in ``body`` (the others stay as they are); audited as
+        ``by``'s change, with the limits before and after."""
         with self.store.session() as s:
             row = s.get(User, name)
             if row is None:
                 raise NotFound(f"no user {name!r}", details={"name": name})
-            row.max_jobs, row.max_machines = body.jobs, body.machines
+            before = _limits(row)
+            for given in body.model_fields_set:
+                setattr(row, LIMIT_COLUMNS[given], getattr(body, given))
+            record_change(s, by, "user.limit", name, before=before, after=_limits(row))
             return _out(row)
 
     def limits(self, name: str | None) -> tuple[int | None, int | None]:
@@ -262,6 +292,25 @@ class UserService:
         with self.store.session() as s:
             row = s.get(User, name)
         return (row.max_jobs, row.max_machines) if row else (None, None)
+
+    def all_limits(self) -> dict[str, tuple[int | None, int | None]]:
+        """The (jobs, machines) limits of every user that has one."""
+        with self.store.session() as s:
+            rows = s.execute(
+                select(User.name, User.max_jobs, User.max_machines).where(
+                    (User.max_jobs.is_not(None)) | (User.max_machines.is_not(None))
+                )
+            ).all()
+        return {name: (jobs, machines) for name, jobs, machines in rows}
+
+    def queued_cap(self, name: str | None, default: int) -> int | None:
+        """How many jobs ``name`` may have queued: their own cap, else ``default``
+        (None: no cap, for a job without an owner)."""
+        if name is None:
+            return None
+        with self.store.session() as s:
+            own = s.scalar(select(User.max_queued).where(User.name == name))
+        return default if own is None else int(own)
 
 
 def valid_name(name: str) -> str:

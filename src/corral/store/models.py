@@ -84,6 +84,7 @@ class Job(Base):
     """A job submitted to the server: its request, plan, state and supervisor."""
 
     __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_owner_state", "owner", "state"),)  # a user's queued
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16), default="distributed")  # |single
@@ -117,6 +118,11 @@ class Job(Base):
     owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     #: the queue's order: higher first, first in first out within a priority
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+# the queue in its order (the scheduler's next job, a job's position): an index range,
+# never a scan and sort of every queued job
+Index("ix_jobs_queue", Job.state, Job.priority.desc(), Job.queued, Job.created, Job.id)
 
 
 class Attempt(Base):
@@ -227,7 +233,8 @@ class User(Base):
 
     A revoked user keeps the row (their jobs and audit entries name them) but no
     token of theirs is accepted. ``max_jobs``/``max_machines``: how many jobs and
-    machines their running jobs may hold at once (None: no limit)."""
+    machines their running jobs may hold at once (None: no limit); ``max_queued``:
+    how many jobs they may have queued (None: the server's ``--max-queued``)."""
 
     __tablename__ = "users"
 
@@ -238,12 +245,17 @@ class User(Base):
     revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_machines: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class AuditEntry(Base):
-    """One state-changing request: who, what (method and path), when, the outcome."""
+    """One privileged change or state-changing request: who, what (the action, its
+    target, the values before and after; the method and path), when, the outcome.
+    Requests without a valid token are one row per source address and minute, with
+    their ``count``."""
 
     __tablename__ = "audit"
+    __table_args__ = (Index("ix_audit_user_id", "user", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     time: Mapped[float] = mapped_column(Float, index=True)
@@ -251,6 +263,12 @@ class AuditEntry(Base):
     method: Mapped[str] = mapped_column(String(8))
     path: Mapped[str] = mapped_column(Text)
     status: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str | None] = mapped_column(String(64), nullable=True)  # user.add, ...
+    target: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    source: Mapped[str | None] = mapped_column(String(64), nullable=True)  # client address
+    count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class Webhook(Base):

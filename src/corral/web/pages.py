@@ -110,6 +110,7 @@ def login(
     if who is None:
         return RedirectResponse(f"/login?error=token&next={_safe_next(next)}", status_code=303)
     sid, _ = _sessions(request).create(who.name, grant)
+    request.app.state.services.audit.change(who.name, "login", who.name, after={"via": "web"})
     response = RedirectResponse(_safe_next(next), status_code=303)
     response.set_cookie(
         SESSION_COOKIE, sid, httponly=True, samesite="strict", secure=_secure(request), path="/"

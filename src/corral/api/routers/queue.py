@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Security
+from fastapi import APIRouter, Depends, Query, Security
 
-from corral.api.auth import bearer, require_admin
+from corral.api.auth import Caller, bearer, require_admin
 from corral.api.routers.users import FORBIDDEN
 from corral.api.services import Services, services
 from corral.service.models import QueueEntry, QueueMove
@@ -21,8 +21,12 @@ Svc = Annotated[Services, Depends(services)]
     description="Each entry's `reason` says what it waits for (`waiting for 2 machines: "
     "gpu1 busy with J, gpu3 offline`; `alice has 2 running, limit 2`).",
 )
-def list_queue(svc: Svc) -> list[QueueEntry]:
-    return svc.tasks.list_queue()
+def list_queue(
+    svc: Svc,
+    limit: Annotated[int | None, Query(ge=1, le=100_000, description="Default: all.")] = None,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> list[QueueEntry]:
+    return svc.tasks.list_queue(limit, offset)
 
 
 @router.post(
@@ -31,5 +35,5 @@ def list_queue(svc: Svc) -> list[QueueEntry]:
     dependencies=[Depends(require_admin)],
     summary="Give a queued job a new priority, or move it to the top (admin)",
 )
-def move(job_id: str, body: QueueMove, svc: Svc) -> QueueEntry:
-    return svc.tasks.move(job_id, body)
+def move(job_id: str, body: QueueMove, svc: Svc, who: Caller) -> QueueEntry:
+    return svc.tasks.move(job_id, body, by=who.name)

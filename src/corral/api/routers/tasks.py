@@ -129,7 +129,9 @@ router.add_api_route(
     responses=QUEUE_ERRORS,
     dependencies=[Depends(bearer_only)],
     operation_id="queue_distributed_get",
+    deprecated=True,
     summary="Queue the task as a distributed job (the seed's GET; bearer token only)",
+    description="Use POST: this GET changes state (it is audited like the POST).",
 )
 router.add_api_route(
     "/tasks/{task_id}/queue/{machine_id}",
@@ -138,7 +140,9 @@ router.add_api_route(
     responses=QUEUE_ERRORS,
     dependencies=[Depends(bearer_only)],
     operation_id="queue_on_machine_get",
+    deprecated=True,
     summary="Queue the task to run on one machine (the seed's GET; bearer token only)",
+    description="Use POST: this GET changes state (it is audited like the POST).",
 )
 
 
@@ -153,5 +157,5 @@ def get_preferences(svc: Svc) -> Preferences:
     dependencies=[Depends(require_admin)],
     summary="Save preferences (admin)",
 )
-def put_preferences(body: Preferences, svc: Svc) -> Preferences:
-    return svc.tasks.save_preferences(body)
+def put_preferences(body: Preferences, svc: Svc, who: Caller) -> Preferences:
+    return svc.tasks.save_preferences(body, by=who.name)

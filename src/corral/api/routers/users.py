@@ -46,24 +46,32 @@ def list_users(svc: Svc) -> list[UserOut]:
     summary="Add a user: the answer holds their token, shown this once",
     description="A revoked user's name may be added again (a new token and role).",
 )
-def add_user(body: UserIn, svc: Svc) -> UserCreated:
-    return svc.users.add(body)
+def add_user(body: UserIn, svc: Svc, who: Caller) -> UserCreated:
+    return svc.users.add(body, by=who.name)
 
 
 @admin.delete("/users/{name}", summary="Revoke a user's token (their jobs stay theirs)")
-def revoke_user(name: str, svc: Svc) -> UserOut:
-    return svc.users.revoke(name)
+def revoke_user(name: str, svc: Svc, who: Caller) -> UserOut:
+    return svc.users.revoke(name, by=who.name)
 
 
 @admin.put(
     "/users/{name}/limits",
-    summary="Limit the user's running jobs and the machines they hold (null: no limit)",
+    summary="Limit the user's running jobs, the machines they hold, their queued jobs",
+    description="Only the limits given change. `jobs`, `machines`: null is no limit; "
+    "`queued`: null is the server's `--max-queued`.",
 )
-def set_limits(name: str, body: LimitsIn, svc: Svc) -> UserOut:
-    return svc.users.set_limits(name, body)
+def set_limits(name: str, body: LimitsIn, svc: Svc, who: Caller) -> UserOut:
+    return svc.users.set_limits(name, body, by=who.name)
 
 
-@admin.get("/audit", summary="The audit log of state-changing requests, newest first")
+@admin.get(
+    "/audit",
+    summary="The audit log, newest first: who changed what, before and after",
+    description="One entry per privileged change (`action`, `target`, `before`, `after`) "
+    "or other state-changing request; requests without a valid token are one entry per "
+    "source address and minute with their `count`.",
+)
 def audit(
     svc: Svc,
     user: Annotated[str | None, Query(max_length=64)] = None,
