@@ -124,8 +124,8 @@ def test_after_waits_starts_in_order_and_cancels_naming_the_job(server: LiveServ
     with server.client() as admin:
         ends = {j: wait_status(admin, j, ENDED) for j in (first, second, third)}
     assert [ends[j]["status"] for j in (first, second, third)] == ["succeeded"] * 3
-    assert ends[first]["ended"] <= ends[second]["started"] <= ends[second]["ended"]
-    assert ends[second]["ended"] <= ends[third]["started"]
+    when = {j: (float(str(e["started"])), float(str(e["ended"]))) for j, e in ends.items()}
+    assert when[first][1] <= when[second][0] <= when[second][1] <= when[third][0], when
 
     # corral job resubmit: a new job with the same request, queued, run
     again = _corral(server, "resubmit", first)

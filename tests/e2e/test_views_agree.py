@@ -180,7 +180,7 @@ def _settled_queue(client: httpx.Client) -> list[dict[str, Any]]:
     """The queue once a scheduler round has left it as it is."""
     last: list[dict[str, Any]] = []
     for _ in range(60):
-        now = client.get("/api/queue").json()
+        now: list[dict[str, Any]] = client.get("/api/queue").json()
         if now == last:
             return now
         last = now

@@ -94,6 +94,14 @@ SubmitLauncherOpt = Annotated[
         rich_help_panel=_L,
     ),
 ]
+PriorityOpt = Annotated[
+    int,
+    typer.Option(
+        "--priority",
+        metavar="N",
+        help="A queued job's place in the queue (higher first; above 0: admins).",
+    ),
+]
 AfterOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -473,14 +481,7 @@ def submit(
             "are free.",
         ),
     ] = False,
-    priority: Annotated[
-        int,
-        typer.Option(
-            "--priority",
-            metavar="N",
-            help="With --queue: its place in the queue (higher first; above 0: admins).",
-        ),
-    ] = 0,
+    priority: PriorityOpt = 0,
     after: AfterOpt = None,
     plan_only: Annotated[
         bool,
@@ -587,14 +588,7 @@ def _queued(answer: dict[str, Any], err: Console) -> None:
 
 def resubmit(
     job_id: JobArg,
-    priority: Annotated[
-        int,
-        typer.Option(
-            "--priority",
-            metavar="N",
-            help="Its place in the queue (higher first; above 0: admins).",
-        ),
-    ] = 0,
+    priority: PriorityOpt = 0,
     after: AfterOpt = None,
     follow_: Annotated[
         bool,

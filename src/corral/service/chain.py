@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import String, cast, select
 
-from corral.errors import Conflict, NotFound
+from corral.errors import Conflict, Invalid, NotFound
 from corral.job.states import WAITING_STATES, JobState
 from corral.redact import REDACTED
 from corral.service.jobrows import move
@@ -131,8 +132,8 @@ class Chain:
         reason = self._reason(after, states)
         if reason:
             raise Conflict(
-                f"{what} is to start after {', '.join(after)} succeed: {reason}. Queue it "
-                "(POST /api/jobs/queue, corral job submit --after) to have it start then",
+                f"{what} cannot start now ({reason}): queue it (POST /api/jobs/queue, "
+                "corral job submit --after) to have it start then",
                 details={"after": states},
             )
 
@@ -201,4 +202,17 @@ def resubmitted(row: Job, *, after: Iterable[str] = ()) -> JobRequest:
         data["after"] = given
     else:
         data.pop("after", None)
-    return JobRequest.model_validate(data)
+    return stored_request(row.id, data)
+
+
+def stored_request(job_id: str, data: dict[str, Any]) -> JobRequest:
+    """A job's stored request as a :class:`JobRequest` (Invalid naming the field when
+    it no longer validates: an ``after`` given with it, an older server's request)."""
+    try:
+        return JobRequest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise Invalid(
+            f"job {job_id}'s request: {field}: {first['msg']}", details={"field": field}
+        ) from exc

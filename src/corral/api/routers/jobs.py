@@ -16,7 +16,7 @@ from corral.api.auth import Caller, bearer
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.api.streams import REVOKED_EVENT, revocable
-from corral.service.chain import resubmitted
+from corral.service.chain import resubmitted, stored_request
 from corral.service.models import (
     MAX_AFTER,
     DistributedJobStatus,
@@ -117,7 +117,7 @@ def resubmit_job(
 def job_request(job_id: str, svc: Svc, who: Caller) -> JobRequest:
     row = svc.jobs.row(job_id)
     who.require_reader(row.owner, f"reading job {job_id}'s request")
-    return JobRequest.model_validate(row.request or {})
+    return stored_request(job_id, row.request or {})
 
 
 @router.get("/{job_id}", responses=ERRORS, summary="A job's status")
