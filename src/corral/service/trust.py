@@ -32,6 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from corral.errors import ConfigError, Forbidden
+from corral.notify.urls import METADATA_NAMES, classify
 from corral.service.models import DistributedJobStatus, Suggestion
 from corral.service.users import Principal, UserService
 from corral.store import Store
@@ -41,10 +42,6 @@ from corral.track.targets import TrackTarget, parse_target, rebased, remote_url,
 ALLOW_OPTION = "--tracking-allow"
 OUTPUT_KEYS = ("stderr_tail", "log_tail", "traceback")
 """The parts of a job's root cause that are its output (left out for other readers)."""
-METADATA_HOSTS = frozenset(
-    {"metadata", "metadata.google.internal", "metadata.goog", "instance-data", "100.100.100.200"}
-)
-"""Cloud metadata services reached by name or by an address outside link-local."""
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -158,18 +155,16 @@ def url_allowed(url: str, allow: Sequence[str]) -> bool:
 
 def link_local(host: str) -> bool:
     """Whether ``host`` is a link-local address (169.254/16, fe80::/10: where cloud
-    metadata services answer) or a metadata service's well-known name."""
+    metadata services answer), another metadata address or a metadata service's
+    well-known name (the notifications' rule: :mod:`corral.notify.urls`)."""
     name = host.strip("[]").lower().rstrip(".")
-    if name in METADATA_HOSTS:
+    if name in METADATA_NAMES:
         return True
     try:
-        address = ipaddress.ip_address(name)
+        address = ipaddress.ip_address(name.split("%")[0])
     except ValueError:
         return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return bool(address.is_link_local or (mapped is not None and mapped.is_link_local)) or (
-        name == "fd00:ec2::254"
-    )
+    return classify(address) == "link_local"
 
 
 def admit_target(text: str, *, job_dir: str, allow: Sequence[str], trusted: bool) -> TrackTarget:
