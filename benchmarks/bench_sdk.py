@@ -7,16 +7,18 @@ process as the coordinator). The workload runs one loop body in four modes
 ``--rate`` steps per second in blocks of ``--block`` steps, ``--rounds`` rounds
 in a rotating order. Metrics (median over the rounds):
 
-* **report + section, CPU per step** (the headline, target <= 5 us): the rank
-  process's extra CPU time per step in mode ``both`` over ``plain``, every
-  thread counted (the reporter thread's encoding and sends too);
-* the same for ``report`` and ``section`` alone (info);
-* **training-thread time per step**: the extra wall time of a block of steps,
-  per step (median block): what the step itself is delayed by (info);
+* **report + section, training-thread time per step** (the headline, target
+  <= 5 us): the extra wall time of a block of steps in mode ``both`` over
+  ``plain``, per step (mean block, so blocks slowed by the sender thread count
+  too): what a step is delayed by;
+* **report + section, CPU per step** (target <= 5 us): the rank process's extra
+  CPU time per step, every thread counted (the sender thread's encoding and
+  sends too): the whole cost, wherever it runs;
+* the CPU of ``report`` and ``section`` alone (info);
 * **reports lost**: every report must reach the coordinator as a ``progress``
   event, in order (target 0; the job must succeed).
 
-    python benchmarks/bench_sdk.py [--steps 6000] [--rounds 3] [--rate 2000]
+    python benchmarks/bench_sdk.py [--steps 6000] [--rounds 5] [--rate 2000]
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ def run_job(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], list[i
     result = asyncio.run(asyncio.wait_for(job.run(), 600))
     state = f"{result.state.value}{': ' + result.reason if result.reason else ''}"
     samples = json.loads(out.read_text()) if out.exists() else {}
+    if not state.startswith("succeeded"):  # the rank's last lines say why
+        for log_file in sorted((tmp / "runs").glob("**/*.log")):
+            tail = log_file.read_text(errors="replace").splitlines()[-10:]
+            state += f"\n{log_file.name}:\n" + "\n".join(tail)
     return samples, steps, state
 
 
@@ -86,8 +92,8 @@ def per_step_us(samples: dict[str, list[dict[str, Any]]], mode: str, steps: int)
         (run["cpu"] - plain["cpu"]) / steps * 1e6
         for run, plain in zip(samples[mode], samples["plain"], strict=True)
     ]
-    wall = [
-        (statistics.median(run["blocks"]) - statistics.median(plain["blocks"]))
+    wall = [  # the mean block: a block the reporter's sends slowed counts too
+        (statistics.fmean(run["blocks"]) - statistics.fmean(plain["blocks"]))
         / (steps / len(run["blocks"]))
         * 1e6
         for run, plain in zip(samples[mode], samples["plain"], strict=True)
@@ -98,7 +104,7 @@ def per_step_us(samples: dict[str, list[dict[str, Any]]], mode: str, steps: int)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=6000, help="steps per mode and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--rate", type=float, default=2000.0, help="steps per second")
     args = parser.parse_args()
@@ -113,22 +119,25 @@ def main() -> int:
     lost = len(set(expected) - set(steps))
     in_order = steps == expected
     log(f"{len(steps)} progress events for {reported + 1} reports; in order: {in_order}")
-    modes = {m: per_step_us(samples["samples"], m, args.steps) for m in ("report", "section", "both")}
+    names = ("report", "section", "both")
+    modes = {m: per_step_us(samples["samples"], m, args.steps) for m in names}
     for mode, found in modes.items():
         log(f"{mode}: CPU {found['cpu_us']} us/step, training thread {found['wall_us']} us/step")
     both = modes["both"]
     cond = f"local:1, python launcher, {args.rate:g} steps/s, median of {args.rounds} rounds"
+    target = f"<= {TARGET_US:g} us"
     metrics = [
         metric(
-            f"sdk.report + sdk.section per step, CPU of the rank (all threads; {cond})",
-            both["cpu"], "us", f"<= {TARGET_US:g} us", both["cpu"] <= TARGET_US,
+            f"sdk.report + sdk.section per step, training thread (mean block; {cond})",
+            both["wall"], "us", target, both["wall"] <= TARGET_US,
         ),
-        metric("sdk.report per step, CPU of the rank (info)", modes["report"]["cpu"], "us", "-", None),
-        metric("sdk.section per step, CPU of the rank (info)", modes["section"]["cpu"], "us", "-", None),
         metric(
-            "sdk.report + sdk.section per step, training thread (median block; info)",
-            both["wall"], "us", "-", None,
+            "sdk.report + sdk.section per step, CPU of the rank (every thread: "
+            "the sender's encoding and sends too)",
+            both["cpu"], "us", target, both["cpu"] <= TARGET_US,
         ),
+        metric("sdk.report alone, CPU (info)", modes["report"]["cpu"], "us", "-", None),
+        metric("sdk.section alone, CPU (info)", modes["section"]["cpu"], "us", "-", None),
         metric(
             "reports lost or out of order on the way to the coordinator",
             float(lost + (0 if in_order else 1)), "count", "0", lost == 0 and in_order,
@@ -150,8 +159,8 @@ def main() -> int:
         },
     )
     print(
-        f"report + section: {both['cpu']:.2f} us CPU per step ({both['wall']:.2f} us on the "
-        f"training thread); reports lost: {lost}"
+        f"report + section: {both['wall']:.2f} us per step on the training thread, "
+        f"{both['cpu']:.2f} us of CPU in all; reports lost: {lost}"
     )
     return 0 if lost == 0 and in_order else 1
 

@@ -15,7 +15,7 @@ per second (a fast GPU step is ~1-2 ms). Per mode it records:
 Steps are numbered across the modes that report, so the benchmark can check that
 every report reached the coordinator. Writes the samples as JSON to ``--out``.
 
-usage: sdk_overhead.py --out FILE [--steps 6000] [--rounds 3] [--block 100] [--rate 2000]
+usage: sdk_overhead.py --out FILE [--steps 6000] [--rounds 5] [--block 100] [--rate 2000]
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ def run_mode(mode: str, steps: int, block: int, rate: float, first: int) -> dict
                 with sdk.section("compute"):
                     value += 1.0
                 step += 1
-                sdk.report(step, None, loss=value)
+                sdk.report(step, None, loss=1.0 / value)  # 17 digits, as a loss has
         elif report:
             for _ in range(block):
                 value += 1.0
                 step += 1
-                sdk.report(step, None, loss=value)
+                sdk.report(step, None, loss=1.0 / value)  # 17 digits, as a loss has
         elif timed:
             for _ in range(block):
                 with sdk.section("compute"):
@@ -72,7 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=6000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--rate", type=float, default=2000.0)
     args = parser.parse_args()

@@ -234,13 +234,14 @@ def test_a_stalled_supervisor_never_blocks_training_and_turns_reporting_off(
     listener.bind(str(tmp_path / "ctl"))
     listener.listen(1)  # accepts (via the backlog) but never reads
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
+    monkeypatch.setattr(_report, "STALL_TIMEOUT", 0.5)
     sends = _count_sends(monkeypatch)
     metrics = {f"metric_{i}": float(i) for i in range(60)}
     try:
         for step in range(3000):  # several MB: far more than the socket buffers
             sdk.report(step, None, **metrics)
         assert sends.on_thread(threading.main_thread()) == 0  # training never sent a byte
-        _report.flush_reports()  # blocks on the full buffer, for SEND_TIMEOUT at most
+        _report.flush_reports()  # blocks on the full buffer, for STALL_TIMEOUT at most
     finally:
         listener.close()
     assert not _report._reporter.active  # the send timed out: reporting is off for good
@@ -453,13 +454,18 @@ class _Sends:
 
 def _count_sends(monkeypatch: pytest.MonkeyPatch) -> _Sends:
     sends = _Sends()
-    real = socket.socket.sendall
+    real_sendall, real_send = socket.socket.sendall, socket.socket.send
 
     def sendall(sock: socket.socket, data: Any, *args: Any) -> None:
         sends.threads.append(threading.current_thread())
-        real(sock, data, *args)
+        real_sendall(sock, data, *args)
+
+    def send(sock: socket.socket, data: Any, *args: Any) -> int:
+        sends.threads.append(threading.current_thread())
+        return real_send(sock, data, *args)
 
     monkeypatch.setattr(socket.socket, "sendall", sendall)
+    monkeypatch.setattr(socket.socket, "send", send)
     return sends
 
 
@@ -565,3 +571,37 @@ def test_a_multiprocessing_child_sends_its_last_reports(
     assert proc.returncode == 0, proc.stderr
     steps = sorted(r["step"] for r in control_server.wait_reports(200))
     assert steps == list(range(100)) + list(range(1000, 1100))
+
+
+def test_a_slow_agent_gets_every_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An agent that reads slowly (its coordinator is busy) delays the reports; only
+    one that reads nothing for STALL_TIMEOUT turns reporting off."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "ctl"))
+    listener.listen(1)
+    monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
+    monkeypatch.setattr(_report, "STALL_TIMEOUT", 5.0)
+    received = bytearray()
+
+    def read_slowly() -> None:  # 16 KB every 0.4 s: a line of 60 KB takes seconds
+        conn, _ = listener.accept()
+        with conn:
+            while chunk := conn.recv(16384):
+                received.extend(chunk)
+                time.sleep(0.4)
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    metrics = {f"metric_{i:02d}": 1.0 / (i + 3) for i in range(20)}  # ~500 B a report
+    try:
+        for step in range(800):  # ~400 KB: more than the socket buffers
+            sdk.report(step, **metrics)
+        _report.flush_reports()
+        assert _report._reporter.active  # slow is not stuck
+        _report._reporter._reset("")  # hang up: the reader sees the end
+        reader.join(timeout=60)
+    finally:
+        listener.close()
+    lines = bytes(received).decode().splitlines()[2:]  # after auth and ctl
+    steps = [r["step"] for line in lines for r in expand(line)]
+    assert steps == list(range(800))

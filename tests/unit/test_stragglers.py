@@ -271,3 +271,19 @@ def test_section_as_a_decorator_times_each_call() -> None:
 
     assert [work(1), work(2)] == [2, 3]
     assert _section.drain()["compute"] >= 0.01
+
+
+def test_each_report_carries_the_mean_of_each_section_since_the_one_before(
+    control_server: ControlServer,  # noqa: F811
+) -> None:
+    _section.drain()
+    sdk.report(0)
+    _section.records.extend([("compute", 100), ("compute", 300), ("wait", 50)])  # ns
+    sdk.report(1)
+    _section.records.append(("compute", 70))
+    sdk.report(2)
+    sdk.report(3)
+    first, second, third = control_server.wait_reports(4)[1:]
+    assert first["sections"] == {"compute": pytest.approx(200e-9), "wait": pytest.approx(50e-9)}
+    assert second["sections"] == {"compute": pytest.approx(70e-9)}
+    assert "sections" not in third

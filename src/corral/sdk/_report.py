@@ -33,9 +33,9 @@ reply line (the node agent writes it to this socket), e.g. ``{"type":
 "replicated", "name": ..., "ok": true}`` once a checkpoint reached the
 coordinator's replica.
 
-Reporting never raises into training: any socket error (including a send
-that blocks for more than :data:`SEND_TIMEOUT` seconds) disables it for the
-rest of the process.
+Reporting never raises into training: any socket error (a connection not made
+within :data:`SEND_TIMEOUT` seconds, a send that moves no byte for
+:data:`STALL_TIMEOUT` seconds) disables it for the rest of the process.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ __all__ = [
     "FLUSH_INTERVAL",
     "REQUEST_TIMEOUT",
     "SEND_TIMEOUT",
+    "STALL_TIMEOUT",
     "TOKEN_ENV",
     "auth_line",
     "connect_control",
@@ -71,6 +72,10 @@ __all__ = [
 ]
 
 SEND_TIMEOUT = 1.0
+#: Seconds a send may make no progress (the agent reads nothing) before reporting is
+#: turned off: the sender thread, not training, waits; an agent that reads slowly
+#: (its coordinator is busy) only delays the reports.
+STALL_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 600.0
 TOKEN_ENV = CONTROL_TOKEN_ENV
 _monotonic = time.monotonic  # the clock of request()'s deadline (tests replace it)
@@ -109,6 +114,14 @@ def connect_control(spec: str, timeout: float | None = SEND_TIMEOUT) -> socket.s
         sock.close()
         raise
     return sock
+
+
+def _send_all(sock: socket.socket, data: bytes) -> None:
+    """Send all of ``data``; TimeoutError only when the socket took no byte for its
+    whole timeout (a slow reader is waited for, a stuck one is not)."""
+    view = memoryview(data)
+    while view:
+        view = view[sock.send(view, _SEND_FLAGS) :]
 
 
 def _metric(value: object) -> float | None:
@@ -220,6 +233,7 @@ class _Reporter:
         sock = connect_control(spec)
         try:
             sock.sendall(f"ctl {rank}\n".encode("ascii"), _SEND_FLAGS)
+            sock.settimeout(STALL_TIMEOUT)  # from now on: per send, while bytes move
         except BaseException:
             sock.close()
             raise
@@ -306,7 +320,7 @@ class _Reporter:
             try:
                 if self._sock is None:
                     self._sock = self._connect(spec, rank)
-                self._sock.sendall(line, _SEND_FLAGS)
+                _send_all(self._sock, line)
                 return self._sock
             except OSError:
                 self._fail()
@@ -438,7 +452,8 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
 
 
 def flush_reports() -> None:
-    """Send the buffered reports now (waits at most about :data:`SEND_TIMEOUT`): the
+    """Send the buffered reports now (an agent that takes nothing for
+    :data:`STALL_TIMEOUT` seconds turns reporting off): the
     rank wrapper does before it tells the agent the script's exit code."""
     _reporter.flush()
 
@@ -463,7 +478,8 @@ def send_event(event: Mapping[str, object]) -> None:
 
     ``rank`` (this process's) and ``time`` are added when missing. The reports
     buffered so far are sent first. Like :func:`report`: a no-op without
-    ``CORRAL_CONTROL`` and never raises; it never blocks for more than about a
-    second; the coordinator receives it as ``{"event": "report", **event}``.
+    ``CORRAL_CONTROL`` and never raises; it waits only while the agent is reading
+    (at most :data:`STALL_TIMEOUT` s for a stuck one); the coordinator receives it
+    as ``{"event": "report", **event}``.
     """
     _reporter.send_event(event)

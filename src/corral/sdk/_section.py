@@ -61,7 +61,7 @@ _MAX_NAME = 128
 _ABSORB_AT = 1 << 16
 _POOL = 256  # read CUDA events kept for reuse
 
-#: This process's section timings and reports, in call order: ``(name, seconds)``
+#: This process's section timings and reports, in call order: ``(name, nanoseconds)``
 #: (a CPU section), ``(name, start_event, end_event)`` (a CUDA section) and
 #: ``[step, total, monotonic_time, metrics, None]`` (:func:`corral.sdk.report`; its
 #: last item becomes the mean nanoseconds (an int) per section timed before it, or
@@ -71,53 +71,62 @@ records: collections.deque[Any] = collections.deque()
 #: A report as :func:`reports` returns it: ``[step, total, time, metrics, sections]``.
 Report = list[Any]
 
-_perf_counter = time.perf_counter
+_perf_counter_ns = time.perf_counter_ns
+_modules = sys.modules
 
 
 class _Totals:
-    """Adds up :data:`records` (one consumer at a time, under a lock): seconds and
+    """Adds up :data:`records` (one consumer at a time, under a lock): nanoseconds and
     counts per section since the last report, CUDA event pairs not read yet, and the
     reports met on the way with their sections."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sums: dict[str, list[float]] = {}
+        self._sums: dict[str, int] = {}  # name -> nanoseconds
+        self._counts: dict[str, int] = {}  # name -> count, only where more than 1
         self._pending: collections.deque[tuple[str, Any, Any]] = collections.deque(
             maxlen=MAX_PENDING
         )
         self._reports: list[Report] = []
 
-    def _add(self, name: str, seconds: float) -> None:
-        entry = self._sums.get(name)
-        if entry is None:
-            if len(self._sums) >= MAX_SECTIONS:
-                return
-            entry = self._sums[name] = [0.0, 0.0]
-        entry[0] += seconds
-        entry[1] += 1
+    def _add(self, name: str, ns: int) -> None:
+        total = self._sums.get(name)
+        if total is None:
+            if len(self._sums) < MAX_SECTIONS:
+                self._sums[name] = ns
+        else:
+            self._sums[name] = total + ns
+            self._counts[name] = self._counts.get(name, 1) + 1
 
     def _absorb(self) -> None:
+        # the common step (one section, one report) allocates nothing here but the
+        # report's sections dict: sums are plain ints, counts kept only above 1
         pop = records.popleft
         sums = self._sums
         reports = self._reports
         for _ in range(len(records)):
             record = pop()
             size = len(record)
-            if size == 2:  # a CPU section (a clock difference: finite, >= 0)
-                name, seconds = record
-                entry = sums.get(name)
-                if entry is not None:
-                    entry[0] += seconds
-                    entry[1] += 1
-                elif len(sums) < MAX_SECTIONS:
-                    sums[name] = [seconds, 1]
+            if size == 2:  # a CPU section: nanoseconds (a clock difference: >= 0)
+                name, ns = record
+                total = sums.get(name)
+                if total is None:
+                    if len(sums) < MAX_SECTIONS:
+                        sums[name] = ns
+                else:
+                    sums[name] = total + ns
+                    self._counts[name] = self._counts.get(name, 1) + 1
             elif size == 3:
                 self._pending.append(record)
             else:
                 if self._pending:
                     self._read_pending()
                 if sums:
-                    record[4] = {n: int(t / c * 1e9) for n, (t, c) in sums.items()}
+                    if self._counts:
+                        for name, count in self._counts.items():
+                            sums[name] //= count
+                        self._counts = {}
+                    record[4] = sums  # mean nanoseconds per section
                     sums = self._sums = {}
                 reports.append(record)
 
@@ -129,13 +138,13 @@ class _Totals:
             try:
                 if not end.query():
                     return
-                seconds = float(start.elapsed_time(end)) / 1000.0
+                ns = float(start.elapsed_time(end)) * 1e6  # milliseconds
             except Exception:  # a broken context, an event of another device: drop it
                 pending.popleft()
                 continue
             pending.popleft()
-            if math.isfinite(seconds) and seconds >= 0:
-                self._add(name, seconds)
+            if math.isfinite(ns) and ns >= 0:
+                self._add(name, int(ns))
             if len(_free_events) < _POOL:
                 _free_events.extend((start, end))
 
@@ -144,8 +153,8 @@ class _Totals:
             self._read_pending()
         if not self._sums:
             return {}
-        sums, self._sums = self._sums, {}
-        return {name: total / count for name, (total, count) in sums.items() if count}
+        (sums, self._sums), (counts, self._counts) = (self._sums, {}), (self._counts, {})
+        return {name: total / counts.get(name, 1) / 1e9 for name, total in sums.items()}
 
     def drain(self) -> dict[str, float]:
         with self._lock:
@@ -169,6 +178,7 @@ class _Totals:
         """In a forked child: the parent's records, events and lock are not ours."""
         self._lock = threading.Lock()
         self._sums = {}
+        self._counts = {}
         self._pending.clear()
         self._reports = []
 
@@ -254,14 +264,17 @@ class section:  # used as a function: ``with sdk.section("compute"):``
                 _known.add(name)
         self.name = name
         self._cuda = cuda
-        self._start: Any = None  # the CPU clock (a float) or a CUDA event
+        self._start: Any = None  # the CPU clock (int nanoseconds) or a CUDA event
 
     def __enter__(self) -> None:
-        if self._cuda is not False and (make := _cuda_event or _cuda_events()) is not None:
+        make = _cuda_event
+        if make is None and "torch" in _modules:  # torch without CUDA (yet): ask it
+            make = _cuda_events()
+        if make is not None and self._cuda is not False:
             start = self._start = _event(make)
             start.record()
         else:
-            self._start = _perf_counter()
+            self._start = _perf_counter_ns()
 
     def __exit__(
         self,
@@ -270,8 +283,8 @@ class section:  # used as a function: ``with sdk.section("compute"):``
         tb: TracebackType | None,
     ) -> None:
         start = self._start
-        if start.__class__ is float:
-            records.append((self.name, _perf_counter() - start))
+        if start.__class__ is int:
+            records.append((self.name, _perf_counter_ns() - start))
         else:
             end = _event(type(start))
             end.record()
@@ -329,7 +342,7 @@ def straggler_hook(model: Any, *, compute: str = "compute", wait: str = "wait") 
                 state.in_step = True
                 state.arrived = now
                 if state.last_done is not None:
-                    records.append((state.compute, now - state.last_done))
+                    records.append((state.compute, int((now - state.last_done) * 1e9)))
         future = default_hooks.allreduce_hook(group, bucket)  # type: ignore[arg-type]  # None: WORLD
         if not bucket.is_last():
             return future
@@ -338,7 +351,7 @@ def straggler_hook(model: Any, *, compute: str = "compute", wait: str = "wait") 
             finished = time.perf_counter()
             with state.lock:
                 state.in_step = False
-                records.append((state.wait, finished - state.arrived))
+                records.append((state.wait, int((finished - state.arrived) * 1e9)))
                 state.last_done = finished
             return fut.value()
 
