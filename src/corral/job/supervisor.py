@@ -677,26 +677,19 @@ class Supervisor:
         )
         self._say(report["summary"] + (f" (report: {report_path})" if report_path else ""), "error")
         self.emit(HangReported.of(self.job_id, report, str(report_path) if report_path else None))
-        odd = [(o["host"], o["rank"]) for o in report["odd"]]
-        key = self.hang.culprit(verdict, stacks, odd)
-        blamed: str = key[0] if key is not None else self.nodes[0].host.name
-        blamed_rank: int | None = key[1] if key is not None else None
-        where = self.hang.where(stacks, key)
-        stuck = f"; rank {blamed_rank} on {blamed} is stuck in {where[0]}" if where else ""
-        label = f"the stack of rank {blamed_rank} on {blamed}, innermost frame first"
-        groups = report["groups"]
-        if report["flight_recorder"] or (report["odd"] and report["odd"][0]["waiting"]):
-            stuck = f"; {report['summary']}"  # the odd one out waits elsewhere
-        elif len(groups) == 1 and len(stacks) > 1 and not report["no_stack"]:
-            # every rank at the same line: nobody to single out
-            shared = groups[0]["frames"]
-            stuck = f"; all {len(stacks)} ranks at {shared[0] if shared else groups[0]['where']}"
-            blamed_rank, where = None, list(shared)
-            label = "the stack every rank shares, innermost frame first"
-        message = f"hang: {verdict.message()}{stuck}"
+        blamed, blamed_rank, stuck, where, label = self.hang.blame(verdict, stacks, report)
         if report_path is not None:
             where = [*where, f"hang report: {report_path}"]
-        failure = Failure(blamed, blamed_rank, None, time.time(), message, where, tail=label)
+        message = f"hang: {verdict.message()}{stuck}"
+        failure = Failure(
+            blamed or self.nodes[0].host.name,
+            blamed_rank,
+            None,
+            time.time(),
+            message,
+            where,
+            tail=label,
+        )
         self._fail(failure, EXIT_HANG)
 
     def _trace_wait(self) -> float:

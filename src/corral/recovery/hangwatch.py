@@ -86,6 +86,35 @@ class HangWatch:
             return odd[0]
         return verdict.suspects[0] if verdict.suspects else None
 
+    @classmethod
+    def blame(
+        cls, verdict: HangVerdict, stacks: Mapping[RankKey, str], report: Mapping[str, Any]
+    ) -> tuple[str | None, int | None, str, list[str], str]:
+        """Whom the root cause of a hang names, from the stacks and the hang report:
+        ``(host, rank, "; what the message adds", the frames to quote, their label)``.
+        When every rank is at the same line, nobody: ``"; all N ranks at F (FILE:LINE)"``
+        (host and rank None) with the stack they share."""
+        odd = [(o["host"], o["rank"]) for o in report["odd"]]
+        key = cls.culprit(verdict, stacks, odd)
+        host, rank = key if key is not None else (None, None)
+        where = cls.where(stacks, key)
+        stuck = f"; rank {rank} on {host} is stuck in {where[0]}" if where else ""
+        label = f"the stack of rank {rank} on {host}, innermost frame first"
+        groups = report["groups"]
+        if report["flight_recorder"] or (report["odd"] and report["odd"][0]["waiting"]):
+            stuck = f"; {report['summary']}"  # the odd one out waits elsewhere
+        elif len(groups) == 1 and len(stacks) > 1 and not report["no_stack"]:
+            shared = list(groups[0]["frames"])
+            at = shared[0] if shared else groups[0]["where"]
+            return (
+                None,
+                None,
+                f"; all {len(stacks)} ranks at {at}",
+                shared,
+                ("the stack every rank shares, innermost frame first"),
+            )
+        return host, rank, stuck, where, label
+
     @staticmethod
     def where(stacks: Mapping[RankKey, str], key: RankKey | None, n: int = 5) -> list[str]:
         """The top frames of ``key``'s stack (innermost first)."""
