@@ -63,6 +63,7 @@ __all__ = [
     "SHARED_DATA_PATH_ENV",
     "STREAMS_ENV",
     "TORCHELASTIC_ERROR_FILE_ENV",
+    "TORCHFT_LOG_ENV",
     "TRACE_WAIT_ENV",
     "WORKLOAD_WEIGHTS_ENV",
     "ScaleBy",
@@ -160,6 +161,9 @@ FLIGHT_RECORDER_ENV = "CORRAL_FLIGHT_RECORDER"
 #: In a job's ``--env``: the seconds a hang's dump waits for every rank's flight
 #: recorder dump (default 15).
 TRACE_WAIT_ENV = "CORRAL_TRACE_WAIT"
+#: In a job's ``--env``: how much torchft logs in an in-place job's ranks, ``warning``
+#: (the default: its quorum and healing changes only), ``info`` or ``debug``.
+TORCHFT_LOG_ENV = "CORRAL_TORCHFT_LOG"
 #: ``corral serve``'s API token for its clients (``corral job``, ``corral machine``); a
 #: job's supervisor and ranks never inherit it.
 SERVER_TOKEN_ENV = "CORRAL_TOKEN"

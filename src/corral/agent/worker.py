@@ -17,6 +17,9 @@ corral needs around it:
   torchrun or agent never leaves ranks behind;
 * once the script is done, torch's C++ static destructors are skipped (they
   can abort a finished process, see ``_exit_without_static_destructors``);
+* under ``--recovery in-place`` (a Lighthouse in the env) torchft logs warnings only,
+  its quorum changes aside (``CORRAL_TORCHFT_LOG=info`` for more:
+  :func:`corral.sdk.runtime.quiet_torchft`);
 * with ``CORRAL_ACCELERATE=1`` (``--launcher accelerate``, the harness) Accelerate's
   env is prepared and a world size other than the plan's refused
   (:mod:`corral.harness.accelerate`); with ``CORRAL_HARNESS`` the script runs under
@@ -43,6 +46,7 @@ from corral.contract import (
     ERROR_FILE_ENV,
     FLIGHT_DIR_ENV,
     HARNESS_ENV,
+    LIGHTHOUSE_ENV,
     MLX_BACKEND_ENV,
     NODE_DIR_ENV,
     QOS_ENV,
@@ -217,6 +221,10 @@ def main(argv: list[str]) -> int:
         if refused is not None:
             _report_exit(control, rank, refused)
             return refused
+    if env.get(LIGHTHOUSE_ENV):  # --recovery in-place: torchft at warnings by default
+        from corral.sdk.runtime import quiet_torchft
+
+        quiet_torchft(env)
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -34,12 +34,13 @@ from corral.plan.spec import NodeCommand
 from corral.recovery.hangwatch import HangWatch
 from corral.recovery.health import HostWatch
 from corral.recovery.inplace import (
+    HEALING_MARKER,
     GroupEpisode,
     GroupLog,
     JoinWatch,
     decide_group,
+    healing_source,
     never_joined,
-    parse_healing,
 )
 from corral.recovery.lighthouse import Lighthouse, reachable_address
 from corral.transport.options import SshOptions
@@ -299,11 +300,11 @@ class InPlaceSupervisor(Supervisor):
 
     def _lines(self, host: str, rank: int, data: bytes) -> None:
         super()._lines(host, rank, data)
-        if b"healing is required" not in data:
+        if HEALING_MARKER not in data:
             return
-        found = parse_healing(data.decode("utf-8", "replace"))
+        source = healing_source(data.decode("utf-8", "replace"))
         node = next((n for n in reversed(self.nodes) if n.host.name == host), None)
-        if found is None or node is None:
+        if source is None or node is None:
             return
         episode = self.groups.open_for(self._group_of(node))
         if episode is None:
@@ -311,7 +312,6 @@ class InPlaceSupervisor(Supervisor):
         # torchft's source replica rank indexes the quorum's members by replica id: the
         # groups, in order, that train now
         members = sorted({self._group_of(n) for n in self._live()})
-        source = found[2]
         if 0 <= source < len(members):
             peer = next(
                 (n for n in reversed(self.nodes) if self._group_of(n) == members[source]), None

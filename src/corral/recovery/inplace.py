@@ -168,6 +168,22 @@ def parse_healing(text: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
+# the source of a healing group's checkpoint: torchft's Rust line above (RUST_LOG=info)
+# or its Python manager's, which the ranks show at any level (corral.sdk._ftlog)
+_SOURCE = re.compile(
+    r"(?:fetching checkpoint from |healing is required .*?)recover_src_replica_rank=(\d+)"
+)
+HEALING_MARKER = b"recover_src_replica_rank="
+"""What every line :func:`healing_source` reads contains."""
+
+
+def healing_source(text: str) -> int | None:
+    """The replica rank (the index of the peer in the quorum) a healing group fetches
+    its checkpoint from, from torchft's log lines in ``text``; None without one."""
+    match = _SOURCE.search(text)
+    return int(match.group(1)) if match is not None else None
+
+
 @dataclass
 class GroupEpisode:
     """One loss of a replica group and what followed."""

@@ -40,7 +40,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +54,7 @@ from corral.contract import (
 )
 from corral.sdk._checkpoint import save_checkpoint
 from corral.sdk._env import info
+from corral.sdk._ftlog import quiet_torchft
 from corral.sdk._ftsplit import Share, group_weights, quorum_share, stream_indices
 from corral.sdk._report import send_event
 from corral.sdk._resume import resume
@@ -62,14 +63,6 @@ __all__ = ["FaultTolerant", "fault_tolerant"]
 
 INSTALL_HINT = "pip install 'corral[ft]'"
 Backend = Literal["auto", "gloo", "nccl"]
-
-#: torchft's log lines about quorums and healing that the SDK passes on to stderr.
-_SHOWN = (
-    "reconfiguring for",
-    "healing required",
-    "fetching checkpoint from",
-    "peers need recovery",
-)
 
 
 def _torchft() -> Any:
@@ -96,24 +89,20 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | No
     return value
 
 
-class _Echo(logging.Handler):
-    """Prints torchft's quorum/healing lines, and tells corral about healing."""
+def _tap(owner: FaultTolerant) -> Callable[[logging.LogRecord], None]:
+    """Tells corral about healing from torchft's log records (its lines themselves
+    are shown or not by :class:`~corral.sdk._ftlog.TorchftGate`)."""
 
-    def __init__(self, owner: FaultTolerant) -> None:
-        super().__init__(logging.INFO)
-        self.owner = owner
-
-    def emit(self, record: logging.LogRecord) -> None:
+    def tap(record: logging.LogRecord) -> None:
+        if owner.group_rank != 0:
+            return
         message = record.getMessage()
-        if not any(key in message for key in _SHOWN):
-            return
-        print(f"[torchft] {message}", file=sys.stderr, flush=True)
-        if self.owner.group_rank != 0:
-            return
         if "healing required" in message:
-            self.owner._event("healing")
+            owner._event("healing")
         elif "peers need recovery" in message:
-            self.owner._event("sending")
+            owner._event("sending")
+
+    return tap
 
 
 def _ddp_class(torchft: Any, group_size: int) -> Any:
@@ -185,6 +174,8 @@ class FaultTolerant:
         lighthouse: str | None,
         env: Mapping[str, str],
     ) -> None:
+        # torchft at warnings, its quorum changes shown: before torchft starts logging
+        self._gate = quiet_torchft()
         torchft = _torchft()
         import torch
         import torch.distributed as dist
@@ -288,11 +279,7 @@ class FaultTolerant:
             hostname=_url_host(advertised),
             checkpoint_transport=_transport(torchft, advertised, pg_timeout),
         )
-        self._echo = _Echo(self)
-        manager_log = logging.getLogger("torchft.manager")
-        manager_log.addHandler(self._echo)
-        if manager_log.getEffectiveLevel() > logging.INFO:
-            manager_log.setLevel(logging.INFO)
+        self._gate.tap = _tap(self)
         self.model: Any = _ddp_class(torchft, self.group_size)(self.manager, model)
         self.optimizer: Any = torchft.Optimizer(self.manager, optimizer)
         self._torch = torch
@@ -433,7 +420,7 @@ class FaultTolerant:
 
     def shutdown(self) -> None:
         """Stop the manager (its server and checkpoint transport)."""
-        logging.getLogger("torchft.manager").removeHandler(self._echo)
+        self._gate.tap = None
         self.manager.shutdown(wait=False)
 
     def __enter__(self) -> FaultTolerant:

@@ -16,6 +16,7 @@ from corral.lazy import lazy_exports
 if TYPE_CHECKING:
     from corral.sdk._accelerate import set_accelerator
     from corral.sdk._dist import collect_garbage_at_exit
+    from corral.sdk._ftlog import quiet_torchft
     from corral.sdk._qos import apply_qos_from_env
     from corral.sdk._report import connect_control, flush_reports
 
@@ -26,6 +27,7 @@ _LAZY = {
     "collect_garbage_at_exit": "corral.sdk._dist",
     "connect_control": "corral.sdk._report",
     "flush_reports": "corral.sdk._report",
+    "quiet_torchft": "corral.sdk._ftlog",
     "set_accelerator": "corral.sdk._accelerate",
 }
 
@@ -39,5 +41,6 @@ __all__ = [
     "collect_garbage_at_exit",
     "connect_control",
     "flush_reports",
+    "quiet_torchft",
     "set_accelerator",
 ]
