@@ -7,7 +7,11 @@ backoff that ends ``failed``, never a hot loop of tracebacks."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +31,7 @@ from tests.e2e.test_notify import (
     start_and_fail,
     until,
 )
-from tests.serverlib import free_port
+from tests.serverlib import TOKEN, free_port, live_server
 
 ATTEMPTS = 3
 
@@ -153,3 +157,33 @@ def test_a_delivery_that_raises_is_an_attempt_with_backoff_and_ends_failed(
     assert not any("hunter2" in r.getMessage() or "sekret" in r.getMessage() for r in records)
     shown = api.client.get("/api/webhooks").json()[0]["url"]
     assert "hunter2" not in shown and "sekret" not in shown
+
+
+def test_an_admin_sets_the_address_rule_from_the_command_line(tmp_path: Path) -> None:
+    with live_server(tmp_path / "srv") as server:
+        env = {**os.environ, "CORRAL_TOKEN": TOKEN, "CORRAL_SERVER": server.url}
+
+        def corral(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "corral", "notify", "addresses", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
+
+        shown = corral()
+        assert shown.returncode == 0, shown.stderr
+        assert "public, loopback, private" in shown.stdout
+        relaxed = corral("--allow", "link-local", "--allow", "loopback")
+        assert relaxed.returncode == 0, relaxed.stderr
+        assert "public, link_local, loopback" in relaxed.stdout
+        with server.client() as admin:
+            assert admin.get("/api/notify/addresses").json() == {
+                "allow": ["link_local", "loopback"]
+            }
+        strict = corral("--public-only", "--json")
+        assert strict.returncode == 0 and json.loads(strict.stdout) == {"allow": []}
+        wrong = corral("--allow", "everything")
+        assert wrong.returncode != 0 and "unknown address kind everything" in wrong.stderr
+        assert "Traceback" not in wrong.stderr

@@ -177,6 +177,50 @@ def _logger(kind: str) -> Any:
     return deliveries
 
 
+ADDRESS_KINDS = ("loopback", "private", "link_local")
+
+
+def addresses(
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            metavar="KIND",
+            help="Allow this kind of address besides public ones (repeatable): loopback, "
+            "private, link_local (169.254.0.0/16, fe80::/10, cloud metadata). Replaces "
+            "the rule.",
+        ),
+    ] = None,
+    public_only: Annotated[
+        bool, typer.Option("--public-only", help="Allow public addresses only.")
+    ] = False,
+    as_json: JsonOpt = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    token_file: TokenFileOpt = None,
+) -> None:
+    """Show or set which addresses webhooks may reach (default: public, loopback and
+    private; link-local and metadata addresses only when allowed here)."""
+    kinds = [k for item in allow or [] for k in item.replace("-", "_").split(",") if k]
+    unknown = sorted(set(kinds) - set(ADDRESS_KINDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown address kind {', '.join(unknown)}: choose from {', '.join(ADDRESS_KINDS)}",
+            option="--allow",
+        )
+    if public_only and kinds:
+        raise ConfigError("give --allow KIND or --public-only, not both", option="--public-only")
+    with connect(server, token_file) as client:
+        if kinds or public_only:
+            rule = api.set_address_rule(client, kinds)
+        else:
+            rule = api.address_rule(client)
+    if as_json:
+        print_json(rule)
+        return
+    allowed = ", ".join(["public", *rule["allow"]])
+    print(f"notifications may reach: {allowed} addresses")
+
+
 notify_app = typer.Typer(
     name="notify",
     help="Webhooks and chat/mail notifications of a corral server's job events (corral serve).",
@@ -186,7 +230,8 @@ notify_app = typer.Typer(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``notify`` group (webhook and chat: add, list, rm, log) to ``app``."""
+    """Add the ``notify`` group (webhook and chat: add, list, rm, log; addresses) to
+    ``app``."""
     webhook = typer.Typer(help="Webhooks: signed JSON POSTs.", no_args_is_help=True)
     chat = typer.Typer(help="Chat and mail through apprise URLs.", no_args_is_help=True)
     webhook.command("add")(add_webhook)
@@ -197,4 +242,5 @@ def register(app: typer.Typer) -> None:
         group.command("log")(_logger(kind))
     notify_app.add_typer(webhook, name="webhook")
     notify_app.add_typer(chat, name="chat")
+    notify_app.command("addresses")(addresses)
     app.add_typer(notify_app, name="notify")

@@ -1,5 +1,6 @@
 """The notification routes of ``corral serve`` as functions: webhooks and chat/mail
-targets (apprise URLs) added, listed, removed, and their delivery logs."""
+targets (apprise URLs) added, listed, removed, their delivery logs, and the address
+rule of where they may be sent."""
 
 from __future__ import annotations
 
@@ -35,3 +36,18 @@ def deliveries(client: Client, kind: str, hook_id: str, limit: int = 50) -> list
         "GET", f"{ROUTES[kind]}/{segment(hook_id)}/deliveries", params={"limit": limit}
     )
     return log
+
+
+ADDRESSES = "/api/notify/addresses"
+
+
+def address_rule(client: Client) -> dict[str, Any]:
+    """The address rule of notifications (``{"allow": [...]}``)."""
+    rule: dict[str, Any] = client.call("GET", ADDRESSES)
+    return rule
+
+
+def set_address_rule(client: Client, allow: list[str]) -> dict[str, Any]:
+    """Allow these kinds of address besides public ones (loopback, private, link_local)."""
+    rule: dict[str, Any] = client.call("PUT", ADDRESSES, json={"allow": allow})
+    return rule
