@@ -6,6 +6,7 @@ carrying a new token or session never cached; ``/docs`` served from this server.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -191,3 +192,22 @@ def test_the_docs_page_works_in_a_browser_loading_nothing_from_elsewhere(
         shots.take(page, "docs")
     assert not [u for u in requested if not u.startswith((server.url + "/", "data:"))]
     assert not refused, refused
+
+
+CHECK_ENV = """\
+import json, os
+expected = json.loads(os.environ["EXPECTED"])
+print("same:", all(os.environ.get(k) == v for k, v in expected.items()), flush=True)
+"""
+
+
+def test_a_job_still_gets_the_real_values_of_its_secrets(api: Api) -> None:
+    api.add_machine("sim1", slots=1)
+    script = api.root / "check_env.py"
+    script.write_text(CHECK_ENV)
+    # EXPECTED holds the values too, so it is redacted itself (its value looks secret)
+    env = {**SECRETS, "EXPECTED": json.dumps(SECRETS)}
+    status = api.run(script=str(script), env=env, nproc_per_node=1)
+    assert status["status"] == "succeeded", status
+    lines = api.client.get(f"/api/network/local_job_output/{status['job_id']}").json()["lines"]
+    assert "[sim1:0] same: True" in lines, lines
