@@ -24,8 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.api import errors
-from corral.api.docs import install_docs
 from corral.api.auth import OPEN_PATHS, PUBLIC_PREFIXES, bearer_value
+from corral.api.docs import install_docs
 from corral.api.hardening import MAX_REQUEST_BYTES, InputGuard, SecurityHeaders, no_nul_in_path
 from corral.api.metrics import CONTENT_TYPE, Metrics
 from corral.api.routers import compare, jobs, network, notify, queue, tasks, users
