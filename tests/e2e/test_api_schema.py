@@ -55,6 +55,8 @@ QUEUES_TASK = {
         "/api/tasks/{task_id}/queue/{machine_id}",
     )
 }
+# Resubmitting a job queues it again: sent only for job ids the server does not know.
+RESUBMITS = ("POST", "/api/jobs/{job_id}/resubmit")
 
 # Checks every response must pass. Left out, on purpose:
 # - negative_data_rejection: pydantic's lax mode takes 0/1 for false/true, which the
@@ -117,6 +119,9 @@ def starts_work(case: schemathesis.Case, client: httpx.Client) -> bool:
     if key in QUEUES_TASK:
         task_id = str((case.path_parameters or {}).get("task_id", ""))
         return not task_id or client.get(f"/api/tasks/{task_id}").status_code != 404
+    if key == RESUBMITS:
+        job_id = str((case.path_parameters or {}).get("job_id", ""))
+        return not job_id or client.get(f"/api/jobs/{job_id}").status_code != 404
     return False
 
 
