@@ -5,7 +5,6 @@ processes, stdlib scripts."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import subprocess
@@ -21,7 +20,7 @@ from corral.agent import gate
 from corral.agent.gate import WORKER, gated_argv, imports_torch, split_argv
 from corral.agent.prestart import mismatch
 from corral.cluster import Cluster, Host
-from corral.job.agents import HostProbe, held_node
+from corral.job.agents import HostProbe, held_nodes
 from corral.plan.spec import JobSpec
 
 SRC = str(Path(corral.__file__).parents[1])
@@ -194,17 +193,16 @@ def test_the_agent_replaces_a_plan_the_probe_corrected_and_an_abort_leaves_nothi
 def test_an_ssh_hosts_plan_goes_with_its_probe_and_again_only_if_its_interpreter_differs() -> None:
     spec = JobSpec(script="train.py", launcher="python", job_id="j", master_port=0, python="/py")
     cluster = Cluster((Host("h1", slots=2), Host("h2", slots=1)))
-    plan = functools.partial(held_node, spec, cluster, 0, "/venv/bin/python")
+    plan = held_nodes(spec, cluster, 0, "/venv/bin/python")
     node = plan("h2", None)
     assert node is not None and node["argv"][:4] == ["/venv/bin/python", "-u", "-m", WORKER]
     assert [r["rank"] for r in node["ranks"]] == [2]
     assert plan("h2", _probe("/venv/bin/python")) is None  # the guess was right
     corrected = plan("h2", _probe("/usr/bin/python3"))
     assert corrected is not None and corrected["argv"][0] == "/usr/bin/python3"
-    torchrun = held_node(
-        dataclasses.replace(spec, launcher="torchrun"), cluster, 0, None, "h1", None
-    )
-    assert torchrun is not None and torchrun["argv"][1:3] == ["-m", "torch.distributed.run"]
+    torchrun = held_nodes(dataclasses.replace(spec, launcher="torchrun"), cluster, 0, None)
+    first = torchrun("h1", None)
+    assert first is not None and first["argv"][1:3] == ["-m", "torch.distributed.run"]
 
 
 def _probe(python: str) -> HostProbe:

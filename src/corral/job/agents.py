@@ -344,32 +344,39 @@ async def start_agents(
     return started
 
 
-def held_node(
-    spec: JobSpec,
-    cluster: Cluster,
-    attempt: int,
-    python: str | None,
-    name: str,
-    probe: HostProbe | None,
-) -> dict[str, Any] | None:
-    """SSH host ``name``'s plan for its agent to start held at the gates: before its
-    probe (None) with the interpreter the agent is most likely started with (the
-    first of :func:`~corral.remote.python.candidates`; port 0 stays 0 until the start
-    message, read after the gates), after it only if its interpreter is another
-    one; None when there is nothing to send or the command cannot be held."""
+def held_nodes(
+    spec: JobSpec, cluster: Cluster, attempt: int, python: str | None
+) -> Callable[[str, HostProbe | None], dict[str, Any] | None]:
+    """Each SSH host's :data:`Prestart` (``f(host, probe)``): before its probe (None)
+    its plan with the interpreter its agent is most likely started with (the first
+    of :func:`~corral.remote.python.candidates`; port 0 stays 0 until the start
+    message, read after the gates), one plan for every host; after the probe, a
+    plan only if its interpreter is another one. None: nothing to send, or the
+    command cannot be held."""
     guess = candidates(python)[0]
-    if probe is not None and probe.python == guess:
-        return None  # the plan sent with the probe was right
-    found = probe.python if probe is not None else guess
-    hosts = tuple(
-        dataclasses.replace(h, python=found) if h.name == name else h for h in cluster.hosts
-    )
-    try:
-        plan = plan_attempt(spec, Cluster(hosts, source=cluster.source), attempt)
-    except CorralError:
-        return None  # the start message's plan reports it
-    cmd = next(c for c in plan.commands if c.host.name == name)
-    return cmd.to_json() if split_argv(cmd.argv) else None
+    guessed: dict[str, dict[str, Any] | None] = {}
+
+    def plan(found: str, only: str | None) -> dict[str, dict[str, Any] | None]:
+        hosts = tuple(
+            dataclasses.replace(h, python=found) if only in (None, h.name) else h
+            for h in cluster.hosts
+        )
+        try:
+            commands = plan_attempt(spec, Cluster(hosts, source=cluster.source), attempt).commands
+        except CorralError:
+            return {}  # the start message's plan reports it
+        return {c.host.name: c.to_json() if split_argv(c.argv) else None for c in commands}
+
+    def node(name: str, probe: HostProbe | None) -> dict[str, Any] | None:
+        if probe is None:
+            if not guessed:
+                guessed.update(plan(guess, None) or {"": None})
+            return guessed.get(name)
+        if probe.python == guess:
+            return None  # the plan sent with the probe was right
+        return plan(probe.python, name).get(name)
+
+    return node
 
 
 def _with_probe(node: Mapping[str, Any] | None) -> Prestart | None:
@@ -398,7 +405,7 @@ async def start_remote(
     spec = prepared.spec
     master_addr = spec.master_addr or cluster.hosts[0].address
     master = cluster.hosts[master_index(cluster, master_addr)]
-    prestart = functools.partial(held_node, spec, cluster, prepared.attempt, python)
+    prestart = held_nodes(spec, cluster, prepared.attempt, python)
     started = await start_agents(
         transport,
         cluster.hosts,
