@@ -18,8 +18,10 @@ coordinator shows, per rank, the latest ``\\r`` segment of an unfinished line.
 The host-side log files get every byte exactly once, in order, nothing added.
 
 Coordinator -> agent (the agent's stdin) is JSON lines: the first is
-``{"op": "probe", ...}`` (answered with a ``probe`` event) or ``{"op":
-"start", ...}``; then ``{"op": "hb"}`` heartbeats, ``{"op": "stop", "grace":
+``{"op": "probe", ...}`` (answered with a ``probe`` event; it may carry the
+node's plan as ``"prestart"``, or a ``{"op": "prestart", "node": ...}`` follows
+it: the node's processes start held at their gates, :mod:`corral.agent.prestart`)
+or ``{"op": "start", ...}`` (``abort`` instead: nothing is started); then ``{"op": "hb"}`` heartbeats, ``{"op": "stop", "grace":
 S}``, ``{"op": "kill"}``, ``{"op": "dump", "timeout": S, "trace_wait": T}`` (stack
 and flight recorder dumps) and
 ``{"op": "reply", "rank": R, "message": {...}}`` (an answer to a rank's SDK
