@@ -1,8 +1,9 @@
-"""The API of jobs that follow jobs, in Starlette's TestClient over SQLite (no
-background scheduler: a round is run by hand): ``after`` checked when queued and at
-dispatch, a deleted dependency cancels its waiters, the scheduler leaves a waiting job
-without holding the queue; resubmit and a job's request for their owner and admins
-only, bad input a 4xx naming the field."""
+"""The API of jobs that follow jobs, in Starlette's TestClient over SQLite and
+PostgreSQL (no background scheduler: a round is run by hand): ``after`` checked when
+queued and at dispatch, a deleted dependency cancels its waiters (found by searching
+the stored requests), the scheduler leaves a waiting job without holding the queue;
+resubmit and a job's request for their owner and admins only, bad input a 4xx naming
+the field."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ WAITS = {
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> Iterator[tuple[TestClient, Services]]:
-    store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+def app(store_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, Services]]:
+    store = open_store(store_url)
     svc = Services.build(store, ServerSettings(run_dir=tmp_path / "runs", health_interval=0))
     try:
         with TestClient(create_app(svc, TOKEN, background=False)) as client:
