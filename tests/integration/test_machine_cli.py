@@ -71,9 +71,9 @@ def test_machine_add_list_check_rm(corral: Corral) -> None:
     assert answer.status_code == 422
     assert "every machine needs a name, a local one too" in answer.json()["error"]["message"]
 
-    local = corral("machine", "add", "--local", "--slots", "2")  # named local1
+    local = corral("machine", "add", "--local", "--slots", "2")  # named as local:N names nodes
     assert local.returncode == 0, local.stderr
-    assert "machine local1 (local (simulated), 2 slots) added: online" in local.stderr
+    assert "machine local-0 (local (simulated), 2 slots) added: online" in local.stderr
     assert corral("machine", "add", "sim2", "--local", "--label", "rack=a").returncode == 0
     twice = corral("machine", "add", "sim2", "--local")
     assert twice.returncode == 2
@@ -91,16 +91,16 @@ def test_machine_add_list_check_rm(corral: Corral) -> None:
     listed = corral("machine", "list")
     assert listed.returncode == 0, listed.stderr
     rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "│" in line}
-    assert "online" in rows["local1"] and "local (simulated)" in rows["local1"]
+    assert "online" in rows["local-0"] and "local (simulated)" in rows["local-0"]
     assert "offline" in rows["gpu9"] and f"127.0.0.1:{closed}" in rows["gpu9"]
     data = json.loads(corral("machine", "list", "--json").stdout)
-    assert [m["name"] for m in data] == ["gpu9", "local1", "sim2"]
+    assert [m["name"] for m in data] == ["gpu9", "local-0", "sim2"]
     assert data[2]["labels"] == {"rack": "a"} and data[0]["port"] == int(closed)
 
-    assert corral("machine", "check", "local1", "sim2").returncode == 0
+    assert corral("machine", "check", "local-0", "sim2").returncode == 0
     every = corral("machine", "check")
     assert every.returncode == 1  # gpu9 does not answer
-    assert "gpu9" in every.stdout and "local1" in every.stdout
+    assert "gpu9" in every.stdout and "local-0" in every.stdout
 
     removed = corral("machine", "rm", "gpu9", "sim2")
     assert removed.returncode == 0, removed.stderr
@@ -108,7 +108,7 @@ def test_machine_add_list_check_rm(corral: Corral) -> None:
     gone = corral("machine", "rm", "gpu9")
     assert gone.returncode == 2 and gone.stderr.strip() == "error: no machine named 'gpu9'"
     left = json.loads(corral("machine", "list", "--json").stdout)
-    assert [m["name"] for m in left] == ["local1"]
+    assert [m["name"] for m in left] == ["local-0"]
 
 
 def test_submit_queue_waits_for_the_busy_machine_then_runs(corral: Corral) -> None:

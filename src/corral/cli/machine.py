@@ -90,7 +90,8 @@ def add(
         str | None,
         typer.Argument(
             metavar="[NAME]",
-            help="Its name (log prefixes show it); default for --local: local1, local2, ...",
+            help="Its name (log prefixes show it); default for --local: local-0, local-1, "
+            "... (as local:N names its nodes)",
             show_default=False,
         ),
     ] = None,

@@ -6,7 +6,10 @@ from typing import Any
 
 from corral.client.http import Client, segment
 
-LOCAL_PREFIX = "local"
+LOCAL_PREFIX = "local-"
+"""A local machine without a name gets ``local-0``, ``local-1``, ...: the names
+``--hosts local:N`` gives its nodes, so logs, calibrations and the two kinds of
+simulated node read alike (machines named before, ``local1``, keep their names)."""
 
 
 def list_machines(client: Client) -> list[dict[str, Any]]:
@@ -16,9 +19,9 @@ def list_machines(client: Client) -> list[dict[str, Any]]:
 
 
 def free_local_name(machines: list[dict[str, Any]]) -> str:
-    """The first of ``local1``, ``local2``, ... that no machine is called."""
+    """The first of ``local-0``, ``local-1``, ... that no machine is called."""
     taken = {m["name"] for m in machines}
-    number = 1
+    number = 0
     while f"{LOCAL_PREFIX}{number}" in taken:
         number += 1
     return f"{LOCAL_PREFIX}{number}"
@@ -26,7 +29,7 @@ def free_local_name(machines: list[dict[str, Any]]) -> str:
 
 def add(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     """Register a machine (``MachineIn``); a local one without a name gets the first
-    free ``localN``. The machine as registered."""
+    free ``local-N``. The machine as registered."""
     if body.get("local") and not body.get("name"):
         body = {**body, "name": free_local_name(list_machines(client))}
     machine: dict[str, Any] = client.call("POST", "/api/network/machines", json=body)

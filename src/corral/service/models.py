@@ -197,7 +197,7 @@ class MachineIn(_Body):
             raise PydanticCustomError(
                 "missing",
                 'every machine needs a name, a local one too (e.g. {"name": "sim1", '
-                '"local": true}; `corral machine add --local` picks local1, local2, ...)',
+                '"local": true}; `corral machine add --local` picks local-0, local-1, ...)',
             )
         return value
 
