@@ -64,6 +64,8 @@ __all__ = [
     "STREAMS_ENV",
     "TORCHELASTIC_ERROR_FILE_ENV",
     "TORCHFT_LOG_ENV",
+    "TORCHFT_REPLICA_GROUPS_ENV",
+    "TORCHFT_REPLICA_GROUP_ENV",
     "TRACE_WAIT_ENV",
     "WORKLOAD_WEIGHTS_ENV",
     "ScaleBy",
@@ -153,6 +155,11 @@ REPLICA_GROUPS_ENV = "CORRAL_REPLICA_GROUPS"
 MIN_REPLICAS_ENV = "CORRAL_MIN_REPLICAS"
 #: torchft's own name for the Lighthouse's address (``http://host:port``).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+#: torchft's conventional names for the group's id and the number of groups (its
+#: README, ``train_ddp.py`` and TorchX component read them): set beside corral's own,
+#: with the same values, unless the job's or the host's env sets them.
+TORCHFT_REPLICA_GROUP_ENV = "REPLICA_GROUP_ID"
+TORCHFT_REPLICA_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 
 # --- set by the user --------------------------------------------------------------------
 #: In a job's ``--env``: ``0`` turns off PyTorch's flight recorder, which the node

@@ -16,10 +16,18 @@ require_torch()
 
 SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
 NO_FT = str(REPO / "tests" / "integration" / "scripts" / "steps.py")  # never makes a Manager
+TORCHFT_WAY = str(REPO / "tests" / "integration" / "scripts" / "torchft_env.py")
 
 
-def _in_place(tmp_path: Path, job: str, *script: str, options: tuple[str, ...] = ()) -> str:
-    """Run ft_steps.py in place on local:3; corral's output (exit 0 asserted)."""
+def _in_place(
+    tmp_path: Path,
+    job: str,
+    *script: str,
+    options: tuple[str, ...] = (),
+    script_path: str = SCRIPT,
+) -> str:
+    """Run ft_steps.py (or ``script_path``) in place on local:3; corral's output (exit
+    0 asserted)."""
     result = run_corral(
         "run",
         "--hosts",
@@ -37,7 +45,7 @@ def _in_place(tmp_path: Path, job: str, *script: str, options: tuple[str, ...] =
         "3",
         *options,
         "--",
-        SCRIPT,
+        script_path,
         *script,
         cwd=tmp_path,
         timeout=400,
@@ -45,6 +53,19 @@ def _in_place(tmp_path: Path, job: str, *script: str, options: tuple[str, ...] =
     err = result.stderr + result.stdout
     assert result.returncode == 0, err[-4000:]
     return err
+
+
+def test_a_script_written_for_torchft_reads_its_own_group(tmp_path: Path) -> None:
+    # torchft's examples read REPLICA_GROUP_ID / NUM_REPLICA_GROUPS / TORCHFT_LIGHTHOUSE;
+    # with only corral's own names every group read "group 0 of 2" and trained on
+    # the same shard (issue 33 item 8)
+    err = _in_place(
+        tmp_path, "inplaceenv", options=("--launcher", "python"), script_path=TORCHFT_WAY
+    )
+    for group, shard in ((0, "[0, 3, 6, 9]"), (1, "[1, 4, 7, 10]"), (2, "[2, 5, 8, 11]")):
+        assert f"[local-{group}:0] torchft env: group {group} of 3, lighthouse http" in err
+        assert f"shard {shard}" in err
+    assert wait_no_job_processes("inplaceenv", within=15) == []
 
 
 def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:

@@ -187,6 +187,23 @@ def test_every_node_is_its_own_single_node_group() -> None:
     assert one.env[REPLICA_GROUP_ENV] == "1" and one.ranks[0].env["RANK"] == "0"
 
 
+def test_groups_get_torchfts_conventional_names_and_the_users_own_win() -> None:
+    # a script written for torchft reads REPLICA_GROUP_ID / NUM_REPLICA_GROUPS
+    spec = JobSpec(script="t.py", job_id="j", python="python3", workdir="/w")
+    commands = plan_groups(
+        spec, _cluster(3), ports=[1, 1, 1], lighthouse="http://x:1", min_replicas=1
+    )
+    assert [c.env["REPLICA_GROUP_ID"] for c in commands] == ["0", "1", "2"]
+    assert {c.env["NUM_REPLICA_GROUPS"] for c in commands} == {"3"}
+    assert {c.env["TORCHFT_LIGHTHOUSE"] for c in commands} == {"http://x:1"}
+    # a value the job's --env or the host's env sets wins (corral's own names stay)
+    mine = dataclass_replace(spec, env={"NUM_REPLICA_GROUPS": "8"})
+    host = Host("h", address="10.0.0.5", env={"REPLICA_GROUP_ID": "5"})
+    one = plan_group(mine, host, 1, groups=3, port=1, lighthouse="x", min_replicas=1)
+    assert one.env["REPLICA_GROUP_ID"] == "5" and one.env["NUM_REPLICA_GROUPS"] == "8"
+    assert one.env[REPLICA_GROUP_ENV] == "1" and one.env[REPLICA_GROUPS_ENV] == "3"
+
+
 def dataclass_replace(spec: JobSpec, **kw: Any) -> JobSpec:
     import dataclasses
 

@@ -6,12 +6,14 @@ Each host's node is planned as a one-host job of its own (torchrun with
 group can be torn down and restarted without the others noticing beyond
 torchft's quorum. Its ranks get the torchft contract
 (:mod:`corral.contract`): the Lighthouse's address, the group's id (the node's
-index in the plan), the number of groups and the fewest groups that may train;
-RANK and WORLD_SIZE are the group's own. With workload weights (``--calibration``),
-each group gets one weight, the sum of its ranks' (:func:`group_weights`), in
+index in the plan), the number of groups and the fewest groups that may train,
+also under torchft's conventional names (``REPLICA_GROUP_ID``,
+``NUM_REPLICA_GROUPS``) unless the job's env sets them; RANK and WORLD_SIZE are
+the group's own. With workload weights (``--calibration``), each group gets one
+weight, the sum of its ranks' (:func:`group_weights`), in
 ``CORRAL_WORKLOAD_WEIGHTS``: the SDK splits each step's batch among the live groups
-by them (``sdk.fault_tolerant``), so a departed group's share is re-split
-among the survivors by their weights.
+by them (``sdk.fault_tolerant``), so a departed group's share is re-split among the
+survivors by their weights.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from corral.contract import (
     MIN_REPLICAS_ENV,
     REPLICA_GROUP_ENV,
     REPLICA_GROUPS_ENV,
+    TORCHFT_REPLICA_GROUP_ENV,
+    TORCHFT_REPLICA_GROUPS_ENV,
     WORKLOAD_WEIGHTS_ENV,
 )
 from corral.errors import ConfigError
@@ -82,6 +86,10 @@ def plan_group(
     env[REPLICA_GROUP_ENV] = str(group)
     env[REPLICA_GROUPS_ENV] = str(groups)
     env[MIN_REPLICAS_ENV] = str(min_replicas)
+    # torchft's own names, for scripts written for torchft (no corral import); a value
+    # the job's --env or the host's env gives wins
+    env.setdefault(TORCHFT_REPLICA_GROUP_ENV, str(group))
+    env.setdefault(TORCHFT_REPLICA_GROUPS_ENV, str(groups))
     if weights:
         env[WORKLOAD_WEIGHTS_ENV] = ",".join(f"{w:.6g}" for w in weights)
     return dataclasses.replace(command, node_rank=group, env=env)
