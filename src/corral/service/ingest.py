@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -312,13 +313,20 @@ def in_place(job: Job) -> bool:
     return (job.request or {}).get("recovery") == "in-place"
 
 
+_SLOTS: weakref.WeakKeyDictionary[Job, dict[str, int]] = weakref.WeakKeyDictionary()
+"""An in-place job's host -> slot, read once per loaded row (an ingest round)."""
+
+
 def _rank(s: Session, job: Job, number: int, host: str) -> Rank:
     key = number
     if in_place(job):
-        rows = s.execute(select(Rank.rank, Rank.host).where(Rank.job_id == job.id)).all()
-        slots = {where: k // RANK_STRIDE for k, where in rows}
-        slot = slots.get(host, max(slots.values(), default=-1) + 1)
-        key = slot * RANK_STRIDE + number
+        slots = _SLOTS.get(job)
+        if slots is None:
+            rows = s.execute(select(Rank.rank, Rank.host).where(Rank.job_id == job.id)).all()
+            slots = _SLOTS[job] = {where: k // RANK_STRIDE for k, where in rows}
+        if host not in slots:
+            slots[host] = max(slots.values(), default=-1) + 1
+        key = slots[host] * RANK_STRIDE + number
     rank = s.get(Rank, (job.id, key))
     if rank is None:
         rank = Rank(job_id=job.id, rank=key, host=host, metrics={})
