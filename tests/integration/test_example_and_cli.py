@@ -34,7 +34,7 @@ def test_ddp_example_trains_then_resumes(launcher: str, run_dir: Path, tmp_path:
         "--hosts",
         "local:2",
         "--nproc-per-node",
-        "2",
+        "1",  # the smallest world across nodes: 2 torchruns and 2 ranks, not 4
         "--master-port",
         "0",
         "--launcher",
