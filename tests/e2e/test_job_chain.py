@@ -2,7 +2,8 @@
 waits in the queue (``waiting for job A to succeed``, in the CLI, the API and the job
 page) and starts once A succeeded, a chain in order; a job waiting for one that was
 cancelled is cancelled naming it; ``corral job resubmit`` and the job page's Resubmit
-queue a finished job's request again, its Clone fills the new-job form with it. A stop
+queue a finished job's request again, its Clone fills the new-job form with it (queued
+from there with a priority and the job to start after). A stop
 names who stopped the job and from where (``(cli)``, ``(api)``).
 
 The jobs that run are stdlib scripts (``--launcher python``) on one local machine; the
@@ -174,7 +175,21 @@ def test_the_job_page_resubmits_and_clones(
         assert page.input_value("#script") == str(server.root / "gated.py")
         assert page.input_value("#args") == str(server.root / "gate")
         assert page.is_checked("#selection-manual")
-        page.go_back()
+        # changed before it is queued: to start after the job, behind the others
+        page.locator("details:has(#after) > summary").click()
+        page.fill("#after", job_id)
+        page.fill("#queue-priority", "-3")
+        page.click("#queue")
+        page.wait_for_url("**/jobs")
+        with server.client() as admin:
+            newest = admin.get("/api/jobs", params={"limit": 1}).json()["jobs"][0]
+        clone = newest["job_id"]
+        assert (newest["name"], newest["priority"]) == ("to-clone", -3), newest
+        page.goto(f"{server.url}/jobs/{clone}")
+        page.locator("#job-status", has_text="succeeded").wait_for(timeout=120_000)
+        assert page.locator("dd[data-fact=after]").inner_text() == f"{job_id} succeed"
+        assert page.locator("dd[data-fact=priority]").inner_text() == "-3"
+        page.goto(f"{server.url}/jobs/{job_id}")
         page.locator("#resubmit:not([hidden])").click()
         page.wait_for_url(lambda url: job_id not in url and "/jobs/" in url)
         new_id = page.url.rsplit("/", 1)[-1]
