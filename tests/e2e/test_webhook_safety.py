@@ -187,3 +187,34 @@ def test_an_admin_sets_the_address_rule_from_the_command_line(tmp_path: Path) ->
         wrong = corral("--allow", "everything")
         assert wrong.returncode != 0 and "unknown address kind everything" in wrong.stderr
         assert "Traceback" not in wrong.stderr
+
+
+def test_an_apprise_url_to_a_refused_address_is_not_sent(api: Api, tmp_path: Path) -> None:
+    pytest.importorskip("apprise")  # the [notify] extra (installed with [dev])
+    literal = api.client.post(
+        "/api/notifiers", json={"url": "json://169.254.169.254/latest", "events": ["failed"]}
+    )
+    assert literal.status_code == 422 and "link-local" in literal.json()["error"]["message"]
+    strict = {"allow": ["private"]}
+    assert api.client.put("/api/notify/addresses", json=strict).json() == strict
+    receiver = Receiver(free_port()).start()
+    try:
+        # a name: resolved when sent, to a loopback address the rule now refuses
+        added = api.client.post(
+            "/api/notifiers",
+            json={"url": f"json://localhost:{receiver.port}/chat", "events": ["failed"]},
+        )
+        assert added.status_code == 201, added.text
+        notifier = added.json()
+        _, events = running_job(api, tmp_path)
+        start_and_fail(events)
+        log = f"/api/notifiers/{notifier['id']}/deliveries"
+        until(
+            lambda: [d["state"] for d in api.client.get(log).json()] == ["failed"],
+            f"the delivery did not end failed: {api.client.get(log).json()}",
+        )
+        (entry,) = api.client.get(log).json()
+        assert "loopback" in entry["last_error"] and entry["attempts"] == ATTEMPTS
+        assert receiver.got == [] and receiver.bad_signatures == 0  # nothing reached it
+    finally:
+        receiver.stop()

@@ -22,6 +22,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import delete, event, exists, func, select
@@ -348,6 +349,11 @@ class Notifications:
             body = send.body_of({**target.payload, "delivery": delivery_id})
             headers = send.webhook_headers(target.secret, body, target.event, delivery_id)
             return await send.post_webhook(client, pinned_to, headers, body, self.policy.timeout)
+        if urlsplit(target.url).scheme.lower() in urls.APPRISE_HOST_SCHEMES:
+            try:
+                await urls.resolved(target.url, target.rule)
+            except AddressRefused as exc:
+                return None, str(exc)
         payload = target.payload
         text = f"{payload.get('text', '')} {payload.get('job', {}).get('url', '')}"
         error = await asyncio.to_thread(

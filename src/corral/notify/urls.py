@@ -40,6 +40,9 @@ SECRET_PARAMS = ("token", "key", "secret", "sig", "signature", "password", "pass
 Kind = Literal["public", "loopback", "private", "link_local", "reserved"]
 Relaxable = Literal["loopback", "private", "link_local"]
 DEFAULT_ALLOW: tuple[Relaxable, ...] = ("loopback", "private")
+#: apprise's schemes that send to the URL's own host (checked like a webhook's when
+#: sent, though apprise makes the connection: a name is resolved and checked first).
+APPRISE_HOST_SCHEMES = frozenset({"json", "jsons", "xml", "xmls", "form", "forms"})
 #: Cloud metadata endpoints that are not in a link-local range themselves.
 METADATA_NETS = tuple(ipaddress.ip_network(n) for n in ("fd00:ec2::254/128", "100.100.100.200/32"))
 METADATA_NAMES = frozenset(
@@ -170,13 +173,11 @@ class Pinned:
     sni: str | None
 
 
-async def pinned(url: str, rule: AddressRule) -> Pinned:
-    """Resolve the URL's host now; AddressRefused unless every address it has is
-    allowed; the request to the first one (the name kept for Host and TLS)."""
+async def resolved(url: str, rule: AddressRule) -> list[IPAddress]:
+    """The addresses of the URL's host now (resolved); AddressRefused unless every
+    one is allowed by ``rule``."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    https = parts.scheme.lower() == "https"
-    port = parts.port or (443 if https else 80)
     check_host(url, rule)
     literal = _literal(host)
     if literal is not None:
@@ -184,9 +185,9 @@ async def pinned(url: str, rule: AddressRule) -> Pinned:
     else:
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
+                host, parts.port or 0, type=socket.SOCK_STREAM
             )
-        except (OSError, UnicodeError) as exc:
+        except (OSError, UnicodeError, ValueError) as exc:
             raise AddressRefused(f"cannot resolve {host}: {exc}") from exc
         found = (_literal(str(info[4][0])) for info in infos)
         addresses = list(dict.fromkeys(a for a in found if a is not None))
@@ -196,7 +197,17 @@ async def pinned(url: str, rule: AddressRule) -> Pinned:
         kind = classify(address)
         if not rule.allows(kind):
             raise AddressRefused(_refusal(host, address, kind))
-    chosen = str(addresses[0])
+    return addresses
+
+
+async def pinned(url: str, rule: AddressRule) -> Pinned:
+    """Resolve the URL's host now; AddressRefused unless every address it has is
+    allowed; the request to the first one (the name kept for Host and TLS)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    https = parts.scheme.lower() == "https"
+    literal = _literal(host)
+    chosen = str((await resolved(url, rule))[0])
     netloc = f"[{chosen}]" if ":" in chosen else chosen
     if parts.port is not None:
         netloc += f":{parts.port}"
