@@ -213,3 +213,19 @@ def test_a_rank_in_another_collective_is_shown_with_it() -> None:
         "  collective: gloo:all_reduce #12 (group 0:default_pg); rank 2 was in gloo:barrier"
         " instead" in lines
     )
+
+
+def test_a_hang_root_cause_is_labelled_as_the_stack_it_quotes() -> None:
+    """corral job status reads the root cause the ingest stored: its tail is a stack."""
+    from corral.cli.jobview import root_cause_block
+
+    cause = {
+        "host": "local-0",
+        "rank": None,
+        "message": "hang: no rank made progress for 3 s; all 4 ranks at f (train.py:3)",
+        "stderr_tail": ["f (train.py:3)", "main (train.py:9)"],
+        "tail": "the stack every rank shares, innermost frame first",
+    }
+    text = root_cause_block(cause).plain
+    assert "  the stack every rank shares, innermost frame first:\n    f (train.py:3)" in text
+    assert "stderr" not in text
