@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import require_torch
 
 from .conftest import REPO, run_corral
 
 require_torch()
+pytestmark = [pytest.mark.torch, pytest.mark.slow]  # two in-place jobs (~30 CPU-s)
 
 EXAMPLE = str(REPO / "examples" / "train_ft.py")
 RUST_INFO = "[INFO] [torchft::"
