@@ -278,9 +278,9 @@ def test_each_report_carries_the_mean_of_each_section_since_the_one_before(
 ) -> None:
     _section.drain()
     sdk.report(0)
-    _section.records.extend([("compute", 100), ("compute", 300), ("wait", 50)])  # ns
+    _section.records.extend(("compute", 100, "compute", 300, "wait", 50))  # name, ns
     sdk.report(1)
-    _section.records.append(("compute", 70))
+    _section.records.extend(("compute", 70))
     sdk.report(2)
     sdk.report(3)
     first, second, third = control_server.wait_reports(4)[1:]

@@ -84,7 +84,7 @@ _clock = time.monotonic  # when a report was made
 #: resolution is seconds: a report reaches the coordinator well within one).
 FLUSH_INTERVAL = 0.2
 #: Records piled up before the sender thread is woken early.
-_WAKE_AT = 4096
+_WAKE_AT = 8192
 #: Longest ``reports`` line sent (the agent accepts 64 KiB) and most reports in one.
 MAX_LINE = 60_000
 MAX_BATCH = 512
@@ -416,7 +416,8 @@ def _flush_at_exit() -> None:
 
 
 _records = _section.records
-_append = _records.append
+_extend = _records.extend
+_REPORT = _section.REPORT
 
 
 def report(step: int, total: int | None = None, **metrics: float) -> None:
@@ -446,7 +447,7 @@ def report(step: int, total: int | None = None, **metrics: float) -> None:
             step, total = int(step), None if total is None else int(total)
         except (TypeError, ValueError):
             return
-    _append([step, total, _clock(), metrics, None])
+    _extend((_REPORT, step, total, _clock(), metrics))
     if len(_records) >= _WAKE_AT and not _reporter.woken:
         _reporter.wake()
 

@@ -8,11 +8,12 @@ rank against the others' median and its own best (see
 are time spent waiting for other ranks: shown, never scored.
 
 Cheap enough for every step of a fast GPU loop: entering and leaving a section
-reads the clock and appends one record to :data:`records`, the process's
-timings and reports in call order (``deque.append`` is atomic: no lock, no
-syscall). Whoever sends the reports (the SDK's reporter thread) or
-:func:`drain` adds them up later, so each report still gets exactly the
-sections timed before it and after the one before.
+reads the clock and adds the timing to :data:`records`, the process's
+timings and reports in call order (``deque.extend`` is atomic: no lock, no
+syscall, and no object kept that the garbage collector would scan). Whoever
+sends the reports (the SDK's reporter thread) or :func:`drain` adds them up
+later, so each report still gets exactly the sections timed before it and after
+the one before.
 
 On a GPU (torch already imported, CUDA initialised) a section records a pair of
 CUDA events on the current stream instead of reading a clock, and never
@@ -58,17 +59,22 @@ MAX_SECTIONS = 32
 _MAX_NAME = 128
 #: Records a section lets pile up before it adds them up itself (nobody drains them:
 #: no reporter, e.g. outside corral).
-_ABSORB_AT = 1 << 16
+_ABSORB_AT = 1 << 17
 _POOL = 256  # read CUDA events kept for reuse
 
-#: This process's section timings and reports, in call order: ``(name, nanoseconds)``
-#: (a CPU section), ``(name, start_event, end_event)`` (a CUDA section) and
-#: ``[step, total, monotonic_time, metrics, None]`` (:func:`corral.sdk.report`; its
-#: last item becomes the mean nanoseconds (an int) per section timed before it, or
-#: None).
+#: This process's section timings and reports, in call order, flat (each added by
+#: one atomic ``extend``; no object the garbage collector tracks is kept per step):
+#: ``name, nanoseconds`` (a CPU section), ``CUDA, name, start_event, end_event`` (a
+#: CUDA section) and ``REPORT, step, total, monotonic_time, metrics``
+#: (:func:`corral.sdk.report`).
 records: collections.deque[Any] = collections.deque()
+_extend = records.extend
+#: The markers of a CUDA section and of a report in :data:`records`.
+CUDA = object()
+REPORT = object()
 
-#: A report as :func:`reports` returns it: ``[step, total, time, metrics, sections]``.
+#: A report as :func:`reports` returns it: ``[step, total, time, metrics, sections]``,
+#: ``sections`` the mean nanoseconds (an int) per section timed before it, or None.
 Report = list[Any]
 
 _perf_counter_ns = time.perf_counter_ns
@@ -104,21 +110,12 @@ class _Totals:
         pop = records.popleft
         sums = self._sums
         reports = self._reports
-        for _ in range(len(records)):
-            record = pop()
-            size = len(record)
-            if size == 2:  # a CPU section: nanoseconds (a clock difference: >= 0)
-                name, ns = record
-                total = sums.get(name)
-                if total is None:
-                    if len(sums) < MAX_SECTIONS:
-                        sums[name] = ns
-                else:
-                    sums[name] = total + ns
-                    self._counts[name] = self._counts.get(name, 1) + 1
-            elif size == 3:
-                self._pending.append(record)
-            else:
+        left = len(records)  # whole groups: each was added by one extend
+        while left > 0:
+            item = pop()
+            if item is REPORT:
+                left -= 5
+                record = [pop(), pop(), pop(), pop(), None]
                 if self._pending:
                     self._read_pending()
                 if sums:
@@ -129,6 +126,19 @@ class _Totals:
                     record[4] = sums  # mean nanoseconds per section
                     sums = self._sums = {}
                 reports.append(record)
+            elif item is CUDA:
+                left -= 4
+                self._pending.append((pop(), pop(), pop()))
+            else:  # a CPU section: its name, then nanoseconds (a clock difference: >= 0)
+                left -= 2
+                ns = pop()
+                total = sums.get(item)
+                if total is None:
+                    if len(sums) < MAX_SECTIONS:
+                        sums[item] = ns
+                else:
+                    sums[item] = total + ns
+                    self._counts[item] = self._counts.get(item, 1) + 1
 
     def _read_pending(self) -> None:
         """Add the pairs the GPU has passed (in stream order: stop at the first not done)."""
@@ -284,11 +294,11 @@ class section:  # used as a function: ``with sdk.section("compute"):``
     ) -> None:
         start = self._start
         if start.__class__ is int:
-            records.append((self.name, _perf_counter_ns() - start))
+            _extend((self.name, _perf_counter_ns() - start))
         else:
             end = _event(type(start))
             end.record()
-            records.append((self.name, start, end))
+            _extend((CUDA, self.name, start, end))
         if len(records) >= _ABSORB_AT:
             _totals.absorb()
 
@@ -342,7 +352,7 @@ def straggler_hook(model: Any, *, compute: str = "compute", wait: str = "wait") 
                 state.in_step = True
                 state.arrived = now
                 if state.last_done is not None:
-                    records.append((state.compute, int((now - state.last_done) * 1e9)))
+                    _extend((state.compute, int((now - state.last_done) * 1e9)))
         future = default_hooks.allreduce_hook(group, bucket)  # type: ignore[arg-type]  # None: WORLD
         if not bucket.is_last():
             return future
@@ -351,7 +361,7 @@ def straggler_hook(model: Any, *, compute: str = "compute", wait: str = "wait") 
             finished = time.perf_counter()
             with state.lock:
                 state.in_step = False
-                records.append((state.wait, int((finished - state.arrived) * 1e9)))
+                _extend((state.wait, int((finished - state.arrived) * 1e9)))
                 state.last_done = finished
             return fut.value()
 
