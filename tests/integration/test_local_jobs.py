@@ -81,6 +81,26 @@ def test_failing_rank_tears_down_every_process(
         assert re.search(rf"^\[local-\d:{rank}\] rank {rank} step 0$", result.stdout, re.M)
 
 
+def test_a_rank_killed_by_a_signal_is_the_cause_not_the_peer_that_noticed(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    # rank 1 (local-1) SIGKILLs itself; rank 0 (local-0) sees its peer vanish and exits 1
+    # first in the reports; the root cause is what happened (issue 33 item 7)
+    job = "peer-dies"
+    result = run_corral(
+        *_common(run_dir, job, nproc=1),
+        "--launcher",
+        "python",
+        "--",
+        str(SCRIPTS / "peer_dies.py"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 128 + 9, result.stderr[-3000:]
+    assert "[local-0:0] RuntimeError: Connection closed by peer" in result.stdout
+    assert re.search(r"^root cause: rank 1 on local-1 killed by SIGKILL$", result.stderr, re.M)
+    assert not wait_no_job_processes(job, within=10)
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_sigkilled_rank_is_named_with_its_signal(
     launcher: str, run_dir: Path, tmp_path: Path

@@ -274,6 +274,32 @@ def test_stop_with_grace_terms_then_kills_and_leaves_nothing(agents: Any, tmp_pa
     assert _gone(pids)
 
 
+SELF_KILL = """
+    import os, signal
+    rank = int(os.environ["RANK"])
+    print("ready", flush=True)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)   # killed from outside the job, as by OOM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # only the teardown's SIGKILL ends it
+    while True:
+        signal.pause()
+"""
+
+
+def test_rank_exit_says_whether_the_teardown_sent_its_signal(agents: Any, tmp_path: Path) -> None:
+    # a root cause is told from a symptom by what happened: rank 1's SIGKILL came
+    # before the agent signalled anything; rank 0's is the teardown's own
+    agent = agents()
+    start, _ = _start_op(tmp_path, SELF_KILL, grace=0.5)
+    agent.send(start)
+    first = agent.event("rank_exit", rank=1)
+    assert (first["code"], first["teardown"]) == (-9, False)
+    second = agent.event("rank_exit", rank=0)
+    assert (second["code"], second["teardown"]) == (-9, True)
+    agent.event("node_exit")
+    assert agent.finish() == 0
+
+
 def test_kill_ends_every_rank_at_once(agents: Any, tmp_path: Path) -> None:
     agent = agents()
     start, _ = _start_op(tmp_path, BLOCK)

@@ -93,6 +93,7 @@ class RankExitEvent(_Event):
     code: Code | None = None
     eof_time: Time | None = None
     error: dict[str, Any] | None = None  # the rank's error file, as written by the SDK
+    teardown: bool = False  # killed by a signal the agent's teardown had sent
 
 
 class GpuSample(BaseModel):

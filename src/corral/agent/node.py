@@ -98,6 +98,7 @@ class NodeAgent:
         self.pgids = spawned.pgids
         self.reaped: dict[int, int] = {}
         self.stopping = False
+        self._sent: dict[int, float] = {}  # signal -> when the teardown first sent it
         self.done = asyncio.Event()
         self.last_heartbeat = time.monotonic()
         self.node_log = spawned.node_log
@@ -391,6 +392,8 @@ class NodeAgent:
             return
         track.reported = True
         code = track.code
+        # killed by a signal this agent's teardown had sent by then: not a root cause
+        sent = self._sent.get(-code) if code is not None and code < 0 else None
         self.event(
             "rank_exit",
             rank=track.rank,
@@ -399,6 +402,7 @@ class NodeAgent:
             code=code,
             eof_time=track.eof_time,
             error=self._error_file(track.rank),
+            teardown=sent is not None and (track.eof_time or time.time()) >= sent,
         )
         if code not in (0, None) and not self.stopping:
             self.request_teardown(self.grace, reason=f"rank {track.rank} failed")
@@ -596,6 +600,7 @@ class NodeAgent:
 
     def _kill_all(self, signum: int) -> None:
         """Signal every recorded process group once, and any descendant outside them."""
+        self._sent.setdefault(signum, time.time())
         for proc in self._descendants():
             self._record_pgid(proc.pid)
         self._signal_groups(signum)

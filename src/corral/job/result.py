@@ -143,6 +143,8 @@ class Failure:
     tail: str = ""
     """What ``stderr_tail`` holds when it is not the rank's stderr (a hang: the stuck
     rank's stack); empty: its last lines of stderr."""
+    by_teardown: bool = False
+    """Killed by a signal the node agent's teardown had sent (never a root cause)."""
 
     @property
     def signal(self) -> str | None:

@@ -59,6 +59,7 @@ from corral.job.result import (
     RankRecord,
     signal_name,
 )
+from corral.job.rootcause import counts_after_stop, ordered, precedes, rank_failure
 from corral.job.states import JobMachine, JobState, NodeState
 from corral.plan.spec import NodeCommand
 from corral.recovery.hang import HangVerdict
@@ -424,28 +425,13 @@ class Supervisor:
         if record.code == 0:
             return
         stopped_at = self.decision.decided if self.decision is not None else None
-        if stopped_at is not None and (record.time or 0) >= stopped_at:
+        late = stopped_at is not None and (record.time or 0) >= stopped_at
+        teardown = bool(event.get("teardown"))
+        if not counts_after_stop(record.code, by_teardown=teardown, stopped_late=late):
             return
-        code = record.code
-        what = (
-            f"killed by {signal_name(code)}"
-            if signal_name(code) and (code or 0) < 0
-            else "exited without reporting a status"
-            if code is None
-            else f"exited with code {code}"
-        )
-        tb = record.error.get("traceback") if record.error else None
-        failure = Failure(
-            node.host.name,
-            record.rank,
-            code,
-            record.time or time.time(),
-            f"rank {record.rank} on {node.host.name} {what}",
-            list(record.stderr_tail),
-            tb,
-        )
+        failure = rank_failure(record, node.to_local, by_teardown=teardown)
         node.fault = node.fault or failure
-        self._fail(failure, _exit_code_for(code))
+        self._fail(failure, _exit_code_for(record.code))
 
     def _node_gone(self, node: NodeRun, code: int) -> None:
         node.ended = time.time()
@@ -477,9 +463,9 @@ class Supervisor:
             return
         trigger = self.decision.cause if self.decision is not None else None
         earliest = self._earliest
-        if trigger is not None and earliest is not None and failure.time < earliest.time:
-            # reported after the stop but happened first (torchrun reports a SIGKILLed
-            # rank late): it is the root cause, as the summary will say
+        if trigger is not None and earliest is not None and precedes(failure, earliest):
+            # reported after the stop but explains it (a SIGKILLed peer, which torchrun
+            # reports late; an earlier error): the root cause, as the summary will say
             self._earliest = failure
             self._say(f"root cause: {failure.message} (before {trigger.message})", "error")
 
@@ -749,7 +735,7 @@ class Supervisor:
         and cause of its earliest failure), else SUCCEEDED."""
         if self.decision is None:
             return SUCCESS
-        failures = sorted(self.extra_failures, key=lambda f: f.time)
+        failures = ordered(self.extra_failures)
         if self.decision.state == JobState.FAILED and failures:
             return replace(self.decision, exit_code=failures[0].exit_code, cause=failures[0])
         return self.decision
@@ -768,7 +754,7 @@ class Supervisor:
             state=outcome.state,
             exit_code=outcome.exit_code,
             nodes=self.nodes,
-            failures=sorted(self.extra_failures, key=lambda f: f.time),
+            failures=ordered(self.extra_failures),
             started=self.started,
             ended=time.time(),
             reason=outcome.reason,
