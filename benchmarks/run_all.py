@@ -60,6 +60,7 @@ DEFAULT_TIMEOUTS = {
     "faults": 1200.0,
     "replica": 400.0,
     "serve": 240.0,
+    "queue": 420.0,
     "scale": 1800.0,
     "web": 180.0,
     "actors": 400.0,

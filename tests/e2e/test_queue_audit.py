@@ -123,6 +123,12 @@ def test_the_queued_cap_the_cli_and_every_change_in_the_audit_log(tmp_path: Path
         moved = admin.post(f"/api/queue/{first.json()['job_id']}/move", json={"priority": -3})
         assert moved.status_code == 200, moved.text
 
+        # a webhook's entry carries its URL with the credentials masked, never the secret
+        url = "http://bot:hunter2@127.0.0.1:9/hook?token=sekret&team=ml"
+        hook = admin.post("/api/webhooks", json={"url": url, "secret": "s3cr3t-value"})
+        assert hook.status_code == 201, hook.text
+        assert admin.delete(f"/api/webhooks/{hook.json()['id']}").status_code == 200
+
         # a web login is recorded as the user who logged in
         with httpx.Client(base_url=server.url, follow_redirects=False) as browser:
             form = browser.get("/login")
@@ -157,6 +163,15 @@ def test_the_queued_cap_the_cli_and_every_change_in_the_audit_log(tmp_path: Path
             (None, 3),
             (None, None),
         ]
+        hooks = [e for e in every if e["action"] in ("webhook.add", "webhook.remove")]
+        assert [(e["action"], e["target"], e["method"]) for e in hooks] == [
+            ("webhook.remove", hook.json()["id"], "DELETE"),
+            ("webhook.add", hook.json()["id"], "POST"),
+        ]
+        shown = hooks[0]["before"]
+        assert shown == hooks[1]["after"] and shown["signed"] is True
+        assert "team=ml" in shown["url"] and "127.0.0.1:9/hook" in shown["url"]
+        assert not any(word in str(every) for word in ("hunter2", "sekret", "s3cr3t-value"))
         # exactly one entry per request: no change recorded twice
         assert len({e["id"] for e in every}) == len(every)
         assert [e["action"] for e in every if e["path"].endswith("/move")] == ["queue.move"]

@@ -88,8 +88,10 @@ def test_a_round_costs_the_same_for_20_and_2000_queued_jobs(
     fill(store, "alice", 20)
     first = round_cost(store, tasks)
     assert first[1] == 1  # the head's reason, once
+    assert not tasks.queued.quiet  # the head was found: the next round comes as usual
     small = round_cost(store, tasks)
     assert small[1] == 0  # nothing changed: nothing written
+    assert tasks.queued.quiet  # and the rounds after it may come less often
     fill(store, "bob", 1980, start=5000.0)
     round_cost(store, tasks)
     assert round_cost(store, tasks) == small

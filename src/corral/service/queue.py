@@ -57,6 +57,8 @@ ORDER = (Job.priority.desc(), Job.queued, Job.created, Job.id)
 """The queue's order (the columns of the index ``ix_jobs_queue``)."""
 CHUNK = 32
 """Queued jobs a scheduler round reads at a time (it usually stops at the first)."""
+QUIET_WAIT = 8.0
+"""Seconds at most between scheduler rounds while they change nothing."""
 TRANSIENT = ("busy with", "offline", "never health-checked")
 """Why a selected machine cannot take a job *now*: a queued job waits these out."""
 
@@ -163,6 +165,7 @@ class JobQueue:
         self._wake = threading.Event()
         self._requests: dict[str, JobRequest] = {}  # queued requests with secret values
         self._head: tuple[str, Key] | None = None  # the job the queue waits for
+        self.quiet = False  # whether the last round changed nothing
         jobs.on_finished.append(lambda _job_id: self._wake.set())
         jobs.queries.queued_reason = self.reason
 
@@ -393,12 +396,14 @@ class JobQueue:
         started: list[str] = []
         usage = self.usage()
         head: Job | None = None
+        changed = False  # anything written (a job started, failed, a reason)
         for job in self._walk([name for name, u in usage.items() if u.full]):
             machines = machines_of(job)
             if after_of(job.request):  # it starts after others: it waits, holding nobody
                 never = self.jobs.chain.broken(job)
                 if never:
                     self.jobs.chain.cancel(job.id, f"not started: {never}")
+                    changed = True
                 if never or self.jobs.chain.reason(job):
                     continue
             mine = usage.get(job.owner) if job.owner else None
@@ -406,6 +411,7 @@ class JobQueue:
                 never = mine.never(job.owner, machines)
                 if never:
                     self._fail(job.id, never)
+                    changed = True
                     continue
                 if mine.wait_reason(job.owner, machines):
                     continue
@@ -420,27 +426,34 @@ class JobQueue:
                 assert request is not None  # _request_of raises Invalid, never Conflict
                 if self._never(request, exc):
                     self._fail(job.id, str(exc))
+                    changed = True
                     continue
-                self._wait(job, waiting_reason(request, exc), planned)
+                changed |= self._wait(job, waiting_reason(request, exc), planned)
                 head = job
                 break
             except (CorralError, ValueError) as exc:
                 self._fail(job.id, str(exc))
+                changed = True
                 continue
             self._requests.pop(job.id, None)
             started.append(job.id)
             if mine is not None:
                 mine.jobs, mine.held = mine.jobs + 1, mine.held + machines
-        self._head = (head.id, queue_key(head)) if head is not None else None
+        new_head = (head.id, queue_key(head)) if head is not None else None
+        self.quiet = not (changed or started) and new_head == self._head
+        self._head = new_head
         return started
 
-    def _wait(self, job: Job, reason: str, planned: bool) -> None:
+    def _wait(self, job: Job, reason: str, planned: bool) -> bool:
         """The job stays queued with ``reason``: written only when it changed (or the
-        job was planned before its machines turned out busy)."""
+        job was planned before its machines turned out busy); whether it was."""
         if planned:
             self.jobs._set(job.id, state=QUEUED, reason=reason)
         elif reason != (job.reason or ""):
             self.jobs._set(job.id, reason=reason)
+        else:
+            return False
+        return True
 
     def _fail(self, job_id: str, why: str) -> None:
         """A queued job that can never run fails with the reason."""
@@ -483,8 +496,12 @@ class JobQueue:
         )
 
     async def run(self, interval: float = 1.0) -> None:
-        """Schedule forever: at every ``interval`` and whenever a job ends or is queued."""
+        """Schedule forever: at once when a job ends or is queued or moved, else every
+        ``interval``, or less often while rounds change nothing (twice the wait after
+        each quiet round, up to :data:`QUIET_WAIT`: machines freed by something else,
+        a health check, are seen within that)."""
         log = logging.getLogger("corral.serve")
+        wait = interval
         while True:
             self._wake.clear()
             try:
@@ -493,7 +510,9 @@ class JobQueue:
                 return  # the loop's executor is shut down: the server is exiting
             except Exception:
                 log.exception("scheduling queued jobs failed")  # the next round retries
-            await asyncio.to_thread(self._wake.wait, interval)
+                self.quiet = False
+            wait = min(wait * 2, max(interval, QUIET_WAIT)) if self.quiet else interval
+            await asyncio.to_thread(self._wake.wait, wait)
 
 
 def waiting_reason(request: JobRequest, exc: Conflict) -> str:

@@ -7,12 +7,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Security
 
-from corral.api.auth import bearer, require_admin
+from corral.api.auth import Caller, bearer, require_admin
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.notify.models import DeliveryOut, HookOut, NotifierIn, WebhookIn
 from corral.notify.service import APPRISE, WEBHOOK
-from corral.notify.urls import AddressRule
+from corral.notify.urls import AddressRule, mask_url
+from corral.service.users import Principal
 
 router = APIRouter(
     prefix="/api",
@@ -33,8 +34,8 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
     "HMAC-SHA256 of the raw body under the secret, and retried with backoff. The secret "
     "is never returned.",
 )
-def add_webhook(body: WebhookIn, svc: Svc) -> HookOut:
-    return svc.jobs.notifications.add_webhook(body)
+def add_webhook(body: WebhookIn, svc: Svc, who: Caller) -> HookOut:
+    return _audited(svc, who, "webhook.add", svc.jobs.notifications.add_webhook(body))
 
 
 @router.get("/webhooks", summary="Every webhook (no secrets)")
@@ -43,8 +44,9 @@ def list_webhooks(svc: Svc) -> list[HookOut]:
 
 
 @router.delete("/webhooks/{hook_id}", responses=ERRORS, summary="Remove a webhook")
-def delete_webhook(hook_id: str, svc: Svc) -> HookOut:
-    return svc.jobs.notifications.delete(WEBHOOK, hook_id)
+def delete_webhook(hook_id: str, svc: Svc, who: Caller) -> HookOut:
+    removed = svc.jobs.notifications.delete(WEBHOOK, hook_id)
+    return _audited(svc, who, "webhook.remove", removed, removed=True)
 
 
 @router.get("/webhooks/{hook_id}/deliveries", responses=ERRORS, summary="A webhook's delivery log")
@@ -61,8 +63,8 @@ def webhook_deliveries(hook_id: str, svc: Svc, limit: Limit = 100) -> list[Deliv
     "(`slack://`, `discord://`, `msteams://`, `mailto://`, `json://`, ...; the `notify` "
     "extra). The URL is returned with its credentials masked.",
 )
-def add_notifier(body: NotifierIn, svc: Svc) -> HookOut:
-    return svc.jobs.notifications.add_notifier(body)
+def add_notifier(body: NotifierIn, svc: Svc, who: Caller) -> HookOut:
+    return _audited(svc, who, "notifier.add", svc.jobs.notifications.add_notifier(body))
 
 
 @router.get("/notifiers", summary="Every chat or mail target (credentials masked)")
@@ -71,8 +73,9 @@ def list_notifiers(svc: Svc) -> list[HookOut]:
 
 
 @router.delete("/notifiers/{hook_id}", responses=ERRORS, summary="Remove a chat or mail target")
-def delete_notifier(hook_id: str, svc: Svc) -> HookOut:
-    return svc.jobs.notifications.delete(APPRISE, hook_id)
+def delete_notifier(hook_id: str, svc: Svc, who: Caller) -> HookOut:
+    removed = svc.jobs.notifications.delete(APPRISE, hook_id)
+    return _audited(svc, who, "notifier.remove", removed, removed=True)
 
 
 @router.get(
@@ -100,5 +103,34 @@ def get_address_rule(svc: Svc) -> AddressRule:
     description="Holds from the next delivery on, for every target: a host is resolved "
     "at each delivery and every address it has must be allowed.",
 )
-def set_address_rule(body: AddressRule, svc: Svc) -> AddressRule:
-    return svc.jobs.notifications.set_address_rule(body)
+def set_address_rule(body: AddressRule, svc: Svc, who: Caller) -> AddressRule:
+    before = svc.jobs.notifications.address_rule()
+    after = svc.jobs.notifications.set_address_rule(body)
+    svc.audit.change(
+        who.name,
+        "notify.addresses",
+        None,
+        before=before.model_dump(mode="json"),
+        after=after.model_dump(mode="json"),
+    )
+    return after
+
+
+def _audited(
+    svc: Services, who: Principal, action: str, hook: HookOut, *, removed: bool = False
+) -> HookOut:
+    """``hook`` after its audit entry (its URL masked, never its secret)."""
+    values = {
+        "kind": hook.kind,
+        "url": mask_url(hook.url),
+        "events": hook.events,
+        "signed": hook.has_secret,
+    }
+    svc.audit.change(
+        who.name,
+        action,
+        hook.id,
+        before=values if removed else None,
+        after=None if removed else values,
+    )
+    return hook
