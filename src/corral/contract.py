@@ -40,12 +40,18 @@ __all__ = [
     "ERROR_FILE_ENV",
     "FLIGHT_DIR_ENV",
     "FLIGHT_RECORDER_ENV",
+    "FT_QUORUM_TIMEOUT_DEFAULT",
+    "FT_QUORUM_TIMEOUT_ENV",
+    "FT_TIMEOUT_DEFAULT",
+    "FT_TIMEOUT_ENV",
     "HARNESS_ENV",
     "HOST_ENV",
     "JOB_CONFIG_ENV",
     "JOB_ID_ENV",
     "LAUNCH_DIR_ENV",
     "LIGHTHOUSE_ENV",
+    "MEM_CAP_ENV",
+    "MICRO_BATCH_FITS_ENV",
     "MIN_REPLICAS_ENV",
     "MLX_BACKEND_ENV",
     "MLX_HOSTS_ENV",
@@ -136,6 +142,12 @@ ACCELERATE_ENV = "CORRAL_ACCELERATE"
 #: ``1`` under ``corral calibrate``, and the seconds it measures.
 CALIBRATE_ENV = "CORRAL_CALIBRATE"
 CALIBRATE_SECONDS_ENV = "CORRAL_CALIBRATE_SECONDS"
+#: A node's declared memory cap in MiB (its host's env, or ``corral calibrate
+#: --mem-cap HOST=MB``): a calibration step whose measured peak exceeds it is out of memory.
+MEM_CAP_ENV = "CORRAL_MEM_CAP_MB"
+#: The largest micro-batch each rank fits (plan order, ``0``: no limit found), from the
+#: calibration: the weighted split gives a rank whose share exceeds it gradient accumulation.
+MICRO_BATCH_FITS_ENV = "CORRAL_MICRO_BATCH_FITS"
 #: ``--launcher mlx``: the backend, the hosts and the group's init timeout.
 MLX_BACKEND_ENV = "CORRAL_MLX_BACKEND"
 MLX_HOSTS_ENV = "CORRAL_MLX_HOSTS"
@@ -160,6 +172,13 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 #: with the same values, unless the job's or the host's env sets them.
 TORCHFT_REPLICA_GROUP_ENV = "REPLICA_GROUP_ID"
 TORCHFT_REPLICA_GROUPS_ENV = "NUM_REPLICA_GROUPS"
+#: torchft's own overrides of the process-group (collectives, healing) and quorum
+#: timeouts, in seconds, and ``sdk.fault_tolerant``'s defaults for them (the
+#: pre-flight checks their order against ``--hang-timeout``: corral.checks.timeouts).
+FT_TIMEOUT_ENV = "TORCHFT_TIMEOUT_SEC"
+FT_QUORUM_TIMEOUT_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
+FT_TIMEOUT_DEFAULT = 30.0
+FT_QUORUM_TIMEOUT_DEFAULT = 60.0
 
 # --- set by the user --------------------------------------------------------------------
 #: In a job's ``--env``: ``0`` turns off PyTorch's flight recorder, which the node

@@ -68,6 +68,24 @@ def test_a_script_written_for_torchft_reads_its_own_group(tmp_path: Path) -> Non
     assert wait_no_job_processes("inplaceenv", within=15) == []
 
 
+def test_the_preflight_names_timeouts_that_would_turn_a_lost_node_into_a_hang(
+    tmp_path: Path,
+) -> None:
+    # issue 33 item 2: --hang-timeout 30 is below the survivors' stall torchft bounds
+    # itself (process group 30 s + quorum 60 s): a warning naming the value needed
+    result = run_corral(
+        *("run", "--hosts", "local:2", "--recovery", "in-place", "--launcher", "python"),
+        *("--hang-timeout", "30", "--master-port", "0", "--run-dir", str(tmp_path / "runs")),
+        *("--job-id", "inplacetimeouts", "--", TORCHFT_WAY),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    err = result.stderr + result.stdout
+    assert result.returncode == 0, err[-4000:]  # a warning never blocks the launch
+    assert "! timeouts: --hang-timeout (30 s) is not above the process-group timeout" in err
+    assert "fix: raise --hang-timeout to >= 91" in err
+
+
 def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:
     err = _in_place(tmp_path, "inplace1", *("--steps", "30", "--kill-group", "2", "--kill-at", "8"))
     assert "rank 0 on local-2 killed by SIGKILL: in-place recovery tears down only group 2" in err

@@ -14,11 +14,12 @@ from corral.checks.gather import HostFacts
 from corral.checks.reference import CodeReference
 from corral.checks.shared_probe import SharedProbe
 from corral.cluster.model import Cluster, Host
+from corral.defaults import DEFAULT_LINKS_MIN_RATIO as DEFAULT_LINKS_MIN_RATIO
+from corral.defaults import DEFAULT_MIN_FREE_GB as DEFAULT_MIN_FREE_GB
+from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.transport.options import SshOptions
 
-DEFAULT_MIN_FREE_GB = 1.0
 DEFAULT_SMOKE_TIMEOUT = 30.0
-DEFAULT_LINKS_MIN_RATIO = 0.3
 DEFAULT_LINKS_SECONDS = 12.0
 
 
@@ -59,6 +60,11 @@ class ChecklistOptions:
     harness: bool = False  # --harness: Accelerate must be there whatever the launcher
     command_template: str | None = None  # --launcher command: its first word is looked for
     torchft: bool = False  # --recovery in-place: torchft must be importable on every host
+    # --recovery in-place: the timeouts whose order decides a lost node's fate
+    # (corral.checks.timeouts): the job's env (torchft's overrides) and its options
+    env: dict[str, str] = field(default_factory=dict)
+    hang_timeout: float | None = None
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
     links: bool = False  # the link matrix (corral.checks.links)
     links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO  # slow below this x the reference
     links_min_gbs: float = 0.0  # slow below this many GB/s (0: no floor)

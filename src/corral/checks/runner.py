@@ -38,6 +38,7 @@ CHECK_NAMES = (
     "gpu",
     "collective",
     "links",  # only with --links / --check-links
+    "timeouts",  # only with --recovery in-place
     "sync",
 )
 Check = Callable[[CheckContext], CheckResult]
@@ -243,6 +244,7 @@ async def run_checklist(
                 shared_data,
                 stale,
                 sync_status,
+                timeouts,
             )
         except BaseException:
             asking.cancel()
@@ -275,6 +277,8 @@ async def run_checklist(
         if shared is not None:
             results.append(_timed(shared_data.check, ctx))
         results += [_timed(m.check, ctx) for m in (clock, stale, gpu)]
+        if opts.torchft:
+            results.append(_timed(timeouts.check, ctx))
         if opts.smoke:
             t1 = time.perf_counter()
             smoke = await _smoke(ctx, tp, port_for(ctx))

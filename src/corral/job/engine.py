@@ -411,6 +411,7 @@ class Job:
             self.python,
             sync,
             in_place=self.recovery.in_place,
+            supervision=self.supervision,
         )
         return await preflight(
             options, transport, prepared.spec.run_dir, self._checked, self._agents

@@ -26,7 +26,7 @@ from corral.checks.shared_data import validate_path
 from corral.cluster.model import Cluster
 from corral.diagnose.gpu import job_backend
 from corral.errors import CheckFailed
-from corral.job.options import CheckPolicy
+from corral.job.options import CheckPolicy, SupervisionPolicy
 from corral.plan.launchers.command import template_of
 from corral.plan.spec import JobSpec
 from corral.transport.base import Transport
@@ -42,9 +42,12 @@ def checklist_options(
     sync: dict[str, Any] | None,
     *,
     in_place: bool = False,
+    supervision: SupervisionPolicy | None = None,
 ) -> ChecklistOptions:
     """The checklist for a launch planned as ``spec`` (``python``: as the user gave it;
-    ``in_place``: ``--recovery in-place``, torchft is needed on every host)."""
+    ``in_place``: ``--recovery in-place``, torchft is needed on every host and its
+    timeouts are checked against ``supervision``'s)."""
+    watch = supervision or SupervisionPolicy()
     return ChecklistOptions(
         cluster=cluster,
         ssh=ssh,
@@ -75,6 +78,9 @@ def checklist_options(
         harness=spec.harness is not None,
         command_template=template_of(spec),
         torchft=in_place,
+        env=dict(spec.env),
+        hang_timeout=watch.hang_timeout,
+        host_timeout=watch.host_timeout,
     )
 
 

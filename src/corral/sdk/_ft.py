@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corral.contract import (
+    FT_QUORUM_TIMEOUT_DEFAULT,
+    FT_TIMEOUT_DEFAULT,
     LIGHTHOUSE_ENV,
     MIN_REPLICAS_ENV,
     REPLICA_GROUP_ENV,
@@ -441,8 +443,8 @@ def fault_tolerant(
     weights: str | None = None,
     min_replicas: int | None = None,
     backend: Backend = "auto",
-    timeout: float = 30.0,
-    quorum_timeout: float = 60.0,
+    timeout: float = FT_TIMEOUT_DEFAULT,
+    quorum_timeout: float = FT_QUORUM_TIMEOUT_DEFAULT,
     replica_group: int | None = None,
     replica_groups: int | None = None,
     lighthouse: str | None = None,
