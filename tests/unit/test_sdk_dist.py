@@ -332,6 +332,8 @@ def test_public_api_is_pinned() -> None:
             "FaultTolerant", "fault_tolerant",
             # stragglers: named sections and the DDP arrival hook
             "section", "straggler_hook",
+            # a split that knows memory: the micro-batch a rank fits, accumulation
+            "memory_split", "micro_batch_fits", "probe_fit",
         ]
     )  # fmt: skip
     for name in sdk.__all__:

@@ -47,6 +47,7 @@ from corral.calibrate.model import Calibration, save_calibration
 from corral.calibrate.resolve import planned_ranks, weights_from_rates
 from corral.calibrate.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster
+from corral.contract import MICRO_BATCH_FITS_ENV
 from corral.diagnose.stragglers import is_compute_section, is_wait_section
 from corral.errors import ConfigError
 from corral.job.events import (
@@ -384,7 +385,21 @@ class DriftMonitor:
             weights = self._remapped(cluster)
         self.weights = weights
         self.stragglers.clear()  # one correction per attempt's evidence, never twice
-        return dataclasses.replace(spec, workload_weights=weights)
+        return dataclasses.replace(
+            spec, workload_weights=weights, env=self._remapped_fits(spec.env, cluster)
+        )
+
+    def _remapped_fits(self, env: Mapping[str, str], cluster: Cluster) -> dict[str, str]:
+        """``env`` with the micro-batch fits of the ranks ``cluster`` still plans."""
+        raw = env.get(MICRO_BATCH_FITS_ENV, "")
+        out = {k: v for k, v in env.items() if k != MICRO_BATCH_FITS_ENV}
+        entries = [p.strip() for p in raw.split(",")] if raw else []
+        if len(entries) != len(self.plan):
+            return out  # none, or not this plan's: no limits rather than wrong ones
+        fits = {(h.name, local): e for (h, local), e in zip(self.plan, entries, strict=True)}
+        planned = planned_ranks(cluster, self.nproc_per_node)
+        out[MICRO_BATCH_FITS_ENV] = ",".join(fits.get((h.name, local), "0") for h, local in planned)
+        return out
 
     def _busy_measured(self) -> bool:
         """Whether every rank of the attempt has a live rate in examples per busy

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from corral.calibrate.drift import DriftMonitor
 from corral.calibrate.measure import CalibrateOptions, CalibrationRun, Calibrator
-from corral.calibrate.model import Calibration
-from corral.calibrate.resolve import planned_ranks, resolve_weights
+from corral.calibrate.model import Calibration, load_calibration
+from corral.calibrate.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
 from corral.cluster.model import Cluster
+from corral.contract import MICRO_BATCH_FITS_ENV
 from corral.errors import CorralError
 from corral.job.engine import Job
 from corral.plan.spec import JobSpec
@@ -43,6 +44,8 @@ class Weighing:
     """(host, local rank, weight) of every rank, in rank order."""
     measured: Calibration | None = None
     """The calibration just measured (``auto``); None when read from a file."""
+    fits: tuple[int | None, ...] = ()
+    """The largest micro-batch of every rank (None: no limit), in rank order."""
 
 
 async def measure(calibrator: Calibrator) -> CalibrationRun | None:
@@ -58,12 +61,18 @@ async def measure(calibrator: Calibrator) -> CalibrationRun | None:
 
 
 def weigh(spec: JobSpec, cluster: Cluster, source: str | Calibration) -> Weighing:
-    """``spec`` with the weights of a calibration (a file path, or one in hand)."""
+    """``spec`` with the weights of a calibration (a file path, or one in hand), and the
+    largest micro-batch each rank fits (``CORRAL_MICRO_BATCH_FITS``) where it has one."""
+    measured = source if isinstance(source, Calibration) else None
+    if not isinstance(source, Calibration):
+        source = load_calibration(source)
     weights = resolve_weights(source, cluster, spec.nproc_per_node)
+    fits = resolve_fits(source, cluster, spec.nproc_per_node)
     ranks = planned_ranks(cluster, spec.nproc_per_node)
     pairs = [(h.name, local, w) for (h, local), w in zip(ranks, weights, strict=True)]
-    measured = source if isinstance(source, Calibration) else None
-    return Weighing(dataclasses.replace(spec, workload_weights=weights), pairs, measured)
+    env = {k: v for k, v in spec.env.items() if k != MICRO_BATCH_FITS_ENV} | fits_env(fits)
+    weighed = dataclasses.replace(spec, workload_weights=weights, env=env)
+    return Weighing(weighed, pairs, measured, fits)
 
 
 async def weigh_now(

@@ -10,7 +10,10 @@ is left on any host). The first :data:`WARMUP_FRACTION` of that window is
 warm-up, not counted. A script that ends on its own before the window is over
 is measured over what it reported: each rank over its own reports after its own
 warm-up (the notes say so); too few of them is an error saying that the script
-ended first. The result is a :class:`~corral.calibrate.model.Calibration`,
+ended first. A rank that probed the largest micro-batch it fits
+(``sdk.probe_fit``; the reference workload does on a GPU, or under a declared
+memory cap, ``CORRAL_MEM_CAP_MB``) reports it as the ``fits`` metric, recorded
+per rank. The result is a :class:`~corral.calibrate.model.Calibration`,
 saved as ``<run_dir>/<job-id>/calibration.json`` and ``<run_dir>/calibration-latest.json``.
 
 On SSH hosts the reference workload is first written to
@@ -31,7 +34,7 @@ from corral.calibrate.model import Calibration, save_calibration
 from corral.calibrate.resolve import planned_ranks, resolve_weights
 from corral.calibrate.weights import MeasuredRank, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster, Host
-from corral.contract import CALIBRATE_ENV, CALIBRATE_SECONDS_ENV
+from corral.contract import CALIBRATE_ENV, CALIBRATE_SECONDS_ENV, MEM_CAP_ENV
 from corral.errors import ConfigError, JobFailed, LaunchError
 from corral.job.engine import Job
 from corral.job.events import JobEvent, Progress, Subscriber
@@ -81,10 +84,19 @@ class CalibrateOptions:
     job_id: str | None = None
     threads: int | None = None
     """torch threads per rank of the reference workload (default: cores / ranks)."""
+    mem_caps: Mapping[str, float] = field(default_factory=dict)
+    """Host name -> its declared memory in MiB (``--mem-cap HOST=MB``): its ranks get
+    ``CORRAL_MEM_CAP_MB`` and probe the largest micro-batch that fits under it."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.seconds <= 3600:
             raise ConfigError(f"must be 1 to 3600 (got {self.seconds:g})", option="--seconds")
+        for host, cap in self.mem_caps.items():
+            if not cap > 0:
+                raise ConfigError(
+                    f"{host}: a memory cap must be a positive number of MiB (got {cap:g})",
+                    option="--mem-cap",
+                )
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"must be at least 1 (got {self.threads})", option="--threads")
 
@@ -139,6 +151,7 @@ class _Collector:
         self.ranks = ranks
         self.seconds = seconds
         self.samples: dict[int, list[Sample]] = {r: [] for r in ranks}
+        self.fits: dict[int, int] = {}
         self.window_start: float | None = None
         self.window_end: float | None = None
         self.stopping = False
@@ -148,6 +161,9 @@ class _Collector:
     def on_event(self, event: JobEvent) -> None:
         if not isinstance(event, Progress) or event.rank not in self.samples:
             return
+        fits = event.metrics.get("fits")
+        if isinstance(fits, int | float) and fits >= 1:  # the probed micro-batch (sdk.probe_fit)
+            self.fits[event.rank] = int(fits)
         examples = event.metrics.get("examples")
         if not isinstance(examples, int | float) or examples < 0 or self.stopping:
             return
@@ -221,7 +237,11 @@ class _Collector:
                         "sdk.calibrating() is true, or report more often"
                     )
                 raise JobFailed(why, host=host, rank=rank)
-            out.append(MeasuredRank(host=host, rank=rank, local_rank=local, rate=rate))
+            out.append(
+                MeasuredRank(
+                    host=host, rank=rank, local_rank=local, rate=rate, fits=self.fits.get(rank)
+                )
+            )
         return out
 
 
@@ -253,6 +273,25 @@ def _failure(result: JobResult) -> JobFailed:
     )
 
 
+def _with_caps(cluster: Cluster, caps: Mapping[str, float]) -> Cluster:
+    """``cluster`` with each capped host's ``CORRAL_MEM_CAP_MB`` in its env (its ranks
+    get it); ConfigError (``--mem-cap``) naming a host that is not in the cluster."""
+    names = {h.name for h in cluster.hosts}
+    unknown = sorted(set(caps) - names)
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(unknown)} not in the cluster (hosts: {', '.join(sorted(names))})",
+            option="--mem-cap",
+        )
+    if not caps:
+        return cluster
+    hosts = [
+        replace(h, env={**h.env, MEM_CAP_ENV: f"{caps[h.name]:g}"}) if h.name in caps else h
+        for h in cluster.hosts
+    ]
+    return replace(cluster, hosts=tuple(hosts))
+
+
 class Calibrator:
     """One calibration run: :meth:`subscribe` to its job's events, ``await run()``,
     :meth:`interrupt` to give up (Ctrl-C)."""
@@ -269,6 +308,7 @@ class Calibrator:
         self.options = options or CalibrateOptions()
         self.ssh = ssh or SshOptions()
         self.job_id = self.options.job_id or f"calibrate-{new_job_id()}"
+        self.cluster = _with_caps(cluster, self.options.mem_caps)
         self._transport = transport
         self._subscribers: list[Subscriber] = []
         self.job: Job | None = None

@@ -9,7 +9,7 @@
         "when": "2026-05-01T10:00:00+00:00", "job_id": "...", "seconds": 30.0,
         "hosts": ["tb1", "tb2"], "script": null, "workload": "reference",
         "ranks": [{"rank": 0, "host": "tb1", "local_rank": 0,
-                   "examples_per_s": 412.0, "share": 0.667, ...}, ...]}}
+                   "examples_per_s": 412.0, "share": 0.667, "fits": 256, ...}, ...]}}
 
 ``measured_performance`` and ``workload_distribution`` are per host (the sum of
 its ranks), as in the seed; ``ranks`` holds the per-rank figures the weights of
@@ -66,6 +66,9 @@ class RankRate(_Model):
     reports: int = Field(default=0, ge=0)
     variation: float | None = None
     """Coefficient of variation of the rate between reports (None: too few reports)."""
+    fits: int | None = Field(default=None, ge=1)
+    """The largest micro-batch the rank fits, found by probing (None: not probed, or
+    no limit found up to the probe's; see ``sdk.probe_fit``)."""
 
 
 class Calibration(_Model):
@@ -86,6 +89,14 @@ class Calibration(_Model):
     def host_ranks(self, host: str) -> list[RankRate]:
         """The ranks measured on ``host``, by local rank."""
         return sorted((r for r in self.ranks if r.host == host), key=lambda r: r.local_rank)
+
+    def fits(self) -> dict[str, int]:
+        """Per host, the smallest micro-batch its ranks fit (hosts with a limit only)."""
+        out: dict[str, int] = {}
+        for r in self.ranks:
+            if r.fits is not None:
+                out[r.host] = min(out.get(r.host, r.fits), r.fits)
+        return out
 
     def weights(self) -> tuple[float, ...]:
         """The measured shares in global rank order (the run that was measured)."""

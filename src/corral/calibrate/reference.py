@@ -7,7 +7,10 @@ step; no process group, so no rank waits for another) and reports the examples
 it processed through ``sdk.report(step, examples=n)`` about four times a
 second, until corral stops it (or ``--max-seconds`` pass). The model is sized
 to the device: wider and with a bigger batch on a GPU, where a small one would
-only measure kernel-launch overhead. Also runs by hand::
+only measure kernel-launch overhead. On a GPU, or under a declared memory cap
+(``CORRAL_MEM_CAP_MB``), it first probes the largest micro-batch a training step
+fits (``sdk.probe_fit``: doubling, then bisecting, out-of-memory caught), reports
+it as ``fits`` and measures its rate at the micro-batch it fits. Also runs by hand::
 
     python -m corral.calibrate.reference --max-seconds 10
 """
@@ -26,10 +29,13 @@ try:
 except ImportError:  # a host whose corral is not importable from this path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from corral import sdk
+from corral.contract import MEM_CAP_ENV
 
 #: (width, depth, batch) per device kind.
 SIZES = {"cpu": (512, 3, 64), "mps": (2048, 4, 256), "cuda": (4096, 4, 512)}
 REPORT_EVERY = 0.25
+#: The largest micro-batch probed, as a multiple of the device's batch.
+PROBE_UP_TO = {"cpu": 16, "mps": 64, "cuda": 128}
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -78,9 +84,31 @@ def main(argv: list[str] | None = None) -> int:
         layers += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    fitted: int | None = None
+    if device.type == "cuda" or os.environ.get(MEM_CAP_ENV, "").strip():
+
+        def probe(size: int) -> None:
+            inputs = torch.randn(size, width, device=device)
+            labels = torch.randint(0, 10, (size,), device=device)
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(inputs), labels).backward()
+            _sync(torch, device)
+
+        fit = sdk.probe_fit(
+            probe, limit=batch * PROBE_UP_TO[device.type], params=list(model.parameters())
+        )
+        optimizer.zero_grad(set_to_none=True)
+        if fit.limited:
+            fitted = fit.batch
+            batch = min(batch, fit.batch)
+        print(
+            f"rank {me.rank}: a step fits a micro-batch of "
+            + (f"{fit.batch}" if fit.limited else f"{fit.batch} or more"),
+            flush=True,
+        )
     x = torch.randn(batch, width, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
-    loss_fn = nn.CrossEntropyLoss()
     started = last = time.monotonic()
     step = pending = 0
     while True:
@@ -92,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         now = time.monotonic()
         if now - last >= REPORT_EVERY:
             _sync(torch, device)
-            sdk.report(step, examples=pending)
+            if fitted is None:
+                sdk.report(step, examples=pending)
+            else:  # the micro-batch this rank fits, recorded by corral calibrate
+                sdk.report(step, examples=pending, fits=fitted)
             pending, last = 0, time.monotonic()
             if last - started >= args.max_seconds:
                 break

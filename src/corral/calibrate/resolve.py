@@ -5,20 +5,23 @@ order: host by host as the cluster lists them, then by local rank on each host
 (the global rank order of the ``python`` launcher; torchrun assigns global ranks
 at its rendezvous, see ``docs/heterogeneous.md``). Hosts are matched by name
 (or address); the weights are renormalised over the planned ranks, so a run on
-some of the measured hosts keeps their relative speeds.
+some of the measured hosts keeps their relative speeds. :func:`resolve_fits`
+gives, in the same order, the largest micro-batch each rank fits (exported as
+``CORRAL_MICRO_BATCH_FITS`` beside the weights).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from corral.calibrate.model import OPTION, Calibration, RankRate, load_calibration
 from corral.calibrate.weights import shares
 from corral.cluster.model import Cluster, Host
+from corral.contract import MICRO_BATCH_FITS_ENV
 from corral.errors import ConfigError
 
-__all__ = ["planned_ranks", "resolve_weights", "weights_from_rates"]
+__all__ = ["fits_env", "planned_ranks", "resolve_fits", "resolve_weights", "weights_from_rates"]
 
 
 def planned_ranks(cluster: Cluster, nproc_per_node: int | None) -> list[tuple[Host, int]]:
@@ -64,24 +67,17 @@ def weights_from_rates(
     return tuple(round(w, 6) for w in split)
 
 
-def resolve_weights(
-    calibration_file: str | Path | Calibration,
-    cluster: Cluster,
-    nproc_per_node: int | None,
-) -> tuple[float, ...]:
-    """One weight per planned rank (summing to 1) from a calibration file (or a
-    loaded :class:`Calibration`), for ``JobSpec.workload_weights``.
-
-    ConfigError (option ``--calibration``) when the file is missing or invalid, a
-    host of the cluster was not measured, or it ran another number of ranks than
-    planned; the message names the host and the ``corral calibrate`` to run.
-    """
+def _matched(
+    calibration_file: str | Path | Calibration, cluster: Cluster, nproc_per_node: int | None
+) -> dict[tuple[str, int], RankRate]:
+    """The measured rank of every planned ``(host name, local rank)``; ConfigError as
+    :func:`resolve_weights` documents."""
     calibration = (
         calibration_file
         if isinstance(calibration_file, Calibration)
         else load_calibration(calibration_file)
     )
-    rates: dict[tuple[str, int], float] = {}
+    matched: dict[tuple[str, int], RankRate] = {}
     for host in cluster.hosts:
         measured = _host_ranks(calibration, host)
         planned = nproc_per_node if nproc_per_node is not None else host.slots
@@ -98,5 +94,43 @@ def resolve_weights(
                 option=OPTION,
             )
         for index, rank in enumerate(measured):
-            rates[(host.name, index)] = rank.examples_per_s
+            matched[(host.name, index)] = rank
+    return matched
+
+
+def resolve_weights(
+    calibration_file: str | Path | Calibration,
+    cluster: Cluster,
+    nproc_per_node: int | None,
+) -> tuple[float, ...]:
+    """One weight per planned rank (summing to 1) from a calibration file (or a
+    loaded :class:`Calibration`), for ``JobSpec.workload_weights``.
+
+    ConfigError (option ``--calibration``) when the file is missing or invalid, a
+    host of the cluster was not measured, or it ran another number of ranks than
+    planned; the message names the host and the ``corral calibrate`` to run.
+    """
+    matched = _matched(calibration_file, cluster, nproc_per_node)
+    rates = {key: rank.examples_per_s for key, rank in matched.items()}
     return weights_from_rates(rates, cluster, nproc_per_node)
+
+
+def resolve_fits(
+    calibration_file: str | Path | Calibration,
+    cluster: Cluster,
+    nproc_per_node: int | None,
+) -> tuple[int | None, ...]:
+    """The largest micro-batch of every planned rank (None: no limit found), in the
+    order of :func:`resolve_weights`; its ConfigErrors."""
+    matched = _matched(calibration_file, cluster, nproc_per_node)
+    return tuple(
+        matched[(host.name, local)].fits for host, local in planned_ranks(cluster, nproc_per_node)
+    )
+
+
+def fits_env(fits: Sequence[int | None]) -> dict[str, str]:
+    """``CORRAL_MICRO_BATCH_FITS`` for ``fits`` (plan order, ``0``: no limit), or
+    nothing when no rank has a limit."""
+    if not any(fits):
+        return {}
+    return {MICRO_BATCH_FITS_ENV: ",".join(str(f or 0) for f in fits)}

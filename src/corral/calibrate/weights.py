@@ -74,6 +74,8 @@ class MeasuredRank:
     rank: int
     local_rank: int
     rate: Rate
+    fits: int | None = None
+    """The largest micro-batch the rank fits (None: no limit found or not probed)."""
 
     @property
     def label(self) -> str:
@@ -175,6 +177,12 @@ def describe(measured: Sequence[MeasuredRank], equal: bool) -> str:
             f" Unsteady throughput on {', '.join(noisy)}: something else ran there, or "
             "the steps differ in cost; a longer --seconds gives steadier figures."
         )
+    capped = [f"{m.label} at {m.fits}" for m in measured if m.fits is not None]
+    if capped:
+        text += (
+            f" Memory caps the micro-batch of {', '.join(capped)}: a share above it runs "
+            "as gradient accumulation (several micro-batches per optimizer step)."
+        )
     few = [m.label for m in measured if m.rate.reports < _PARTS]
     if few:
         text += f" Few reports from {', '.join(few)}: report more often, or measure longer."
@@ -212,6 +220,7 @@ def build_calibration(
                 seconds=round(m.rate.seconds, 3),
                 reports=m.rate.reports,
                 variation=None if m.rate.variation is None else round(m.rate.variation, 4),
+                fits=m.fits,
             )
         )
     return Calibration(

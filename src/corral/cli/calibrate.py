@@ -24,6 +24,7 @@ from corral.cli.options import (
     WorkdirOpt,
 )
 from corral.console import make_console
+from corral.errors import ConfigError
 from corral.job.resolve import parse_env, parse_nproc
 from corral.job.result import EXIT_INTERRUPTED
 from corral.transport.options import SshOptions
@@ -45,6 +46,16 @@ ThreadsOpt = Annotated[
         metavar="N",
         help="torch CPU threads per rank of the built-in workload (default: the host's "
         "cores over its ranks).",
+    ),
+]
+MemCapOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mem-cap",
+        metavar="HOST=MB",
+        help="Declare HOST's memory in MiB (repeatable): its ranks probe the largest "
+        "micro-batch whose measured step peak fits under it (also: CORRAL_MEM_CAP_MB in "
+        "a host's env). On a GPU the card's own out-of-memory is probed without it.",
     ),
 ]
 JsonOpt = Annotated[
@@ -72,6 +83,7 @@ def calibrate(
     workdir: WorkdirOpt = None,
     env: EnvOpt = None,
     threads: ThreadsOpt = None,
+    mem_cap: MemCapOpt = None,
     run_dir: RunDirOpt = "runs",
     job_id: JobIdOpt = None,
     as_json: JsonOpt = False,
@@ -82,6 +94,8 @@ def calibrate(
     Without a script, every rank trains corral's reference model (sized to its device)
     for --seconds. With -- SCRIPT [ARGS], the script runs with CORRAL_CALIBRATE=1 and
     must call sdk.report(step, examples=N) each step; corral stops it after --seconds.
+    A rank that probes the largest micro-batch it fits (sdk.probe_fit; the built-in
+    workload does on a GPU or under --mem-cap) has it recorded in the "fits" column.
     The result is saved as runs/<job-id>/calibration.json and runs/calibration-latest.json,
     for corral run --calibration FILE.
     """
@@ -96,6 +110,7 @@ def calibrate(
         run_dir=run_dir,
         job_id=job_id,
         threads=threads,
+        mem_caps=_mem_caps(mem_cap or []),
     )
     console = make_console(stderr=as_json)
     calibrator = Calibrator(cluster, options, ssh=ssh)
@@ -121,6 +136,23 @@ def calibrate(
         style="dim",
         markup=False,
     )
+
+
+def _mem_caps(given: list[str]) -> dict[str, float]:
+    """``HOST=MB`` pairs; ConfigError (``--mem-cap``) naming a malformed one."""
+    caps: dict[str, float] = {}
+    for item in given:
+        host, sep, value = item.partition("=")
+        try:
+            mib = float(value)
+        except ValueError:
+            mib = 0.0
+        if not sep or not host.strip() or not mib > 0 or mib == float("inf"):
+            raise ConfigError(
+                f"{item!r}: expected HOST=MB with a positive number of MiB", option="--mem-cap"
+            )
+        caps[host.strip()] = mib
+    return caps
 
 
 def register(app: typer.Typer) -> None:

@@ -24,15 +24,15 @@ def _bar(share: float, top: float) -> str:
 
 
 def print_calibration(calibration: Calibration, console: Console) -> None:
-    """The table (host, rank, examples/s, share, bar), a total row per host with
-    several ranks, then the notes."""
+    """The table (host, rank, examples/s, share, the micro-batch it fits, bar), a
+    total row per host with several ranks, then the notes."""
     what = "script " + " ".join(calibration.script) if calibration.script else "built-in workload"
     table = Table(
         title=f"calibration {calibration.job_id} ({calibration.seconds:g} s, {what})",
         title_justify="left",
     )
     table.add_column("host")
-    for column in ("rank", "ex/s", "share"):
+    for column in ("rank", "ex/s", "share", "fits"):
         table.add_column(column, justify="right")
     table.add_column("", no_wrap=True)
     top = max(r.share for r in calibration.ranks)
@@ -44,6 +44,7 @@ def print_calibration(calibration: Calibration, console: Console) -> None:
                 str(rank.rank),
                 f"{rank.examples_per_s:.1f}",
                 f"{rank.share:.3f}",
+                "-" if rank.fits is None else str(rank.fits),
                 _bar(rank.share, top),
             )
         if len(ranks) > 1:
@@ -52,6 +53,7 @@ def print_calibration(calibration: Calibration, console: Console) -> None:
                 "",
                 f"{calibration.measured_performance.get(host, 0.0):.1f}",
                 f"{calibration.workload_distribution.get(host, 0.0):.3f}",
+                "",
                 "",
                 style="bold",
             )

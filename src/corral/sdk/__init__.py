@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
     from corral.sdk._ft import FaultTolerant, fault_tolerant
     from corral.sdk._krum import krum_hook
+    from corral.sdk._memory import memory_split, micro_batch_fits, probe_fit
     from corral.sdk._preempt import checkpoint_requested, request_checkpoint
     from corral.sdk._qos import set_qos
     from corral.sdk._report import report
@@ -99,8 +100,11 @@ _LAZY = {
     "load_checkpoint": "corral.sdk._checkpoint",
     "local_batch_size": "corral.sdk._weights",
     "loss_scale": "corral.sdk._weights",
+    "memory_split": "corral.sdk._memory",
+    "micro_batch_fits": "corral.sdk._memory",
     "output_dir": "corral.sdk._config",
     "print_distributed_info": "corral.sdk._env",
+    "probe_fit": "corral.sdk._memory",
     "read_error_file": "corral.sdk._errors",
     "record": "corral.sdk._errors",
     "report": "corral.sdk._report",
@@ -154,8 +158,11 @@ __all__ = [
     "load_checkpoint",
     "local_batch_size",
     "loss_scale",
+    "memory_split",
+    "micro_batch_fits",
     "output_dir",
     "print_distributed_info",
+    "probe_fit",
     "read_error_file",
     "record",
     "report",

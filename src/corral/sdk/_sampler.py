@@ -14,6 +14,13 @@ drops the ``R`` tail indices instead.
 Without ``global_batch`` the sampler only splits the indices in proportion to
 the weights (``N * w_i``, largest remainder); steps are then the caller's
 business.
+
+Memory: ``fits`` (default ``CORRAL_MICRO_BATCH_FITS``, what ``corral calibrate``
+found each rank fits) cap each rank's micro-batch. A rank whose batch exceeds its
+fit runs its step's slice as :meth:`micro_sizes` micro-batches and steps once
+(gradient accumulation; :meth:`loss_scale` with ``micro`` keeps the gradient the
+global batch's); ``accumulate=False`` caps its batch instead and moves the excess
+to ranks with room (see :func:`corral.sdk._memory.memory_split`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
 from corral.sdk._env import info
+from corral.sdk._memory import memory_split, micro_batch_fits, micro_sizes
 from corral.sdk._weights import apportion, batch_sizes, resolve_weights
 
 __all__ = ["WeightedDistributedSampler"]
@@ -84,7 +92,13 @@ class _Layout:
             yield start, start + self.tail[rank]
 
 
-def _layout(n: int, weights: Sequence[float], global_batch: int | None, drop_last: bool) -> _Layout:
+def _layout(
+    n: int,
+    weights: Sequence[float],
+    global_batch: int | None,
+    drop_last: bool,
+    capped: Sequence[int | None] | None = None,
+) -> _Layout:
     world = len(weights)
     if global_batch is None:
         if drop_last:
@@ -92,7 +106,10 @@ def _layout(n: int, weights: Sequence[float], global_batch: int | None, drop_las
         if n < world:
             raise ValueError(f"a dataset of {n} examples cannot give each of {world} ranks one")
         return _Layout(0, [0] * world, apportion(n, weights))
-    full = batch_sizes(global_batch, weights, world)
+    if capped:  # no accumulation: batches capped at the fits, the excess moved
+        full = tuple(m.batch for m in memory_split(global_batch, weights, capped, accumulate=False))
+    else:
+        full = batch_sizes(global_batch, weights, world)
     body, rest = divmod(n, global_batch)
     if rest == 0 or drop_last:
         if body == 0:
@@ -121,6 +138,8 @@ class WeightedDistributedSampler:
     a short tail was folded into the last step, see the module docstring).
     Like torch's ``DistributedSampler``, call :meth:`set_epoch` every epoch;
     the same ``seed`` and epoch give the same permutation on every rank.
+    ``fits`` (one per rank, None: no limit; default ``CORRAL_MICRO_BATCH_FITS``)
+    cap the micro-batches: see :attr:`accumulation` and :meth:`micro_sizes`.
     """
 
     def __init__(
@@ -134,6 +153,8 @@ class WeightedDistributedSampler:
         drop_last: bool = False,
         *,
         global_batch: int | None = None,
+        fits: Sequence[int | None] | None = None,
+        accumulate: bool = True,
     ) -> None:
         self.dataset = dataset
         self.num_replicas, self.rank = _topology(num_replicas, rank)
@@ -141,7 +162,15 @@ class WeightedDistributedSampler:
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.global_batch = global_batch
         self.epoch = 0
-        self._layout = _layout(len(dataset), self.weights, global_batch, drop_last)
+        given = micro_batch_fits() if fits is None else fits
+        self.fits: tuple[int | None, ...] = tuple(
+            None if not f else int(f) for f in (given or (None,) * self.num_replicas)
+        )
+        if len(self.fits) != self.num_replicas:
+            raise ValueError(f"{len(self.fits)} fits for {self.num_replicas} ranks: one per rank")
+        self.accumulate = accumulate
+        capped = None if accumulate or not any(self.fits) else self.fits
+        self._layout = _layout(len(dataset), self.weights, global_batch, drop_last, capped)
 
     @property
     def batch_size(self) -> int | None:
@@ -160,15 +189,33 @@ class WeightedDistributedSampler:
         tail = layout.tail or (0,) * self.num_replicas
         return tuple(layout.body * f + t for f, t in zip(layout.full, tail, strict=True))
 
+    @property
+    def micro_batch(self) -> int | None:
+        """This rank's largest micro-batch (None without ``global_batch``)."""
+        return None if self.global_batch is None else self.micro_sizes(0)[0]
+
+    @property
+    def accumulation(self) -> int | None:
+        """Micro-batches per full step on this rank (1: its batch fits; None without
+        ``global_batch``); the last step may need fewer, see :meth:`micro_sizes`."""
+        return None if self.global_batch is None else len(self.micro_sizes(0))
+
+    def micro_sizes(self, step: int) -> tuple[int, ...]:
+        """This rank's micro-batch sizes at ``step``: its batch cut to its fit."""
+        return micro_sizes(self.step_sizes(step)[self.rank], self.fits[self.rank])
+
     def step_sizes(self, step: int) -> tuple[int, ...]:
         """Every rank's batch size at ``step`` (0-based, within the epoch)."""
         self._require_batches()
         return self._layout.sizes(step)
 
-    def loss_scale(self, step: int) -> float:
-        """``world * b_i / B`` for ``step``'s actual sizes (the last step may be shorter)."""
+    def loss_scale(self, step: int, micro: int | None = None) -> float:
+        """``world * b_i / B`` for ``step``'s actual sizes (the last step may be
+        shorter); with ``micro``, ``world * m / B`` for that micro-batch of size ``m``
+        (summed over the step's micro-batches: the whole step's factor)."""
         sizes = self.step_sizes(step)
-        return self.num_replicas * sizes[self.rank] / sum(sizes)
+        mine = sizes[self.rank] if micro is None else self.micro_sizes(step)[micro]
+        return self.num_replicas * mine / sum(sizes)
 
     def set_epoch(self, epoch: int) -> None:
         """Use a different permutation for ``epoch`` (call before each epoch)."""
@@ -191,10 +238,20 @@ class WeightedDistributedSampler:
         for start, stop in self._layout.slices(self.rank):
             yield order[start:stop]
 
-    def batch_sampler(self) -> _BatchSampler:
-        """A batch sampler for ``DataLoader(batch_sampler=...)``: :meth:`batches` each epoch."""
+    def micro_batches(self) -> Iterator[list[int]]:
+        """This rank's micro-batches of the current epoch, in order: step ``k``'s
+        batch cut into ``len(micro_sizes(k))`` micro-batches."""
+        for step, batch in enumerate(self.batches()):
+            start = 0
+            for size in self.micro_sizes(step):
+                yield batch[start : start + size]
+                start += size
+
+    def batch_sampler(self, micro: bool = False) -> _BatchSampler:
+        """A batch sampler for ``DataLoader(batch_sampler=...)``: :meth:`batches` each
+        epoch, or :meth:`micro_batches` with ``micro``."""
         self._require_batches()
-        return _BatchSampler(self)
+        return _BatchSampler(self, micro)
 
     def __iter__(self) -> Iterator[int]:
         order = self._permutation()
@@ -215,20 +272,23 @@ class WeightedDistributedSampler:
             f"WeightedDistributedSampler(rank {self.rank}/{self.num_replicas}, "
             f"weights [{weights}], {len(self)} of {len(self.dataset)} examples"
             + ("" if self.batch_size is None else f", batch {self.batch_size}")
+            + ("" if (self.accumulation or 1) == 1 else f" in {self.accumulation} micro-batches")
             + f", epoch {self.epoch})"
         )
 
 
 class _BatchSampler:
-    """Iterates :meth:`WeightedDistributedSampler.batches` (``len``: the steps per epoch)."""
+    """Iterates the batches (or micro-batches) of a :class:`WeightedDistributedSampler`."""
 
-    def __init__(self, sampler: WeightedDistributedSampler) -> None:
-        self.sampler = sampler
+    def __init__(self, sampler: WeightedDistributedSampler, micro: bool = False) -> None:
+        self.sampler, self.micro = sampler, micro
 
     def __iter__(self) -> Iterator[list[int]]:
-        return self.sampler.batches()
+        return self.sampler.micro_batches() if self.micro else self.sampler.batches()
 
     def __len__(self) -> int:
         steps = self.sampler.num_steps
         assert steps is not None  # batch_sampler() requires global_batch
+        if self.micro:
+            return sum(len(self.sampler.micro_sizes(k)) for k in range(steps))
         return steps

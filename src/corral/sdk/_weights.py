@@ -29,6 +29,7 @@ __all__ = [
     "local_batch_size",
     "loss_scale",
     "parse_weights",
+    "plan_order_list",
     "positive_numbers",
     "resolve_weights",
     "workload_weights",
@@ -90,16 +91,30 @@ def workload_weights(env: Mapping[str, str] | None = None) -> tuple[float, ...] 
     if not raw:
         return None
     in_plan_order = parse_weights(raw, info(e).world_size)
-    node = e.get(PLAN_NODE_ENV, "").strip()
+    return plan_order_list(in_plan_order, e, WEIGHTS_ENV)
+
+
+def plan_order_list(
+    values: Sequence[float], env: Mapping[str, str], source: str
+) -> tuple[float, ...]:
+    """``values`` (one per planned rank, in corral's plan order, from ``source``) in
+    global rank order: the same under corral's own launchers; under torchrun (ranks
+    numbered at the rendezvous) each rank's own entry is all-gathered once."""
+    world = info(env).world_size
+    if len(values) != world:
+        raise ValueError(
+            f"{source} has {len(values)} entries for a world size of {world}: one per global rank"
+        )
+    node = env.get(PLAN_NODE_ENV, "").strip()
     if not node:  # ranks numbered by corral: rank order is plan order
-        return in_plan_order
-    key = f"{raw}|{node}|{e.get(PLAN_NPROCS_ENV, '')}|{e.get('RANK', '')}"
+        return tuple(values)
+    key = f"{source}|{list(values)}|{node}|{env.get(PLAN_NPROCS_ENV, '')}|{env.get('RANK', '')}"
     if key not in _by_rank_cache:
-        _by_rank_cache[key] = _exchange(in_plan_order, e)
+        _by_rank_cache[key] = _exchange(values, env, source)
     return _by_rank_cache[key]
 
 
-def _own_weight(plan_weights: Sequence[float], env: Mapping[str, str]) -> float:
+def _own_weight(plan_weights: Sequence[float], env: Mapping[str, str], source: str) -> float:
     """This rank's weight: its plan node's block of the plan-order list, at LOCAL_RANK."""
     try:
         node = int(env[PLAN_NODE_ENV])
@@ -109,18 +124,20 @@ def _own_weight(plan_weights: Sequence[float], env: Mapping[str, str]) -> float:
     except (KeyError, ValueError, IndexError):
         raise ValueError(
             f"{PLAN_NODE_ENV}={env.get(PLAN_NODE_ENV)!r} / {PLAN_NPROCS_ENV}="
-            f"{env.get(PLAN_NPROCS_ENV)!r} do not locate this rank in {WEIGHTS_ENV}"
+            f"{env.get(PLAN_NPROCS_ENV)!r} do not locate this rank in {source}"
         ) from None
 
 
-def _exchange(plan_weights: Sequence[float], env: Mapping[str, str]) -> tuple[float, ...]:
-    """The weights in torch's rank order: each rank contributes its own (all-gather)."""
+def _exchange(
+    plan_weights: Sequence[float], env: Mapping[str, str], source: str = WEIGHTS_ENV
+) -> tuple[float, ...]:
+    """The entries in torch's rank order: each rank contributes its own (all-gather)."""
     import torch.distributed as dist
 
-    own = _own_weight(plan_weights, env)
+    own = _own_weight(plan_weights, env, source)
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
-            f"{WEIGHTS_ENV}: under torchrun the global ranks are numbered at the "
+            f"{source}: under torchrun the global ranks are numbered at the "
             "rendezvous, so the weights are matched to ranks through the process group: "
             "call sdk.init_distributed() before reading them"
         )
