@@ -28,10 +28,10 @@ from pydantic_core import PydanticCustomError
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.contract import QOS_CLASSES, is_env_name
 from corral.errors import ConfigError
-from corral.job.events import OddRank, StuckCollective
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.redact import is_secret, looks_secret
+from corral.service.statusparts import GroupChange, HangOut, NodeStatus, StragglerOut
 from corral.track.targets import MAX_TARGETS, parse_targets
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -574,67 +574,6 @@ class DispatchIn(_Body):
     master_port: int | None = Field(None, ge=0, le=65535)
     plugin_name: str | None = None
     config: dict[str, Any] | None = None
-
-
-class NodeStatus(BaseModel):
-    """One node of a distributed job (seed's per-node status)."""
-
-    host: str
-    machine_id: str | None
-    node_rank: int
-    ranks: list[int]
-    status: str
-    detail: str
-    start_time: float | None
-    end_time: float | None
-    progress: dict[str, Any]
-
-
-class GroupChange(BaseModel):
-    """A change of a node's replica group (``recovery: in-place``): ``lost`` (torn down,
-    the others train on), ``restarting`` (started again on ``host``), ``rejoined`` (at
-    ``step``, ``healed_from`` a live peer), ``continuing`` (the others go on without it),
-    ``fallback`` (the whole job restarts from the disk checkpoint)."""
-
-    time: float
-    host: str
-    group: int
-    change: str
-    participants: int = Field(description="Live replica groups after the change.")
-    step: int | None = None
-    healed_from: str | None = None
-    detail: str = ""
-
-
-class StragglerOut(BaseModel):
-    """A rank named a straggler (the supervisor's :class:`~corral.job.events.StragglerFound`,
-    the latest per rank and section): its ``section`` took ``ratio`` times the ``basis``
-    (``median`` of the other ranks, or its own ``best``) for ``span`` steps up to ``step``."""
-
-    host: str
-    rank: int
-    section: str
-    ratio: float
-    basis: Literal["median", "best"]
-    span: int
-    step: int | None = None
-    text: str = Field("", description="The live line corral run prints.")
-    time: float
-
-
-class HangOut(BaseModel):
-    """The job's last hang report (:class:`~corral.job.events.HangReported`)."""
-
-    time: float
-    summary: str = Field(description="The one line that names the cause.")
-    message: str = Field("", description="What the hang detection saw.")
-    odd: list[OddRank] = Field(
-        default_factory=list, description="The odd ones out: ranks not where the others are."
-    )
-    collective: StuckCollective | None = Field(
-        None, description="The collective the NCCL flight recorder names (GPU jobs)."
-    )
-    report: str | None = Field(None, description="Path of report.md (report.json beside it).")
 
 
 class DistributedJobStatus(BaseModel):

@@ -34,15 +34,12 @@ from corral.service.ingest import Ingest, Live, in_place, machine_ids, rank_numb
 from corral.service.jobrows import job_row
 from corral.service.models import (
     DistributedJobStatus,
-    GroupChange,
-    HangOut,
     JobList,
     JobSummary,
-    NodeStatus,
     OutputPage,
-    StragglerOut,
     WorkloadWeight,
 )
+from corral.service.statusparts import GroupChange, HangOut, NodeStatus, StragglerOut
 from corral.store import Store
 from corral.store.models import Attempt, Event, Job, Machine, Node, Rank, Task
 
