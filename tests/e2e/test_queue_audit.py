@@ -10,6 +10,7 @@ job waits, nothing is started."""
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import subprocess
 import sys
@@ -94,6 +95,19 @@ def test_the_queued_cap_the_cli_and_every_change_in_the_audit_log(tmp_path: Path
             ),
         ]
         assert changes[-1][5]["revoked"] > 0
+        # the server's machine reads the same log: corral serve audit
+        shown = subprocess.run(
+            [sys.executable, "-m", "corral", "serve", "audit", "--user", cli, "--limit", "2"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "CORRAL_DB": server.db_url},
+        )
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert f"{cli}" in lines[0] and "user.revoke bob  [0]" in lines[0], lines
+        assert '{"jobs": null, "machines": 4, "queued": null} -> {"jobs": 3' in lines[1], lines
+        assert lines[-1] == "2 of 5 entries"
         # the API's limit route changes only the limits given, too
         put = admin.put("/api/users/alice/limits", json={"jobs": 2})
         assert (put.json()["max_jobs"], put.json()["max_machines"]) == (2, 4)

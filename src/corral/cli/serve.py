@@ -1,6 +1,6 @@
 """``corral serve``: the REST API and the web page over a persistent store, and
-``corral serve user add|list|revoke|limit``: its users, and ``corral serve gc``: old
-jobs' events and run dirs trimmed.
+``corral serve user add|list|revoke|limit``: its users, ``corral serve audit``: its
+audit log, and ``corral serve gc``: old jobs' events and run dirs trimmed.
 
 Jobs dispatched through it run in their own supervisor processes, so stopping or
 restarting the server never stops training (it re-attaches on start).
@@ -462,6 +462,41 @@ def _limit_value(value: str, option: str, clear: str) -> int | None:
     return number
 
 
+def audit(
+    user: Annotated[
+        str | None, typer.Option("--user", metavar="NAME", help="Only this user's entries.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", metavar="N", min=1, max=1000)] = 50,
+    offset: Annotated[int, typer.Option("--offset", metavar="N", min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="The page as JSON.")] = False,
+    db: _DB = None,
+) -> None:
+    """Show the audit log, newest first: who changed what, before and after."""
+    import json
+    import time
+
+    from corral.service.audit import AuditLog
+    from corral.store import open_store
+
+    with open_store(db) as store:
+        page = AuditLog(store).page(user=user, limit=limit, offset=offset)
+    if as_json:
+        sys.stdout.write(page.model_dump_json(indent=2) + "\n")
+        return
+    console = make_console(stderr=False)
+    for e in page.entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+        what = e.action or f"{e.method} {e.path}"
+        target = f" {e.target}" if e.target else ""
+        change = ""
+        if e.before is not None or e.after is not None:
+            change = f"  {json.dumps(e.before)} -> {json.dumps(e.after)}"
+        count = f" x{e.count}" if e.count > 1 else ""
+        line = f"{when}  {e.user or '-':<16} {what}{target}  [{e.status}]{count}"
+        console.print(line + change, markup=False, soft_wrap=True)
+    console.print(f"{len(page.entries)} of {page.total} entries", markup=False)
+
+
 def _cli_actor() -> str:
     from corral.service.audit import cli_actor
 
@@ -561,5 +596,6 @@ def register(app: typer.Typer) -> None:
     user_app.command("revoke")(user_revoke)
     user_app.command("limit")(user_limit)
     serve_app.add_typer(user_app, name="user")
+    serve_app.command("audit")(audit)
     serve_app.command("gc")(gc)
     app.add_typer(serve_app, name="serve")
