@@ -214,13 +214,18 @@ class Queries:
     def file(self, job_id: str, key: str) -> Path:
         """A file of the job's run dir by alias (result, plan, job, attempts, events,
         supervisor_log) or relative path (``logs/HOST.RANK.log``); Forbidden outside."""
-        row = self.row(job_id)
-        base = Path(row.run_dir).resolve()
+        base = run_dir_of(self.row(job_id))
+        if base is None:  # queued: no run dir yet (never the server's cwd, its data dir)
+            raise NotFound(f"job {job_id} has no file {key!r}", details={"key": key, "files": []})
         name = FILE_ALIASES.get(key, key)
         target = (base / name).resolve()
         if not target.is_relative_to(base) or target == base:
             raise Forbidden(f"{key!r} is outside job {job_id}'s run dir", details={"key": key})
-        if not target.is_file():
+        try:
+            found = target.is_file()
+        except OSError:  # a name too long, ...: no such file
+            found = False
+        if not found:
             raise NotFound(
                 f"job {job_id} has no file {key!r}",
                 details={"key": key, "files": self.files(job_id)},
@@ -229,8 +234,8 @@ class Queries:
 
     def files(self, job_id: str) -> list[str]:
         """The job's files (relative paths; logs included)."""
-        base = Path(self.row(job_id).run_dir)
-        if not base.is_dir():
+        base = run_dir_of(self.row(job_id))
+        if base is None or not base.is_dir():
             return []
         return sorted(
             str(p.relative_to(base))
@@ -306,6 +311,12 @@ class Queries:
 def events_path(row: Job) -> Path | None:
     """The job's events file; None while it has no run dir (a queued job)."""
     return Path(row.run_dir) / EVENTS_FILE if row.run_dir else None
+
+
+def run_dir_of(row: Job) -> Path | None:
+    """The job's run dir, resolved; None while it has none (a queued job: its empty
+    ``run_dir`` is no path, and ``Path("")`` would be the server's working dir)."""
+    return Path(row.run_dir).resolve() if row.run_dir else None
 
 
 def _decoded(ev: LoggedEvent, job_id: str) -> JobEvent | None:

@@ -1,0 +1,89 @@
+"""A hostile team member against a real ``corral serve`` over real HTTP: the holes a
+``user`` (and an unauthenticated client) found after the trust boundary of issue 29,
+each kept shut. The server's data dir is its working dir here (its token, its
+database), as when an admin starts ``corral serve`` in ``~/.corral``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.serverlib import TOKEN, LiveServer, live_server, wait_status
+
+SSH_HOST = "10.9.9.9"  # never reachable: a user's job for it stays queued, nothing starts
+QUEUED_JOB = {
+    "launcher": "command",
+    "command_template": "echo hi",
+    "preflight": False,
+    "machine_selection": "manual",
+    "selected_machines": ["gpu1"],
+}
+
+
+@dataclass
+class Team:
+    server: LiveServer
+    admin: httpx.Client
+    mallory: httpx.Client  # a user
+
+    def close(self) -> None:
+        self.admin.close()
+        self.mallory.close()
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    root = tmp_path_factory.mktemp("hostile") / "srv"
+    with live_server(root) as server:
+        admin = server.client()
+        for body in ({"name": "here", "local": True}, {"name": "gpu1", "host": SSH_HOST}):
+            made = admin.post("/api/network/machines", json=body)
+            assert made.status_code == 201, made.text
+        user = admin.post("/api/users", json={"name": "mallory", "role": "user"})
+        assert user.status_code == 201, user.text
+        mallory = httpx.Client(
+            base_url=server.url,
+            timeout=60,
+            headers={"Authorization": f"Bearer {user.json()['token']}"},
+        )
+        team = Team(server, admin, mallory)
+        try:
+            yield team
+        finally:
+            team.close()
+
+
+def test_a_queued_jobs_files_are_not_the_servers_working_dir(team: Team) -> None:
+    """A queued job has no run dir yet; its files are none, not those of the server's
+    working dir (where its token and database are)."""
+    queued = team.mallory.post("/api/jobs/queue", json=QUEUED_JOB)
+    assert queued.status_code == 201, queued.text
+    job_id = queued.json()["job_id"]
+    assert queued.json()["status"] == "queued"
+
+    listed = team.mallory.get(f"/api/jobs/{job_id}/files")
+    assert listed.status_code == 200, listed.text
+    assert listed.json() == []
+    for key in ("token", "corral.db", "serve.log", "./token"):
+        answer = team.mallory.get(f"/api/network/local_job_file/{job_id}/{key}")
+        assert answer.status_code == 404, (key, answer.status_code, answer.text[:200])
+        assert TOKEN not in answer.text
+        assert not answer.content.startswith(b"SQLite format")
+
+
+def test_a_file_name_too_long_is_a_404_not_a_500(team: Team) -> None:
+    """A key longer than the filesystem allows is no such file (not an OSError 500)."""
+    plan = team.admin.post(
+        "/api/network/distributed/plan",
+        json={**QUEUED_JOB, "command_template": "true", "selected_machines": ["here"]},
+    )
+    assert plan.status_code == 200, plan.text
+    job_id = plan.json()["job_id"]
+    started = team.admin.post("/api/network/distributed/dispatch", json={"job_id": job_id})
+    assert started.status_code == 200, started.text
+    wait_status(team.admin, job_id, ["succeeded"])
+    answer = team.admin.get(f"/api/network/local_job_file/{job_id}/{'a' * 5000}")
+    assert answer.status_code == 404, answer.text[:300]
