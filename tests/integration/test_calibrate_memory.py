@@ -68,6 +68,7 @@ def test_a_capped_node_records_its_fit_and_accumulates_its_share(tmp_path: Path)
         cwd=tmp_path, timeout=180,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-3000:]
+    assert "micro-batch fits (host:local rank): local-1:0 104;" in run.stdout
     lines = dict(re.findall(r"rank (\d): (batch .*)", run.stdout))
     weights = json.loads(path.read_text())["hardware_calibration"]["ranks"]
     b1 = round(512 * weights[1]["share"])

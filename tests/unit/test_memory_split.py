@@ -3,6 +3,8 @@ split with declared caps, and what the sampler and the calibration make of it.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from corral.calibrate.launch import weigh
@@ -146,3 +148,25 @@ def test_the_calibration_records_fits_and_the_run_exports_them() -> None:
         script=None, workload="reference",
     )  # fmt: skip
     assert MICRO_BATCH_FITS_ENV not in weigh(weighed.spec, cluster, plain).spec.env
+
+
+def test_a_server_job_weighed_by_a_calibration_gets_its_fits(tmp_path: Path) -> None:
+    from corral.calibrate.model import save_calibration
+    from tests.unit.test_service_planner import _weighted_plan, machine
+
+    cal = build_calibration(
+        _measured([None, 104]), hosts=["sim1", "sim2"], job_id="c", seconds=5,
+        script=None, workload="reference",
+    )  # fmt: skip
+    renamed = cal.model_copy(
+        update={"ranks": [r.model_copy(update={"host": f"sim{r.rank + 1}"}) for r in cal.ranks]}
+    )
+    path = save_calibration(renamed, tmp_path / "cal.json")
+    machines = [machine("sim1", local=True, slots=1), machine("sim2", local=True, slots=1)]
+    plan = _weighted_plan(tmp_path, machines, calibration=str(path))
+    assert [(w["host"], w["fits"]) for w in plan["workload_weights"]] == [
+        ("sim1", None),
+        ("sim2", 104),
+    ]
+    for node in plan["nodes"]:
+        assert node["env"][MICRO_BATCH_FITS_ENV] == "0,104"

@@ -115,7 +115,7 @@ def _weighted(
     if not calibration:
         return spec
     from corral.calibrate.launch import AUTO, weigh, weigh_now
-    from corral.plan.display import weights_line
+    from corral.plan.display import fits_line, weights_line
 
     if calibration != AUTO:
         weighing = weigh(spec, cluster, calibration)
@@ -143,6 +143,10 @@ def _weighted(
         if weighing.measured is not None:
             print_calibration(weighing.measured, console)
     console.print(weights_line(weighing.ranks), markup=False)
+    ranks = zip(weighing.ranks, weighing.fits, strict=True)
+    fits = fits_line((host, local, fit) for (host, local, _), fit in ranks)
+    if fits is not None:
+        console.print(fits, markup=False)
     return weighing.spec
 
 

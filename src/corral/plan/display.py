@@ -130,3 +130,15 @@ def weights_line(weights: Iterable[tuple[str, int, float]]) -> str:
     (host, local rank, weight) in plan order."""
     shown = ", ".join(f"{host}:{local} {weight:.3f}" for host, local, weight in weights)
     return f"workload weights (host:local rank): {shown}"
+
+
+def fits_line(ranks: Iterable[tuple[str, int, int | None]]) -> str | None:
+    """The largest micro-batch of the ranks that have one, from (host, local rank,
+    fit) in plan order; None when none has a limit."""
+    shown = ", ".join(f"{host}:{local} {fit}" for host, local, fit in ranks if fit is not None)
+    if not shown:
+        return None
+    return (
+        f"micro-batch fits (host:local rank): {shown}; a larger share runs as gradient "
+        "accumulation (sdk.WeightedDistributedSampler)"
+    )

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.calibrate.resolve import planned_ranks, resolve_weights
+from corral.calibrate.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
 from corral.cluster.model import Cluster
-from corral.contract import JOB_CONFIG_ENV, adjust_config
+from corral.contract import JOB_CONFIG_ENV, MICRO_BATCH_FITS_ENV, adjust_config
 from corral.errors import ConfigError, Conflict, Invalid
 from corral.job.build import JobOptions, job_spec
 from corral.job.describe import JobDescription
@@ -326,6 +326,17 @@ def workload_weights(
     return [round(w / total, 6) for w in given]
 
 
+def calibration_fits(
+    request: JobRequest, machines: Sequence[Machine], nproc_per_node: int | None
+) -> dict[str, str]:
+    """``CORRAL_MICRO_BATCH_FITS`` for a job weighed by a calibration whose ranks found
+    the largest micro-batch they fit (their split accumulates above it); else empty."""
+    if request.calibration is None:
+        return {}
+    calibration = server_calibration(request.calibration)
+    return fits_env(resolve_fits(calibration, _calibration_cluster(machines), nproc_per_node))
+
+
 def job_description(
     job_id: str,
     request: JobRequest,
@@ -355,6 +366,7 @@ def job_description(
     script = script_of(request, settings)
     if weights is None:
         weights = workload_weights(request, machines, nproc)
+        env.update(calibration_fits(request, machines, nproc))
     if not os.path.isabs(script) and os.path.isfile(script):
         script = os.path.abspath(script)  # relative to the server's directory
     options = JobOptions(
@@ -414,16 +426,22 @@ def _code_dir(script: str, workdir: str | None) -> str | None:
 
 def weight_rows(description: JobDescription) -> list[dict[str, Any]] | None:
     """The plan's ``workload_weights``: ``{host, node_rank, local_rank, weight}`` per
-    rank in plan order; None for an even split."""
+    rank in plan order, and ``fits`` (the largest micro-batch it fits, None: no limit)
+    when the calibration found limits; None for an even split."""
     options, cluster = description.options, description.cluster
     if not options.workload_weights:
         return None
     ranks = planned_ranks(cluster, options.nproc_per_node)
     node_of = {h.name: i for i, h in enumerate(cluster.hosts)}
-    return [
+    rows: list[dict[str, Any]] = [
         {"host": host.name, "node_rank": node_of[host.name], "local_rank": local, "weight": w}
         for (host, local), w in zip(ranks, options.workload_weights, strict=True)
     ]
+    raw = options.env.get(MICRO_BATCH_FITS_ENV, "").split(",")
+    if len(raw) == len(rows) and any(f.strip() not in ("", "0") for f in raw):
+        for row, fit in zip(rows, raw, strict=True):
+            row["fits"] = int(fit) if fit.strip().isdigit() and int(fit) > 0 else None
+    return rows
 
 
 def execution_plan(description: JobDescription, selection: Selection) -> dict[str, Any]:

@@ -100,17 +100,21 @@ const corral = (() => {
   // calibration) as a table: one row per rank, the share as a number and a bar
   function weightsTable(rows, id) {
     const most = Math.max(...rows.map((w) => w.weight));
+    // a calibration that found memory limits: each rank's largest micro-batch
+    const fits = rows.some((w) => w.fits != null);
     return el("div", { class: "table-wrap" }, el("table", { id, class: "weights" },
       el("caption", { class: "hint" }, "Each rank's share of the work, in proportion to its measured throughput"),
       el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Host"), el("th", { scope: "col" }, "Node"),
         el("th", { scope: "col" }, "Local rank"), el("th", { scope: "col" }, "Weight"),
-        el("th", { scope: "col" }, "Share"))),
+        el("th", { scope: "col" }, "Share"),
+        ...(fits ? [el("th", { scope: "col", title: "The largest micro-batch it fits; a larger share runs as gradient accumulation" }, "Fits")] : []))),
       el("tbody", {}, rows.map((w) => el("tr", { "data-host": w.host, "data-local-rank": String(w.local_rank) },
         el("th", { scope: "row" }, w.host), el("td", {}, String(w.node_rank)), el("td", {}, String(w.local_rank)),
         el("td", { class: "mono", "data-field": "weight" }, Number(w.weight).toFixed(3)),
         el("td", {}, el("meter", { min: "0", max: "1", value: String(most ? w.weight / most : 0),
           "aria-label": `${w.host} rank ${w.local_rank}: ${(100 * w.weight).toFixed(1)}%` }),
-        ` ${(100 * w.weight).toFixed(1)}%`))))));
+        ` ${(100 * w.weight).toFixed(1)}%`),
+        ...(fits ? [el("td", { class: "mono", "data-field": "fits" }, w.fits == null ? "no limit" : String(w.fits))] : []))))));
   }
 
   return { api, live, el, flash, bytes, pct, when, ago, duration, badge, csrf, ApiError, weightsTable };
