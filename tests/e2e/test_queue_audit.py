@@ -177,6 +177,13 @@ def test_the_queued_cap_the_cli_and_every_change_in_the_audit_log(tmp_path: Path
             (None, 3),
             (None, None),
         ]
+        added = next(e for e in every if e["action"] == "machine.add")
+        assert (added["user"], added["target"], added["before"]) == (
+            "admin",
+            machine.json()["id"],
+            None,
+        )
+        assert added["after"]["name"] == "gpu1" and added["after"]["host"] == "10.9.9.9"
         hooks = [e for e in every if e["action"] in ("webhook.add", "webhook.remove")]
         assert [(e["action"], e["target"], e["method"]) for e in hooks] == [
             ("webhook.remove", hook.json()["id"], "DELETE"),

@@ -25,7 +25,7 @@ from corral.service.models import (
 )
 from corral.service.prepare import prepare_dependencies
 from corral.service.trust import refuse_server_host, shown_status
-from corral.service.users import Role
+from corral.service.users import Principal, Role
 
 router = APIRouter(prefix="/api/network", tags=["network"], dependencies=[Security(bearer)])
 Svc = Annotated[Services, Depends(services)]
@@ -57,8 +57,8 @@ def list_machines(svc: Svc) -> list[MachineOut]:
     dependencies=[Depends(require_admin)],
     summary="Add a machine (admin)",
 )
-def add_machine(body: MachineIn, svc: Svc) -> MachineOut:
-    return svc.machines.add(body)
+def add_machine(body: MachineIn, svc: Svc, who: Caller) -> MachineOut:
+    return _audited(svc, who, "machine.add", svc.machines.add(body))
 
 
 @router.get("/machines/{machine_id}", responses=ERRORS, summary="One machine")
@@ -72,8 +72,8 @@ def get_machine(machine_id: str, svc: Svc) -> MachineOut:
     dependencies=[Depends(require_admin)],
     summary="Remove a machine by name (admin)",
 )
-def delete_machine_by_name(machine_name: str, svc: Svc) -> MachineOut:
-    return svc.machines.delete_by_name(machine_name)
+def delete_machine_by_name(machine_name: str, svc: Svc, who: Caller) -> MachineOut:
+    return _audited(svc, who, "machine.remove", svc.machines.delete_by_name(machine_name))
 
 
 @router.delete(
@@ -82,8 +82,27 @@ def delete_machine_by_name(machine_name: str, svc: Svc) -> MachineOut:
     dependencies=[Depends(require_admin)],
     summary="Remove a machine (admin)",
 )
-def delete_machine(machine_id: str, svc: Svc) -> MachineOut:
-    return svc.machines.delete(machine_id)
+def delete_machine(machine_id: str, svc: Svc, who: Caller) -> MachineOut:
+    return _audited(svc, who, "machine.remove", svc.machines.delete(machine_id))
+
+
+AUDITED_MACHINE = ("name", "host", "port", "user", "key_path", "password_env", "slots", "labels")
+"""What a machine's audit entry records (its registration; never a secret: a key's
+path and a password's variable name only)."""
+
+
+def _audited(svc: Services, who: Principal, action: str, machine: MachineOut) -> MachineOut:
+    """``machine`` after the audit entry of its addition or removal."""
+    values = {key: getattr(machine, key) for key in AUDITED_MACHINE} | {"local": machine.local}
+    removed = action.endswith("remove")
+    svc.audit.change(
+        who.name,
+        action,
+        machine.id,
+        before=values if removed else None,
+        after=None if removed else values,
+    )
+    return machine
 
 
 # -- health --------------------------------------------------------------------------------
