@@ -25,9 +25,9 @@ if TYPE_CHECKING:
         LaunchError,
         TransportError,
     )
-    from corral.job.states import JobState, NodeState
     from corral.plan.render import plan_job
     from corral.plan.spec import JobSpec, NodeCommand, RankProcess
+    from corral.states import JobState, NodeState
 
 # Names are imported on first use: the node agent, the rank wrapper and the SDK
 # import ``corral.*`` submodules on every rank and must not pay for the CLI's
@@ -49,8 +49,8 @@ _LAZY = {
     "JobSpec": "corral.plan.spec",
     "NodeCommand": "corral.plan.spec",
     "RankProcess": "corral.plan.spec",
-    "JobState": "corral.job.states",
-    "NodeState": "corral.job.states",
+    "JobState": "corral.states",
+    "NodeState": "corral.states",
 }
 
 

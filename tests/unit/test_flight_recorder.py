@@ -300,7 +300,8 @@ def test_torchs_analyser_runs_without_loading_libtorch(tmp_path: Path) -> None:
 
 def test_a_job_with_a_bad_wait_is_refused_before_it_starts() -> None:
     from corral.errors import ConfigError
-    from corral.job.build import JobOptions, job_spec
+    from corral.job.build import job_spec
+    from corral.job.describe import JobOptions
 
     assert job_spec(JobOptions(command=("t.py",), env={"CORRAL_TRACE_WAIT": "30"}))
     try:

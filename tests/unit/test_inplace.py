@@ -14,7 +14,8 @@ import pytest
 from corral.cluster import Cluster, Host
 from corral.contract import LIGHTHOUSE_ENV, MIN_REPLICAS_ENV, REPLICA_GROUP_ENV, REPLICA_GROUPS_ENV
 from corral.errors import ConfigError
-from corral.job.build import JobOptions, build_job, new_job
+from corral.job.build import build_job, new_job
+from corral.job.describe import JobOptions
 from corral.job.events import GroupChanged, JobEvent, decode_event, json_of
 from corral.job.inplace import InPlaceSupervisor
 from corral.job.logfiles import LogFiles

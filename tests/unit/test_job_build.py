@@ -14,8 +14,8 @@ import pytest
 from corral.cluster import load_cluster
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
-from corral.job.build import JobOptions, Policies, build_job, job_spec, new_job
-from corral.job.describe import JobDescription
+from corral.job.build import Policies, build_job, job_spec, new_job
+from corral.job.describe import JobDescription, JobOptions
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,

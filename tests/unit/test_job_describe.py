@@ -12,8 +12,7 @@ import pytest
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
-from corral.job.build import JobOptions
-from corral.job.describe import VERSION, JobDescription
+from corral.job.describe import VERSION, JobDescription, JobOptions
 from corral.redact import REDACTED
 from corral.service.launch import handover, received, stored_description
 from corral.transport.options import SshOptions

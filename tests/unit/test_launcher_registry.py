@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from corral.errors import ConfigError
-from corral.job.build import JobOptions, job_spec
+from corral.job.build import job_spec
+from corral.job.describe import JobOptions
 from corral.plan.launchers import (
     LAUNCHER_TABLE,
     CommandOptions,

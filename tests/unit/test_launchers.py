@@ -4,6 +4,7 @@ plans, template rendering and quoting, the harness's config, bad input."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -108,9 +109,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_plan_matches_golden(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir("/")  # local nodes get it as CORRAL_LAUNCH_DIR: the same everywhere
+def test_plan_matches_golden(case: str) -> None:
     spec, cluster = CASES[case]()
+    spec = dataclasses.replace(spec, launch_dir="/")  # local nodes' CORRAL_LAUNCH_DIR
     got = [c.to_json() for c in plan_job(spec, cluster)]
     path = GOLDEN / f"plan_{case}.json"
     if os.environ.get("CORRAL_UPDATE_GOLDEN") == "1":

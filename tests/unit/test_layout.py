@@ -214,7 +214,7 @@ def test_dependency_rules() -> None:
     """DESIGN §2: below the engine never imports job/; service/ never imports an edge;
     job/ imports neither an edge nor service/ (lazy imports included)."""
     edges = ("corral.cli", "corral.api", "corral.web")
-    below = ("corral.checks", "corral.sync", "corral.plan", "corral.cluster")
+    below: tuple[str, ...] = ("corral.checks", "corral.sync", "corral.plan", "corral.cluster")
     below += ("corral.transport", "corral.remote", "corral.agent", "corral.contract")
     below += ("corral.recovery", "corral.fleet")
     rules = [
@@ -308,3 +308,213 @@ def test_no_source_file_over_800_lines() -> None:
     }
     assert long - KNOWN_LONG == set(), f"over {MAX_LINES} lines: {sorted(long - KNOWN_LONG)}"
     assert KNOWN_LONG - long == set(), f"split now, drop from KNOWN_LONG: {KNOWN_LONG - long}"
+
+
+# --- the job description is a leaf ---------------------------------------------------------
+
+#: What loading a job description may load: value modules (the cluster, the SSH
+#: options, the spec's defaults), never the engine or what it drives.
+DESCRIPTION_LOADS = {
+    "corral",
+    "corral.lazy",
+    "corral.errors",
+    "corral.contract",
+    "corral.defaults",
+    "corral.redact",
+    "corral.cluster",
+    "corral.cluster._text",
+    "corral.cluster.hostfile",
+    "corral.cluster.model",
+    "corral.plan",
+    "corral.plan.spec",
+    "corral.transport",
+    "corral.transport.options",
+    "corral.job",
+    "corral.job.describe",
+}
+
+
+def test_loading_a_job_description_loads_no_engine() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, corral.job.describe\n"
+        "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('corral'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    engine: tuple[str, ...] = ("corral.agent", "corral.checks", "corral.recovery", "corral.sync")
+    engine += ("corral.job.engine", "corral.job.build", "corral.transport.base")
+    assert [m for m in out if m.startswith(engine)] == []
+    assert set(out) - DESCRIPTION_LOADS == set()
+
+
+# --- plan/ does no I/O --------------------------------------------------------------------
+
+#: Modules whose import in plan/ means I/O (processes, network, files, time of day).
+IO_MODULES: tuple[str, ...] = (
+    "subprocess",
+    "socket",
+    "shutil",
+    "pathlib",
+    "glob",
+    "tempfile",
+    "urllib",
+    "http",
+)
+IO_MODULES += ("asyncio", "asyncssh", "httpx", "requests", "psutil", "sqlalchemy")
+#: Calls that read or change the world outside the arguments.
+IO_CALLS = {"open", "input", "print"}
+IO_OS = {"getcwd", "getcwdb", "environ", "getenv", "listdir", "scandir", "stat", "walk"}
+IO_OS |= {"chdir", "mkdir", "makedirs", "remove", "unlink", "rename", "system", "popen"}
+IO_OS |= {"exists", "isfile", "isdir", "abspath", "realpath", "expanduser", "getmtime"}
+IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "glob"}
+
+
+def _io_uses(path: Path) -> list[str]:
+    """Where ``path`` imports an I/O module or calls something that does I/O."""
+    hits: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        where = f"{path.name}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            hits += [
+                f"{where} import {a.name}" for a in node.names if a.name.startswith(IO_MODULES)
+            ]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(IO_MODULES):
+            hits.append(f"{where} from {node.module}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in IO_CALLS:
+                hits.append(f"{where} {node.func.id}()")
+        elif isinstance(node, ast.Attribute):
+            base = node.value
+            chain = base.value.id if isinstance(base, ast.Attribute) and isinstance(
+                base.value, ast.Name
+            ) else getattr(base, "id", "")  # fmt: skip
+            if (chain == "os" or getattr(base, "id", "") == "os") and node.attr in IO_OS:
+                hits.append(f"{where} os...{node.attr}")
+            elif node.attr in IO_METHODS or (
+                getattr(base, "id", "") == "Path" and node.attr in ("cwd", "home")
+            ):
+                hits.append(f"{where} .{node.attr}")
+    return hits
+
+
+def test_plan_does_no_io() -> None:
+    """DESIGN §2: planning is pure, so every launch has a dry run and a re-plan in the
+    supervisor is the plan that was confirmed (the launch dir comes in the spec)."""
+    hits = [hit for path in sorted((SRC / "plan").rglob("*.py")) for hit in _io_uses(path)]
+    assert hits == []
+
+
+def test_the_io_check_sees_io(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text(
+        "import os, subprocess\nfrom pathlib import Path\n"
+        "a = os.getcwd()\nb = os.path.exists('x')\nc = Path.cwd()\nd = open('f')\n"
+        "e = Path('x').read_text()\nf = os.environ['A']\ng = len('x')\n"
+    )
+    found = sorted(hit.split(" ", 1)[1] for hit in _io_uses(sample))
+    assert found == sorted(
+        [
+            "import subprocess",
+            "from pathlib",
+            "os...getcwd",
+            "os...exists",
+            ".cwd",
+            "open()",
+            ".read_text",
+            "os...environ",
+        ]
+    )
+
+
+# --- a package's face never drags in a higher layer ----------------------------------------
+
+#: DESIGN §2's layers, lowest first: a module may stand on its own layer or lower. The
+#: top-level modules (``corral.errors``, ``corral.states``, ...) are leaves, layer 0.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # values and the parts the engine drives (the ranks' SDK, the node agent, transports)
+    (
+        *("corral.sdk", "corral.cluster", "corral.plan", "corral.agent", "corral.transport"),
+        *("corral.remote", "corral.harness", "corral.track", "corral.store", "corral.k8s"),
+        "corral.slurm",
+    ),
+    # below the engine
+    ("corral.recovery", "corral.sync", "corral.fleet", "corral.diagnose", "corral.checks"),
+    # the engine and what runs jobs through it
+    ("corral.job", "corral.calibrate", "corral.actors"),
+    # the server's services and its client
+    ("corral.notify", "corral.service", "corral.client"),
+    # the edges
+    ("corral.cli", "corral.api", "corral.web", "corral.testbed", "corral.__main__"),
+)
+
+
+def _layer(module: str) -> int:
+    package = _package(module)
+    for rank, names in enumerate(LAYERS, start=1):
+        if package in names:
+            return rank
+    if (SRC / package.split(".")[-1]).is_dir():
+        raise AssertionError(f"{package} is in no layer of LAYERS: place it")
+    return 0  # a top-level module: a leaf
+
+
+def _face_loads(init: Path, graph: dict[str, set[str]]) -> set[str]:
+    """What importing the package of ``init`` loads: its module-level imports, and the
+    modules its lazy name map (``_LAZY = {"Name": "corral.x.y"}``) resolves to, each with
+    its parent packages, to the end."""
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    lazy = {
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in graph
+    }  # fmt: skip
+    todo = [*graph[_module_name(init)], *lazy]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in graph:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(2, len(parts))]
+        todo += graph[module]
+    return seen
+
+
+def test_a_package_face_never_drags_in_a_higher_layer() -> None:
+    """DESIGN §2: importing a package's ``__init__`` loads only its own layer and lower
+    ones (the root package, the facade of the building blocks, the layer of cluster/
+    and plan/)."""
+    graph = _graph()
+    offenders = []
+    for init in sorted(SRC.rglob("__init__.py")):
+        name = _module_name(init)
+        if "migrations" in name:
+            continue
+        rank = 1 if name == "corral" else _layer(name)  # the root: the base layer's face
+        offenders += [
+            f"{name} loads {m}" for m in sorted(_face_loads(init, graph)) if _layer(m) > rank
+        ]
+    assert offenders == []
+
+
+def test_every_module_stands_on_its_layer_or_lower() -> None:
+    """The layers are the ones the code keeps (a module importing above its layer, at
+    module level, is named)."""
+    offenders = sorted(
+        f"{module} imports {dep}"
+        for module, deps in _graph().items()
+        if module != "corral"
+        for dep in deps
+        if _layer(dep) > _layer(module)
+    )
+    assert offenders == []
+
+
+def test_the_face_check_sees_a_lazy_map(tmp_path: Path) -> None:
+    graph = _graph()
+    init = SRC / "__init__.py"
+    assert any(m.startswith("corral.plan") for m in _face_loads(init, graph))

@@ -192,7 +192,8 @@ def test_cli_names_a_bad_links_option() -> None:
 
 def test_run_check_links_reaches_the_preflight_checklist() -> None:
     from corral.cluster import load_cluster
-    from corral.job.build import JobOptions, build_job
+    from corral.job.build import build_job
+    from corral.job.describe import JobOptions
     from corral.job.preflight import checklist_options
     from corral.transport.options import SshOptions
 

@@ -3,6 +3,7 @@ side (hostfile writing, backend refusal, the lost-peer grace)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -37,9 +38,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_plan_matches_golden(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir("/")  # local nodes get it as CORRAL_LAUNCH_DIR: the same everywhere
+def test_plan_matches_golden(case: str) -> None:
     spec, cluster = CASES[case]()
+    spec = dataclasses.replace(spec, launch_dir="/")  # local nodes' CORRAL_LAUNCH_DIR
     got = _plan_json(spec, cluster)
     path = GOLDEN / f"plan_{case}.json"
     if os.environ.get("CORRAL_UPDATE_GOLDEN") == "1":

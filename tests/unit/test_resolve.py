@@ -60,3 +60,24 @@ def test_bare_env_keys_take_this_shells_value() -> None:
     assert info.value.option == "--env"
     with pytest.raises(ConfigError, match="not a valid environment variable name"):
         parse_env(["1X=2"], environ={})
+
+
+def test_the_launch_dir_is_fixed_once_so_a_re_plan_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan reads no working directory: the one the job was resolved in is the
+    SSH hosts' cwd and local nodes' CORRAL_LAUNCH_DIR in every attempt's plan, even
+    after the supervisor's process changed directory."""
+    from corral.contract import LAUNCH_DIR_ENV
+    from corral.plan.render import plan_job
+
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    local = resolve(_spec(tmp_path), load_cluster("local:2"), dry_run=True)
+    remote = resolve(_spec(tmp_path), load_cluster("h1,h2"), dry_run=True)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for attempt in (0, 1):
+        assert {
+            c.env[LAUNCH_DIR_ENV] for c in plan_job(local, load_cluster("local:2"), attempt)
+        } == {str(tmp_path)}
+        assert {c.cwd for c in plan_job(remote, load_cluster("h1,h2"), attempt)} == {str(tmp_path)}

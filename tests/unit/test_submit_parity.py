@@ -21,7 +21,7 @@ from corral.cli import job as cli_job
 from corral.cli.main import _register, app
 from corral.client import Client
 from corral.errors import CorralError
-from corral.job.build import JobOptions
+from corral.job.describe import JobOptions
 from corral.service.models import (
     PASS_THROUGH,
     JobRequest,

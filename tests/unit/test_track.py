@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
-from corral.job.build import JobOptions, build_job
+from corral.job.build import build_job
+from corral.job.describe import JobOptions
 from corral.job.engine import Job
 from corral.job.events import AttemptStarted, Finished, JobEvent, Message, Progress
 from corral.job.result import Failure, JobResult

@@ -285,7 +285,8 @@ def _render(
         raise ConfigError("no script given: corral k8s render [OPTIONS] -- SCRIPT [ARGS...]")
     if not image:
         raise ConfigError("the pods need an image: --image IMAGE", option="--image")
-    from corral.job.build import JobOptions, job_spec  # the engine: only when rendering
+    from corral.job.build import job_spec  # the engine: only when rendering
+    from corral.job.describe import JobOptions
 
     env, secret_keys = _env(kw["env"], kw["secret_env"])
     # the job as every entry point describes and validates it (corral run's JobOptions)

@@ -67,7 +67,8 @@ from corral.cluster.model import Cluster, Host
 from corral.console import make_console
 from corral.contract import JOB_CONFIG_ENV
 from corral.errors import ConfigError
-from corral.job.build import JobOptions, build_job, job_spec, new_job
+from corral.job.build import build_job, job_spec, new_job
+from corral.job.describe import JobOptions
 from corral.job.engine import Job, dry_run
 from corral.job.events import Checked
 from corral.job.output import TerminalOutput

@@ -2,8 +2,8 @@
 
 ``corral run`` and ``corral plan`` (from their flags) and the server's supervisor
 process (from its :class:`~corral.job.describe.JobDescription`, the one serialisable
-job description) describe a job as :class:`JobOptions`, plain values named as
-``corral run``'s options, and build it with :func:`build_job`:
+job description) describe a job as :class:`~corral.job.describe.JobOptions`, plain
+values named as ``corral run``'s options, and build it with :func:`build_job`:
 the script and launcher are validated once here (with the option at fault named),
 the policies are made and validate themselves, so every entry point accepts and
 refuses the same jobs with the same errors. :func:`new_job` makes the engine's
@@ -12,17 +12,16 @@ refuses the same jobs with the same errors. :func:`new_job` makes the engine's
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from corral.agent.flight import trace_wait
-from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cluster.model import Cluster
 from corral.contract import QOS_CLASSES
 from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
+from corral.job.describe import JobOptions as JobOptions  # re-exported: builders name it
 from corral.job.engine import Job
 from corral.job.options import (
     CheckpointPolicy,
@@ -36,86 +35,10 @@ from corral.job.resolve import check_launch, new_job_id
 from corral.job.tracking import attach_tracking
 from corral.plan.launchers import launcher_options, validate_launcher
 from corral.plan.launchers.mlx import check_backend
-from corral.plan.spec import (
-    DEFAULT_MASTER_PORT,
-    DEFAULT_RDZV_TIMEOUT,
-    HarnessMode,
-    JobSpec,
-    Launcher,
-)
-from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.plan.spec import HarnessMode, JobSpec, Launcher
 from corral.track.targets import TrackPolicy
 from corral.transport.base import Transport
 from corral.transport.options import SshOptions
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """A job as the user asked for it: ``corral run``'s options as plain values
-    (already parsed: ``env`` a mapping, ``nproc_per_node`` a number)."""
-
-    command: Sequence[str] = ()
-    """SCRIPT and its ARGS (empty for the launchers that run their own command)."""
-    launcher: str | None = None
-    """Default: torchrun, or accelerate with ``harness``."""
-    python: str | None = None
-    nproc_per_node: int | None = None
-    master_addr: str | None = None
-    master_port: int = DEFAULT_MASTER_PORT
-    workdir: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    secret_env: Sequence[str] = ()
-    nccl_interface: str | None = None
-    gloo_interface: str | None = None
-    timeout: float | None = None
-    checkpoint_dir: str | None = None
-    run_dir: str = "runs"
-    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
-    job_id: str | None = None
-    """Default: a new, time-based id."""
-    name: str | None = None
-    """The job's name (``corral job submit --name``): trackers name their run after it."""
-    owner: str | None = None
-    """Who submitted it (the server's user; None: the user running it)."""
-    mlx_backend: str = "ring"
-    shared_data_path: str | None = None
-    command_template: str | None = None
-    tags: str | None = None
-    additional_args: str | None = None
-    harness: bool = False
-    lr_scaling: str = "linear"
-    qos: str | None = None
-    workload_weights: Sequence[float] = ()
-    # the pre-flight and the code sync
-    preflight: bool = True
-    smoke_test: bool = False
-    check_links: bool = False
-    links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO
-    links_min_gbs: float = 0.0
-    links_warn_only: bool = False
-    min_free_gb: float = DEFAULT_MIN_FREE_GB
-    consistency_threshold: float = 1.0
-    exclude_divergent: bool = False
-    code_dir: str | None = None
-    sync: bool = False
-    sync_script: str | None = None
-    # fault tolerance and teardown
-    max_restarts: int = 0
-    restart_backoff: float = 1.0
-    min_nodes: int | None = None
-    host_timeout: float = DEFAULT_HOST_TIMEOUT
-    hang_timeout: float | None = None
-    replicate_checkpoints: bool = False
-    grace: float = 10.0
-    recovery: str = "restart"
-    """``restart`` (every failure restarts the whole job) or ``in-place`` (torchft)."""
-    spares: int = 0
-    """Hosts of the cluster (the last ones) held in reserve for in-place recovery."""
-    # experiment tracking
-    track: Sequence[str] = ()
-    """``--track BACKEND:WHERE`` values (mlflow:URI, tensorboard:DIR, wandb:PROJECT)."""
-    rebalance: bool = False
-    """With workload weights: recompute them from the live rates at a restart."""
 
 
 @dataclass(frozen=True)

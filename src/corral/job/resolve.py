@@ -143,7 +143,10 @@ def resolve(spec: JobSpec, cluster: Cluster, *, dry_run: bool = False) -> JobSpe
     for key in spec.secret_env:
         if key not in spec.env:
             raise ConfigError(f"{key} is not passed with --env", option="--secret-env")
-    changes: dict[str, object] = {"run_dir": os.path.abspath(spec.run_dir)}
+    changes: dict[str, object] = {
+        "run_dir": os.path.abspath(spec.run_dir),
+        "launch_dir": spec.launch_dir or os.getcwd(),  # once: every attempt plans with it
+    }
     if cluster.is_local:
         if spec.script and not os.path.isfile(spec.script):
             raise ConfigError(f"script {spec.script} not found (looked in {os.getcwd()})")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import posixpath
 from typing import Any, cast
 
@@ -74,7 +73,7 @@ def node_cwd(spec: JobSpec, host: Host) -> str:
         return spec.workdir
     if host.local:
         return posixpath.join(node_dir(spec, host), "work")
-    return os.getcwd()
+    return spec.launch_dir or "~"
 
 
 def _procs_per_node(spec: JobSpec, host: Host) -> int:
@@ -156,9 +155,10 @@ def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict
     env[ATTEMPT_ENV] = str(attempt)
     env[NODE_DIR_ENV] = node_dir(spec, host)
     env[HOST_ENV] = host.name
-    if host.local:  # its ranks run in the node's own dir: the SDK's relative checkpoint
-        # paths resolve against the job's working directory instead, as on SSH hosts
-        env[LAUNCH_DIR_ENV] = spec.workdir or os.getcwd()
+    launch_dir = spec.workdir or spec.launch_dir
+    if host.local and launch_dir:  # its ranks run in the node's own dir: the SDK's relative
+        # checkpoint paths resolve against the job's working directory instead, as on SSH hosts
+        env[LAUNCH_DIR_ENV] = launch_dir
     return env
 
 

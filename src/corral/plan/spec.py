@@ -82,6 +82,12 @@ class JobSpec:
     attempt's plan adjusts it to that attempt's world size."""
     lr_scaling: str = "linear"
     """How the harness scales the config's learning rate with the world size."""
+    launch_dir: str | None = None
+    """The directory the job was launched from, fixed once when the spec is resolved
+    (:func:`corral.job.resolve.resolve`), so every attempt's plan is the same: the SSH
+    hosts' working directory without ``--workdir`` and local nodes'
+    ``CORRAL_LAUNCH_DIR``. None (a spec planned unresolved): the SSH hosts' home
+    directory, and no ``CORRAL_LAUNCH_DIR``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))

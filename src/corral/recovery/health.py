@@ -34,10 +34,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from corral.defaults import DEFAULT_HOST_TIMEOUT as DEFAULT_HOST_TIMEOUT
 from corral.states import IllegalTransition
 
-#: the host-timeout default (seconds without any frame from a host's agent)
-DEFAULT_HOST_TIMEOUT = 20.0
 #: heartbeat intervals of silence after which a host is SILENT (warned about)
 SILENT_AFTER = 3
 

@@ -31,8 +31,8 @@ import psutil
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError
-from corral.job.build import JobOptions, build_job, new_job
-from corral.job.describe import SOURCE, JobDescription
+from corral.job.build import build_job, new_job
+from corral.job.describe import SOURCE, JobDescription, JobOptions
 from corral.job.engine import Job
 from corral.job.result import EXIT_LAUNCH
 from corral.private import private_dir, write_private
