@@ -11,7 +11,7 @@ from corral.calibrate.launch import weigh
 from corral.calibrate.resolve import resolve_fits
 from corral.calibrate.weights import MeasuredRank, Rate, build_calibration
 from corral.cluster import load_cluster
-from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV
+from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV, REPLICA_GROUP_ENV
 from corral.plan.spec import JobSpec
 from corral.sdk import WeightedDistributedSampler, memory_split, micro_batch_fits, probe_fit
 from corral.sdk._memory import MemoryCapExceeded, micro_sizes
@@ -47,6 +47,8 @@ def test_bad_fits_are_named() -> None:
         micro_batch_fits({MICRO_BATCH_FITS_ENV: "4,0", "WORLD_SIZE": "3"})
     assert micro_batch_fits({MICRO_BATCH_FITS_ENV: "0,12", "WORLD_SIZE": "2"}) == (None, 12)
     assert micro_batch_fits({"WORLD_SIZE": "2"}) is None
+    in_place = {MICRO_BATCH_FITS_ENV: "0,12,8", "WORLD_SIZE": "1", REPLICA_GROUP_ENV: "1"}
+    assert micro_batch_fits(in_place) is None  # a torchft group: split per group
     assert micro_sizes(7, 3) == (3, 2, 2) and micro_sizes(7, None) == (7,)
 
 
@@ -170,3 +172,19 @@ def test_a_server_job_weighed_by_a_calibration_gets_its_fits(tmp_path: Path) -> 
     ]
     for node in plan["nodes"]:
         assert node["env"][MICRO_BATCH_FITS_ENV] == "0,104"
+
+
+def test_a_restart_on_fewer_hosts_keeps_the_fits_of_the_ranks_that_remain() -> None:
+    from corral.calibrate.drift import DriftMonitor
+    from corral.cluster.model import Cluster
+
+    cluster = load_cluster("local:3")
+    monitor = DriftMonitor((0.5, 0.25, 0.25), cluster, None, emit=lambda event: None)
+    spec = JobSpec(
+        script="t.py", launcher="python", job_id="j", workload_weights=(0.5, 0.25, 0.25),
+        env={MICRO_BATCH_FITS_ENV: "0,16,8"},
+    )  # fmt: skip
+    fewer = Cluster((cluster.hosts[0], cluster.hosts[2]))
+    respec = monitor.respec(spec, fewer)
+    assert respec.env[MICRO_BATCH_FITS_ENV] == "0,8"
+    assert respec.workload_weights == pytest.approx((2 / 3, 1 / 3), abs=1e-6)

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV
+from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV, REPLICA_GROUP_ENV
 from corral.sdk._weights import apportion, plan_order_list
 
 __all__ = [
@@ -341,12 +341,13 @@ def parse_fits(raw: str, world_size: int | None = None) -> tuple[int | None, ...
 
 def micro_batch_fits(env: Mapping[str, str] | None = None) -> tuple[int | None, ...] | None:
     """Every rank's largest micro-batch from the calibration (rank order; None in a
-    place: no limit), or None when the job has none. Under torchrun they are matched
-    to ranks through the process group, as the workload weights are."""
+    place: no limit), or None when the job has none (nor in an in-place replica
+    group, whose split is per group). Under torchrun they are matched to ranks through
+    the process group, as the workload weights are."""
     e = os.environ if env is None else env
     raw = e.get(MICRO_BATCH_FITS_ENV, "").strip()
-    if not raw:
-        return None
+    if not raw or e.get(REPLICA_GROUP_ENV, "").strip():
+        return None  # in-place (torchft) groups split by group, not by these ranks
     fits = parse_fits(raw)
     in_rank_order = plan_order_list([float(f or 0) for f in fits], e, MICRO_BATCH_FITS_ENV)
     return parse_fits(",".join(str(int(f)) for f in in_rank_order), len(in_rank_order))
