@@ -87,3 +87,20 @@ def test_a_file_name_too_long_is_a_404_not_a_500(team: Team) -> None:
     wait_status(team.admin, job_id, ["succeeded"])
     answer = team.admin.get(f"/api/network/local_job_file/{job_id}/{'a' * 5000}")
     assert answer.status_code == 404, answer.text[:300]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "mlflow:sqlite://localhost/{root}/owned.db",  # SQLAlchemy ignores the host
+        "mlflow:sqlite:///%2e%2e/%2e%2e/%2e%2e/owned.db",  # SQLAlchemy decodes %2e
+        "mlflow:file:%2e%2e/%2e%2e/%2e%2e/owned",  # so does MLflow
+    ],
+)
+def test_a_tracking_target_spelled_otherwise_still_stays_in_bounds(team: Team, target: str) -> None:
+    """What the tracker will open (the host of a sqlite URL dropped, the path
+    percent-decoded) is what the allow-list checks: outside the job's run dir is a 403."""
+    track = target.format(root=team.server.root)
+    answer = team.mallory.post("/api/jobs/queue", json={**QUEUED_JOB, "track": [track]})
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["details"]["rule"] == "tracking-allow-list"

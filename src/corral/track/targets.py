@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from corral.errors import ConfigError
 
@@ -72,13 +72,14 @@ REMOTE_WORDS = frozenset({"databricks", "databricks-uc", "uc"})
 
 
 def _sqlite_path(where: str) -> str | None:
-    """The file of an MLflow ``sqlite:`` URI (``sqlite:///rel.db``, ``sqlite:////abs.db``);
-    None for an in-memory database (``sqlite://``)."""
+    """The file of an MLflow ``sqlite:`` URI as SQLAlchemy opens it (``sqlite:///rel.db``,
+    ``sqlite:////abs.db``, ``sqlite://HOST//abs.db``: the host is ignored; the path
+    percent-decoded); None for an in-memory database (``sqlite://``, ``:memory:``)."""
     rest = where[len("sqlite:") :]
-    if not rest.startswith("///"):
-        return None  # sqlite:// or sqlite://:memory: -- nothing on disk
-    path = rest[3:].partition("?")[0]
-    return path or None
+    if not rest.startswith("//"):
+        return None  # not a URL SQLAlchemy opens: nothing written
+    path = unquote(rest[2:].partition("/")[2].partition("?")[0])
+    return path if path and path != ":memory:" else None
 
 
 def written_path(target: TrackTarget) -> str | None:
@@ -97,7 +98,8 @@ def written_path(target: TrackTarget) -> str | None:
         rest = where[len("file:") :]
         if rest.startswith("//"):
             rest = "/" + rest[2:].partition("/")[2]  # file://HOST/path: the path
-        return rest.partition("?")[0] or "."
+        # what MLflow opens: the path percent-decoded (file:///j/%2e%2e is /j/..)
+        return unquote(rest.partition("?")[0].partition("#")[0]) or "."
     if scheme and len(scheme) > 1:  # http:, postgresql:, databricks: ... (C: is a drive)
         return None
     if where in REMOTE_WORDS:
@@ -124,11 +126,12 @@ def rebased(target: TrackTarget, base: str) -> TrackTarget:
     if target.backend == "tensorboard":
         return replace(target, where=absolute)
     scheme = urlsplit(target.where).scheme.lower()
-    if scheme == "sqlite":
+    if scheme == "sqlite":  # quoted: SQLAlchemy decodes it back to ``absolute``
         query = target.where.partition("?")[2]
-        return replace(target, where=f"sqlite:///{absolute}" + (f"?{query}" if query else ""))
-    if scheme == "file":
-        return replace(target, where=f"file://{absolute}")
+        where = f"sqlite:///{quote(absolute)}" + (f"?{query}" if query else "")
+        return replace(target, where=where)
+    if scheme == "file":  # quoted: MLflow decodes it back to ``absolute``
+        return replace(target, where=f"file://{quote(absolute)}")
     return replace(target, where=absolute)
 
 
