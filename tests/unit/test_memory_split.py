@@ -188,3 +188,20 @@ def test_a_restart_on_fewer_hosts_keeps_the_fits_of_the_ranks_that_remain() -> N
     respec = monitor.respec(spec, fewer)
     assert respec.env[MICRO_BATCH_FITS_ENV] == "0,8"
     assert respec.workload_weights == pytest.approx((2 / 3, 1 / 3), abs=1e-6)
+
+
+def test_the_job_status_shows_each_ranks_fit_beside_its_weight() -> None:
+    from corral.service.queries import _current_weights
+    from corral.store.models import Attempt, Job
+
+    rows = [
+        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.5, "fits": None},
+        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.5, "fits": 104},
+    ]
+    job = Job(plan={"workload_weights": rows})
+    planned = _current_weights(job, [])
+    assert planned is not None and [w.fits for w in planned] == [None, 104]
+    rebalanced = Attempt(number=1, hosts=["sim1", "sim2"], workload_weights=[0.6, 0.4])
+    current = _current_weights(job, [rebalanced])
+    assert current is not None
+    assert [(w.weight, w.fits) for w in current] == [(0.6, None), (0.4, 104)]

@@ -550,6 +550,9 @@ class WorkloadWeight(BaseModel):
     node_rank: int
     local_rank: int
     weight: float
+    fits: int | None = None
+    """The largest micro-batch the rank fits, from the calibration (None: no limit
+    found); a larger share runs as gradient accumulation."""
 
 
 class PlanOut(BaseModel):

@@ -519,6 +519,7 @@ def _current_weights(job: Job, attempts: Sequence[Attempt]) -> list[WorkloadWeig
         WorkloadWeight.model_validate(w) for w in (job.plan or {}).get("workload_weights") or []
     ]
     per_host = Counter(row.host for row in planned)
+    fits = {(row.host, row.local_rank): row.fits for row in planned}
     for attempt in sorted(attempts, key=lambda a: a.number, reverse=True):
         weights = attempt.workload_weights or []
         slots = [(str(h), per_host.get(str(h), 0)) for h in attempt.hosts or []]
@@ -526,7 +527,9 @@ def _current_weights(job: Job, attempts: Sequence[Attempt]) -> list[WorkloadWeig
             continue
         places = [(h, node, local) for node, (h, n) in enumerate(slots) for local in range(n)]
         return [
-            WorkloadWeight(host=h, node_rank=node, local_rank=local, weight=float(w))
+            WorkloadWeight(
+                host=h, node_rank=node, local_rank=local, weight=float(w), fits=fits.get((h, local))
+            )
             for (h, node, local), w in zip(places, weights, strict=True)
         ]
     return planned or None
