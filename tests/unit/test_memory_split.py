@@ -205,3 +205,20 @@ def test_the_job_status_shows_each_ranks_fit_beside_its_weight() -> None:
     current = _current_weights(job, [rebalanced])
     assert current is not None
     assert [(w.weight, w.fits) for w in current] == [(0.6, None), (0.4, 104)]
+
+
+def test_corral_job_status_prints_the_fits_under_the_weights() -> None:
+    from corral.cli.jobview import weights_text
+
+    rows = [
+        {"host": "gpu1", "node_rank": 0, "local_rank": 0, "weight": 0.6, "fits": None},
+        {"host": "gpu2", "node_rank": 1, "local_rank": 0, "weight": 0.4, "fits": 104},
+    ]
+    text = weights_text({"workload_weights": rows})
+    assert text.splitlines() == [
+        "workload weights (host:local rank): gpu1:0 0.600, gpu2:0 0.400",
+        "micro-batch fits (host:local rank): gpu2:0 104; a larger share runs as gradient "
+        "accumulation (sdk.WeightedDistributedSampler)",
+    ]
+    plain = [{k: v for k, v in row.items() if k != "fits"} for row in rows]
+    assert "micro-batch" not in weights_text({"workload_weights": plain})

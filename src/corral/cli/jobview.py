@@ -21,7 +21,7 @@ from corral.job.output import TerminalOutput, format_progress, say
 from corral.job.result import Failure
 from corral.job.summary import finding_line, preflight_findings, root_cause_text
 from corral.outcomes import EXIT_INTERRUPTED
-from corral.plan.display import weights_line
+from corral.plan.display import fits_line, weights_line
 from corral.words import plural
 
 STATE_STYLE = {
@@ -82,10 +82,11 @@ def node_progress(progress: dict[str, Any], *, running: bool) -> str:
 
 def weights_text(plan: dict[str, Any]) -> str:
     """The workload weights of a plan or a job status, as ``corral run --calibration``
-    prints them."""
-    return weights_line(
-        (w["host"], int(w["local_rank"]), float(w["weight"])) for w in plan["workload_weights"]
-    )
+    prints them (and the micro-batch fits, where the calibration found some)."""
+    rows = plan["workload_weights"]
+    text = weights_line((w["host"], int(w["local_rank"]), float(w["weight"])) for w in rows)
+    fits = fits_line((w["host"], int(w["local_rank"]), w.get("fits")) for w in rows)
+    return text if fits is None else f"{text}\n{fits}"
 
 
 def root_cause_block(cause: dict[str, Any]) -> Text:
