@@ -151,6 +151,16 @@ def queue_page(request: Request) -> Response:
     return page(request, "queue.html", "Queue", nav="queue")
 
 
+@router.get("/audit", response_class=HTMLResponse)
+def audit_page(request: Request) -> Response:
+    return page(request, "audit.html", "Users and audit log", nav="audit")
+
+
+@router.get("/users", response_class=HTMLResponse)
+def users_page(request: Request) -> Response:
+    return page(request, "audit.html", "Users and audit log", nav="audit")
+
+
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request) -> Response:
     return page(request, "compare.html", "Compare jobs", nav="jobs")
