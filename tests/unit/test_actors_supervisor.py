@@ -13,7 +13,7 @@ import pytest
 from corral.actors._channel import Mailbox
 from corral.actors._cluster import restart_policy
 from corral.actors._loop import Output
-from corral.actors._runtime import Supervisor, WorkerSpec, policy_exit_code
+from corral.actors._runtime import WorkerSpec, WorkerSupervisor, policy_exit_code
 from corral.actors.errors import WorkerDied
 from corral.cluster.model import Host
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST
@@ -26,20 +26,20 @@ RETURNED = WorkerDied("exited with code 0 (work_fn returned)", host="n0", rank=0
 LOST = WorkerDied("connection to n0 lost", host="n0", rank=0, lost="link cut")
 
 
-def with_supervisor(policy: RestartPolicy, body: Callable[[Supervisor], Any]) -> Any:
+def with_supervisor(policy: RestartPolicy, body: Callable[[WorkerSupervisor], Any]) -> Any:
     """Run ``body`` with a supervisor (made on a running loop, as the cluster does)."""
 
     async def main() -> Any:
         spec = WorkerSpec(Host("n0", local=True), 0, 0, 0, ["true"], {})
         output = Output(echo=False, log_dir=None)
         mailbox = Mailbox(threading.Condition())
-        sup = Supervisor(spec, cast(Transport, None), output, mailbox, policy=policy)
+        sup = WorkerSupervisor(spec, cast(Transport, None), output, mailbox, policy=policy)
         return body(sup)
 
     return asyncio.run(main())
 
 
-def running(sup: Supervisor) -> Supervisor:
+def running(sup: WorkerSupervisor) -> WorkerSupervisor:
     """As a worker that started and said it is ready."""
     sup.machine.to(JobState.STARTING)
     sup.machine.to(JobState.RUNNING)
@@ -48,7 +48,7 @@ def running(sup: Supervisor) -> Supervisor:
 
 
 def test_a_death_restarts_while_the_budget_lasts() -> None:
-    def body(sup: Supervisor) -> list[tuple[JobState, str]]:
+    def body(sup: WorkerSupervisor) -> list[tuple[JobState, str]]:
         running(sup)
         seen = [(sup._settle(KILLED, True), sup.machine.reason)]
         sup.restarts = 1
@@ -65,20 +65,20 @@ def test_a_death_restarts_while_the_budget_lasts() -> None:
 def test_what_is_never_restarted() -> None:
     policy = RestartPolicy(max_restarts=5, backoff=0.0)
 
-    def returned(sup: Supervisor) -> JobState:
+    def returned(sup: WorkerSupervisor) -> JobState:
         return running(sup)._settle(RETURNED, True)
 
-    def stopped(sup: Supervisor) -> JobState:
+    def stopped(sup: WorkerSupervisor) -> JobState:
         running(sup).machine.to(JobState.STOPPING, "stopped by the coordinator")
         return sup._settle(RETURNED, True)
 
-    def not_launched(sup: Supervisor) -> tuple[JobState, str]:
+    def not_launched(sup: WorkerSupervisor) -> tuple[JobState, str]:
         running(sup)
         return sup._settle(WorkerDied("could not start: refused", host="n0", rank=0), False), (
             sup.machine.reason
         )
 
-    def never_ready(sup: Supervisor) -> JobState:
+    def never_ready(sup: WorkerSupervisor) -> JobState:
         sup.machine.to(JobState.STARTING)
         sup.ready.set_exception(KILLED)
         return sup._settle(KILLED, True)
@@ -93,7 +93,7 @@ def test_what_is_never_restarted() -> None:
 
 
 def test_a_lost_host_is_reconnected_once_budget_allows() -> None:
-    def body(sup: Supervisor) -> JobState:
+    def body(sup: WorkerSupervisor) -> JobState:
         return running(sup)._settle(LOST, True)
 
     assert with_supervisor(RestartPolicy(max_restarts=1, backoff=0.0), body) == (
@@ -102,7 +102,7 @@ def test_a_lost_host_is_reconnected_once_budget_allows() -> None:
 
 
 def test_the_machine_refuses_what_the_table_forbids() -> None:
-    def body(sup: Supervisor) -> None:
+    def body(sup: WorkerSupervisor) -> None:
         running(sup)._settle(RETURNED, True)
         sup.machine.to(JobState.STARTING)  # a finished worker never starts again
 

@@ -25,7 +25,7 @@ from corral.job.events import (
     json_of,
 )
 from corral.job.logfiles import LogFiles
-from corral.job.supervisor import Supervisor
+from corral.job.supervisor import AttemptSupervisor
 from corral.service.eventlog import EVENTS_FILE, append_event
 from corral.service.ingest import Ingest, Live
 from corral.service.queries import Queries
@@ -165,7 +165,7 @@ def test_the_supervisor_emits_one_hang_report_event_where_it_writes_the_report(
         return await _stop_on_request(node)
 
     events: list[JobEvent] = []
-    sup = Supervisor(
+    sup = AttemptSupervisor(
         _commands(),
         FakeTransport({h: hanging for h in ("a", "b", "c")}),
         events.append,

@@ -17,7 +17,7 @@ from corral.errors import ConfigError
 from corral.job.build import build_job, new_job
 from corral.job.describe import JobOptions
 from corral.job.events import GroupChanged, JobEvent, decode_event, json_of
-from corral.job.inplace import InPlaceSupervisor
+from corral.job.inplace import ReplicaGroupSupervisor
 from corral.job.logfiles import LogFiles
 from corral.job.states import JobState
 from corral.plan.inplace import plan_group, plan_groups
@@ -278,7 +278,7 @@ async def _supervise(
     def replan(group: int, host: Host) -> Any:
         return plan_group(spec, host, group, groups=3, port=1, lighthouse="x", min_replicas=1)
 
-    sup = InPlaceSupervisor(
+    sup = ReplicaGroupSupervisor(
         _commands(),
         transport,
         events.append,

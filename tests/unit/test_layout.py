@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import corral
+from corral.states import JobState, NodeState
 
 SRC = Path(corral.__file__).parent
 
@@ -518,3 +519,99 @@ def test_the_face_check_sees_a_lazy_map(tmp_path: Path) -> None:
     graph = _graph()
     init = SRC / "__init__.py"
     assert any(m.startswith("corral.plan") for m in _face_loads(init, graph))
+
+
+# --- state names are spelled in one place ---------------------------------------------------
+
+STATE_VALUES = {s.value for s in JobState} | {s.value for s in NodeState}
+#: The layers that read job and node states: each names them through corral.states.
+STATE_READERS: tuple[str, ...] = (
+    "corral.client",
+    "corral.service",
+    "corral.recovery",
+    "corral.job",
+)
+STATE_READERS += ("corral.cli", "corral.api", "corral.web")
+#: Modules still spelling a state, each with why. Shrink it, never grow it.
+STATE_LITERALS_LEFT = {
+    "corral.service.queue": "QUEUED and state='failed': its owner's edit (issue 31 item 4)",
+}
+
+
+def _names(node: ast.AST) -> list[str]:
+    """The names and attributes an expression reads (``job.state.value``: job, state, value)."""
+    return [
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(node)
+        if isinstance(n, (ast.Name, ast.Attribute))
+    ]
+
+
+def _is_state(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in STATE_VALUES
+
+
+def _stately(node: ast.AST) -> bool:
+    return any("state" in n.lower() for n in _names(node))
+
+
+def _state_literals(path: Path) -> list[str]:
+    """Where ``path`` spells a job or node state as a string: compared with something
+    named like a state, passed as ``state=``, assigned to a state, a collection of
+    nothing but state names, or a module constant named after its state (``QUEUED =
+    "queued"``). Other vocabularies that share a word (a replica's ``failed`` pull, an
+    enum of its own) are not states."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    hits: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_stately(side) for side in sides):
+                hits += [c for side in sides for c in ast.walk(side) if _is_state(c)]
+        elif isinstance(node, ast.keyword) and "state" in (node.arg or "").lower():
+            hits += [c for c in ast.walk(node.value) if _is_state(c)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_stately(t) for t in targets):
+                hits += [c for c in ast.walk(node.value) if _is_state(c)]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1:
+            hits += node.elts if all(map(_is_state, node.elts)) else []
+        elif isinstance(node, ast.Dict) and len(node.keys) > 1:
+            keys = [k for k in node.keys if k is not None and _is_state(k)]
+            hits += keys if len(keys) == len(node.keys) else []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and _is_state(node.value):
+            value = node.value.value  # type: ignore[attr-defined]
+            hits += [node.value] if any(
+                isinstance(t, ast.Name) and t.id.lower() == value for t in node.targets
+            ) else []  # fmt: skip
+    return sorted(
+        {f"{path.stem}:{h.lineno} {h.value!r}" for h in hits if isinstance(h, ast.Constant)}
+    )
+
+
+def test_state_names_are_spelled_in_the_vocabulary_only() -> None:
+    offenders = [
+        hit
+        for path in sorted(SRC.rglob("*.py"))
+        if _module_name(path).startswith(STATE_READERS)
+        and _module_name(path) not in STATE_LITERALS_LEFT
+        for hit in _state_literals(path)
+    ]
+    assert offenders == []
+    left = {_module_name(p): _state_literals(p) for p in SRC.rglob("*.py")}
+    assert [m for m in STATE_LITERALS_LEFT if not left.get(m)] == [], "fixed: drop it"
+
+
+def test_the_state_check_sees_state_names(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text(
+        'QUEUED = "queued"\nENDED = ("failed", "lost")\nCODES = {"succeeded": 0, "lost": 1}\n'
+        'if job.state == "running": pass\nNode(state="starting")\n'
+        'class R:\n    state: str = "pending"\n'
+        'class HostHealth(enum.Enum):\n    LOST = "lost"\n'
+        'x = getattr(p, "lost")\nPullResult("failed")\nstatus = ("pulled", "failed")\n'
+    )
+    found = [hit.split(" ")[1] for hit in _state_literals(sample)]
+    expected = ["'queued'", "'failed'", "'lost'", "'succeeded'", "'lost'", "'running'"]
+    assert sorted(found) == sorted([*expected, "'starting'", "'pending'"])

@@ -23,7 +23,7 @@ from corral.job.supervisor import (
     EXIT_LAUNCH,
     EXIT_LOST,
     EXIT_TIMEOUT,
-    Supervisor,
+    AttemptSupervisor,
 )
 from corral.plan.render import plan_job
 from corral.plan.spec import JobSpec
@@ -78,7 +78,7 @@ async def run_sup(
     out = io.BytesIO()
     console = Console(file=io.StringIO(), width=200)
     sink = TerminalOutput(list(HOSTS), stream=out, live=False, console=console)
-    sup = Supervisor(
+    sup = AttemptSupervisor(
         _commands(),
         transport,
         sink.on_event,
@@ -243,7 +243,7 @@ def test_interrupt_stops_once_then_kills(tmp_path: Path) -> None:
             live=False,
             console=Console(file=io.StringIO()),
         )
-        sup = Supervisor(
+        sup = AttemptSupervisor(
             _commands(),
             transport,
             sink.on_event,
@@ -582,8 +582,8 @@ def test_the_master_message_says_what_the_endpoint_is(tmp_path: Path, torchrun: 
     assert f"[corral] Waiting for {waiting} 10.77.0.1:" in report
 
 
-def _supervisor(transport: FakeTransport, tmp_path: Path, **kw: object) -> Supervisor:
-    return Supervisor(
+def _supervisor(transport: FakeTransport, tmp_path: Path, **kw: object) -> AttemptSupervisor:
+    return AttemptSupervisor(
         _commands(),
         transport,
         lambda _event: None,

@@ -23,7 +23,7 @@ import corral
 from corral.actors import _framing as fr
 from corral.actors._channel import Mailbox
 from corral.actors._loop import LoopThread, Output
-from corral.actors._runtime import Supervisor, WorkerSpec, start_all
+from corral.actors._runtime import WorkerSpec, WorkerSupervisor, start_all
 from corral.actors._workfn import describe
 from corral.actors.errors import (
     ActorError,
@@ -130,7 +130,7 @@ class WorkerHandle:
     ``restarts``, ``last_report`` (the latest ``corral.sdk.report``) and ``result``
     (what work_fn returned)."""
 
-    def __init__(self, supervisor: Supervisor, runtime: LoopThread) -> None:
+    def __init__(self, supervisor: WorkerSupervisor, runtime: LoopThread) -> None:
         self._sup = supervisor
         self._runtime = runtime
         self._mailbox = supervisor.mailbox
@@ -375,7 +375,7 @@ class Cluster(_StopsOnExit):
         self._base_hosts: dict[str, Host] = {}
         self._runtime: LoopThread | None = None
         self._transport: Transport | None = None
-        self._supervisors: list[Supervisor] = []
+        self._supervisors: list[WorkerSupervisor] = []
         self._output: Output | None = None
         self._configs: list[NCCLConfig] = []
         self._lock = threading.Lock()
@@ -556,7 +556,7 @@ class Cluster(_StopsOnExit):
         async def boot() -> dict[int, ActorError]:
             self._transport = self._make_transport(hosts)
             self._supervisors = [
-                Supervisor(
+                WorkerSupervisor(
                     spec,
                     self._transport,
                     output,

@@ -1,7 +1,7 @@
 """The coordinator's machinery: one asyncio loop in a background thread that starts
 worker processes through a corral transport and supervises each one.
 
-A :class:`Supervisor` per worker runs its process: it writes the init frame,
+A :class:`WorkerSupervisor` per worker runs its process: it writes the init frame,
 reads frames from the process's stdout into the worker's :class:`Mailbox`,
 streams its stderr as ``[host:rank]`` lines (and to its log file), and notices
 its end at once (stdout EOF, then the exit status or the lost connection), when
@@ -19,7 +19,7 @@ a lost host is tried again (``min_nodes`` does not apply): the restart reconnect
 and a reconnect that fails is a launch error, which ends it.
 
 A local worker's pipes skip the loop on the message path (a round trip costs a
-few thread wake-ups, so each hop counts): :meth:`Supervisor.send_msg` writes a small
+few thread wake-ups, so each hop counts): :meth:`WorkerSupervisor.send_msg` writes a small
 frame straight to its stdin from the caller's thread, and a thread of its own
 reads its stdout into the mailbox. SSH channels stay on the loop.
 """
@@ -116,7 +116,7 @@ def policy_exit_code(died: WorkerDied, launched: bool) -> int:
     return died.exit_code if died.exit_code is not None else 1
 
 
-class Supervisor:
+class WorkerSupervisor:
     """Runs and watches one worker process (lives on the loop); its state is
     :attr:`machine`, its restarts decided by :attr:`policy` (see the module doc)."""
 
@@ -556,7 +556,9 @@ class Supervisor:
         self.output.lines(self.host, self.rank, data)
 
 
-async def start_all(supervisors: Sequence[Supervisor], wait_time: float) -> dict[int, ActorError]:
+async def start_all(
+    supervisors: Sequence[WorkerSupervisor], wait_time: float
+) -> dict[int, ActorError]:
     """Start every worker; the ones not ready within ``wait_time`` (rank -> cause).
     After the first failure the others get a second to report theirs."""
     for sup in supervisors:

@@ -22,17 +22,18 @@ from corral.job.result import Failure
 from corral.job.summary import finding_line, preflight_findings, root_cause_text
 from corral.outcomes import EXIT_INTERRUPTED
 from corral.plan.display import fits_line, weights_line
+from corral.states import TERMINAL_STATES, JobState, NodeState
 from corral.words import plural
 
-STATE_STYLE = {
-    "succeeded": "green",
-    "exited": "green",
-    "failed": "bold red",
-    "lost": "bold red",
-    "timed_out": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "yellow",
+STATE_STYLE: dict[str, str] = {
+    JobState.SUCCEEDED: "green",
+    NodeState.EXITED: "green",
+    JobState.FAILED: "bold red",
+    JobState.LOST: "bold red",
+    JobState.TIMED_OUT: "red",
+    JobState.CANCELLED: "yellow",
+    JobState.RUNNING: "cyan",
+    JobState.QUEUED: "yellow",
 }
 
 
@@ -158,7 +159,7 @@ def print_status(status: dict[str, Any], console: Console) -> None:
                 node["host"],
                 ranks_text(node.get("ranks") or []),
                 state_text(str(node["status"])),
-                node_progress(node.get("progress") or {}, running=state == "running"),
+                node_progress(node.get("progress") or {}, running=state == JobState.RUNNING),
                 node.get("detail") or "",
             )
         console.print(table)
@@ -169,9 +170,9 @@ def print_status(status: dict[str, Any], console: Console) -> None:
     for line, style in diagnosis_lines(status):
         console.print(line, style=style, markup=False, soft_wrap=True)
     cause = status.get("root_cause")
-    if cause and state != "succeeded":
+    if cause and state != JobState.SUCCEEDED:
         console.print(root_cause_block(cause), soft_wrap=True)
-    if state in api.TERMINAL_STATES:
+    if state in TERMINAL_STATES:
         console.print(f"exit code {api.exit_code_of(status)}", style="dim", markup=False)
 
 
@@ -223,7 +224,9 @@ def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
         table.add_column(column, overflow="fold")
     for attempt in attempts:
         record = attempt.get("record") or {}
-        result = str(record.get("state") or ("running" if attempt.get("ended") is None else "-"))
+        result = str(
+            record.get("state") or (JobState.RUNNING.value if attempt.get("ended") is None else "-")
+        )
         ran = None
         if attempt.get("started") and attempt.get("ended"):
             ran = attempt["ended"] - attempt["started"]
@@ -232,7 +235,9 @@ def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
             ",".join(attempt.get("hosts") or []),
             str(attempt.get("world_size") or "-"),
             state_text(result),
-            "" if result in ("succeeded", "running") else str(attempt.get("cause") or ""),
+            ""
+            if result in (JobState.SUCCEEDED, JobState.RUNNING)
+            else str(attempt.get("cause") or ""),
             duration_text(ran),
             attempt.get("checkpoint") or "",
         )
@@ -419,17 +424,17 @@ def follow(client: Client, job_id: str, *, host: str | None = None, rank: int | 
         status = api.wait_until_ended(client, job_id)
     except ServerUnreachable:
         return code  # the last event said how it ended
-    if status["status"] not in api.TERMINAL_STATES:
+    if status["status"] not in TERMINAL_STATES:
         return code
     print_ending(status, make_console())
-    return api.exit_code_of(status) if status["status"] == "lost" else code
+    return api.exit_code_of(status) if status["status"] == JobState.LOST else code
 
 
 def print_ending(status: dict[str, Any], console: Console) -> None:
     """The end of a followed job: the root cause when it failed, then one line."""
     state = str(status["status"])
     cause = status.get("root_cause")
-    if cause and state != "succeeded":
+    if cause and state != JobState.SUCCEEDED:
         console.print(root_cause_block(cause), soft_wrap=True)
     ran = None
     if status.get("started") and status.get("ended"):

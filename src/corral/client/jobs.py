@@ -16,11 +16,16 @@ from corral.client.events import EXIT_LOST, Lost, decode, exit_code_of_event
 from corral.client.http import Client, segment
 from corral.errors import CorralError, ServerUnreachable
 from corral.job.events import Finished, JobEvent
-from corral.job.states import JobState
+from corral.job.states import TERMINAL_STATES, JobState
+from corral.outcomes import EXIT_INTERRUPTED, EXIT_TIMEOUT
 
-TERMINAL_STATES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
-"""The states of a job of the server that never change again."""
-STATE_EXIT_CODES = {"succeeded": 0, "failed": 1, "timed_out": 124, "cancelled": 130, "lost": 255}
+STATE_EXIT_CODES = {
+    JobState.SUCCEEDED: 0,
+    JobState.FAILED: 1,
+    JobState.TIMED_OUT: EXIT_TIMEOUT,
+    JobState.CANCELLED: EXIT_INTERRUPTED,
+    JobState.LOST: EXIT_LOST,
+}
 """Exit codes of ended jobs that carry none (as ``corral run`` exits)."""
 PAGE_LINES = 2000
 POLL = 0.5
@@ -31,10 +36,10 @@ def exit_code_of(status: dict[str, Any]) -> int:
     state = str(status.get("status"))
     if state not in TERMINAL_STATES:
         return 0
-    if state == "lost":
+    if state == JobState.LOST:
         return EXIT_LOST
     code = status.get("exit_code")
-    return int(code) if code is not None else STATE_EXIT_CODES[state]
+    return int(code) if code is not None else STATE_EXIT_CODES[JobState(state)]
 
 
 def plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ state across attempts and drives the decisions::
 
     PENDING -> PREPARING  sync (--sync, --sync-script), the pre-flight checklist and,
                           on SSH hosts, the node agents started and probed meanwhile
-            -> STARTING -> RUNNING -> STOPPING   one attempt (the Supervisor)
+            -> STARTING -> RUNNING -> STOPPING   one attempt (the AttemptSupervisor)
             -> RESTARTING  backoff, lost hosts dropped, re-plan, checkpoint placed
             -> STARTING ...                      the next attempt
             -> SUCCEEDED | FAILED | TIMED_OUT | CANCELLED
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     # imported where used: after the agents and the host checks were started, the
     # coordinator loads these while they start (see benchmarks/README.md, launch)
     from corral.checks.result import ChecklistReport
-    from corral.job.supervisor import Supervisor
+    from corral.job.supervisor import AttemptSupervisor
     from corral.recovery.keeper import CheckpointKeeper
 
 __all__ = ["Job", "Prepared", "dry_run", "job_json", "result_json"]
@@ -264,7 +264,7 @@ class Job:
         self._subscribers: list[Subscriber] = []
         self.machine = JobMachine(self._state_changed)
         self.attempt = 0
-        self._supervisor: Supervisor | None = None
+        self._supervisor: AttemptSupervisor | None = None
         self._preparing: asyncio.Task[Any] | None = None
         self._agents: AgentSessions | None = None  # the agents answering the checklist
         self._cancelled: asyncio.Event | None = None  # set by stop(); made in run()
@@ -662,14 +662,14 @@ class Job:
     ) -> JobResult:
         from corral.job.fold import teardown_marker
         from corral.job.logfiles import LogFiles
-        from corral.job.supervisor import Supervisor
+        from corral.job.supervisor import AttemptSupervisor
 
         inplace: dict[str, Any] = {}  # the in-place supervisor's own arguments
-        supervising: type[Supervisor] = Supervisor
+        supervising: type[AttemptSupervisor] = AttemptSupervisor
         if self.recovery.in_place:  # every node its own replica group (torchft)
             from corral.job import inplace as ip  # the Lighthouse's machinery: only here
 
-            supervising = ip.InPlaceSupervisor
+            supervising = ip.ReplicaGroupSupervisor
             prepared, inplace = await ip.setup(
                 prepared, self.spares, self.restarts.min_nodes, ssh=self.ssh
             )

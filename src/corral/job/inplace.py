@@ -1,6 +1,6 @@
 """The supervisor of an in-place attempt (``--recovery in-place``, torchft).
 
-The same :class:`~corral.job.supervisor.Supervisor` (agents, heartbeats, hang
+The same :class:`~corral.job.supervisor.AttemptSupervisor` (agents, heartbeats, hang
 detection, ``[host:rank]`` output, teardown), with one difference: a failure of
 a node (a rank died, its host was lost, it hung) tears down only that node's
 replica group; the other groups go on with a smaller torchft quorum and the
@@ -29,7 +29,7 @@ from corral.errors import ConfigError, LaunchError
 from corral.job.events import GroupChanged, Progress
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
 from corral.job.states import NodeState
-from corral.job.supervisor import Supervisor, kill_recorded_groups
+from corral.job.supervisor import AttemptSupervisor, kill_recorded_groups
 from corral.plan.spec import NodeCommand
 from corral.recovery.hangwatch import HangWatch
 from corral.recovery.health import HostWatch
@@ -49,7 +49,7 @@ from corral.transport.options import SshOptions
 Replan = Callable[[int, Host], NodeCommand]
 
 
-class InPlaceSupervisor(Supervisor):
+class ReplicaGroupSupervisor(AttemptSupervisor):
     """Supervises an attempt whose nodes are torchft replica groups."""
 
     def __init__(
@@ -400,7 +400,7 @@ async def setup(
     ssh: SshOptions | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Start the attempt's Lighthouse and plan every node as its own replica group:
-    the re-planned ``prepared`` and the :class:`InPlaceSupervisor`'s own arguments
+    the re-planned ``prepared`` and the :class:`ReplicaGroupSupervisor`'s own arguments
     (``ssh``: how the hosts are reached, to find the address they reach us by)."""
     import dataclasses
     import sys

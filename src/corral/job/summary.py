@@ -177,14 +177,14 @@ def attempts_table(records: Sequence[AttemptRecord]) -> Table:
     for column in ("attempt", "hosts", "ranks", "result", "cause", "duration", "resumed from"):
         table.add_column(column, overflow="fold")
     for record in records:
-        style = "green" if record.state == "succeeded" else "bold red"
+        style = "green" if record.state == JobState.SUCCEEDED else "bold red"
         duration = record.duration
         table.add_row(
             str(record.number),
             ",".join(record.hosts),
             str(record.world_size),
             Text(record.state, style=style),
-            "" if record.state == "succeeded" else record.cause,
+            "" if record.state == JobState.SUCCEEDED else record.cause,
             "-" if duration is None else f"{duration:.1f}s",
             record.checkpoint or "",
         )

@@ -11,7 +11,7 @@ Whether a failure still stops the job, and whether a node that ended was
 stopped or failed, is read from the shared :class:`~corral.job.states.JobMachine`.
 How the attempt ends is decided once, by the first stop (a failure, the deadline,
 an interrupt), as an :class:`Outcome`: the state it ends in, its exit code and the
-failure that caused it; :meth:`Supervisor.run` returns the result built from it.
+failure that caused it; :meth:`AttemptSupervisor.run` returns the result built from it.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Outcome:
 SUCCESS = Outcome(JobState.SUCCEEDED)
 
 
-class Supervisor:
+class AttemptSupervisor:
     """Runs planned NodeCommands through a transport and supervises them."""
 
     def __init__(

@@ -27,7 +27,7 @@ from typing import Any
 from corral.errors import ConfigError
 from corral.outcomes import EXIT_LAUNCH, AttemptOutcome
 from corral.private import write_private
-from corral.states import JobState
+from corral.states import JobState, NodeState
 
 MAX_BACKOFF = 60.0
 ATTEMPTS_FILE = "attempts.json"
@@ -70,7 +70,7 @@ class AttemptRecord:
     world_size: int
     started: float
     ended: float | None = None
-    state: str = "running"
+    state: str = JobState.RUNNING.value
     exit_code: int | None = None
     cause: str = ""
     host: str | None = None  # where the root cause happened
@@ -90,12 +90,12 @@ class AttemptRecord:
         self.exit_code = result.exit_code
         cause = result.root_cause
         if result.state == JobState.SUCCEEDED:
-            self.cause = "succeeded"
+            self.cause = JobState.SUCCEEDED.value
         elif cause is not None and result.state == JobState.FAILED:
             self.cause, self.host, self.rank = cause.message, cause.host, cause.rank
         else:
             self.cause = result.reason or result.state.value
-        self.lost = [n.host.name for n in result.nodes if n.state.value == "lost"]
+        self.lost = [n.host.name for n in result.nodes if n.state == NodeState.LOST]
 
 
 class AttemptLog:
@@ -114,7 +114,7 @@ class AttemptLog:
         with contextlib.suppress(OSError, ValueError, TypeError):
             for item in json.loads(path.read_text()):
                 record = AttemptRecord(**item)
-                if record.state == "running":
+                if record.state == JobState.RUNNING:
                     record.state = "interrupted"
                     record.cause = "corral stopped during this attempt (killed?)"
                 records.append(record)
@@ -175,7 +175,7 @@ def decide(
         return Decision(
             False, f"restart budget spent ({restarts_done} of --max-restarts {policy.max_restarts})"
         )
-    lost = {n.host.name for n in result.nodes if n.state.value == "lost"} | set(unreachable)
+    lost = {n.host.name for n in result.nodes if n.state == NodeState.LOST} | set(unreachable)
     survivors = tuple(h for h in hosts if h not in lost)
     need = policy.min_nodes if policy.min_nodes is not None else initial_hosts
     if len(survivors) < max(1, need):

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import String, cast, select
 
 from corral.errors import Conflict, Invalid, NotFound
-from corral.job.states import WAITING_STATES, JobState
+from corral.job.states import TERMINAL_STATES, WAITING_STATES, JobState
 from corral.redact import REDACTED
 from corral.service.jobrows import move
 from corral.service.models import JobRequest
@@ -32,7 +32,7 @@ from corral.store import Store
 from corral.store.models import Job
 
 SUCCEEDED = JobState.SUCCEEDED.value
-ENDED_BADLY = frozenset({"failed", "timed_out", "cancelled", "lost"})
+ENDED_BADLY = TERMINAL_STATES - {JobState.SUCCEEDED}
 """The ends of a job that cancel the jobs waiting for it to succeed."""
 
 

@@ -41,7 +41,13 @@ from corral.job.events import (
     StateChanged,
     decode_event,
 )
-from corral.job.states import ACTIVE_STATES, JobState, check_job_transition, state_values
+from corral.job.states import (
+    ACTIVE_STATES,
+    JobState,
+    NodeState,
+    check_job_transition,
+    state_values,
+)
 from corral.service.dispatch import alive
 from corral.service.eventlog import (
     EVENTS_FILE,
@@ -289,7 +295,7 @@ def _attempt_started(s: Session, job: Job, event: AttemptStarted, names: dict[st
                 host=host,
                 node_rank=i,
                 machine_id=names.get(host),
-                state="starting",
+                state=NodeState.STARTING.value,
                 detail="",
                 started=event.time,
             )

@@ -25,7 +25,7 @@ from corral.job.events import (
     fields_of,
 )
 from corral.job.fold import TeardownFold
-from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, state_values
+from corral.job.states import ACTIVE_STATES, TERMINAL_STATES, JobState, state_values
 from corral.job.summary import preflight_findings, reason_text
 from corral.service.chain import after_of
 from corral.service.eventlog import EVENTS_FILE, LoggedEvent, read_events
@@ -119,7 +119,7 @@ class Queries:
             if hang is not None:
                 diagnosed.append(hang)
         status = _status(job, nodes, ranks, attempts, task.name if task else None)
-        if job.state == "queued" and self.queued_reason is not None:
+        if job.state == JobState.QUEUED and self.queued_reason is not None:
             status.reason = self.queued_reason(job)  # as the queue says it, now
         if checked is not None:
             status.preflight = preflight_findings((checked.data or {}).get("report"))
