@@ -17,7 +17,11 @@ and friends inject a failure, to exercise a supervisor's teardown and restart.
 With ``CORRAL_WORKLOAD_WEIGHTS`` (``corral run --calibration``) the global batch
 is split in proportion to the ranks' weights (``sdk.WeightedDistributedSampler``,
 the same number of steps on every rank) and each rank's loss is multiplied by
-``sdk.loss_scale``, so the update is the one of the uniform split. Under
+``sdk.loss_scale``, so the update is the one of the uniform split. With
+``CORRAL_MICRO_BATCH_FITS`` too (a calibration that found how large a micro-batch
+each rank fits), a rank whose batch exceeds its fit runs it as several
+micro-batches and steps once (gradient accumulation, DDP's ``no_sync`` until the
+last). Under
 ``corral calibrate`` (``CORRAL_CALIBRATE=1``) every rank trains on its own, with
 no process group, DDP or checkpoints, so each runs at its own speed, and keeps
 stepping past ``--steps`` until corral stops it at the end of the measuring
@@ -33,6 +37,7 @@ throughput figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -196,10 +201,12 @@ def make_loader(
         global_batch=global_batch,
     )
     scale = sdk.loss_scale(global_batch, weights)  # every step is a full one (drop_last)
+    micro = sampler.micro_sizes(0)  # more than one: its batch exceeds what it fits
+    accumulation = f" as {len(micro)} micro-batches {list(micro)}" if len(micro) > 1 else ""
     print(
         f"rank {me.rank}: weighted split, weight {weights[me.rank]:.4f}, batch "
-        f"{sampler.batch_size} of {global_batch}, {sampler.num_steps} steps per epoch, "
-        f"loss x{scale:.4f}",
+        f"{sampler.batch_size}{accumulation} of {global_batch}, {sampler.num_steps} steps per "
+        f"epoch, loss x{scale:.4f}",
         flush=True,
     )
     return sampler, DataLoader(data, batch_sampler=sampler.batch_sampler()), scale
@@ -267,8 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     elif me.rank == 0 and not args.checkpoint_dir and args.checkpoint_every > 0:
         print("no --checkpoint-dir (nor $CORRAL_CHECKPOINT_DIR): checkpoints off", flush=True)
     net: nn.Module = model
+    ddp: DistributedDataParallel | None = None
     if distributed:
-        net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        net = ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    micro = (
+        list(sampler.micro_sizes(0)) if isinstance(sampler, sdk.WeightedDistributedSampler) else []
+    )
     loss_fn = nn.CrossEntropyLoss()
 
     ballast = torch.zeros(int(args.ballast_mb * (1 << 20)) // 4, dtype=torch.float32)
@@ -283,12 +294,20 @@ def main(argv: list[str] | None = None) -> None:
             inject_failure(args, me.rank, step)
         x, y = (t.to(device) for t in next(stream))
         optimizer.zero_grad(set_to_none=True)
-        began = time.perf_counter()
-        loss = loss_fn(net(x), y)
-        busy = time.perf_counter() - began  # the forward pass waits for no other rank
-        (loss * scale).backward()  # scale: 1, or this rank's weighted-split factor
+        parts = micro if len(micro) > 1 else [len(x)]  # gradient accumulation above the fit
+        busy = value = 0.0
+        for j, (xm, ym) in enumerate(
+            zip(torch.split(x, parts), torch.split(y, parts), strict=True)
+        ):
+            last = j == len(parts) - 1
+            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
+                began = time.perf_counter()
+                loss = loss_fn(net(xm), ym)
+                busy += time.perf_counter() - began  # the forward pass waits for no other rank
+                # scale: 1, or this rank's weighted-split factor (a micro-batch: its part)
+                (loss * (scale * len(xm) / len(x))).backward()
+            value += loss.item() * len(xm) / len(x)
         optimizer.step()
-        value = loss.item()
         window.append(value)
         sdk.report(step, total, loss=value, examples=len(x), busy=busy)
         if me.rank == 0 and (step % args.log_every == 0 or step in (start + 1, args.steps)):

@@ -20,8 +20,11 @@ EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py")
 SPLIT = re.compile(r"\[(local-\d):(\d)\] rank (\d): weighted split, weight ([0-9.]+), batch (\d+)")
 
 
-def _calibration(tmp_path: Path, rates: dict[str, float]) -> Path:
-    """A calibration file as `corral calibrate` writes it, with the given rates."""
+def _calibration(
+    tmp_path: Path, rates: dict[str, float], fits: dict[str, int] | None = None
+) -> Path:
+    """A calibration file as `corral calibrate` writes it, with the given rates (and
+    the micro-batch some hosts fit)."""
     total = sum(rates.values())
     ranks = [
         RankRate(
@@ -33,6 +36,7 @@ def _calibration(tmp_path: Path, rates: dict[str, float]) -> Path:
             examples=rate * 10,
             seconds=10.0,
             reports=20,
+            fits=(fits or {}).get(host),
         )
         for i, (host, rate) in enumerate(rates.items())
     ]
@@ -60,7 +64,8 @@ def _splits(stdout: str) -> dict[str, tuple[int, float, int]]:
 @pytest.mark.parametrize("launcher", ["torchrun", "python"])
 def test_each_host_gets_its_weight_whatever_rank_it_is(tmp_path: Path, launcher: str) -> None:
     require_torch()
-    cal = _calibration(tmp_path, {"local-0": 3000.0, "local-1": 9000.0})
+    # local-1 fits micro-batches of 40: its 192 examples a step run as 5 (accumulation)
+    cal = _calibration(tmp_path, {"local-0": 3000.0, "local-1": 9000.0}, {"local-1": 40})
     done = run_corral(
         "run", "--hosts", "local:2", "--launcher", launcher, "--calibration", str(cal),
         "--no-preflight", "--", EXAMPLE, "--steps", "20",
@@ -72,6 +77,12 @@ def test_each_host_gets_its_weight_whatever_rank_it_is(tmp_path: Path, launcher:
     # torchrun's c10d may give local-0 either rank: the weight follows the host
     assert splits["local-0"][1:] == (0.25, 64) and splits["local-1"][1:] == (0.75, 192), splits
     assert {splits["local-0"][0], splits["local-1"][0]} == {0, 1}
+    assert "micro-batch fits (host:local rank): local-1:0 40;" in done.stdout
+    # the fits follow the host too (under torchrun they are all-gathered, as the weights)
+    assert re.search(
+        r"\[local-1:\d\] .*batch 192 as 5 micro-batches \[39, 39, 38, 38, 38\]", done.stdout
+    )
+    assert re.search(r"\[local-0:\d\] .*batch 64 of 256", done.stdout), done.stdout
     assert "final loss" in done.stdout
 
 

@@ -222,3 +222,23 @@ def test_corral_job_status_prints_the_fits_under_the_weights() -> None:
     ]
     plain = [{k: v for k, v in row.items() if k != "fits"} for row in rows]
     assert "micro-batch" not in weights_text({"workload_weights": plain})
+
+
+def test_accumulated_micro_batches_give_the_whole_batchs_gradient() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    x, y = torch.randn(10, 8), torch.randint(0, 3, (10,))
+    sampler = WeightedDistributedSampler(
+        range(20), num_replicas=2, rank=1, weights=[0.5, 0.5], shuffle=False,
+        global_batch=20, fits=[None, 4],
+    )  # fmt: skip
+    loss_fn = torch.nn.CrossEntropyLoss()
+    (loss_fn(model(x), y) * sampler.loss_scale(0)).backward()
+    whole = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    parts = list(sampler.micro_sizes(0))
+    for j, (xm, ym) in enumerate(zip(x.split(parts), y.split(parts), strict=True)):
+        (loss_fn(model(xm), ym) * sampler.loss_scale(0, j)).backward()
+    for a, p in zip(whole, model.parameters(), strict=True):
+        assert torch.allclose(a, p.grad, atol=1e-6)
