@@ -9,8 +9,9 @@ loaded by tests/conftest.py).
   The workers find the groups at collection (fixture scopes and markers are known
   there) and hand them to the controller's scheduler in a file: pytest 9's node ids
   no longer take the ``@group`` suffix that xdist's own ``xdist_group`` relies on.
-- Isolation. Each worker gets its own ``HOME`` (and XDG data, config, cache, state and
-  runtime dirs under it), so nothing that a test or a server writes to the user's
+- Isolation. Each worker gets its own ``HOME`` (and XDG data, config, cache and state
+  dirs under it; ``XDG_RUNTIME_DIR`` is left as it is: the control sockets made there
+  have random names), so nothing that a test or a server writes to the user's
   home (corral's data dir and token, chromium's profile) is shared with a test on
   another worker. pytest already gives each worker its own ``tmp_path`` root; ports
   are picked free per test; the testbed's names and addresses are the machine's one
@@ -110,14 +111,11 @@ class WorkerHome:
                     (self.path / name).symlink_to(real / name)
         if (real / ".pyenv").is_dir():
             os.environ.setdefault("PYENV_ROOT", str(real / ".pyenv"))
-        runtime = self.path / "run"
-        runtime.mkdir(mode=0o700)
         os.environ["HOME"] = str(self.path)
         os.environ["XDG_DATA_HOME"] = str(self.path / ".local" / "share")
         os.environ["XDG_CONFIG_HOME"] = str(self.path / ".config")
         os.environ["XDG_CACHE_HOME"] = str(self.path / ".cache")
         os.environ["XDG_STATE_HOME"] = str(self.path / ".local" / "state")
-        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -104,7 +104,17 @@ def _hung_up(path: str, data: bytes) -> bool:
             return False
 
 
-def test_socket_is_private_random_and_removed_on_close(tmp_path: Path) -> None:
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh dir with a short path (an xdist worker's ``tmp_path`` is 10 characters
+    longer, too long for a socket path with room to spare)."""
+    path = Path(tempfile.mkdtemp(prefix="ctl-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_socket_is_private_random_and_removed_on_close(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     served = Served(tmp_path)
     first = Served(tmp_path)
     try:
@@ -229,8 +239,9 @@ def test_peer_uid_is_the_connecting_process_user(tmp_path: Path) -> None:
 
 
 def test_base_dir_prefers_a_private_xdg_runtime_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    tmp_path = short_tmp
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
