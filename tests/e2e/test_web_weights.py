@@ -88,6 +88,37 @@ def test_the_plan_and_the_job_page_show_the_weights(
         assert width <= PHONE["width"] + 2
 
 
+FITS = "els => els.map(r => [r.dataset.host, r.querySelector('[data-field=fits]').innerText])"
+
+
+def test_a_calibration_with_memory_fits_shows_them_beside_the_weights(
+    browser: Any, shots: Shots, server: LiveServer
+) -> None:
+    from corral.calibrate.model import load_calibration, save_calibration
+
+    path = calibration_file(server.root / "cal-fits.json", {"local1": [30.0], "local2": [90.0]})
+    cal = load_calibration(path)
+    ranks = [r.model_copy(update={"fits": 48 if r.host == "local2" else None}) for r in cal.ranks]
+    save_calibration(cal.model_copy(update={"ranks": ranks}), path)
+    with open_page(browser, shots) as page:
+        _form(page, server, str(path))
+        page.click("#plan")
+        table = page.locator("#plan-weights")
+        table.wait_for()
+        assert "Fits" in table.locator("thead").inner_text()
+        rows = table.locator("tbody tr").evaluate_all(FITS)
+        assert sorted(rows) == [["local1", "no limit"], ["local2", "48"]]
+        job_id = str(page.locator("#plan-view").get_attribute("data-job-id"))
+        with page.expect_navigation(url=f"**/jobs/{job_id}"):
+            page.click("#launch")
+        page.locator("#job-weights").wait_for()
+        rows = page.locator("#job-weights tbody tr").evaluate_all(FITS)
+        assert sorted(rows) == [["local1", "no limit"], ["local2", "48"]]
+    with server.client() as client:
+        done = wait_status(client, job_id, ["succeeded", "failed", "lost", "cancelled"], 90)
+        assert done["status"] == "succeeded", done
+
+
 def test_a_job_without_weights_hides_the_section(
     browser: Any, shots: Shots, server: LiveServer
 ) -> None:
