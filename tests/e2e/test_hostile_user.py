@@ -104,3 +104,39 @@ def test_a_tracking_target_spelled_otherwise_still_stays_in_bounds(team: Team, t
     answer = team.mallory.post("/api/jobs/queue", json={**QUEUED_JOB, "track": [track]})
     assert answer.status_code == 403, answer.text
     assert answer.json()["error"]["details"]["rule"] == "tracking-allow-list"
+
+
+def _client(server: LiveServer, token: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {token}"}
+    )
+
+
+def test_a_plan_made_as_an_admin_is_not_dispatched_once_its_owner_is_a_user(team: Team) -> None:
+    """eve plans a job on the server's own host while an admin; her grant is revoked and
+    the name re-added as a user: dispatching the old plan is a 403, not a job that runs
+    as the server next to its token (dispatch checks its owner's rights as they are)."""
+    made = team.admin.post("/api/users", json={"name": "eve", "role": "admin"})
+    assert made.status_code == 201, made.text
+    with _client(team.server, made.json()["token"]) as eve:
+        plan = eve.post(
+            "/api/network/distributed/plan",
+            json={
+                **QUEUED_JOB,
+                "command_template": f"cat {team.server.token_file}",
+                "selected_machines": ["here"],
+            },
+        )
+    assert plan.status_code == 200, plan.text
+    job_id = plan.json()["job_id"]
+    assert team.admin.delete("/api/users/eve").status_code == 200
+    again = team.admin.post("/api/users", json={"name": "eve", "role": "user"})
+    assert again.status_code == 201, again.text
+    with _client(team.server, again.json()["token"]) as eve:
+        answer = eve.post("/api/network/distributed/dispatch", json={"job_id": job_id})
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["error"]["details"]["rule"] == "server-host"
+        status = eve.get(f"/api/network/distributed/status/{job_id}").json()
+        assert status["status"] == "planned"
+        output = eve.get(f"/api/network/local_job_output/{job_id}")
+        assert TOKEN not in output.text

@@ -36,6 +36,13 @@ from corral.service.machines import busy_machines
 from corral.service.models import DispatchIn, StopOut
 from corral.service.planning import machine_changes
 from corral.service.settings import ServerSettings
+from corral.service.trust import (
+    admit_tracking,
+    check_machines,
+    check_server_paths,
+    is_trusted,
+    refuse_server_host,
+)
 from corral.store import Store
 from corral.store.models import Job, Machine
 
@@ -171,6 +178,7 @@ class Dispatch:
         ids = list(row.machine_ids or [])
         with self.store.session() as s:
             current = {m.id: m for m in s.scalars(select(Machine).where(Machine.id.in_(ids)))}
+        self._still_trusted(row, launch, list(current.values()))
         changes = machine_changes(launch, ids, current, self.settings)
         if changes:
             raise Conflict(
@@ -188,6 +196,25 @@ class Dispatch:
             )
         self.claim(row.id)
         self.launch(row.id, launch)
+
+    def _still_trusted(self, row: Job, launch: JobDescription, machines: list[Machine]) -> None:
+        """Forbidden when the job's owner may not now run what was planned: a plan made
+        while its owner was an admin (or under a name since re-added as a user) does
+        not run on the server's own host, read a server tree or track out of bounds
+        (:mod:`corral.service.trust`); the job stays planned."""
+        if is_trusted(self.store, row.owner):
+            return
+        if row.kind == "local":
+            raise refuse_server_host(row.owner, f"job {row.id} runs on the server's machine")
+        check_machines(machines, row.owner, trusted=False)
+        options = launch.options
+        check_server_paths(options.sync, options.code_dir, None, self.settings.run_dir, row.owner)
+        admit_tracking(
+            options.track,
+            job_dir=str(Path(row.run_dir).resolve()),
+            allow=self.settings.tracking_allow,
+            trusted=False,
+        )
 
     def claim(self, job_id: str) -> None:
         """planned/queued -> pending, exactly once (a second dispatch is a Conflict)."""
