@@ -72,9 +72,10 @@ def _calibrate(tmp_path: Path, job: str, *args: str) -> tuple[int, str, str]:
 
 def test_builtin_workload_gives_a_table_and_a_reusable_file(tmp_path: Path) -> None:
     require_torch()
-    code, out, err = _calibrate(tmp_path, "cal-builtin", "--seconds", "5")
+    # local-1 declares 8 MiB: the workload probes the largest micro-batch under it
+    code, out, err = _calibrate(tmp_path, "cal-builtin", "--seconds", "5", "--mem-cap", "local-1=8")
     assert code == 0, err[-3000:]
-    for word in ("host", "ex/s", "share", "local-0", "local-1", "█", "built-in workload"):
+    for word in ("host", "ex/s", "share", "fits", "local-0", "local-1", "█", "built-in workload"):
         assert word in out, out
     path = tmp_path / "runs" / "cal-builtin" / "calibration.json"
     latest = tmp_path / "runs" / "calibration-latest.json"
@@ -87,6 +88,10 @@ def test_builtin_workload_gives_a_table_and_a_reusable_file(tmp_path: Path) -> N
         ("local-1", 1, 0),
     ]
     assert all(r.examples_per_s > 0 and r.reports >= 5 for r in cal.ranks)
+    # a 3 x 512 MLP: 6 MiB of parameters and gradients, about 8 kB of activations an example
+    fit = cal.ranks[1].fits
+    assert cal.ranks[0].fits is None and fit is not None and 64 < fit < 1024, cal.ranks
+    assert f"rank 1: a step fits a micro-batch of {fit}" in out
     assert sum(cal.workload_distribution.values()) == pytest.approx(1.0, abs=1e-4)
     assert cal.calibration_notes in out  # off a terminal nothing is wrapped
     assert f"--calibration {path}" in out
