@@ -266,6 +266,21 @@ def test_bad_seconds_is_one_error_line(tmp_path: Path) -> None:
     assert err.strip() == "error: --seconds: must be 1 to 3600 (got 0)"
 
 
+@pytest.mark.parametrize(
+    ("cap", "message"),
+    [
+        ("local-1", "'local-1': expected HOST=MB with a positive number of MiB"),
+        ("local-1=-4", "'local-1=-4': expected HOST=MB with a positive number of MiB"),
+        ("tb9=64", "tb9 not in the cluster (hosts: local-0, local-1)"),
+    ],
+)
+def test_a_bad_memory_cap_is_one_error_line(tmp_path: Path, cap: str, message: str) -> None:
+    code, out, err = _calibrate(tmp_path, "cal-bad-cap", "--mem-cap", cap)
+    assert code == 2 and out == ""
+    assert err.strip() == f"error: --mem-cap: {message}"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_ctrl_c_stops_every_rank_and_saves_nothing(tmp_path: Path) -> None:
     script = _script(tmp_path, "paced.py", PACED)
     runs = tmp_path / "runs"
