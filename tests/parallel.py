@@ -13,7 +13,8 @@ loaded by tests/conftest.py).
   dirs under it; ``XDG_RUNTIME_DIR`` is left as it is: the control sockets made there
   have random names), so nothing that a test or a server writes to the user's
   home (corral's data dir and token, chromium's profile) is shared with a test on
-  another worker. pytest already gives each worker its own ``tmp_path`` root; ports
+  another worker (the netns tests keep the real one: they have their worker to
+  themselves). pytest already gives each worker its own ``tmp_path`` root; ports
   are picked free per test; the testbed's names and addresses are the machine's one
   set, which the netns group keeps to one worker.
 """
@@ -111,14 +112,37 @@ class WorkerHome:
                     (self.path / name).symlink_to(real / name)
         if (real / ".pyenv").is_dir():
             os.environ.setdefault("PYENV_ROOT", str(real / ".pyenv"))
-        os.environ["HOME"] = str(self.path)
-        os.environ["XDG_DATA_HOME"] = str(self.path / ".local" / "share")
-        os.environ["XDG_CONFIG_HOME"] = str(self.path / ".config")
-        os.environ["XDG_CACHE_HOME"] = str(self.path / ".cache")
-        os.environ["XDG_STATE_HOME"] = str(self.path / ".local" / "state")
+        ours = {
+            "HOME": self.path,
+            "XDG_DATA_HOME": self.path / ".local" / "share",
+            "XDG_CONFIG_HOME": self.path / ".config",
+            "XDG_CACHE_HOME": self.path / ".cache",
+            "XDG_STATE_HOME": self.path / ".local" / "state",
+        }
+        self.real = {name: os.environ.get(name) for name in ours}
+        os.environ.update({name: str(path) for name, path in ours.items()})
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+_home: WorkerHome | None = None
+
+
+@pytest.fixture(autouse=True)
+def _netns_tests_keep_the_real_home(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A netns test sees the user's own ``HOME`` and XDG dirs, as when run alone: the
+    testbed's hosts mount their own home and ``/tmp``, and the netns tests run one at
+    a time on one worker, so a home of the worker's own buys them nothing."""
+    if _home is None or request.node.get_closest_marker("netns") is None:
+        return
+    for name, value in _home.real.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
 
 
 class _Cleanup:
@@ -134,9 +158,11 @@ class _Cleanup:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _home
     worker = _worker(config)
     if worker:
-        config.pluginmanager.register(_Cleanup(WorkerHome(worker)), "corral-worker-home")
+        _home = WorkerHome(worker)
+        config.pluginmanager.register(_Cleanup(_home), "corral-worker-home")
     elif getattr(config.option, "numprocesses", None) and config.getvalue("dist") == "loadgroup":
         # the controller, before it starts the workers (they inherit the variable)
         shared = Path(tempfile.mkdtemp(prefix="corral-test-groups-"))
