@@ -108,6 +108,20 @@ def test_two_jobs_series_in_one_answer(app: tuple[TestClient, Store]) -> None:
     assert [set(j["series"]) for j in only.json()["jobs"]] == [{"loss"}, {"loss"}]
 
 
+def test_what_is_compared_is_what_the_one_decoder_reads(app: tuple[TestClient, Store]) -> None:
+    """The stored reports are read as the engine's Progress events (the decoder every
+    view uses): a report it refuses (a step that is no number) is no point here either,
+    and its fields are the typed ones (a rank written as text is that rank)."""
+    client, store = app
+    reports = losses(0, 3, 1.0)
+    reports.append({"rank": 0, "step": "late", "metrics": {"loss": 9.0}})
+    reports.append({"rank": "0", "step": 4, "metrics": {"loss": 0.25}})
+    add_reported_job(store, "typed", "typed", reports, time.time() - 60)
+    job = client.get("/api/compare", params={"job_id": "typed"}).json()["jobs"][0]
+    assert [p[0] for p in job["series"]["loss"]] == [1, 2, 3, 4]
+    assert job["reported"] == {"loss": 4}
+
+
 def test_series_are_downsampled_to_the_bound(app: tuple[TestClient, Store]) -> None:
     client, store = app
     add_reported_job(store, "long", "long", losses(0, 1000, 1.0), time.time() - 3600)

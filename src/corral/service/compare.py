@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from corral.errors import Invalid, NotFound
+from corral.job.events import Progress, decode_event
 from corral.service.queries import display_name
 from corral.store import Store
 from corral.store.models import Event, Job, Task
@@ -65,7 +65,9 @@ def compare(
     points: int = DEFAULT_POINTS,
 ) -> Comparison:
     """The series of ``job_ids`` (in that order, repeats dropped), only ``metrics`` when
-    given; Invalid beyond the bounds, NotFound for an unknown job."""
+    given; Invalid beyond the bounds, NotFound for an unknown job. The stored progress
+    events are read as the engine's :class:`~corral.job.events.Progress` (the one
+    decoder, :func:`~corral.job.events.decode_event`)."""
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         raise Invalid("give at least one job (job_id=...)", details={"field": "job_id"})
@@ -88,11 +90,19 @@ def compare(
             raise NotFound(f"no job {missing[0]!r}", details={"job_id": missing[0]})
         for job_id in ids:
             job = rows[job_id]
-            reports = s.execute(
-                select(Event.time, Event.data)
-                .where(Event.job_id == job_id, Event.kind == "progress")
+            rows_of = s.execute(
+                select(Event.kind, Event.time, Event.data)
+                .where(Event.job_id == job_id, Event.kind == Progress.kind)
                 .order_by(Event.pos)
             ).all()
+            reports = [
+                event
+                for kind, when, data in rows_of
+                if isinstance(
+                    event := decode_event({**(data or {}), "kind": kind, "time": when}, job_id),
+                    Progress,
+                )
+            ]
             task = s.get(Task, job.task_id) if job.task_id else None
             shown = display_name(job, task.name if task else None)
             out.append(_series(job, shown, reports, wanted, points))
@@ -101,20 +111,17 @@ def compare(
 
 
 def _series(
-    job: Job, name: str | None, reports: Sequence[Any], wanted: set[str], points: int
+    job: Job, name: str | None, reports: Sequence[Progress], wanted: set[str], points: int
 ) -> JobSeries:
-    """The job's series from its progress reports (time, data), the lowest rank's."""
-    ranks = [r for _, data in reports if isinstance(r := (data or {}).get("rank"), int)]
-    rank = min(ranks) if ranks else None
-    start = job.started if job.started is not None else (reports[0][0] if reports else 0.0)
+    """The job's series from its progress reports, the lowest rank's."""
+    rank = min((r.rank for r in reports), default=None)
+    start = job.started if job.started is not None else (reports[0].time if reports else 0.0)
     full: dict[str, list[Point]] = {}
-    for when, data in reports:
-        data = data or {}
-        if data.get("rank") != rank:
+    for report in reports:
+        if report.rank != rank:
             continue
-        step = data.get("step")
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
-        for key, value in (data.get("metrics") or {}).items():
+        step, when = report.step, report.time
+        for key, value in report.metrics.items():
             if wanted and key not in wanted:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):

@@ -19,7 +19,6 @@ from corral.job.events import (
     FINAL_KINDS,
     HangReported,
     JobEvent,
-    LogLines,
     StragglerFound,
     decode_event,
     fields_of,
@@ -319,19 +318,13 @@ def run_dir_of(row: Job) -> Path | None:
     return Path(row.run_dir).resolve() if row.run_dir else None
 
 
+_FOLDED = frozenset({"log", "state", "rank_exit", "attempt_started"})
+"""The kinds the teardown fold reads: only those are decoded (the one decoder)."""
+
+
 def _decoded(ev: LoggedEvent, job_id: str) -> JobEvent | None:
     """The typed event the fold needs (log lines, states, rank exits, attempts)."""
-    kind = ev.data.get("kind")
-    if kind == "log":
-        return LogLines(
-            job_id=job_id,
-            host=str(ev.data.get("host")),
-            rank=int(ev.data.get("rank", -1)),
-            data=str(ev.data.get("text", "")).encode(),
-        )
-    if kind in ("state", "rank_exit", "attempt_started"):
-        return decode_event(ev.data, job_id)
-    return None
+    return decode_event(ev.data, job_id) if ev.data.get("kind") in _FOLDED else None
 
 
 def prefixed_lines(data: dict[str, Any]) -> list[str]:
