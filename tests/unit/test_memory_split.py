@@ -73,6 +73,12 @@ def test_probing_catches_out_of_memory_and_nothing_else(monkeypatch: pytest.Monk
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     assert probe_fit(card, start=4, limit=1024).batch == 37
+
+    def host(batch: int) -> None:  # torch's CPU allocator
+        if batch > 300:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to ...")
+
+    assert probe_fit(host, start=64, limit=4096).batch == 300
     roomy = probe_fit(lambda b: None, start=4, limit=100)
     assert (roomy.batch, roomy.limited) == (100, False)
 

@@ -113,14 +113,18 @@ def memory_cap(env: Mapping[str, str] | None = None) -> int | None:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` says a step ran out of memory (a declared cap, a MemoryError,
-    torch's CUDA OOM, or a backend's ``out of memory`` RuntimeError)."""
+    torch's CUDA OOM, or a backend's or torch's CPU allocator's RuntimeError saying so)."""
     if isinstance(exc, MemoryError):
         return True
     torch = sys.modules.get("torch")
     oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
     if isinstance(oom, type) and isinstance(exc, oom):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # CUDA/MPS say "out of memory"; torch's CPU allocator "can't allocate memory"
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
 
 
 def _storage_key(tensor: Any) -> tuple[int, int]:
