@@ -5,8 +5,15 @@ database), as when an admin starts ``corral serve`` in ``~/.corral``."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -140,3 +147,78 @@ def test_a_plan_made_as_an_admin_is_not_dispatched_once_its_owner_is_a_user(team
         assert status["status"] == "planned"
         output = eve.get(f"/api/network/local_job_output/{job_id}")
         assert TOKEN not in output.text
+
+
+class _Runs:
+    """A pickle that runs ``touch PATH`` when unpickled (what a rank could write as its
+    flight recorder dump)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch {self.path}",))
+
+
+def _dump(entries: list[Any]) -> bytes:
+    """A flight recorder dump as torch's gloo recorder writes it (plain data)."""
+    return pickle.dumps(
+        {
+            "version": "2.10",
+            "pg_config": {"": {"name": "", "desc": "", "ranks": "[0]"}},
+            "comm_lib_version": "",
+            "pg_status": {"0": {"last_enqueued_collective": 1}},
+            "entries": entries,
+        }
+    )
+
+
+def _analysed(directory: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "corral.diagnose.frtrace", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def test_a_ranks_flight_recorder_dump_never_runs_code_on_the_coordinator(tmp_path: Path) -> None:
+    """A hang's flight recorder dumps come from the ranks -- the code of whoever
+    submitted the job, on an SSH machine -- to the coordinator on the server's host,
+    whose analyser read them with pickle: a dump naming a function ran it there as
+    the server's OS user (next to its token). A dump is read as plain data only."""
+    entry = {
+        "frames": [{"name": "all_reduce", "filename": "train.py", "line": 3}],
+        "record_id": 0,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": 1,
+        "p2p_seq_id": 0,
+        "op_id": 1,
+        "profiling_name": "gloo:all_reduce",
+        "input_sizes": [[2]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[2]],
+        "output_dtypes": ["Float"],
+        "state": "scheduled",
+        "time_created_ns": 1,
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "retired": True,
+        "timeout_ms": 1800000,
+        "is_p2p": False,
+    }
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    (good / "rank_0").write_bytes(_dump([entry]))
+    assert _analysed(good)["last"]["0"][0]["op"] == "gloo:all_reduce"  # a dump still reads
+
+    marker = tmp_path / "ran"
+    (bad / "rank_0").write_bytes(_dump([entry, _Runs(marker)]))
+    found = _analysed(bad)
+    assert not marker.exists(), "the dump ran code on the coordinator"
+    assert "not loaded" in found["error"], found

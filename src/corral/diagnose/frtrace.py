@@ -25,10 +25,11 @@ import importlib.util
 import io
 import json
 import logging
+import pickle
 import sys
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 __all__ = ["analyse", "main"]
 
@@ -50,19 +51,44 @@ def _stand_ins() -> bool:
     return True
 
 
+class _DataOnly(pickle.Unpickler):
+    """An unpickler of plain data: a dump is dicts, lists, strings and numbers (torch's
+    recorder writes no global), and a rank -- code of whoever submitted the job -- may
+    write any bytes there, so a pickle naming a class or function (how a pickle runs
+    code) is refused, never loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"a flight recorder dump names {module}.{name}: not a dump, not loaded"
+        )
+
+
+def _load_data(file: IO[bytes]) -> Any:
+    return _DataOnly(file).load()
+
+
+def _data_only(loader: types.ModuleType) -> types.ModuleType:
+    """torch's loader with its ``pickle.load`` the data-only one."""
+    loader.pickle = types.SimpleNamespace(  # type: ignore[attr-defined]
+        load=_load_data, UnpicklingError=pickle.UnpicklingError
+    )
+    return loader
+
+
 def _analyser() -> tuple[Any, Any, Any]:
-    """torch's ``build_db``, ``JobConfig`` and ``read_dir``; ImportError without torch."""
+    """torch's ``build_db``, ``JobConfig`` and ``read_dir`` (its dumps read as plain
+    data only: :class:`_DataOnly`); ImportError without torch."""
     logging.getLogger("Flight Recorder").disabled = True  # its notes are not the user's
     names = ("builder", "config_manager", "loader")
     if "torch" not in sys.modules and _stand_ins():
         try:
             builder, config, loader = (importlib.import_module(f"{_COMPONENTS}.{n}") for n in names)
-            return builder.build_db, config.JobConfig, loader.read_dir
+            return builder.build_db, config.JobConfig, _data_only(loader).read_dir
         except Exception:  # this torch's analyser needs torch itself: import it for real
             for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
                 del sys.modules[name]
     builder, config, loader = (importlib.import_module(f"{_COMPONENTS}.{n}") for n in names)
-    return builder.build_db, config.JobConfig, loader.read_dir
+    return builder.build_db, config.JobConfig, _data_only(loader).read_dir
 
 
 def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
