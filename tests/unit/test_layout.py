@@ -552,7 +552,17 @@ def _is_state(node: ast.AST) -> bool:
 
 
 def _stately(node: ast.AST) -> bool:
-    return any("state" in n.lower() for n in _names(node))
+    """Named like a state (``job.state``), or a JSON status read by key (``data["status"]``,
+    ``row.get("state")``)."""
+    keys = [
+        n.slice if isinstance(n, ast.Subscript) else n.args[0]
+        for n in ast.walk(node)
+        if isinstance(n, ast.Subscript)
+        or (isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "get" and n.args)
+    ]
+    return any("state" in n.lower() for n in _names(node)) or any(
+        isinstance(k, ast.Constant) and k.value in ("state", "status") for k in keys
+    )
 
 
 def _state_literals(path: Path) -> list[str]:
@@ -611,7 +621,9 @@ def test_the_state_check_sees_state_names(tmp_path: Path) -> None:
         'class R:\n    state: str = "pending"\n'
         'class HostHealth(enum.Enum):\n    LOST = "lost"\n'
         'x = getattr(p, "lost")\nPullResult("failed")\nstatus = ("pulled", "failed")\n'
+        'if data["status"] != "queued": pass\nif row.get("state") == "lost": pass\n'
+        'if r.status == "failed": pass\n'
     )
     found = [hit.split(" ")[1] for hit in _state_literals(sample)]
     expected = ["'queued'", "'failed'", "'lost'", "'succeeded'", "'lost'", "'running'"]
-    assert sorted(found) == sorted([*expected, "'starting'", "'pending'"])
+    assert sorted(found) == sorted([*expected, "'starting'", "'pending'", "'queued'", "'lost'"])

@@ -164,7 +164,7 @@ def wait_until_started(
     last_reason: str | None = None
     while True:
         data = status(client, job_id)
-        if data["status"] != "queued":
+        if data["status"] != JobState.QUEUED:
             return data
         if on_wait is not None and data.get("reason") != last_reason:
             on_wait(data)
@@ -184,7 +184,7 @@ def wait_until_ended(client: Client, job_id: str, within: float = 10.0) -> dict[
 
 def _ending(data: dict[str, Any]) -> JobEvent:
     """The last event of a job that ended unseen, from its status."""
-    if data["status"] == "lost":
+    if data["status"] == JobState.LOST:
         return Lost(job_id=data["job_id"], reason=str(data.get("reason") or ""))
     return Finished(
         job_id=data["job_id"],
