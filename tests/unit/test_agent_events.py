@@ -182,7 +182,19 @@ VALID: list[tuple[bytes, dict[str, Any]]] = [
             "stacks",
             stacks=[{"rank": 0, "pid": 5, "method": "py-spy", "text": "Thread", "error": None}],
         ),
-        {"stacks": [{"rank": 0, "pid": 5, "method": "py-spy", "text": "Thread", "error": None}]},
+        {
+            "stacks": [
+                {
+                    "rank": 0,
+                    "pid": 5,
+                    "method": "py-spy",
+                    "text": "Thread",
+                    "error": None,
+                    "trace": None,
+                    "trace_error": None,
+                }
+            ]
+        },
     ),
     (_event("master_ready", addr="10.0.0.1", port=29500), {"addr": "10.0.0.1", "port": 29500}),
     (
