@@ -222,3 +222,29 @@ def test_a_ranks_flight_recorder_dump_never_runs_code_on_the_coordinator(tmp_pat
     found = _analysed(bad)
     assert not marker.exists(), "the dump ran code on the coordinator"
     assert "not loaded" in found["error"], found
+
+
+def test_a_job_printing_without_end_does_not_fill_the_servers_disk(tmp_path: Path) -> None:
+    """A job keeps at most CORRAL_JOB_OUTPUT_LIMIT bytes of output on the server (its
+    logs and the events that carry its lines); past it one line and one warning say so."""
+    limit = 200_000
+    flood = "head -c 3000000 /dev/zero | tr '\\0' x | fold -w 100"  # 3 MB of lines
+    env = {"CORRAL_JOB_OUTPUT_LIMIT": str(limit)}
+    with live_server(tmp_path / "srv", env=env) as server, server.client() as admin:
+        made = admin.post("/api/network/machines", json={"name": "here", "local": True})
+        assert made.status_code == 201, made.text
+        plan = admin.post(
+            "/api/network/distributed/plan",
+            json={**QUEUED_JOB, "command_template": flood, "selected_machines": ["here"]},
+        )
+        assert plan.status_code == 200, plan.text
+        job_id = plan.json()["job_id"]
+        started = admin.post("/api/network/distributed/dispatch", json={"job_id": job_id})
+        assert started.status_code == 200, started.text
+        wait_status(admin, job_id, ["succeeded"])
+        job_dir = server.run_dir / job_id
+        logs = sum(p.stat().st_size for p in (job_dir / "logs").glob("*.log"))
+        assert logs <= limit + 1000, logs
+        assert (job_dir / "events.jsonl").stat().st_size < 3 * limit
+        output = admin.get(f"/api/network/local_job_output/{job_id}", params={"limit": 100000})
+        assert "output passed 200000 bytes" in output.text

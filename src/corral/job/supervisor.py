@@ -43,7 +43,7 @@ from corral.job.events import (
     RankExited,
     StragglerFound,
 )
-from corral.job.logfiles import LogFiles
+from corral.job.logfiles import OUTPUT_LIMIT_ENV, LogFiles
 from corral.job.result import (
     EXIT_HANG,
     EXIT_INTERRUPTED,
@@ -179,8 +179,15 @@ class AttemptSupervisor:
         self.emit(Message(job_id=self.job_id, text=text, level=level))
 
     def _lines(self, host: str, rank: int, data: bytes) -> None:
-        self.logs.write(host, rank, data)
-        self.emit(LogLines(job_id=self.job_id, time=0.0, host=host, rank=rank, data=data))
+        was_full = self.logs.full
+        if self.logs.write(host, rank, data):
+            self.emit(LogLines(job_id=self.job_id, time=0.0, host=host, rank=rank, data=data))
+        elif not was_full:
+            self._say(
+                f"the job's output passed {self.logs.limit} bytes: the rest is not kept on "
+                f"the coordinator ({OUTPUT_LIMIT_ENV})",
+                "warning",
+            )
 
     # -- starting ----------------------------------------------------------------------
 

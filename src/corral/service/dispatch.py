@@ -27,6 +27,7 @@ from sqlalchemy import select
 from corral.contract import SERVER_TOKEN_ENV
 from corral.errors import ConfigError, Conflict
 from corral.job.describe import JobDescription
+from corral.job.logfiles import OUTPUT_LIMIT_ENV
 from corral.job.states import TERMINAL_STATES, WAITING_STATES, JobState
 from corral.private import append_private, private_dir
 from corral.service.chain import Chain
@@ -52,6 +53,10 @@ the token is, its store's URL)."""
 SUPERVISOR_UMASK = 0o077
 """What a job's supervisor (and a local job's processes) create on the server's host
 is its user's only: tracking stores and event files 0600, directories 0700."""
+JOB_OUTPUT_LIMIT = 1 << 30
+"""Bytes of output a job keeps on the server (its ranks are whoever submitted it: one
+printing without end must not fill the server's disk); the server's environment's
+``CORRAL_JOB_OUTPUT_LIMIT`` sets another."""
 
 
 @dataclass
@@ -84,6 +89,7 @@ def spawn_supervisor(description: JobDescription) -> SupervisorProcess:
     assert options.job_id is not None  # the planner gives every job its id
     directory = private_dir(job_dir(options.run_dir, options.job_id))
     env = {k: v for k, v in os.environ.items() if k not in SERVER_ONLY_ENV}
+    env.setdefault(OUTPUT_LIMIT_ENV, str(JOB_OUTPUT_LIMIT))  # any user's ranks print here
     with append_private(directory / "supervisor.log") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "corral.service.launch"],
