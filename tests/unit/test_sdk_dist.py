@@ -329,7 +329,7 @@ def test_public_api_is_pinned() -> None:
             # "checkpoint now" (before a Slurm time limit)
             "checkpoint_requested", "request_checkpoint",
             # in-place recovery (torchft)
-            "FaultTolerant", "fault_tolerant",
+            "FaultTolerant", "fault_tolerant", "RNGState", "StateMismatch",
             # stragglers: named sections and the DDP arrival hook
             "section", "straggler_hook",
             # a split that knows memory: the micro-batch a rank fits, accumulation

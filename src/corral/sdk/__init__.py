@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     )
     from corral.sdk._errors import error_file_path, read_error_file, record, write_error_file
     from corral.sdk._ft import FaultTolerant, fault_tolerant
+    from corral.sdk._ftstate import RNGState, StateMismatch
     from corral.sdk._krum import krum_hook
     from corral.sdk._memory import memory_split, micro_batch_fits, probe_fit
     from corral.sdk._preempt import checkpoint_requested, request_checkpoint
@@ -78,6 +79,8 @@ _LAZY = {
     "DistInfo": "corral.sdk._env",
     "FaultTolerant": "corral.sdk._ft",
     "MasterNotReadyError": "corral.sdk._dist",
+    "RNGState": "corral.sdk._ftstate",
+    "StateMismatch": "corral.sdk._ftstate",
     "WeightedDistributedSampler": "corral.sdk._sampler",
     "barrier": "corral.sdk._dist",
     "calibrating": "corral.sdk._calibrate",
@@ -136,6 +139,8 @@ __all__ = [
     "DistInfo",
     "FaultTolerant",
     "MasterNotReadyError",
+    "RNGState",
+    "StateMismatch",
     "WeightedDistributedSampler",
     "barrier",
     "calibrating",

@@ -58,6 +58,7 @@ from corral.sdk._checkpoint import save_checkpoint
 from corral.sdk._env import info
 from corral.sdk._ftlog import quiet_torchft
 from corral.sdk._ftsplit import Share, group_weights, quorum_share, stream_indices
+from corral.sdk._ftstate import Carried, StateMismatch, mismatches
 from corral.sdk._report import send_event
 from corral.sdk._resume import resume
 
@@ -135,6 +136,18 @@ def _ddp_class(torchft: Any, group_size: int) -> Any:
     return _GroupDDP
 
 
+def _optimizer_class(torchft: Any, owner: FaultTolerant) -> Any:
+    """torchft's Optimizer wrapper whose ``zero_grad`` (the step's quorum) is followed
+    by the comparison of the groups' states after a quorum change."""
+
+    class _Compared(torchft.Optimizer):  # type: ignore[misc]
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            super().zero_grad(set_to_none)
+            owner._compare_states()
+
+    return _Compared
+
+
 def _transport(torchft: Any, hostname: str, timeout: timedelta) -> Any:
     """torchft's HTTP checkpoint transport (its default), advertising ``hostname``
     instead of ``socket.gethostname()``."""
@@ -175,6 +188,7 @@ class FaultTolerant:
         replica_groups: int | None,
         lighthouse: str | None,
         env: Mapping[str, str],
+        state: Mapping[str, Any] | None = None,
     ) -> None:
         # torchft at warnings, its quorum changes shown: before torchft starts logging
         self._gate = quiet_torchft()
@@ -217,6 +231,7 @@ class FaultTolerant:
             raise ValueError("dataset_size needs global_batch (the examples every step reads)")
 
         self.group, self.groups = group, groups
+        self.carried = Carried(state)
         self.group_rank, self.group_size = me.rank, me.world_size
         self.global_batch, self.dataset_size = global_batch, dataset_size
         self.seed, self.shuffle = seed, shuffle
@@ -268,6 +283,9 @@ class FaultTolerant:
             pg=pg,
             min_replica_size=minimum,
             load_state_dict=self._load_user_state,
+            # carried objects heal at the start of the step, where their snapshot is
+            # taken (a quorum that waits, as ft.indices() makes it anyway)
+            use_async_quorum=not self.carried,
             state_dict=self._user_state,
             replica_id=f"corral_{group}",
             rank=me.rank,
@@ -283,21 +301,63 @@ class FaultTolerant:
         )
         self._gate.tap = _tap(self)
         self.model: Any = _ddp_class(torchft, self.group_size)(self.manager, model)
-        self.optimizer: Any = torchft.Optimizer(self.manager, optimizer)
+        self.optimizer: Any = _optimizer_class(torchft, self)(self.manager, optimizer)
+        self._quorum_seen: object = None  # the quorum id the states were last compared in
         self._torch = torch
         self._last: tuple[int, bool] | None = None
         self._share: Share | None = None
 
     # --- state -------------------------------------------------------------------------
     def _user_state(self) -> dict[str, Any]:
-        return {
+        state = {
             "model": self._inner_model.state_dict(),
             "optimizer": self._inner_optimizer.state_dict(),
         }
+        if self.carried:
+            state["objects"] = self.carried.snapshot()
+        return state
 
     def _load_user_state(self, state: dict[str, Any]) -> None:
         self._inner_model.load_state_dict(state["model"])
         self._inner_optimizer.load_state_dict(state["optimizer"])
+        if self.carried:
+            self.carried.load(state.get("objects") or {})
+
+    def _compare_states(self) -> None:
+        """After a quorum change (a group joined, healed or left), every group hashes
+        the model, the optimizer and the carried objects and they compare: any that
+        differs fails every group, named (:class:`~corral.sdk._ftstate.StateMismatch`)."""
+        quorum = getattr(self.manager, "_quorum_id", None)
+        if not self.carried or quorum == self._quorum_seen:
+            return
+        prank = self.manager.participating_rank()
+        n = self.manager.num_participants()
+        if prank is None or self.manager.errored() is not None:
+            return  # not in this step: compared at the next change
+        torch = self._torch
+        names = self.carried.names()
+        rows = torch.zeros((n, len(names) + 1), dtype=torch.int64)
+        rows[prank, 0] = self.group
+        rows[prank, 1:] = torch.tensor(
+            self.carried.digests(self._inner_model, self._inner_optimizer), dtype=torch.int64
+        )
+        from torch.distributed import ReduceOp
+
+        done = self.manager.allreduce(rows, reduce_op=ReduceOp.SUM).wait()
+        if done is False or self.manager.errored() is not None:
+            return  # a group went away meanwhile: compared at the next change
+        self._quorum_seen = quorum
+        differ = mismatches(names, rows.tolist())
+        if differ:
+            # stop torchft's threads (its server, the quorum's), or the process would
+            # outlive this error waiting for them
+            self.shutdown()
+            raise StateMismatch(
+                f"sdk.fault_tolerant: after the quorum change at step {self.step} the replica "
+                f"groups hold different states: {'; '.join(differ)}. A heal did not carry it "
+                "(pass it in state= with a load_state_dict that restores it) or the groups "
+                "did not start from the same one"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, the step and torchft's manager state (for a disk checkpoint)."""
@@ -449,6 +509,7 @@ def fault_tolerant(
     replica_groups: int | None = None,
     lighthouse: str | None = None,
     env: Mapping[str, str] | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> FaultTolerant:
     """Wrap ``model`` and ``optimizer`` for in-place recovery with torchft.
 
@@ -463,9 +524,15 @@ def fault_tolerant(
     :attr:`FaultTolerant.loss_scale` keeps the update that of the global batch.
     ``timeout`` bounds collectives and healing, ``quorum_timeout`` the wait for a
     quorum (seconds; torchft's ``TORCHFT_TIMEOUT_SEC``/``TORCHFT_QUORUM_TIMEOUT_SEC``
-    override them). The other settings default to the environment (module doc).
-    ImportError naming ``corral[ft]`` when torchft is missing; ValueError for
-    missing or bad settings.
+    override them). ``state``: more objects to carry through a heal, by name
+    (anything with ``state_dict``/``load_state_dict``: an LR scheduler, a grad scaler,
+    a sampler, :class:`~corral.sdk.RNGState`); they are saved with :meth:`FaultTolerant.save`
+    too, and after every quorum change the groups compare digests of the model, the
+    optimizer and each of them, failing with :class:`~corral.sdk.StateMismatch`
+    naming any that differs (:mod:`corral.sdk._ftstate`). The other settings default
+    to the environment (module doc). ImportError naming ``corral[ft]`` when torchft
+    is missing; ValueError for missing or bad settings, TypeError for a ``state``
+    object without ``state_dict``/``load_state_dict``.
     """
     return FaultTolerant(
         model,
@@ -483,4 +550,5 @@ def fault_tolerant(
         replica_groups=replica_groups,
         lighthouse=lighthouse,
         env=os.environ if env is None else env,
+        state=state,
     )

@@ -1,0 +1,48 @@
+"""The whole state through a heal (issue 33 item 1): ``sdk.fault_tolerant(...,
+state=)`` carries an LR scheduler and a sampler beside the model and the optimizer,
+and the groups' digests are compared after every quorum change. Real torchrun
+groups on ``local:2``, torchft over gloo, a real Lighthouse."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import require_torch
+
+from .conftest import REPO, run_corral, wait_no_job_processes
+
+require_torch()
+
+SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_state.py")
+
+
+def _run(tmp_path: Path, job: str, *script: str) -> tuple[int, str]:
+    result = run_corral(
+        *("run", "--hosts", "local:2", "--recovery", "in-place", "--no-preflight"),
+        *("--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job),
+        *("--grace", "3", "--", SCRIPT, "--kill-group", "1", "--kill-at", "4", *script),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert wait_no_job_processes(job, within=15) == []
+    return result.returncode, result.stderr + result.stdout
+
+
+def test_a_healed_group_holds_the_peers_scheduler_and_sampler(tmp_path: Path) -> None:
+    code, err = _run(tmp_path, "ftstate")
+    assert code == 0, err[-4000:]
+    assert re.search(r"group 1 \(local-1\) rejoined at step \d+, healed from local-0", err)
+    final = dict(re.findall(r"group (\d) final (step \d+ lr \S+ sampler \d+)", err))
+    # without the carry the restarted group's schedule and sampler start over
+    assert set(final) == {"0", "1"} and final["0"] == final["1"], final
+    assert "StateMismatch" not in err
+
+
+def test_an_object_the_heal_does_not_restore_fails_naming_it(tmp_path: Path) -> None:
+    code, err = _run(tmp_path, "ftbroken", "--break", "sampler")
+    assert code != 0, err[-4000:]
+    line = re.search(r"StateMismatch: sdk.fault_tolerant: after the quorum change .*", err)
+    assert line is not None, err[-4000:]
+    assert "hold different states: 'sampler' (group 0: " in line.group(0)
+    assert "'scheduler'" not in line.group(0) and "'model'" not in line.group(0)
