@@ -7,7 +7,7 @@ actor: the user of the request, or ``cli:<os user>`` for ``corral serve user ...
 on the server's machine (:func:`cli_actor`). The server's middleware opens a
 :class:`RequestAudit` for each request (:func:`open_request`), so the entry also
 names the method, path and client address, and gets the answer's status once sent;
-a state-changing request that wrote no entry (a refusal, a job's stop) gets one
+a state-changing request that wrote no entry (a refusal, a measurement) gets one
 entry of its own from the middleware (:meth:`AuditLog.request`). An entry of the
 CLI has the status 0 (its exit status).
 

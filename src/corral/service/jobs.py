@@ -24,9 +24,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from corral.job.describe import JobDescription
 from corral.job.states import JobState
 from corral.notify import Notifications
+from corral.service.audit import record_change
 from corral.service.dispatch import Dispatch
 from corral.service.eventlog import LoggedEvent
 from corral.service.ingest import Ingest, Live
@@ -47,7 +50,7 @@ from corral.service.planning import Planning
 from corral.service.queries import FILE_ALIASES, Queries, prefixed_lines
 from corral.service.settings import ServerSettings, delivery_policy
 from corral.store import Store
-from corral.store.models import Job
+from corral.store.models import Job, Machine
 
 __all__ = ["FILE_ALIASES", "JobManager", "prefixed_lines"]
 
@@ -93,10 +96,12 @@ class JobManager:
         """Choose machines, fix the job description and store the job as ``planned``."""
         return self.planning.plan(request, kind=kind, task_id=task_id, job_id=job_id)
 
-    def dispatch(self, body: DispatchIn) -> DistributedJobStatus:
+    def dispatch(self, body: DispatchIn, *, by: str = "server") -> DistributedJobStatus:
         """Run a planned job's stored job description (Conflict when it is not planned,
-        or its machines changed since the plan or are busy)."""
+        or its machines changed since the plan or are busy); audited as ``by``'s."""
+        before = {"state": self.row(body.job_id).state}
         self.dispatcher.dispatch(body)
+        self.audit(by, "job.dispatch", body.job_id, before=before)
         return self.status(body.job_id)
 
     def start(self, row: Job) -> None:
@@ -110,12 +115,57 @@ class JobManager:
         job_id = self.planning.plan_here(request, owner)
         self.dispatcher.claim(job_id)
         self.dispatcher.launch(job_id, self.dispatcher.planned_launch(self.row(job_id)))
+        self.audit(owner or "server", "job.execute", job_id)
         return self.status(job_id)
 
-    def stop(self, job_id: str, *, force: bool = False, by: str = "the API") -> StopOut:
+    def stop(
+        self, job_id: str, *, force: bool = False, by: str = "the API", who: str | None = None
+    ) -> StopOut:
         """Cancel a waiting job, tear a running one down (``force``: kill now; ``by``:
-        who stopped it and from where, ``alice (web)``, as its reason names them)."""
-        return self.dispatcher.stop(job_id, force=force, by=by)
+        who stopped it and from where, ``alice (web)``, as its reason names them).
+        Audited as ``who``'s change (default ``by``) unless it changed nothing (the job
+        had ended)."""
+        before = {"state": self.row(job_id).state}
+        out = self.dispatcher.stop(job_id, force=force, by=by)
+        if out.stopping or out.status != before["state"]:
+            self.audit(
+                who or by,
+                "job.stop",
+                job_id,
+                before=before,
+                after={"state": out.status, "stopping": out.stopping, "force": force},
+                reason=f"stopped by {by}",
+            )
+        return out
+
+    def audit(
+        self,
+        who: str,
+        action: str,
+        job_id: str,
+        *,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """The audit entry of ``who``'s change to the job: ``after`` is its state, owner
+        and machines now (None once it is gone; what ``after`` gives replaces those;
+        ``reason``: why)."""
+        with self.store.session() as s:
+            row = s.get(Job, job_id)
+            now: dict[str, Any] = {}
+            if row is not None:
+                ids = list(row.machine_ids or [])
+                names = s.scalars(select(Machine.name).where(Machine.id.in_(ids))).all()
+                now = {
+                    "state": row.state,
+                    "owner": row.owner,
+                    "machines": sorted(names) or ([row.master] if row.master else []),
+                }
+            now |= after or {}
+            if reason is not None:
+                now["reason"] = reason
+            record_change(s, who, action, job_id, before=before, after=now or None)
 
     def _set(self, job_id: str, **values: Any) -> None:
         """Write the job's columns; a ``state`` only along the transition table."""
@@ -204,9 +254,12 @@ class JobManager:
         """Every event of the job from byte ``start`` on, live, until it has ended."""
         return self.queries.events(job_id, start)
 
-    def delete(self, job_id: str) -> JobSummary:
+    def delete(self, job_id: str, *, by: str = "server") -> JobSummary:
         """Forget a job that is not active (Conflict while it runs); the jobs waiting
-        for it to succeed are cancelled."""
+        for it to succeed are cancelled. Audited as ``by``'s change."""
+        row = self.row(job_id)
+        before = {"state": row.state, "owner": row.owner, "kind": row.kind}
         summary = self.queries.delete(job_id)
+        self.audit(by, "job.delete", job_id, before=before)
         self.chain.ended(job_id)
         return summary

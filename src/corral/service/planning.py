@@ -23,6 +23,7 @@ from corral.errors import Conflict, Invalid
 from corral.job.describe import JobDescription
 from corral.job.resolve import new_job_id
 from corral.job.states import JobState, job_sources
+from corral.service.audit import record_change
 from corral.service.launch import job_dir
 from corral.service.machines import MachineService, busy_machines, machine_host, machines_ssh
 from corral.service.models import JobRequest, PlanOut
@@ -175,6 +176,7 @@ class Planning:
         plan = execution_plan(launch, selection)
         with self.store.session() as s:
             row = s.get(Job, job_id)
+            new = row is None
             if row is None:
                 row = Job(id=job_id, created=time.time(), state=JobState.PLANNED.value)
                 s.add(row)
@@ -195,6 +197,10 @@ class Planning:
             row.run_dir = str(job_dir(self.settings.run_dir, job_id))
             if owner is not None:
                 row.owner = owner
+            if new:  # a queued job planned by the scheduler: its dispatch is the entry
+                names = [m.name for m in selection.chosen]
+                after = {"state": row.state, "owner": row.owner, "kind": kind, "machines": names}
+                record_change(s, owner or "server", "job.plan", job_id, after=after)
         self.launches[job_id] = launch
         return PlanOut(job_id=job_id, status=JobState.PLANNED.value, execution_plan=plan)
 

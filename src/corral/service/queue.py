@@ -235,8 +235,10 @@ class JobQueue:
         owner: str | None = None,
         priority: int = 0,
         probe: bool = True,
+        resubmitted: str | None = None,
     ) -> QueuedOut:
-        """Queue ``owner``'s job (audited as their change). ``probe``: try to select
+        """Queue ``owner``'s job (audited as their change; ``resubmitted``: the job it
+        is submitted again from, a ``job.resubmit``). ``probe``: try to select
         its machines now, so that its reason says what it waits for and a request
         that could never run, even with every machine free, is refused (Conflict); one
         ``owner`` may not run at all is Forbidden (:mod:`corral.service.trust`)."""
@@ -276,7 +278,10 @@ class JobQueue:
             s.add(job)
             s.flush()
             after = {"priority": priority, "owner": owner, "task_id": task_id, "kind": kind}
-            record_change(s, owner or "server", "job.queue", job.id, after=after)
+            action = "job.queue"
+            if resubmitted is not None:
+                action, after["from"] = "job.resubmit", resubmitted
+            record_change(s, owner or "server", action, job.id, after=after)
         if has_secrets(request):
             self._requests[job.id] = request
         self._wake.set()
@@ -436,6 +441,8 @@ class JobQueue:
                 changed = True
                 continue
             self._requests.pop(job.id, None)
+            before = {"state": QUEUED, "priority": job.priority}
+            self.jobs.audit("scheduler", "job.dispatch", job.id, before=before)
             started.append(job.id)
             if mine is not None:
                 mine.jobs, mine.held = mine.jobs + 1, mine.held + machines

@@ -82,6 +82,8 @@ class TaskService:
         )
         with self.store.session() as s:
             s.add(task)
+            after = {"name": body.name, "kind": body.kind, "owner": owner}
+            record_change(s, owner or "server", "task.create", task.id, after=after)
         return _task_out(task)
 
     def list_tasks(self) -> list[TaskOut]:

@@ -105,7 +105,9 @@ def resubmit_job(
     row = svc.jobs.row(job_id)
     who.require_owner(row.owner, f"resubmitting job {job_id}")
     request = resubmitted(row, after=after or ())
-    return svc.tasks.queued.enqueue(request, kind=row.kind, owner=who.name, priority=priority)
+    return svc.tasks.queued.enqueue(
+        request, kind=row.kind, owner=who.name, priority=priority, resubmitted=job_id
+    )
 
 
 @router.get(
@@ -132,7 +134,7 @@ def get_job(job_id: str, svc: Svc, who: Caller) -> DistributedJobStatus:
 )
 def delete_job(job_id: str, svc: Svc, who: Caller) -> JobSummary:
     who.require_owner(svc.jobs.row(job_id).owner, f"deleting job {job_id}")
-    return svc.jobs.delete(job_id)
+    return svc.jobs.delete(job_id, by=who.name)
 
 
 @router.get("/{job_id}/files", responses=ERRORS, summary="The files of a job's run dir")

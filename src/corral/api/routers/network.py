@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Security
@@ -130,8 +131,6 @@ async def health_check(
 
 @router.get("/capabilities", summary="Capabilities and load of the server's machine")
 async def capabilities() -> dict[str, Any]:
-    import asyncio
-
     return (await asyncio.to_thread(local_health, "localhost")).to_dict()
 
 
@@ -153,7 +152,7 @@ def dispatch(body: DispatchIn, svc: Svc, who: Caller) -> DistributedJobStatus:
     row = svc.jobs.row(body.job_id)
     who.require_owner(row.owner, f"dispatching job {row.id}")
     svc.tasks.check_limit(row.owner, len(row.machine_ids or []))
-    return svc.jobs.dispatch(body)
+    return svc.jobs.dispatch(body, by=who.name)
 
 
 @router.get("/distributed/status/{job_id}", responses=ERRORS, summary="Distributed job status")
@@ -172,7 +171,7 @@ def stop(
     force: Annotated[bool, Query(description="Kill now instead of a graceful stop.")] = False,
 ) -> StopOut:
     who.require_owner(svc.jobs.row(job_id).owner, f"stopping job {job_id}")
-    return svc.jobs.stop(job_id, force=force, by=acting(request))
+    return svc.jobs.stop(job_id, force=force, by=acting(request), who=who.name)
 
 
 # the seed's first spellings
@@ -222,7 +221,7 @@ def dispatch_job(machine_id: str, body: JobRequest, svc: Svc, who: Caller) -> Di
         }
     )
     planned = svc.jobs.planning.plan(request, kind="single", owner=who.name)
-    return svc.jobs.dispatch(DispatchIn(job_id=planned.job_id))
+    return svc.jobs.dispatch(DispatchIn(job_id=planned.job_id), by=who.name)
 
 
 def _job_on(svc: Services, machine_id: str, job_id: str) -> None:
@@ -254,7 +253,7 @@ def machine_stop_job(
 ) -> StopOut:
     _job_on(svc, machine_id, job_id)
     who.require_owner(svc.jobs.row(job_id).owner, f"stopping job {job_id}")
-    return svc.jobs.stop(job_id, by=acting(request))
+    return svc.jobs.stop(job_id, by=acting(request), who=who.name)
 
 
 # -- job data ------------------------------------------------------------------------------
@@ -271,7 +270,7 @@ async def prepare(body: PrepareIn, svc: Svc, who: Caller) -> dict[str, Any]:
     if not who.admin:
         raise refuse_server_host(who.name, "prepare_dependencies reads and installs a code tree")
     machines = svc.machines.rows(body.machine_ids)
-    return await prepare_dependencies(
+    done = await prepare_dependencies(
         machines,
         svc.settings,
         source=body.source,
@@ -279,6 +278,15 @@ async def prepare(body: PrepareIn, svc: Svc, who: Caller) -> dict[str, Any]:
         requirements=body.requirements,
         python=body.python,
     )
+    what = {"source": body.source, "dest": done.get("dest"), "requirements": body.requirements}
+    await asyncio.to_thread(
+        svc.audit.change,
+        who.name,
+        "machines.prepare",
+        ",".join(m.name for m in machines),
+        after=what | {"machines": [m.name for m in machines], "ok": done.get("ok")},
+    )
+    return done
 
 
 @router.post(

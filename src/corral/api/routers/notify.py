@@ -11,7 +11,7 @@ from corral.api.auth import Caller, bearer, require_admin
 from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.notify.models import DeliveryOut, HookOut, NotifierIn, WebhookIn
-from corral.notify.service import APPRISE, WEBHOOK
+from corral.notify.service import ADDRESS_RULE_KEY, APPRISE, WEBHOOK
 from corral.notify.urls import AddressRule, mask_url
 from corral.service.users import Principal
 
@@ -109,7 +109,7 @@ def set_address_rule(body: AddressRule, svc: Svc, who: Caller) -> AddressRule:
     svc.audit.change(
         who.name,
         "notify.addresses",
-        None,
+        ADDRESS_RULE_KEY,
         before=before.model_dump(mode="json"),
         after=after.model_dump(mode="json"),
     )
