@@ -170,6 +170,8 @@ def test_every_change_over_http_is_one_entry_with_who_what_before_and_after(
         call(admin, "POST", "/api/network/distributed/dispatch", json={"job_id": long_id})
         stopped = call(admin, "POST", "/api/network/distributed/stop/{job_id}", job_id=long_id)
         assert stopped["stopping"] is True
+        # asked again (stopping, or ended by now): no change, only the middleware's entry
+        assert admin.post(f"/api/network/distributed/stop/{long_id}").status_code == 200
         # planned on m2 by the older path, cancelled before it started, deleted
         old_plan = "/api/network/distributed_jobs/plan"
         cancel_id = call(admin, "POST", old_plan, json=_job("true", "m2"))["job_id"]

@@ -124,10 +124,11 @@ class JobManager:
         """Cancel a waiting job, tear a running one down (``force``: kill now; ``by``:
         who stopped it and from where, ``alice (web)``, as its reason names them).
         Audited as ``who``'s change (default ``by``) unless it changed nothing (the job
-        had ended)."""
+        had ended, or was asked to stop already and this is no ``force``)."""
         before = {"state": self.row(job_id).state}
+        asked = job_id in self.dispatcher.stop_sent and not force
         out = self.dispatcher.stop(job_id, force=force, by=by)
-        if out.stopping or out.status != before["state"]:
+        if (out.stopping and not asked) or out.status != before["state"]:
             self.audit(
                 who or by,
                 "job.stop",
