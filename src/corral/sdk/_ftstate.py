@@ -104,8 +104,9 @@ class Carried:
         for name, obj in self.objects.items():
             if name not in states:
                 raise KeyError(
-                    f"state[{name!r}] is not in the state this group healed from: every "
-                    "group must pass the same state= names"
+                    f"state[{name!r}] is not in the state being loaded (a peer's, in a heal, "
+                    "or a checkpoint's): every group must pass the same state= names, and a "
+                    "checkpoint written without it lacks it"
                 )
             obj.load_state_dict(copy.deepcopy(states[name]))
 
