@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from corral.private import private_dir
 from corral.service.audit import AuditLog
 from corral.service.jobs import JobManager
 from corral.service.machines import MachineService
@@ -29,7 +30,9 @@ class Services:
 
     @classmethod
     def build(cls, store: Store, settings: ServerSettings) -> Services:
-        """Wire the services over ``store``."""
+        """Wire the services over ``store``; the run dir is made private (0700), so
+        another local OS user cannot even list the jobs' directories."""
+        private_dir(settings.run_dir)
         machines = MachineService(store, settings)
         jobs = JobManager(store, settings, machines)
         users = UserService(store)
