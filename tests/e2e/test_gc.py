@@ -5,6 +5,7 @@ the command itself as a real process."""
 
 from __future__ import annotations
 
+import getpass
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from corral.errors import Invalid
+from corral.service.audit import AuditLog
 from corral.service.gc import collect, parse_age
 from corral.store import Store, open_store
 from corral.store.models import Event, Job
@@ -125,7 +127,19 @@ def test_the_gc_command(tmp_path: Path) -> None:
         assert bad.returncode != 0
         assert "--older-than" in bad.stderr and "Traceback" not in bad.stderr
 
+    with open_store(db) as store:
+        assert AuditLog(store).page().total == 0  # a dry run changes nothing
     real = gc("--older-than", "30d")
     assert real.returncode == 0, real.stderr
     assert "deleted 3 events and 1 run dirs" in real.stdout
     assert not old.exists() and running.is_dir()
+    # what was trimmed is one audit entry of the OS user who ran it
+    with open_store(db) as store:
+        entries = AuditLog(store).page().entries
+    assert [(e.user, e.method, e.path, e.action) for e in entries] == [
+        (f"cli:{getpass.getuser()}", "CLI", "corral serve gc", "jobs.gc")
+    ]
+    assert entries[0].target == str(root.resolve())
+    assert entries[0].after is not None
+    assert (entries[0].after["jobs"], entries[0].after["events"]) == (1, 3)
+    assert entries[0].after["run_dirs"] == 1 and entries[0].after["older_than"] == 30 * DAY

@@ -540,8 +540,10 @@ def gc(
         age = parse_age(older_than)
     except ServiceError as exc:
         raise ConfigError(str(exc), option="--older-than") from exc
-    with open_store(db) as store:
-        report = collect(store, Path(run_dir).expanduser(), age, dry_run=dry_run)
+    from corral.service.audit import RequestAudit, open_request
+
+    with open_store(db) as store, open_request(RequestAudit("CLI", "corral serve gc")):
+        report = collect(store, Path(run_dir).expanduser(), age, dry_run=dry_run, by=_cli_actor())
     console = make_console(stderr=False)
     for j in report.jobs:
         ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.ended))

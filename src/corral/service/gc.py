@@ -22,6 +22,7 @@ from sqlalchemy import delete, func, select
 
 from corral.errors import Invalid
 from corral.job.states import TERMINAL_STATES, state_values
+from corral.service.audit import record_change
 from corral.store import Store
 from corral.store.models import Event, Job
 
@@ -83,9 +84,11 @@ def collect(
     *,
     dry_run: bool = False,
     now: float | None = None,
+    by: str | None = None,
 ) -> GcReport:
     """Trim the jobs that ended more than ``older_than`` seconds before ``now``: their
-    events and their run dirs under ``run_root``; with ``dry_run`` only list them."""
+    events and their run dirs under ``run_root``; with ``dry_run`` only list them.
+    What was trimmed is one audit entry of ``by`` (``jobs.gc``) when given."""
     if older_than < 0:
         raise Invalid("the age must be >= 0", details={"field": "older_than"})
     cutoff = (time.time() if now is None else now) - older_than
@@ -114,6 +117,17 @@ def collect(
         if not dry_run:
             _delete(store, trimmed)
         report.jobs.extend(trimmed)
+    if by is not None and not dry_run and report.jobs:
+        after = {
+            "older_than": older_than,
+            "cutoff": cutoff,
+            "jobs": len(report.jobs),
+            "events": report.events,
+            "run_dirs": report.run_dirs,
+            "bytes": report.bytes,
+        }
+        with store.session() as s:
+            record_change(s, by, "jobs.gc", str(root), after=after)
     return report
 
 
