@@ -67,6 +67,7 @@ __all__ = [
     "REPLICA_GROUP_ENV",
     "SERVER_TOKEN_ENV",
     "SHARED_DATA_PATH_ENV",
+    "STATE_MISMATCH",
     "STREAMS_ENV",
     "TORCHELASTIC_ERROR_FILE_ENV",
     "TORCHFT_LOG_ENV",
@@ -179,6 +180,10 @@ FT_TIMEOUT_ENV = "TORCHFT_TIMEOUT_SEC"
 FT_QUORUM_TIMEOUT_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
 FT_TIMEOUT_DEFAULT = 30.0
 FT_QUORUM_TIMEOUT_DEFAULT = 60.0
+#: The name of the SDK's error when the replica groups' states differ after a heal
+#: (``corral.sdk.StateMismatch``): in a rank's error file it tells an in-place job
+#: that restarting groups would only heal the same way again.
+STATE_MISMATCH = "StateMismatch"
 
 # --- set by the user --------------------------------------------------------------------
 #: In a job's ``--env``: ``0`` turns off PyTorch's flight recorder, which the node

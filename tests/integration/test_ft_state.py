@@ -46,3 +46,6 @@ def test_an_object_the_heal_does_not_restore_fails_naming_it(tmp_path: Path) -> 
     assert line is not None, err[-4000:]
     assert "hold different states: 'sampler' (group 0: " in line.group(0)
     assert "'scheduler'" not in line.group(0) and "'model'" not in line.group(0)
+    # the summary's root cause keeps the group failure's traceback, the mismatch named
+    cause = err[err.index("\nroot cause: ") :]
+    assert "StateMismatch: sdk.fault_tolerant: after the quorum change" in cause

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from corral.cluster import Cluster, Host
-from corral.contract import LIGHTHOUSE_ENV, MIN_REPLICAS_ENV, REPLICA_GROUP_ENV, REPLICA_GROUPS_ENV
+from corral.contract import (
+    LIGHTHOUSE_ENV,
+    MIN_REPLICAS_ENV,
+    REPLICA_GROUP_ENV,
+    REPLICA_GROUPS_ENV,
+    STATE_MISMATCH,
+)
 from corral.errors import ConfigError
 from corral.job.build import build_job, new_job
 from corral.job.describe import JobOptions
@@ -28,6 +34,7 @@ from corral.recovery.inplace import (
     decide_group,
     parse_healing,
 )
+from corral.sdk import StateMismatch
 from corral.transport.fake import FakeNode, FakeTransport
 
 HOSTS = ("a", "b", "c")
@@ -364,8 +371,35 @@ def test_below_min_nodes_the_attempt_falls_back_to_a_restart(tmp_path: Path) -> 
     )
     assert result.state == JobState.FAILED
     assert "falling back to a restart of every node" in result.failures[0].message
+    # the cause keeps what took the last group down (e.g. a StateMismatch's words)
+    assert result.failures[0].message.endswith("(group 2 lost: rank 0 on c killed by SIGKILL)")
     assert [e.change for e in events if isinstance(e, GroupChanged)] == ["lost", "fallback"]
     assert all(n.received[-1]["op"] in ("stop", "kill", "hb") for n in transport.nodes.values())
+
+
+def test_groups_whose_states_differ_after_a_heal_end_the_attempt(tmp_path: Path) -> None:
+    # a StateMismatch (sdk.fault_tolerant's digest check) would recur on every heal:
+    # the attempt ends, named, instead of restarting the group to heal the same way
+    async def survivor(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        return await _stop_on_request(node)
+
+    async def mismatched(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        error = {"traceback": "corral.sdk._ftstate.StateMismatch: ... 'sampler' (group 0: 1)"}
+        node.event("rank_exit", rank=0, code=1, eof_time=time.time(), error=error)
+        return await _stop_on_request(node)
+
+    result, events, _ = asyncio.run(
+        _supervise({"a": survivor, "b": survivor, "c": mismatched}, tmp_path)
+    )
+    assert result.state == JobState.FAILED and result.exit_code == 1
+    cause = result.failures[0]
+    assert (cause.host, cause.rank) == ("c", 0) and "'sampler'" in (cause.traceback or "")
+    assert not [e for e in events if isinstance(e, GroupChanged) and e.change == "restarting"]
+    assert StateMismatch.__name__ == STATE_MISMATCH  # the name the supervisor looks for
 
 
 def test_a_dead_lighthouse_falls_back(tmp_path: Path) -> None:

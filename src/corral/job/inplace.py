@@ -24,7 +24,7 @@ from typing import Any
 
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
-from corral.contract import NODE_DIR_ENV
+from corral.contract import NODE_DIR_ENV, STATE_MISMATCH
 from corral.errors import ConfigError, LaunchError
 from corral.job.events import GroupChanged, Progress
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
@@ -76,6 +76,7 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         self.groups = GroupLog()
         self._group: dict[int, int] = {id(n): n.command.node_rank for n in self.nodes}
         self._retired: set[int] = set()
+        self._losses: dict[int, Failure] = {}  # what took each torn-down group down
         self._restarts: dict[tuple[int, str], int] = {}
         self._current: NodeRun | None = None  # the node whose event is being handled
         self._last_step: dict[int, int] = {}  # group -> its latest committed step
@@ -158,6 +159,17 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         if self._falling_back or self.machine.stopping:
             super()._fail(failure, exit_code)
             return
+        if f"{STATE_MISMATCH}:" in (failure.traceback or ""):
+            # the groups' states differ after a heal: a restarted group would heal the
+            # same way, so the attempt ends (a restart from disk starts every group alike)
+            self._say(
+                f"{failure.message}: the replica groups' states differ after a heal "
+                f"({STATE_MISMATCH}); restarting a group would not help",
+                "error",
+            )
+            self._falling_back = True
+            super()._fail(failure, exit_code)
+            return
         node = self._node_for(failure)
         if node is None or id(node) in self._retired:
             return  # a torn-down group's late news (its other ranks, its launcher)
@@ -166,6 +178,7 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
     def _lose_group(self, node: NodeRun, failure: Failure) -> None:
         """Tear down ``node``'s group only and decide, once it is down, what follows."""
         self._retired.add(id(node))
+        self._losses[id(node)] = failure
         group = self._group_of(node)
         live = self._live()
         before = {
@@ -225,7 +238,7 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         )
         episode.action = decision.action
         if decision.action == "fallback":
-            self._fallback(decision.reason, host.name, group)
+            self._fallback(decision.reason, host.name, group, self._losses.get(id(node)))
             return
         if decision.action == "continue":
             self._say(f"group {group} ({host.name}): {decision.reason}", "warning")
@@ -258,14 +271,22 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         except Exception:
             return False
 
-    def _fallback(self, why: str, host: str, group: int) -> None:
+    def _fallback(self, why: str, host: str, group: int, loss: Failure | None = None) -> None:
         """Below ``--min-nodes`` or without a Lighthouse: end the attempt as a failure
-        (the engine's restart policy restarts every node from the disk checkpoint)."""
+        (the engine's restart policy restarts every node from the disk checkpoint);
+        ``loss``: the group failure that left too few, whose words the cause keeps."""
         live = self._live()
         self._group_event(host, group, "fallback", len(live), None, why)
         message = f"{why}: falling back to a restart of every node from the disk checkpoint"
+        tail: list[str] = []
+        if loss is not None:
+            message += f" (group {group} lost: {loss.message})"
+            tail = list(loss.stderr_tail)
         self._falling_back = True
-        self._fail(Failure(host, None, None, time.time(), message, []), EXIT_LOST)
+        cause = Failure(
+            host, None, None, time.time(), message, tail, None if loss is None else loss.traceback
+        )
+        self._fail(cause, EXIT_LOST)
 
     async def _watch_lighthouse(self) -> None:
         code = await self.lighthouse.wait()
