@@ -61,7 +61,7 @@ def run_corral(
 ) -> subprocess.CompletedProcess[str]:
     """Run corral to completion, capturing stdout and stderr as text (``env``: extra
     variables)."""
-    full = dict(os.environ, COLUMNS="200", **(env or {}))
+    full = {**os.environ, "COLUMNS": "200", **(env or {})}  # env may hold COLUMNS too
     return subprocess.run(
         corral_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full
     )

@@ -64,7 +64,8 @@ def test_a_capped_node_records_its_fit_and_accumulates_its_share(tmp_path: Path)
     path = tmp_path / "runs" / "cal-mem" / "calibration.json"
     run = run_corral(
         "run", "--hosts", "local:2", "--launcher", "python", "--run-dir", runs,
-        "--job-id", "run-mem", "--no-preflight", "--calibration", str(path), "--", str(show),
+        "--job-id", "run-mem", "--no-preflight", "--master-port", "0",
+        "--calibration", str(path), "--", str(show),
         cwd=tmp_path, timeout=180,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-3000:]

@@ -53,7 +53,7 @@ def test_run_track_forwards_reports_params_and_final_state(tmp_path: Path) -> No
     broken.write_text("a file where the tracker wants a directory")
     proc = run_corral(
         "run", "--hosts", "local:2", "--launcher", "python", "--no-preflight",
-        "--run-dir", "runs", "--job-id", "tracked",
+        "--master-port", "0", "--run-dir", "runs", "--job-id", "tracked",
         "--track", "tensorboard:tb", "--track", f"mlflow:{db}", "--track", "wandb:corral-test",
         "--track", f"tensorboard:{broken}",
         "--", str(SCRIPTS / "report_steps.py"), "--steps", "24",

@@ -68,7 +68,7 @@ def test_each_host_gets_its_weight_whatever_rank_it_is(tmp_path: Path, launcher:
     cal = _calibration(tmp_path, {"local-0": 3000.0, "local-1": 9000.0}, {"local-1": 40})
     done = run_corral(
         "run", "--hosts", "local:2", "--launcher", launcher, "--calibration", str(cal),
-        "--no-preflight", "--", EXAMPLE, "--steps", "20",
+        "--no-preflight", "--master-port", "0", "--", EXAMPLE, "--steps", "20",
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -91,7 +91,8 @@ def test_auto_calibrates_first_then_runs_with_the_weights(tmp_path: Path) -> Non
     require_torch()
     done = run_corral(
         "run", "--hosts", "local:2", "--launcher", "python", "--calibration", "auto",
-        "--calibration-seconds", "4", "--no-preflight", "--", EXAMPLE, "--steps", "20",
+        "--calibration-seconds", "4", "--no-preflight", "--master-port", "0",
+        "--", EXAMPLE, "--steps", "20",
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
