@@ -12,7 +12,11 @@ rank = int(os.environ["RANK"])
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 if rank == 0:
     server = socket.create_server((addr, port))
-    peer, where = server.accept()
+    while True:  # corral's readiness probe connects too: wait for rank 1's hello
+        peer, where = server.accept()
+        if peer.recv(2) == b"r1":
+            break
+        peer.close()
     peer.sendall(b"go")
     if not peer.recv(1):  # the peer's end closed: it died
         print(f"RuntimeError: Connection closed by peer [{where[0]}]:{where[1]}", file=sys.stderr)
@@ -26,5 +30,6 @@ else:
             time.sleep(0.1)
     else:
         sys.exit("rank 0 never listened")
+    conn.sendall(b"r1")
     conn.recv(2)
     os.kill(os.getpid(), signal.SIGKILL)
