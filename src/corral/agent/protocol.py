@@ -21,9 +21,10 @@ Coordinator -> agent (the agent's stdin) is JSON lines: the first is
 ``{"op": "probe", ...}`` (answered with a ``probe`` event; it may carry the
 node's plan as ``"prestart"``, or a ``{"op": "prestart", "node": ...}`` follows
 it: the node's processes start held at their gates, :mod:`corral.agent.prestart`)
-or ``{"op": "start", ...}`` (``abort`` instead: nothing is started); then ``{"op": "hb"}`` heartbeats, ``{"op": "stop", "grace":
-S}``, ``{"op": "kill"}``, ``{"op": "dump", "timeout": S, "trace_wait": T}`` (stack
-and flight recorder dumps) and
+or ``{"op": "start", ...}`` (``abort`` instead: nothing is started); then
+``{"op": "hb"}`` heartbeats, ``{"op": "stop", "grace": S}``, ``{"op": "kill"}``,
+``{"op": "dump", "timeout": S, "trace_wait": T}`` (stack and flight recorder
+dumps) and
 ``{"op": "reply", "rank": R, "message": {...}}`` (an answer to a rank's SDK
 request). EOF on stdin means the coordinator is gone: the agent tears the
 node down. A line that is not a JSON object with an ``op`` is reported on the
