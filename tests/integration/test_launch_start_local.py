@@ -1,5 +1,6 @@
 """What a real local launch (``corral run --hosts local:2``) has loaded when it sends
-the nodes their start message: neither pydantic nor typer's pydantic adapters,
+the nodes their plan (with the probe: the ranks start held at their gates) and their
+start message: neither pydantic nor typer's pydantic adapters,
 whose import would delay every launch (they load once the nodes are started), nor
 the checkpoint machinery a job on one filesystem never uses."""
 
@@ -19,9 +20,10 @@ import corral.agent.protocol as protocol
 encode, seen = protocol.encode_op, []
 
 def recording(op):
-    if op.get("op") == "start":
+    starts = op.get("op") == "prestart" or (op.get("op") == "probe" and op.get("prestart"))
+    if starts or op.get("op") == "start":
         late = ("pydantic", "typer._adapters", "corral.recovery.checkpoints")
-        seen.append(sorted(m for m in late if m in sys.modules))
+        seen.append([op["op"], sorted(m for m in late if m in sys.modules)])
     return encode(op)
 
 protocol.encode_op = recording
@@ -51,5 +53,8 @@ def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Pat
     code, seen, pydantic_later = json.loads(line[5:])
     assert code == 0, out
     assert "hello from 0" in out and "hello from 1" in out
-    assert seen == [[], []]  # one start message per node, nothing of pydantic loaded yet
+    # each node's processes start (held) at its probe's plan and run at its start message;
+    # nothing of pydantic is loaded by either
+    assert [op for op, _ in seen] == ["probe", "probe", "start", "start"], seen
+    assert all(loaded == [] for _, loaded in seen), seen
     assert pydantic_later  # the agents' events are validated with it after the start

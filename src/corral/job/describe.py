@@ -26,10 +26,9 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, ValidationError
+from typing import TYPE_CHECKING, Any, Literal
 
 from corral.cluster.model import Cluster
 from corral.defaults import DEFAULT_HOST_TIMEOUT, DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
@@ -37,6 +36,9 @@ from corral.errors import ConfigError
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.redact import secret_keys
 from corral.transport.options import SshOptions
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
 VERSION = 1
 """The description format this corral writes (and the only one it reads)."""
@@ -138,7 +140,7 @@ class JobDescription:
         options = dataclasses.replace(
             self.options, env={k: v for k, v in self.options.env.items() if k not in secret}
         )
-        envelope = _Envelope(
+        envelope = _envelope()(
             version=VERSION,
             options=options,
             cluster=self.cluster,
@@ -166,8 +168,10 @@ class JobDescription:
                 f"{VERSION}): describe the job again with this corral",
                 source=SOURCE,
             )
+        from pydantic import ValidationError
+
         try:
-            envelope = _Envelope.model_validate(data)
+            envelope: Any = _envelope().model_validate(data)
         except ValidationError as exc:
             raise ConfigError(_first_error(exc), source=SOURCE) from exc
         options = _tuples(envelope.options)
@@ -204,16 +208,22 @@ class JobDescription:
         return self
 
 
-class _Envelope(BaseModel):
-    """The serialised form (unknown fields refused, here and in the dataclasses)."""
+@cache
+def _envelope() -> type[BaseModel]:
+    """The serialised form (unknown fields refused, here and in the dataclasses); built
+    on first use, so that a launch loads pydantic only once its nodes are started."""
+    from pydantic import BaseModel, ConfigDict
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    class _Envelope(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: Literal[1]
-    options: JobOptions
-    cluster: Cluster
-    ssh: SshOptions = SshOptions()
-    withheld: list[str] = []
+        version: Literal[1]
+        options: JobOptions
+        cluster: Cluster
+        ssh: SshOptions = SshOptions()
+        withheld: list[str] = []
+
+    return _Envelope
 
 
 def _plain(value: Any) -> Any:
