@@ -311,6 +311,18 @@ def test_no_source_file_over_800_lines() -> None:
     assert KNOWN_LONG - long == set(), f"split now, drop from KNOWN_LONG: {KNOWN_LONG - long}"
 
 
+def test_no_page_script_or_template_over_800_lines() -> None:
+    """The size rule holds for the web pages' own JS and templates too."""
+    web = SRC / "web"
+    long = sorted(
+        str(p.relative_to(web))
+        for pattern in ("*.js", "*.html")
+        for p in web.rglob(pattern)
+        if len(p.read_text(encoding="utf-8").splitlines()) > MAX_LINES
+    )
+    assert long == [], f"over {MAX_LINES} lines: {long}"
+
+
 # --- the job description is a leaf ---------------------------------------------------------
 
 #: What loading a job description may load: value modules (the cluster, the SSH

@@ -7,43 +7,11 @@
 (() => {
   const { api, el, flash } = corral;
   const $ = (id) => document.getElementById(id);
-  const SVG = "http://www.w3.org/2000/svg";
-  const COLORS = ["#1f6fd1", "#c62828", "#1a7f37", "#8250df", "#bc4c00", "#0a7a8a",
-    "#7d4e24", "#bf3989"];
-  const DASHES = ["", "7 4", "2 3"];
-  const DASH_CSS = ["solid", "dashed", "dotted"];
+  const { COLORS, fmtNumber, svgEl, plot, swatch, line } = corralChart;
   // ?job_id=A&job_id=B as the API spells it, or ?job=A&job=B (both, in their order)
   const query = new URLSearchParams(location.search);
   const ids = [...new Set([...query.getAll("job_id"), ...query.getAll("job")])];
   let data = null;
-
-  function fmtNumber(v) {
-    const n = Number(v);
-    if (Number.isInteger(n)) return String(n);
-    const a = Math.abs(n);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return n.toExponential(2);
-    const text = a >= 100 ? n.toFixed(1) : n.toPrecision(4);
-    return text.includes(".") ? text.replace(/\.?0+$/, "") : text;
-  }
-
-  function svgEl(tag, attrs, text) {
-    const node = document.createElementNS(SVG, tag);
-    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-
-  function ticks(lo, hi, count) {
-    if (!(hi > lo)) return [lo];
-    const raw = (hi - lo) / Math.max(1, count);
-    const mag = 10 ** Math.floor(Math.log10(raw));
-    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
-    const out = [];
-    for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
-      out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
-    }
-    return out;
-  }
 
   const label = (job) => job.name || job.job_id;
 
@@ -59,8 +27,6 @@
     const width = Math.max(300, box.clientWidth || 700);
     const height = width < 500 ? 220 : 320;
     const m = { l: 58, r: 14, t: 12, b: 38 };
-    const w = width - m.l - m.r;
-    const h = height - m.t - m.b;
     let xmin = Infinity; let xmax = -Infinity; let ymin = Infinity; let ymax = -Infinity;
     for (const { pts } of series) {
       for (const p of pts) {
@@ -73,30 +39,11 @@
     if (xmax - xmin < 1e-9) xmax = xmin + 1;
     const pad = ymax - ymin < 1e-12 ? Math.abs(ymax) * 0.1 || 1 : (ymax - ymin) * 0.05;
     ymin -= pad; ymax += pad;
-    const minutes = !byStep && xmax - xmin > 300;
-    const xs = (x) => m.l + ((x - xmin) / (xmax - xmin)) * w;
-    const ys = (y) => m.t + h - ((y - ymin) / (ymax - ymin)) * h;
     const svg = svgEl("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "plot",
       role: "img", "aria-label": `${metric} of ${series.length} jobs over ${byStep ? "steps" : "time"}`,
       "data-x": byStep ? "step" : "time", "data-metric": metric });
-    const axes = svgEl("g", { class: "axes" });
-    for (const v of ticks(ymin, ymax, 5)) {
-      const y = ys(v).toFixed(1);
-      axes.append(svgEl("line", { x1: m.l, x2: m.l + w, y1: y, y2: y, class: "grid" }));
-      axes.append(svgEl("text", { x: m.l - 6, y, "text-anchor": "end", "dominant-baseline": "middle" }, fmtNumber(v)));
-    }
-    const unit = minutes ? 60 : 1;
-    for (const v of ticks(xmin / unit, xmax / unit, Math.max(2, Math.floor(w / 80)))) {
-      const x = xs(v * unit).toFixed(1);
-      axes.append(svgEl("line", { x1: x, x2: x, y1: m.t + h, y2: m.t + h + 4, class: "axis" }));
-      axes.append(svgEl("text", { x, y: m.t + h + 16, "text-anchor": "middle" }, fmtNumber(v)));
-    }
-    axes.append(svgEl("line", { x1: m.l, x2: m.l + w, y1: m.t + h, y2: m.t + h, class: "axis" }));
-    axes.append(svgEl("line", { x1: m.l, x2: m.l, y1: m.t, y2: m.t + h, class: "axis" }));
-    axes.append(svgEl("text", { x: m.l + w / 2, y: height - 4, class: "title", "text-anchor": "middle" },
-      byStep ? "step" : minutes ? "time since start (min)" : "time since start (s)"));
-    axes.append(svgEl("text", { x: 12, y: m.t + h / 2, class: "title", "text-anchor": "middle",
-      transform: `rotate(-90 12 ${m.t + h / 2})` }, metric || "metric"));
+    const { axes, xs, ys, w, h } = plot({ width, height, m, xmin, xmax, ymin, ymax, yTicks: 5, byStep,
+      yTitle: metric || "metric" });
     svg.append(axes);
     if (!series.length) {
       svg.append(svgEl("text", { x: m.l + w / 2, y: m.t + h / 2, class: "empty", "text-anchor": "middle" },
@@ -104,20 +51,16 @@
     }
     for (const { job, index, pts } of series) {
       const d = pts.map((p, i) => `${i ? "L" : "M"}${xs(X(p)).toFixed(1)} ${ys(p[2]).toFixed(1)}`).join("");
-      const color = COLORS[index % COLORS.length];
-      const path = svgEl("path", { d, "data-job": job.job_id, fill: "none", stroke: color,
-        "stroke-width": 2, "stroke-linejoin": "round", "vector-effect": "non-scaling-stroke" });
-      const dash = DASHES[index % DASHES.length];
-      if (dash) path.setAttribute("stroke-dasharray", dash);
-      path.append(svgEl("title", {}, `${label(job)}: ${fmtNumber(pts[pts.length - 1][2])} ${metric}`));
-      svg.append(path);
-      if (pts.length === 1) svg.append(svgEl("circle", { cx: xs(X(pts[0])), cy: ys(pts[0][2]), r: 3, fill: color }));
+      svg.append(line(d, index, { "data-job": job.job_id },
+        `${label(job)}: ${fmtNumber(pts[pts.length - 1][2])} ${metric}`));
+      if (pts.length === 1) {
+        svg.append(svgEl("circle", { cx: xs(X(pts[0])), cy: ys(pts[0][2]), r: 3,
+          fill: COLORS[index % COLORS.length] }));
+      }
     }
     box.replaceChildren(svg);
     $("compare-legend").replaceChildren(...data.jobs.map((job, index) => {
-      const sw = el("span", { class: "swatch", "aria-hidden": "true" });
-      sw.style.borderTopColor = COLORS[index % COLORS.length];
-      sw.style.borderTopStyle = DASH_CSS[index % DASH_CSS.length];
+      const sw = swatch(index);
       const pts = job.series[metric] || [];
       const last = pts.length ? ` ${metric} ${fmtNumber(pts[pts.length - 1][2])}` : " (not reported)";
       return el("li", { "data-job": job.job_id }, sw,

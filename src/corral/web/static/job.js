@@ -1,9 +1,9 @@
 // The job page: status, topology, per-node progress and utilisation, charts of a
-// metric and of throughput per node (own inline SVG), merged logs with filters and
-// search, attempts, root cause, the hang report, stragglers (on their rank chips),
-// files, "Stop all". Everything comes from the API: the job's status (polled while it
-// runs) and its event stream, which replays from the start, so a finished job's page
-// is rebuilt the same way.
+// metric and of throughput per node (chart.js), merged logs with filters and search
+// (job_logs.js), attempts, root cause, the hang report, files (job_report.js),
+// stragglers (on their rank chips), "Stop all". Everything comes from the API: the
+// job's status (polled while it runs) and its event stream, which replays from the
+// start, so a finished job's page is rebuilt the same way.
 "use strict";
 
 (() => {
@@ -13,22 +13,13 @@
 
   const JOB = page.dataset.jobId;
   const FINAL = new Set(["succeeded", "failed", "timed_out", "cancelled", "lost"]);
-  const MAX_LINES = 20000;         // log lines kept in the DOM
-  const FRAME_BUDGET_MS = 10;      // log lines built per frame: about this long
-  const CHUNK_LINES = 200;         // log lines per chunk (the unit the browser skips)
   const STATUS_EVERY_MS = 2000;    // status poll while the job is not final
   const LOAD_EVERY_MS = 5000;      // machines' load while the job runs
   const FILES_EVERY_MS = 10000;    // file list while the job runs
   const CHART_EVERY_MS = 500;      // charts redraw at most twice a second
   const RATE_WINDOW_S = 3;         // throughput: steps over the last seconds
   const MAX_POINTS = 4000;         // per series, then every other point is dropped
-  const COLORS = ["#1f6fd1", "#c62828", "#1a7f37", "#8250df", "#bc4c00", "#0a7a8a",
-    "#7d4e24", "#bf3989"];
-  const DASHES = ["", "7 4", "2 3"];
-  const DASH_CSS = ["solid", "dashed", "dotted"];
-  const SIGNALS = { 1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 6: "SIGABRT", 9: "SIGKILL",
-    11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM" };
-  const SVG = "http://www.w3.org/2000/svg";
+  const { COLORS, fmtNumber, swatch } = corralChart;
   const $ = (id) => document.getElementById(id);
   const enc = encodeURIComponent;
 
@@ -50,6 +41,9 @@
   let chartMetric = "";     // the metric drawn ("" until one is seen)
   let chartMetricChosen = false;
   let chartX = "step";      // the charts' x axis: "step" (when known) or "time"
+  const logs = corralJobLogs({ lineClass: (host) => `h${hostIndex(host) % COLORS.length}`, queueFrame });
+  const { renderAttempts, renderGroups, groupText, renderHang, renderRootCause, loadFiles, exitText } =
+    corralJobReport({ jobId: JOB, job, markNodes });
 
   function hostIndex(host) {
     return nodeOf(host).index;
@@ -119,34 +113,6 @@
     return a < b ? -1 : a > b ? 1 : 0;
   }
 
-  function fmtNumber(v) {
-    if (v === null || v === undefined || Number.isNaN(Number(v))) return "–";
-    const n = Number(v);
-    if (Number.isInteger(n)) return String(n);
-    const a = Math.abs(n);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return n.toExponential(2);
-    const text = a >= 100 ? n.toFixed(1) : n.toPrecision(4);
-    return text.includes(".") ? text.replace(/\.?0+$/, "") : text;
-  }
-
-  // a rank's end: its exit code, or the signal that killed it (a negative code, or the
-  // signal's name when the server gives it)
-  function exitText(code, signal) {
-    const number = typeof code === "number" && code < 0 ? -code : null;
-    if (signal || number) {
-      const name = signal || SIGNALS[number] || "a signal";
-      return `killed by ${name}${number ? ` (signal ${number})` : ""}`;
-    }
-    if (code === null || code === undefined) return "–";
-    return `exit code ${code}`;
-  }
-
-  function lines(value) {
-    if (value === null || value === undefined) return [];
-    if (Array.isArray(value)) return value.map(String);
-    return String(value).replace(/\n$/, "").split("\n");
-  }
-
   // -- frame scheduling: logs and node cards render at most once per frame ----------------
   let frameQueued = false;
   let nodesDirty = false;
@@ -155,7 +121,7 @@
     frameQueued = true;
     requestAnimationFrame(() => {
       frameQueued = false;
-      flushLogs();
+      logs.flush();
       if (nodesDirty) {
         nodesDirty = false;
         for (const node of nodes.values()) renderNode(node);
@@ -287,10 +253,7 @@
 
   // -- node cards ------------------------------------------------------------------------------
   function nodeCard(node) {
-    const color = COLORS[node.index % COLORS.length];
-    const swatch = el("span", { class: "swatch", "aria-hidden": "true" });
-    swatch.style.borderTopColor = color;
-    swatch.style.borderTopStyle = DASH_CSS[node.index % DASH_CSS.length];
+    const sw = swatch(node.index);
     const title = el("strong", {}, node.host);
     const role = el("span", { class: "muted" });
     const state = el("span", { class: "node-state" });
@@ -301,9 +264,9 @@
     const metrics = el("div", { class: "node-metrics mono" });
     const load = el("div", { class: "node-load" });
     const card = el("article", { class: "node", "data-node": node.host },
-      el("header", { class: "row" }, swatch, title, role, state),
+      el("header", { class: "row" }, sw, title, role, state),
       ranks, bar, label, metrics, load);
-    return { card, swatch, role, state, bar, label, ranks, metrics, load };
+    return { card, swatch: sw, role, state, bar, label, ranks, metrics, load };
   }
 
   // a rank's GPU sample (NVML, sent with its progress): "GPU 0 87% 31.2 GiB 71°C"
@@ -500,608 +463,30 @@
     const all = [...metricSeries, ...rateSeries];
     const byStep = chartX === "step" && all.length > 0 &&
       all.every(({ pts }) => pts.every((p) => p[2] !== null && p[2] !== undefined));
-    const none = job.final ? "no progress reported" : "waiting for progress…";
-    drawChart($("chart"), metricSeries, chartMetric || "metric",
-      job.final ? "no metrics reported" : "waiting for reported metrics…", false, byStep);
-    drawChart($("throughput-chart"), rateSeries, "steps/s", none, true, byStep);
+    const shared = { byStep, t0: job.t0 ?? 0, breaks: job.breaks, legend: [...nodes.values()] };
+    corralChart.nodeChart($("chart"), metricSeries, { ...shared, yTitle: chartMetric || "metric",
+      emptyText: job.final ? "no metrics reported" : "waiting for reported metrics…", fromZero: false });
+    corralChart.nodeChart($("throughput-chart"), rateSeries, { ...shared, yTitle: "steps/s",
+      emptyText: job.final ? "no progress reported" : "waiting for progress…", fromZero: true });
   }
 
-  function svgEl(tag, attrs, text) {
-    const node = document.createElementNS(SVG, tag);
-    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-
-  // about `count` round tick values covering [lo, hi]
-  function ticks(lo, hi, count) {
-    if (!(hi > lo)) return [lo];
-    const raw = (hi - lo) / Math.max(1, count);
-    const mag = 10 ** Math.floor(Math.log10(raw));
-    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
-    const out = [];
-    for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
-      out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
-    }
-    return out;
-  }
-
-  function drawChart(box, series, yTitle, emptyText, fromZero, byStep) {
-    const width = Math.max(260, box.clientWidth || 600);
-    const height = width < 500 ? 170 : 200;
-    const m = { l: 54, r: 12, t: 10, b: 36 };
-    const w = width - m.l - m.r;
-    const h = height - m.t - m.b;
-    const svg = svgEl("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "plot",
-      role: "img", "aria-label": `${yTitle} per node over ${byStep ? "steps" : "time"}`,
-      "data-x": byStep ? "step" : "time" });
-    const t0 = job.t0 ?? 0;
-    const X = (p) => (byStep ? p[2] : p[0] - t0);
-    let xmin = Infinity; let xmax = -Infinity; let ymin = Infinity; let ymax = -Infinity;
-    for (const { pts } of series) {
-      for (const p of pts) {
-        const x = X(p);
-        const v = p[1];
-        if (x < xmin) xmin = x;
-        if (x > xmax) xmax = x;
-        if (v < ymin) ymin = v;
-        if (v > ymax) ymax = v;
-      }
-    }
-    if (!series.length) { xmin = 0; xmax = 60; ymin = 0; ymax = 1; }
-    if (!byStep) xmin = Math.min(0, xmin);
-    if (xmax - xmin < 1e-9) xmax = xmin + 1;
-    if (ymax - ymin < 1e-12) { const pad = Math.abs(ymax) * 0.1 || 1; ymin -= pad; ymax += pad; }
-    else { const pad = (ymax - ymin) * 0.05; ymin -= pad; ymax += pad; }
-    const nonNegative = series.every(({ pts }) => pts.every(([, v]) => v >= 0));
-    if (nonNegative && (fromZero || ymin < 0)) ymin = 0;
-    const minutes = !byStep && xmax - xmin > 300;
-    const xs = (x) => m.l + ((x - xmin) / (xmax - xmin)) * w;
-    const ys = (y) => m.t + h - ((y - ymin) / (ymax - ymin)) * h;
-
-    const axes = svgEl("g", { class: "axes" });
-    for (const v of ticks(ymin, ymax, 4)) {
-      const y = ys(v).toFixed(1);
-      axes.append(svgEl("line", { x1: m.l, x2: m.l + w, y1: y, y2: y, class: "grid" }));
-      axes.append(svgEl("text", { x: m.l - 6, y, class: "tick", "text-anchor": "end", "dominant-baseline": "middle" }, fmtNumber(v)));
-    }
-    const unit = minutes ? 60 : 1;
-    for (const v of ticks(xmin / unit, xmax / unit, Math.max(2, Math.floor(w / 80)))) {
-      const x = xs(v * unit).toFixed(1);
-      axes.append(svgEl("line", { x1: x, x2: x, y1: m.t + h, y2: m.t + h + 4, class: "axis" }));
-      axes.append(svgEl("text", { x, y: m.t + h + 16, class: "tick", "text-anchor": "middle" }, fmtNumber(v)));
-    }
-    axes.append(svgEl("line", { x1: m.l, x2: m.l + w, y1: m.t + h, y2: m.t + h, class: "axis" }));
-    axes.append(svgEl("line", { x1: m.l, x2: m.l, y1: m.t, y2: m.t + h, class: "axis" }));
-    axes.append(svgEl("text", { x: m.l + w / 2, y: height - 4, class: "title", "text-anchor": "middle" },
-      byStep ? "step" : minutes ? "time since start (min)" : "time since start (s)"));
-    axes.append(svgEl("text", { x: 12, y: m.t + h / 2, class: "title", "text-anchor": "middle",
-      transform: `rotate(-90 12 ${m.t + h / 2})` }, yTitle));
-    job.breaks.forEach((b, i) => {  // where each restart began (on the time axis)
-      if (byStep) return;
-      const x = b - t0;
-      if (x < xmin || x > xmax) return;
-      const px = xs(x).toFixed(1);
-      axes.append(svgEl("line", { x1: px, x2: px, y1: m.t, y2: m.t + h, class: "restart" }));
-      axes.append(svgEl("text", { x: Number(px) + 3, y: m.t + 10, class: "tick" }, `↻ attempt ${i + 1}`));
-    });
-    svg.append(axes);
-
-    if (!series.length) {
-      svg.append(svgEl("text", { x: m.l + w / 2, y: m.t + h / 2, class: "empty", "text-anchor": "middle" }, emptyText));
-    }
-    for (const { node, pts } of series) {
-      let d = "";
-      for (let i = 0; i < pts.length; i += 1) {
-        const gap = i === 0 || job.breaks.some((b) => pts[i - 1][0] < b && b <= pts[i][0]);
-        d += `${gap ? "M" : "L"}${xs(X(pts[i])).toFixed(1)} ${ys(pts[i][1]).toFixed(1)}`;
-      }
-      const path = svgEl("path", {
-        d, "data-node": node.host, fill: "none", stroke: COLORS[node.index % COLORS.length],
-        "stroke-width": 2, "stroke-linejoin": "round", "vector-effect": "non-scaling-stroke",
-      });
-      const dash = DASHES[node.index % DASHES.length];
-      if (dash) path.setAttribute("stroke-dasharray", dash);
-      path.append(svgEl("title", {}, `${node.host}: ${fmtNumber(pts[pts.length - 1][1])} ${yTitle}`));
-      svg.append(path);
-      if (pts.length === 1) {  // a lone point still shows
-        svg.append(svgEl("circle", { cx: xs(X(pts[0])), cy: ys(pts[0][1]), r: 3,
-          fill: COLORS[node.index % COLORS.length] }));
-      }
-    }
-    const legend = el("ul", { class: "legend" }, ...[...nodes.values()].map((node) => {
-      const sw = el("span", { class: "swatch", "aria-hidden": "true" });
-      sw.style.borderTopColor = COLORS[node.index % COLORS.length];
-      sw.style.borderTopStyle = DASH_CSS[node.index % DASH_CSS.length];
-      const found = series.find((s) => s.node === node);
-      const last = found ? ` ${fmtNumber(found.pts[found.pts.length - 1][1])}` : "";
-      return el("li", {}, sw, node.host, el("span", { class: "muted" }, last));
-    }));
-    box.replaceChildren(svg, legend);
-  }
-
-  // -- logs: batched per animation frame, at most MAX_LINES in the DOM ------------------------
-  const logBox = $("logs");
-  let pending = [];
-  let lineCount = 0;
-  let dropped = 0;
-  let follow = true;
-  const filter = { host: "", rank: "" };
-  const search = { query: "", matches: [], current: -1 };
-
+  // -- logs (job_logs.js): a log event also names its node and rank for the filters ----------
   function onLog(ev) {
+    logs.onLog(ev);
     const host = ev.host ?? "";
     const rank = ev.rank ?? -1;
-    const text = String(ev.text ?? "").replace(/\r\n/g, "\n");
-    const parts = text.split("\n");
-    if (parts.length > 1 && parts[parts.length - 1] === "") parts.pop();
-    for (const part of parts) {
-      // a carriage return redraws the line on a terminal: keep what it would show
-      const shown = part.includes("\r") ? part.slice(part.lastIndexOf("\r") + 1) : part;
-      pending.push({ host, rank, text: shown });
-    }
-    if (pending.length > 2 * MAX_LINES) {
-      dropped += pending.length - MAX_LINES;
-      pending = pending.slice(-MAX_LINES);
-    }
     if (host && rank >= 0) addOption($("log-rank"), rank, `${rank} · ${host}`);
     if (host) nodeOf(host);
-    queueFrame();
   }
+  const onNote = logs.onNote;
 
-  // a line of corral's own in the log (the folded teardown output of a node)
-  function onNote(text) {
-    pending.push({ host: "", rank: -1, text, corral: true });
-    queueFrame();
-  }
-
-  function lineVisible(host, rank) {
-    return (!filter.host || filter.host === host) && (!filter.rank || filter.rank === rank);
-  }
-
-  // one line: built with plain DOM calls (thousands per second)
-  function makeLine(item) {
-    const rank = item.rank >= 0 ? String(item.rank) : "";
-    const line = document.createElement("div");
-    line.className = item.host ? `line h${hostIndex(item.host) % COLORS.length}` : "line";
-    line.dataset.host = item.host;
-    line.dataset.rank = rank;
-    const prefix = document.createElement("span");
-    prefix.className = "prefix";
-    prefix.textContent = item.corral ? "[corral]" : rank ? `[${item.host}:${rank}]` : `[${item.host}]`;
-    const msg = document.createElement("span");
-    msg.className = "msg";
-    msg.textContent = item.text;
-    line.append(prefix, " ", msg);
-    if (!lineVisible(item.host, rank)) line.hidden = true;
-    return line;
-  }
-
-  // Lines live in chunks of CHUNK_LINES. Only the chunks near the log box's view are
-  // rendered: the others are "far" (content-visibility: hidden, at their estimated
-  // height), so a flood of lines costs the browser almost no layout. Nearness is the
-  // box's own (an IntersectionObserver rooted at it), never the window's.
-  const nearby = "IntersectionObserver" in window
-    ? new IntersectionObserver((entries) => {
-      for (const e of entries) e.target.classList.toggle("far", !e.isIntersecting);
-    }, { root: logBox, rootMargin: "100% 0px" })
-    : null;
-  let lineHeight = 0;
-  function sizeChunk(chunk) {
-    if (!lineHeight) lineHeight = parseFloat(getComputedStyle(logBox).lineHeight) || 16;
-    chunk.style.containIntrinsicBlockSize = `${Math.ceil(chunk.shown * lineHeight)}px`;
-  }
-
-  function newChunk() {
-    const chunk = document.createElement("div");
-    chunk.className = nearby ? "chunk far" : "chunk";  // the observer says when it is near
-    chunk.total = 0;   // lines in it
-    chunk.shown = 0;   // of which not filtered out
-    logBox.append(chunk);
-    if (nearby) nearby.observe(chunk);
-    return chunk;
-  }
-
-  function* allLines() {
-    for (const chunk of logBox.children) yield* chunk.children;
-  }
-
-  // drop the oldest lines beyond MAX_LINES
-  function trimLines() {
-    let excess = lineCount - MAX_LINES;
-    if (excess <= 0) return;
-    dropped += excess;
-    lineCount -= excess;
-    while (excess > 0) {
-      const first = logBox.firstElementChild;
-      if (first.total <= excess) {
-        excess -= first.total;
-        if (nearby) nearby.unobserve(first);
-        first.remove();
-        continue;
-      }
-      let shownGone = 0;
-      for (let i = 0; i < excess; i += 1) if (!first.children[i].hidden) shownGone += 1;
-      const range = document.createRange();
-      range.setStartBefore(first.firstChild);
-      range.setEndAfter(first.children[excess - 1]);
-      range.deleteContents();
-      first.total -= excess;
-      first.shown -= shownGone;
-      sizeChunk(first);
-      excess = 0;
-    }
-    let gone = 0;
-    while (search.matches.length && !search.matches[0].isConnected) { search.matches.shift(); gone += 1; }
-    if (gone) search.current = Math.max(search.matches.length ? 0 : -1, search.current - gone);
-  }
-
-  // append what came since the last frame, within a time budget (the rest waits for the
-  // next frame)
-  function flushLogs() {
-    if (!pending.length) return;
-    if (pending.length > MAX_LINES) {
-      dropped += pending.length - MAX_LINES;
-      pending = pending.slice(-MAX_LINES);
-    }
-    const began = performance.now();
-    const q = search.query;
-    let newMatch = false;
-    let done = 0;
-    let chunk = logBox.lastElementChild;
-    const touched = new Set();
-    while (done < pending.length) {
-      const stop = Math.min(pending.length, done + 200);
-      for (; done < stop; done += 1) {
-        const line = makeLine(pending[done]);
-        if (!chunk || chunk.total >= CHUNK_LINES) chunk = newChunk();
-        chunk.append(line);
-        chunk.total += 1;
-        if (!line.hidden) chunk.shown += 1;
-        touched.add(chunk);
-        if (q && !line.hidden && line.textContent.toLowerCase().includes(q)) {
-          line.classList.add("match");
-          search.matches.push(line);
-          newMatch = true;
-        }
-      }
-      if (performance.now() - began > FRAME_BUDGET_MS) break;
-    }
-    for (const c of touched) sizeChunk(c);
-    pending = done < pending.length ? pending.slice(done) : [];
-    lineCount += done;
-    trimLines();
-    $("logs-empty").hidden = lineCount > 0;
-    if (dropped) {
-      const trimmed = $("logs-trimmed");
-      trimmed.hidden = false;
-      trimmed.textContent = `Showing the last ${MAX_LINES.toLocaleString()} lines; ` +
-        `${dropped.toLocaleString()} earlier lines are in the per-rank log files below.`;
-    }
-    if (q) {
-      if (newMatch && search.current < 0) { search.current = 0; showMatch(); } else countMatches();
-    }
-    if (follow) {
-      toEnd();
-      // once the chunks on screen have their real height, the end may be further down
-      requestAnimationFrame(() => { if (follow) toEnd(); });
-    }
-    if (pending.length) queueFrame();
-  }
-
-  // Following the end stops when the user scrolls up and starts again at the end. Only
-  // an upward move counts: chunks taking their real height, or old lines dropped above,
-  // also move the view without the user.
-  let searchScrollAt = 0;  // a scroll the search made is not the user's
-  let resizedAt = 0;       // nor one a resize of the window made
-  let lastScrollTop = 0;
-  window.addEventListener("resize", () => { resizedAt = Date.now(); });
-  logBox.addEventListener("scroll", () => {
-    const top = logBox.scrollTop;
-    const up = top < lastScrollTop - 2;
-    lastScrollTop = top;
-    if (Date.now() - searchScrollAt < 150) return;
-    if (Date.now() - resizedAt < 500) {
-      if (follow) requestAnimationFrame(toEnd);
-      return;
-    }
-    const atEnd = top + logBox.clientHeight >= logBox.scrollHeight - 24;
-    if (atEnd) follow = true;
-    else if (up) follow = false;
-    $("logs-follow").hidden = follow;
-  });
-  function toEnd() {
-    logBox.scrollTop = logBox.scrollHeight;
-    lastScrollTop = logBox.scrollTop;
-  }
-  $("logs-follow").addEventListener("click", () => {
-    follow = true;
-    toEnd();
-    $("logs-follow").hidden = true;
-  });
-
-  function applyFilter() {
-    filter.host = $("log-host").value;
-    filter.rank = $("log-rank").value;
-    for (const chunk of logBox.children) {
-      let shown = 0;
-      for (const line of chunk.children) {
-        line.hidden = !lineVisible(line.dataset.host, line.dataset.rank);
-        if (!line.hidden) shown += 1;
-      }
-      chunk.shown = shown;
-      sizeChunk(chunk);
-    }
-    runSearch();
-    if (!search.query && follow) toEnd();
-  }
-  $("log-host").addEventListener("change", applyFilter);
-  $("log-rank").addEventListener("change", applyFilter);
-
-  // -- log search: every match marked, the current one highlighted and scrolled to ------------
-  function clearCurrent() {
-    const line = search.matches[search.current];
-    if (!line) return;
-    line.classList.remove("current");
-    const msg = line.querySelector(".msg");
-    const pre = line.querySelector(".prefix");
-    for (const span of [msg, pre]) if (span && span.querySelector("mark")) span.textContent = span.textContent;
-  }
-
-  // the text searched for (case-insensitive; spaces count, so "step 7 " skips "step 70")
-  function queryText() {
-    const value = $("log-search").value;
-    return value.trim() ? value.toLowerCase() : "";
-  }
-
-  function runSearch() {
-    clearCurrent();
-    for (const line of search.matches) line.classList.remove("match", "current");
-    const wasSearching = Boolean(search.query);
-    search.query = queryText();
-    search.matches = [];
-    search.current = -1;
-    if (!search.query && wasSearching) {  // the search is over: back to the end
-      follow = true;
-      toEnd();
-      $("logs-follow").hidden = true;
-    }
-    if (search.query) {
-      for (const line of allLines()) {
-        if (!line.hidden && line.textContent.toLowerCase().includes(search.query)) {
-          line.classList.add("match");
-          search.matches.push(line);
-        }
-      }
-      if (search.matches.length) search.current = 0;
-    }
-    showMatch();
-  }
-
-  function countMatches() {
-    const out = $("search-count");
-    if (!search.query) { out.textContent = ""; return; }
-    out.textContent = `${search.current + 1}/${search.matches.length}`;
-    out.classList.toggle("none", search.matches.length === 0);
-  }
-
-  function markIn(span, query) {
-    const text = span.textContent;
-    const at = text.toLowerCase().indexOf(query);
-    if (at < 0) return false;
-    span.replaceChildren(text.slice(0, at), el("mark", {}, text.slice(at, at + query.length)),
-      text.slice(at + query.length));
-    return true;
-  }
-
-  function showMatch() {
-    countMatches();
-    const line = search.matches[search.current];
-    if (!line) return;
-    line.classList.add("current");
-    const msg = line.querySelector(".msg");
-    if (!markIn(msg, search.query)) markIn(line.querySelector(".prefix"), search.query);
-    follow = false;
-    // centre the line in the log box (not the page)
-    const box = logBox.getBoundingClientRect();
-    const at = line.getBoundingClientRect();
-    const top = logBox.scrollTop + (at.top - box.top) - logBox.clientHeight / 2 + at.height / 2;
-    searchScrollAt = Date.now();
-    logBox.scrollTop = Math.max(0, top);
-    $("logs-follow").hidden = false;
-    const r = logBox.getBoundingClientRect();
-    if (r.bottom < 0 || r.top > window.innerHeight) logBox.scrollIntoView({ block: "nearest" });
-  }
-
-  function step(delta) {
-    if (!search.matches.length) return;
-    clearCurrent();
-    const n = search.matches.length;
-    search.current = ((search.current < 0 ? 0 : search.current + delta) % n + n) % n;
-    showMatch();
-  }
-
-  let searchTimer = null;
-  $("log-search").addEventListener("input", () => {
-    clearTimeout(searchTimer);
-    searchTimer = setTimeout(runSearch, 150);
-  });
-  $("log-search").addEventListener("keydown", (ev) => {
-    if (ev.key !== "Enter") return;
-    ev.preventDefault();
-    if (queryText() !== search.query) { clearTimeout(searchTimer); runSearch(); return; }
-    step(ev.shiftKey ? -1 : 1);
-  });
-  $("search-next").addEventListener("click", () => {
-    if (queryText() !== search.query) runSearch(); else step(1);
-  });
-  $("search-prev").addEventListener("click", () => {
-    if (queryText() !== search.query) runSearch(); else step(-1);
-  });
-
-  // -- attempts, root cause, files ---------------------------------------------------------------
-  function renderAttempts(attempts) {
-    const body = $("attempts").tBodies[0];
-    if (!attempts.length) {
-      body.replaceChildren(el("tr", {}, el("td", { colspan: "6", class: "muted" }, "No attempt yet.")));
-      return;
-    }
-    body.replaceChildren(...attempts.map((a) => {
-      const rec = a.record || {};
-      let result = "running";
-      if (a.ended) {
-        result = rec.state || "ended";
-        if (rec.exit_code !== null && rec.exit_code !== undefined) result += ` (exit ${rec.exit_code})`;
-      }
-      const restart = a.ended === null || a.ended === undefined ? "–"
-        : `${a.restart ? "restarted" : "no restart"}${a.decision ? `: ${a.decision}` : ""}`;
-      return el("tr", { "data-attempt": String(a.number) },
-        el("td", { "data-label": "#" }, String(a.number)),
-        el("td", { "data-label": "Hosts" }, (a.hosts || []).join(", ")),
-        el("td", { "data-label": "Started" }, when(a.started)),
-        el("td", { "data-label": "Ended" }, a.ended ? when(a.ended) : "–"),
-        el("td", { "data-label": "Result" }, result),
-        el("td", { "data-label": "Restart / cause" }, el("div", {}, el("div", {}, restart),
-          a.cause && rec.state !== "succeeded" ? el("div", { class: "muted" }, `cause: ${a.cause}`) : null)));
-    }));
-  }
-
-  // in-place recovery: each replica group's loss, restart and rejoin, from the stored events
-  function groupText(g) {
-    let text = `node ${g.host} (group ${g.group}) ${g.change}`;
-    if (g.step !== null && g.step !== undefined) text += ` at step ${g.step}`;
-    if (g.healed_from) text += `, healed from ${g.healed_from}`;
-    text += `; ${g.participants} group${g.participants === 1 ? "" : "s"} training`;
-    return text;
-  }
-
-  function renderGroups(changes) {
-    $("groups-card").hidden = !changes.length;
-    $("groups-timeline").replaceChildren(...changes.map((g) => el("li", { "data-change": g.change },
-      el("span", { class: "muted" }, when(g.time)), " ", groupText(g),
-      g.detail && g.change !== "rejoined" ? el("div", { class: "muted" }, g.detail) : null)));
-  }
-
+  // -- stragglers; the attempts, root cause, hang report and files are job_report.js' --------
   // a straggler named (status or live event): kept per rank and section, shown on its chip
   function noteStraggler(s) {
     const key = `${s.host}:${s.rank}`;
     const list = (job.stragglers.get(key) || []).filter((o) => o.section !== s.section);
     job.stragglers.set(key, [...list, s]);
     markNodes();
-  }
-
-  // the last hang report: its summary, the odd ones out, the stuck collective, the files
-  let hangShown = "";
-  function renderHang(h) {
-    const key = JSON.stringify(h);
-    if (key === hangShown) return;
-    hangShown = key;
-    job.odd.clear();
-    $("hang").hidden = !h;
-    if (!h) { $("hang-body").replaceChildren(); return; }
-    for (const o of h.odd || []) job.odd.set(`${o.host}:${o.rank}`, o);
-    const parts = [el("p", { class: "rc-message" }, h.summary)];
-    if (h.message) parts.push(el("p", { class: "muted" }, `detected: ${h.message}`));
-    if ((h.odd || []).length) {
-      parts.push(el("ul", { class: "hang-odd" }, ...h.odd.map((o) => el("li", { "data-rank": String(o.rank) },
-        `odd one out: rank ${o.rank} on ${o.host} at `, el("code", {}, o.where),
-        (o.frames || []).length ? el("pre", { class: "rc-trace" }, o.frames.join("\n")) : null))));
-    }
-    const c = h.collective;
-    if (c) {
-      const who = (c.missing_ranks || []).join(", ");
-      const others = (c.mismatched || []).map((m) => `rank ${m.rank} was in ${m.collective} instead`).join("; ");
-      const said = others && !who ? others : `never entered by ranks ${who || "–"}`;
-      parts.push(el("p", { class: "hang-collective" },
-        `collective ${c.collective} #${c.sequence} (group ${c.group}${c.state ? `, ${c.state}` : ""}): ${said}`));
-    }
-    if (h.report) {
-      const inRun = /(^|\/)hang\/report\.md$/.test(h.report);
-      parts.push(el("p", { class: "muted" }, "Report: ",
-        inRun ? fileLink("hang/report.md", "report.md") : el("span", { class: "mono" }, h.report),
-        inRun ? " · " : null, inRun ? fileLink("hang/report.json", "report.json") : null));
-    }
-    $("hang-body").replaceChildren(...parts);
-    markNodes();
-  }
-
-  function renderRootCause(st) {
-    const rc = st.root_cause;
-    const box = $("root-cause");
-    // a stop by the user is no failure: its "root cause" (interrupted) names no rank
-    const none = !rc || st.status === "succeeded" || (st.status === "cancelled" && !rc.host);
-    if (none) { box.hidden = true; return; }
-    box.hidden = false;
-    const facts = [];
-    if (rc.host) facts.push(["Host", rc.host]);
-    if (rc.rank !== null && rc.rank !== undefined) facts.push(["Rank", String(rc.rank)]);
-    const code = rc.code ?? rc.exit_code;
-    if (rc.signal || (code !== null && code !== undefined)) {
-      let text = exitText(code, rc.signal);
-      if ((rc.signal || code < 0) && rc.exit_code !== null && rc.exit_code !== undefined) {
-        text += `, exit status ${rc.exit_code}`;
-      }
-      facts.push(["Exit", text]);
-    }
-    if (rc.time) facts.push(["When", when(rc.time)]);
-    const parts = [];
-    if (rc.message) parts.push(el("p", { class: "rc-message" }, rc.message));
-    if (facts.length) {
-      parts.push(el("dl", { class: "facts" }, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k.toLowerCase() }, v)])));
-    }
-    const tb = lines(rc.traceback);
-    const err = lines(rc.stderr_tail);
-    const log = lines(rc.log_tail);
-    if (tb.length) parts.push(el("h3", {}, "Traceback"), el("pre", { class: "rc-trace" }, tb.join("\n")));
-    else if (err.length) {
-      // a hang's tail is a stack, not stderr: the failure says what it holds
-      const label = rc.tail ? rc.tail.charAt(0).toUpperCase() + rc.tail.slice(1) : "Last lines of stderr";
-      parts.push(el("h3", {}, label), el("pre", { class: "rc-trace" }, err.join("\n")));
-    }
-    if (log.length) {
-      const det = el("details", {}, el("summary", {}, `Last ${log.length} log lines of rank ${rc.rank ?? "?"}`),
-        el("pre", {}, log.join("\n")));
-      if (!tb.length && !err.length) det.open = true;
-      parts.push(det);
-    }
-    $("root-cause-body").replaceChildren(...parts);
-  }
-
-  function fileLink(path, text) {
-    const href = `/api/network/local_job_file/${enc(JOB)}/${path.split("/").map(enc).join("/")}`;
-    return el("a", { href, download: `${JOB}-${path.replace(/\//g, "_")}` }, text);
-  }
-
-  async function loadFiles() {
-    let files;
-    try {
-      files = await api("GET", `/api/jobs/${enc(JOB)}/files`);
-    } catch (e) {
-      return;
-    }
-    const rankLogs = [];
-    const other = [];
-    for (const f of files) {
-      const m = /^logs\/(.+)\.(\d+)\.log$/.exec(f);
-      if (m) rankLogs.push({ f, host: m[1], rank: Number(m[2]) });
-      else other.push(f);
-    }
-    rankLogs.sort((a, b) => a.rank - b.rank);
-    const out = [];
-    if (rankLogs.length) {
-      out.push(el("h3", {}, "Per-rank logs"), el("ul", { class: "files rank-logs" },
-        ...rankLogs.map((r) => el("li", {}, fileLink(r.f, `${r.host} · rank ${r.rank}`), " ",
-          el("span", { class: "muted mono" }, r.f)))));
-    }
-    if (other.length) {
-      out.push(el("details", {}, el("summary", {}, `Other files of the run (${other.length})`),
-        el("ul", { class: "files" }, ...other.map((f) => el("li", {}, fileLink(f, f))))));
-    }
-    if (!out.length) out.push(el("p", { class: "muted" }, "No files yet."));
-    const box = $("files");
-    const open = box.querySelector("details")?.open;
-    box.replaceChildren(...out);
-    if (open) box.querySelector("details").open = true;
   }
 
   // -- stop -------------------------------------------------------------------------------------
