@@ -40,6 +40,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select
 
 from corral.errors import Conflict, CorralError, Invalid, NotFound, TooMany
 from corral.job.resolve import new_job_id
+from corral.job.states import JobState
 from corral.service.audit import record_change
 from corral.service.chain import after_of
 from corral.service.jobs import JobManager
@@ -52,7 +53,7 @@ from corral.store import Store
 from corral.store.models import Job, Machine
 from corral.words import plural
 
-QUEUED = "queued"
+QUEUED = JobState.QUEUED.value
 ORDER = (Job.priority.desc(), Job.queued, Job.created, Job.id)
 """The queue's order (the columns of the index ``ix_jobs_queue``)."""
 CHUNK = 32
@@ -467,7 +468,7 @@ class JobQueue:
         self._requests.pop(job_id, None)
         self.jobs._set(
             job_id,
-            state="failed",
+            state=JobState.FAILED.value,
             reason=f"cannot run: {why}",
             ended=time.time(),
             root_cause={"message": why},
