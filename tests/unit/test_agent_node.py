@@ -275,12 +275,16 @@ def test_stop_with_grace_terms_then_kills_and_leaves_nothing(agents: Any, tmp_pa
 
 
 SELF_KILL = """
-    import os, signal
+    import os, pathlib, signal, time
     rank = int(os.environ["RANK"])
-    print("ready", flush=True)
-    if rank == 1:
+    armed = pathlib.Path(__file__).with_name("rank0.armed")
+    if rank == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # only the teardown's SIGKILL ends it
+        armed.touch()
+    else:
+        while not armed.exists():   # the teardown must find rank 0 already ignoring SIGTERM
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)   # killed from outside the job, as by OOM
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # only the teardown's SIGKILL ends it
     while True:
         signal.pause()
 """
