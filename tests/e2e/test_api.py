@@ -442,8 +442,8 @@ def test_a_calibrated_job_shows_its_weights_in_the_plan_and_the_status(api: Api)
     )
     assert planned.status_code == 200, planned.text
     expected = [
-        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.75},
-        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.25},
+        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.75, "fits": None},
+        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.25, "fits": None},
     ]
     plan = planned.json()["execution_plan"]
     assert plan["workload_weights"] == expected

@@ -92,7 +92,7 @@ def test_the_tree_has_every_verb() -> None:
     assert {("k8s", v) for v in ("render", "apply", "logs", "delete")} <= paths
     assert {("slurm", "render"), ("slurm", "submit")} <= paths
     jobs = {path[1] for path, _ in TREE if len(path) == 2 and path[0] == "job"}
-    assert jobs == {"submit", "list", "status", "logs", "stop", "queue"}
+    assert jobs == {"submit", "list", "status", "logs", "stop", "queue", "resubmit"}
 
 
 @pytest.mark.parametrize(("path", "command"), TREE, ids=IDS)

@@ -45,8 +45,8 @@ def test_checkpoints_and_chunks_use_it(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 
 def test_local_nodes_get_the_jobs_working_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir("/tmp")
-    spec = JobSpec(script="/t.py", launcher="python", job_id="j", run_dir="/r")
+    monkeypatch.chdir("/")  # the plan reads no cwd: the launch dir is fixed in the spec
+    spec = JobSpec(script="/t.py", launcher="python", job_id="j", run_dir="/r", launch_dir="/tmp")
     local = Cluster((Host("local-0", local=True),), source="t")
     (cmd,) = plan_job(spec, local)
     assert cmd.cwd == "/r/j/nodes/local-0/work" and cmd.env[LAUNCH_DIR_ENV] == "/tmp"

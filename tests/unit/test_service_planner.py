@@ -550,10 +550,10 @@ def test_a_calibration_file_weighs_every_planned_rank(tmp_path: Path) -> None:
     cal = calibration_file(tmp_path / "cal.json", {"sim1": [300.0, 300.0], "sim2": [100.0, 100.0]})
     plan = _weighted_plan(tmp_path, machines, calibration=str(cal), nproc_per_node=2)
     assert plan["workload_weights"] == [
-        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.375},
-        {"host": "sim1", "node_rank": 0, "local_rank": 1, "weight": 0.375},
-        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.125},
-        {"host": "sim2", "node_rank": 1, "local_rank": 1, "weight": 0.125},
+        {"host": "sim1", "node_rank": 0, "local_rank": 0, "weight": 0.375, "fits": None},
+        {"host": "sim1", "node_rank": 0, "local_rank": 1, "weight": 0.375, "fits": None},
+        {"host": "sim2", "node_rank": 1, "local_rank": 0, "weight": 0.125, "fits": None},
+        {"host": "sim2", "node_rank": 1, "local_rank": 1, "weight": 0.125, "fits": None},
     ]
     assert plan["rebalance"] is False
     # every rank gets them in its environment, as corral run hands them over

@@ -426,15 +426,21 @@ def _code_dir(script: str, workdir: str | None) -> str | None:
 
 def weight_rows(description: JobDescription) -> list[dict[str, Any]] | None:
     """The plan's ``workload_weights``: ``{host, node_rank, local_rank, weight}`` per
-    rank in plan order, and ``fits`` (the largest micro-batch it fits, None: no limit)
-    when the calibration found limits; None for an even split."""
+    rank in plan order, and ``fits`` (the largest micro-batch it fits, None: no limit,
+    as the job's status shows it); None for an even split."""
     options, cluster = description.options, description.cluster
     if not options.workload_weights:
         return None
     ranks = planned_ranks(cluster, options.nproc_per_node)
     node_of = {h.name: i for i, h in enumerate(cluster.hosts)}
     rows: list[dict[str, Any]] = [
-        {"host": host.name, "node_rank": node_of[host.name], "local_rank": local, "weight": w}
+        {
+            "host": host.name,
+            "node_rank": node_of[host.name],
+            "local_rank": local,
+            "weight": w,
+            "fits": None,
+        }
         for (host, local), w in zip(ranks, options.workload_weights, strict=True)
     ]
     raw = options.env.get(MICRO_BATCH_FITS_ENV, "").split(",")
