@@ -97,7 +97,8 @@ def expand(line: str) -> list[dict[str, Any]]:
     message = json.loads(line)
     if message.get("type") != "reports":
         return [message] if message.get("type") == "progress" else []
-    assert set(message) == {"type", "rank", "reports"}, message
+    assert set(message) == {"type", "rank", "sent", "reports"}, message
+    assert isinstance(message["sent"], float), message  # the ages' origin, the rank's clock
     reports = []
     for step, total, age, metrics, sections in message["reports"]:
         report = {"type": "progress", "rank": message["rank"], "step": step, "total": total}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from typing import Annotated, Any, Literal
 
@@ -57,6 +58,9 @@ MAX_KEY = 128
 MAX_PATH = 4096
 #: Most progress reports in one ``reports`` message.
 MAX_REPORTS = 1024
+#: Most seconds a ``reports`` line may wait to be read: its ``sent`` is believed
+#: within them (the agent reads late while busy, e.g. importing pydantic at the first).
+MAX_SEND_LAG = 10.0
 #: Keys of a forwarded event that only the agent sets.
 AGENT_KEYS = frozenset({"event", "rank", "time"})
 
@@ -109,6 +113,8 @@ class ReportsMessage(_Message):
     type: Literal["reports"]
     reports: Annotated[list[ReportEntry], Field(min_length=1, max_length=MAX_REPORTS)]
     dropped: Count = 0
+    #: the rank's clock (the node's) when the SDK took the batch, the ages' origin
+    sent: float | None = None
 
 
 class CheckpointMessage(_Message):
@@ -212,7 +218,11 @@ def _valid_reports(line: bytes) -> ReportsMessage | None:
             continue
     if not kept:
         return None
-    return ReportsMessage(type="reports", reports=kept, dropped=len(entries) - len(kept))
+    sent = data.get("sent")
+    if isinstance(sent, bool) or not isinstance(sent, int | float) or not math.isfinite(sent):
+        sent = None
+    dropped = len(entries) - len(kept)
+    return ReportsMessage(type="reports", reports=kept, dropped=dropped, sent=sent)
 
 
 def report_event(
@@ -236,16 +246,19 @@ def forwarded(
 ) -> list[dict[str, Any]]:
     """The ``report`` events a message becomes: one per progress report of a
     ``reports`` message (``type: progress``, as :func:`report_event` makes it for a
-    ``progress`` message, timed its ``age`` before ``now``), else the message's own."""
+    ``progress`` message, timed its ``age`` before the batch's ``sent``: never after
+    ``now``, when the line was read, nor more than :data:`MAX_SEND_LAG` s before it),
+    else the message's own."""
     now = time.time() if now is None else now
     if not isinstance(message, ReportsMessage):
         return [report_event(message, rank, now)]
+    sent = now if message.sent is None else min(now, max(now - MAX_SEND_LAG, message.sent))
     events = []
     for step, total, age, metrics, sections in message.reports:
         event: dict[str, Any] = {"type": "progress", "step": step, "total": total}
         event["metrics"] = metrics
         if sections:
             event["sections"] = {name: ns / 1e9 for name, ns in sections.items()}
-        event.update(event="report", rank=rank, time=max(0.0, now - age / 1000.0))
+        event.update(event="report", rank=rank, time=max(0.0, sent - age / 1000.0))
         events.append(event)
     return events

@@ -343,6 +343,9 @@ class NodeAgent:
                 return
             if not line:
                 return
+            # when the line was read, not parsed (the first parse imports pydantic: a
+            # second or more on a busy machine): no report is dated after it
+            received = time.time()
             try:
                 # pydantic is imported on the first message, not at the agent's start
                 from corral.agent.messages import (
@@ -363,7 +366,7 @@ class NodeAgent:
             else:
                 if isinstance(msg, ReportsMessage) and msg.dropped:  # its invalid reports
                     self._complain(f"dropped {msg.dropped} invalid report(s) from rank {rank}")
-                for event in forwarded(msg, rank):  # a "reports" message: one per report
+                for event in forwarded(msg, rank, received):  # one per report of a batch
                     if rank in self.gpu and event.get("type", "progress") == "progress":
                         event["gpu"] = self.gpu[rank]
                     self.emit(encode_event(event))

@@ -11,13 +11,17 @@ drops connections without it, see :mod:`corral.agent.control`), then
 daemon thread sends what piled up every :data:`FLUSH_INTERVAL` seconds as one
 line (several when long), each report ``[step, total, age, metrics, sections]``::
 
-    {"type":"reports","rank":0,"reports":[[10,100,150,{"loss":0.5},{"compute":51000000}],
-                                          [11,100,148,{"loss":0.49},null], ...]}
+    {"type":"reports","rank":0,"sent":1795870437.06,
+     "reports":[[10,100,150,{"loss":0.5},{"compute":51000000}],
+                [11,100,148,{"loss":0.49},null], ...]}
 
-``age``: milliseconds between the call and the send; ``sections``: the mean
+``age``: milliseconds between the call and ``sent`` (the rank's clock when the
+batch was taken, the node's clock: the agent may read the line late, as while it
+imports what validates it); ``sections``: the mean
 nanoseconds per :func:`corral.sdk.section` timed since the previous report
 (null: none; integers print faster than floats). The node agent forwards each
-report as its own ``progress`` event (time: its clock less the age; sections in
+report as its own ``progress`` event (time: ``sent``, never after it read the
+line, less the age; sections in
 seconds, as ``{"type": "progress"}`` had them), so the
 coordinator sees every step as before. The buffer is also sent before any other
 event (:func:`send_event`: a checkpoint announced at step N comes after the
@@ -164,15 +168,15 @@ def _cleaned(entry: _section.Report) -> _section.Report | None:
     return entry
 
 
-def _lines(rank: int, entries: list[_section.Report]) -> Iterator[bytes]:
+def _lines(rank: int, entries: list[_section.Report], sent: float) -> Iterator[bytes]:
     """``reports`` lines of at most :data:`MAX_BATCH` reports and :data:`MAX_LINE`
     bytes; a report with a bad value is dropped alone."""
     for first in range(0, len(entries), MAX_BATCH):
-        yield from _encoded(rank, entries[first : first + MAX_BATCH])
+        yield from _encoded(rank, entries[first : first + MAX_BATCH], sent)
 
 
-def _encoded(rank: int, entries: list[_section.Report]) -> Iterator[bytes]:
-    message = {"type": "reports", "rank": rank, "reports": entries}
+def _encoded(rank: int, entries: list[_section.Report], sent: float) -> Iterator[bytes]:
+    message = {"type": "reports", "rank": rank, "sent": sent, "reports": entries}
     try:
         line = _encode(message).encode() + b"\n"
     except (TypeError, ValueError, OverflowError):  # NaN, a huge int, ...: the slow way
@@ -182,8 +186,8 @@ def _encoded(rank: int, entries: list[_section.Report]) -> Iterator[bytes]:
         line = _encode({**message, "reports": entries}).encode() + b"\n"
     if len(line) > MAX_LINE and len(entries) > 1:
         half = len(entries) // 2
-        yield from _encoded(rank, entries[:half])
-        yield from _encoded(rank, entries[half:])
+        yield from _encoded(rank, entries[:half], sent)
+        yield from _encoded(rank, entries[half:], sent)
     elif len(line) <= MAX_LINE:
         yield line
 
@@ -288,7 +292,8 @@ class _Reporter:
             rank = info().rank
         except ValueError:
             return
-        for line in _lines(rank, _entries(taken, _clock())):
+        sent = time.time()  # the wall clock of the moment the ages are taken from
+        for line in _lines(rank, _entries(taken, _clock()), sent):
             if self._send_line(spec, rank, line) is None:
                 self.active = False
                 return
