@@ -17,6 +17,7 @@ Without root or the binaries the test is skipped (failed under ``CI=true``, see
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -61,6 +62,22 @@ def _binary(name: str) -> str:
     return found
 
 
+def _first_job_id() -> int:
+    """A first job id whose ``--master-port 0`` port (20000 + id, as the script derives
+    it) is free now: clusters started at once (xdist workers, other sessions on this
+    machine) all numbering from 1 would rendezvous their jobs at one port, the ranks of
+    one job joining the other's store and the jobs failing (SIGTERM, exit 143)."""
+    for _ in range(200):
+        port = random.randrange(20001, 32000)  # below Linux's ephemeral range
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port - 20000
+    raise SlurmUnavailable("no free port in 20001-31999 for the jobs' master port")
+
+
 def _config(root: Path, socket_path: Path) -> str:
     ctld, *node_ports = _free_ports(1 + len(NODES))
     cpus = max(1, os.cpu_count() or 1)
@@ -73,6 +90,7 @@ def _config(root: Path, socket_path: Path) -> str:
     return "\n".join(
         [
             "ClusterName=corraltest",
+            f"FirstJobId={_first_job_id()}",
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={ctld}",
             "SlurmUser=root",

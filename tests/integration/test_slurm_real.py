@@ -20,7 +20,8 @@ import pytest
 from tests.integration.conftest import run_corral, wait_no_job_processes
 from tests.slurmcluster import job_state, slurm_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch]
+# one xdist worker runs them in turn: two Slurm clusters on one machine share its ports
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.xdist_group("slurm")]
 
 TOKEN = "s3cret value,with comma"
 ARGS = ("--tag", "it's $HOME `x`", "")
