@@ -169,7 +169,7 @@ def parse_healing(text: str) -> tuple[int, int, int] | None:
 
 
 # the source of a healing group's checkpoint: torchft's Rust line above (RUST_LOG=info)
-# or its Python manager's, which the ranks show at any level (corral.sdk._ftlog)
+# or its Python manager's, which the ranks show at any level (the SDK keeps it)
 _SOURCE = re.compile(
     r"(?:fetching checkpoint from |healing is required .*?)recover_src_replica_rank=(\d+)"
 )
