@@ -147,6 +147,18 @@ class AuditLog:
         with self.store.session() as s:
             record_change(s, who, action, target, before=before, after=after)
 
+    def added_or_removed(
+        self, who: str, action: str, target: str | None, values: dict[str, Any], *, removed: bool
+    ) -> None:
+        """Record the addition (``values`` after) or removal (``values`` before) of ``target``."""
+        self.change(
+            who,
+            action,
+            target,
+            before=values if removed else None,
+            after=None if removed else values,
+        )
+
     def finish(self, request: RequestAudit, status: int) -> bool:
         """Give the request's entries its answer's status; False when none is stored
         (its changes were rolled back)."""

@@ -95,13 +95,8 @@ path and a password's variable name only)."""
 def _audited(svc: Services, who: Principal, action: str, machine: MachineOut) -> MachineOut:
     """``machine`` after the audit entry of its addition or removal."""
     values = {key: getattr(machine, key) for key in AUDITED_MACHINE} | {"local": machine.local}
-    removed = action.endswith("remove")
-    svc.audit.change(
-        who.name,
-        action,
-        machine.id,
-        before=values if removed else None,
-        after=None if removed else values,
+    svc.audit.added_or_removed(
+        who.name, action, machine.id, values, removed=action.endswith("remove")
     )
     return machine
 

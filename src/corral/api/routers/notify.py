@@ -126,11 +126,5 @@ def _audited(
         "events": hook.events,
         "signed": hook.has_secret,
     }
-    svc.audit.change(
-        who.name,
-        action,
-        hook.id,
-        before=values if removed else None,
-        after=None if removed else values,
-    )
+    svc.audit.added_or_removed(who.name, action, hook.id, values, removed=removed)
     return hook
