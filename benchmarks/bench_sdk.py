@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, WORKLOADS, bench_env, log, median, metric, write_result
+from benchlib import ROOT, WORKLOADS, Runs, bench_env, finish, log, median, metric
 
 sys.path.insert(0, str(ROOT / "src"))  # the corral of this tree, installed or not
 
@@ -110,10 +110,14 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="corral-bench-sdk-") as tmp:
         samples, steps, state = run_job(args, Path(tmp))
-    if not samples or not state.startswith("succeeded"):
-        write_result(NAME, {"title": "SDK cost per step", "status": "failed", "reason": state})
-        print(f"the job did not succeed: {state}", file=sys.stderr)
-        return 1
+    runs = Runs()
+    argv = ["corral run --hosts local:1 --launcher python --", str(WORKLOAD)]
+    argv += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--rate", str(args.rate)]
+    ok = state.startswith("succeeded") and bool(samples)
+    runs.check("the SDK job", argv, 0 if ok else 1, output=state)
+    if not ok:
+        doc = {"title": "SDK cost per step", "status": "failed", "reason": state.splitlines()[0]}
+        return finish(NAME, doc, runs)
     reported = int(samples["reported"])
     expected = list(range(reported + 1))
     lost = len(set(expected) - set(steps))
@@ -144,7 +148,7 @@ def main() -> int:
         ),
     ]  # fmt: skip
     met = all(m["met"] for m in metrics if m["met"] is not None)
-    write_result(
+    code = finish(
         NAME,
         {
             "title": "SDK cost per step (report + section inside a live job)",
@@ -157,12 +161,13 @@ def main() -> int:
             "target": f"<= {TARGET_US:g} us per step",
             "met": met,
         },
+        runs,
     )
     print(
         f"report + section: {both['wall']:.2f} us per step on the training thread, "
         f"{both['cpu']:.2f} us of CPU in all; reports lost: {lost}"
     )
-    return 0 if lost == 0 and in_order else 1
+    return code or (0 if lost == 0 and in_order else 1)
 
 
 if __name__ == "__main__":
