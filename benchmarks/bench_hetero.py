@@ -359,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from corral.calibrate.resolve import resolve_weights
     from corral.cluster import load_cluster
     from corral.testbed import CpuQuota, Testbed
+    from corral.throughput.resolve import resolve_weights
 
     leftover = Testbed.running()
     if leftover is not None:

@@ -94,7 +94,7 @@ FITS = "els => els.map(r => [r.dataset.host, r.querySelector('[data-field=fits]'
 def test_a_calibration_with_memory_fits_shows_them_beside_the_weights(
     browser: Any, shots: Shots, server: LiveServer
 ) -> None:
-    from corral.calibrate.model import load_calibration, save_calibration
+    from corral.throughput.model import load_calibration, save_calibration
 
     path = calibration_file(server.root / "cal-fits.json", {"local1": [30.0], "local2": [90.0]})
     cal = load_calibration(path)

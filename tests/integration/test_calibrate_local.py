@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibrate.drift import DriftMonitor
-from corral.calibrate.model import load_calibration
 from corral.cluster import load_cluster
+from corral.job.drift import DriftMonitor
 from corral.job.engine import Job
 from corral.job.events import JobEvent, LogLines, Message
 from corral.job.options import CheckPolicy, RestartPolicy, SupervisionPolicy
 from corral.plan.spec import JobSpec
+from corral.throughput.model import load_calibration
 from tests.conftest import require_torch
 
 from .conftest import (

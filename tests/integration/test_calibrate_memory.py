@@ -9,7 +9,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from corral.calibrate.model import load_calibration
+from corral.throughput.model import load_calibration
 
 from .conftest import run_corral, wait_no_job_processes
 

@@ -8,7 +8,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from corral.calibrate.model import Calibration, RankRate, save_calibration
+from corral.throughput.model import Calibration, RankRate, save_calibration
 from tests.conftest import require_torch
 
 from .conftest import SCRIPTS, run_corral, wait_no_job_processes

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibrate.model import Calibration, RankRate, save_calibration
+from corral.throughput.model import Calibration, RankRate, save_calibration
 from tests.conftest import require_torch
 
 from .conftest import run_corral

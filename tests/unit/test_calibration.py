@@ -13,11 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibrate.drift import DriftMonitor
 from corral.calibrate.measure import REFERENCE, CalibrateOptions, _Collector, _shell_writer
-from corral.calibrate.model import Calibration, load_calibration, save_calibration
-from corral.calibrate.resolve import planned_ranks, resolve_weights
-from corral.calibrate.weights import (
+from corral.cluster.model import Cluster, Host
+from corral.errors import ConfigError, JobFailed
+from corral.job.drift import DriftMonitor
+from corral.job.events import AttemptStarted, Finished, JobEvent, Message, Progress
+from corral.job.states import JobState
+from corral.plan.render import plan_job
+from corral.plan.spec import JobSpec
+from corral.throughput.model import Calibration, load_calibration, save_calibration
+from corral.throughput.resolve import planned_ranks, resolve_weights
+from corral.throughput.weights import (
     NOISE_RATIO,
     MeasuredRank,
     Rate,
@@ -27,12 +33,6 @@ from corral.calibrate.weights import (
     shares,
     speedup,
 )
-from corral.cluster.model import Cluster, Host
-from corral.errors import ConfigError, JobFailed
-from corral.job.events import AttemptStarted, Finished, JobEvent, Message, Progress
-from corral.job.states import JobState
-from corral.plan.render import plan_job
-from corral.plan.spec import JobSpec
 
 
 def _samples(start: float, every: float, count: int, examples: float) -> list[Sample]:

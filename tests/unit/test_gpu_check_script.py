@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from corral.calibrate.model import Calibration, CalibrationFile, RankRate
+from corral.throughput.model import Calibration, CalibrationFile, RankRate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -452,7 +452,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         *("corral.sdk", "corral.cluster", "corral.plan", "corral.agent", "corral.transport"),
         *("corral.remote", "corral.harness", "corral.track", "corral.store", "corral.k8s"),
-        "corral.slurm",
+        *("corral.slurm", "corral.throughput"),
     ),
     # below the engine
     ("corral.recovery", "corral.sync", "corral.fleet", "corral.diagnose", "corral.checks"),

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from corral.calibrate.launch import weigh
-from corral.calibrate.resolve import resolve_fits
-from corral.calibrate.weights import MeasuredRank, Rate, build_calibration
 from corral.cluster import load_cluster
 from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV, REPLICA_GROUP_ENV
 from corral.plan.spec import JobSpec
 from corral.sdk import WeightedDistributedSampler, memory_split, micro_batch_fits, probe_fit
 from corral.sdk._memory import MemoryCapExceeded, micro_sizes
+from corral.throughput.resolve import resolve_fits
+from corral.throughput.weights import MeasuredRank, Rate, build_calibration
 
 
 def test_a_share_above_its_fit_runs_as_accumulated_micro_batches() -> None:
@@ -159,7 +159,7 @@ def test_the_calibration_records_fits_and_the_run_exports_them() -> None:
 
 
 def test_a_server_job_weighed_by_a_calibration_gets_its_fits(tmp_path: Path) -> None:
-    from corral.calibrate.model import save_calibration
+    from corral.throughput.model import save_calibration
     from tests.unit.test_service_planner import _weighted_plan, machine
 
     cal = build_calibration(
@@ -181,8 +181,8 @@ def test_a_server_job_weighed_by_a_calibration_gets_its_fits(tmp_path: Path) -> 
 
 
 def test_a_restart_on_fewer_hosts_keeps_the_fits_of_the_ranks_that_remain() -> None:
-    from corral.calibrate.drift import DriftMonitor
     from corral.cluster.model import Cluster
+    from corral.job.drift import DriftMonitor
 
     cluster = load_cluster("local:3")
     monitor = DriftMonitor((0.5, 0.25, 0.25), cluster, None, emit=lambda event: None)

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from corral.api.errors import status_of
-from corral.calibrate.model import Calibration, RankRate, save_calibration
 from corral.cluster.model import Cluster, Host
 from corral.errors import Conflict, Invalid
 from corral.job.build import job_spec
@@ -35,6 +34,7 @@ from corral.service.planner import (
 )
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
+from corral.throughput.model import Calibration, RankRate, save_calibration
 
 GIB = 1024  # MiB
 

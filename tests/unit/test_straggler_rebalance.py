@@ -8,15 +8,15 @@ from typing import Literal
 
 import pytest
 
-from corral.calibrate.drift import (
+from corral.cluster.model import Cluster, Host
+from corral.diagnose.stragglers import is_compute_section
+from corral.job.drift import (
     MAX_STRAGGLER_CORRECTION,
     DriftMonitor,
     StragglerEvidence,
     straggler_evidence,
     straggler_rates,
 )
-from corral.cluster.model import Cluster, Host
-from corral.diagnose.stragglers import is_compute_section
 from corral.job.events import AttemptStarted, JobEvent, Message, Progress, StragglerFound
 from corral.plan.spec import JobSpec
 

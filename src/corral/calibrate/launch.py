@@ -4,7 +4,7 @@ What ``corral run --calibration FILE|auto`` and the server's supervisor process
 do for a weighted job, so that neither wires it itself: :func:`weigh` gives the
 spec its ranks' weights from a calibration file or from one measured now
 (:func:`measure`, its job's events to the caller's subscriber);
-:func:`watch_drift` attaches a :class:`~corral.calibrate.drift.DriftMonitor` to
+:func:`watch_drift` attaches a :class:`~corral.job.drift.DriftMonitor` to
 the job (drift warnings and rebalanced weights as ``message`` events, the live
 throughput saved as ``calibration-live.json`` in the job dir; with ``rebalance``
 a compute straggler's :class:`~corral.job.events.StragglerFound` also moves work
@@ -18,16 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.calibrate.drift import DriftMonitor
 from corral.calibrate.measure import CalibrateOptions, CalibrationRun, Calibrator
-from corral.calibrate.model import Calibration, load_calibration
-from corral.calibrate.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
 from corral.cluster.model import Cluster
 from corral.contract import MICRO_BATCH_FITS_ENV
 from corral.errors import CorralError
+from corral.job.drift import DriftMonitor
 from corral.job.engine import Job
 from corral.plan.spec import JobSpec
 from corral.signals import stop_on_signals
+from corral.throughput.model import Calibration, load_calibration
+from corral.throughput.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
 from corral.transport.options import SshOptions
 
 AUTO = "auto"

@@ -13,7 +13,7 @@ warm-up (the notes say so); too few of them is an error saying that the script
 ended first. A rank that probed the largest micro-batch it fits
 (``sdk.probe_fit``; the reference workload does on a GPU, or under a declared
 memory cap, ``CORRAL_MEM_CAP_MB``) reports it as the ``fits`` metric, recorded
-per rank. The result is a :class:`~corral.calibrate.model.Calibration`,
+per rank. The result is a :class:`~corral.throughput.model.Calibration`,
 saved as ``<run_dir>/<job-id>/calibration.json`` and ``<run_dir>/calibration-latest.json``.
 
 On SSH hosts the reference workload is first written to
@@ -30,9 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from corral.calibrate.model import Calibration, save_calibration
-from corral.calibrate.resolve import planned_ranks, resolve_weights
-from corral.calibrate.weights import MeasuredRank, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster, Host
 from corral.contract import CALIBRATE_ENV, CALIBRATE_SECONDS_ENV, MEM_CAP_ENV
 from corral.errors import ConfigError, JobFailed, LaunchError
@@ -43,6 +40,9 @@ from corral.job.resolve import new_job_id
 from corral.job.result import JobResult
 from corral.job.states import JobState
 from corral.plan.spec import JobSpec
+from corral.throughput.model import Calibration, save_calibration
+from corral.throughput.resolve import planned_ranks, resolve_weights
+from corral.throughput.weights import MeasuredRank, Sample, build_calibration, rate_of
 from corral.transport.base import Transport
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions

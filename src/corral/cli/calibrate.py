@@ -11,7 +11,6 @@ import typer
 
 from corral.calibrate.launch import measure
 from corral.calibrate.measure import DEFAULT_SECONDS, CalibrateOptions, Calibrator
-from corral.calibrate.model import CalibrationFile, save_calibration
 from corral.cli.calibration_view import CalibrationTerminal, print_calibration
 from corral.cli.common import HostsOpt, load_hosts, ssh_flags
 from corral.cli.options import (
@@ -27,6 +26,7 @@ from corral.console import make_console
 from corral.errors import ConfigError
 from corral.job.resolve import parse_env, parse_nproc
 from corral.job.result import EXIT_INTERRUPTED
+from corral.throughput.model import CalibrationFile, save_calibration
 from corral.transport.options import SshOptions
 
 SecondsOpt = Annotated[

@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.calibrate.measure import Calibrator
-from corral.calibrate.model import Calibration
 from corral.cluster.model import Cluster
 from corral.job.events import Finished, JobEvent, Message
 from corral.job.output import TerminalOutput
 from corral.job.states import JobState
 from corral.job.summary import print_finished
+from corral.throughput.model import Calibration
 
 _BAR = 30
 

@@ -21,7 +21,7 @@ Sections whose name starts with ``wait`` (``wait``, ``wait_data``) are where a
 rank waits for others: a straggler waits *least*, so they are kept but never
 scored. Sections named ``compute*`` are the rank's own compute time
 (:func:`is_compute_section`): a straggler there is what ``--rebalance`` may act
-on (:mod:`corral.calibrate.drift`).
+on (:mod:`corral.job.drift`).
 """
 
 from __future__ import annotations

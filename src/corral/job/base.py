@@ -98,7 +98,7 @@ class JobBase:
         self._stopped_by: str | None = None
         self._task: asyncio.Task[JobResult] | None = None
         #: Called with the next attempt's spec and cluster before a restart is planned;
-        #: returns the spec to plan (e.g. re-weighed, see corral.calibrate.drift).
+        #: returns the spec to plan (e.g. re-weighed, see corral.job.drift).
         self.before_restart: Callable[[JobSpec, Cluster], JobSpec] | None = None
 
     # -- the API ------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import stat
 
-from corral.calibrate.model import Calibration, parse_calibration
 from corral.errors import ConfigError, Invalid
+from corral.throughput.model import Calibration, parse_calibration
 
 #: A calibration file is far smaller; a bigger file is not read.
 MAX_CALIBRATION_BYTES = 16 * 1024 * 1024

@@ -9,7 +9,7 @@ teardown) and appends every event to the job's ``events.jsonl``
 (:mod:`corral.service.eventlog`). It runs in its own session, so the server can
 crash or restart without stopping training; SIGTERM (the server's stop) tears the
 job down like Ctrl-C does for ``corral run``, a second SIGTERM kills. A job with
-workload weights has a :class:`~corral.calibrate.drift.DriftMonitor` (as ``corral
+workload weights has a :class:`~corral.job.drift.DriftMonitor` (as ``corral
 run --calibration``): its drift warnings and rebalanced weights are ``message``
 events of the job, its live throughput is saved as ``calibration-live.json`` in the
 job dir. The description travels over stdin so the job's secret env values never

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.calibrate.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
+from corral.throughput.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
 from corral.cluster.model import Cluster
 from corral.contract import JOB_CONFIG_ENV, MICRO_BATCH_FITS_ENV, adjust_config
 from corral.errors import ConfigError, Conflict, Invalid

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibrate.model import load_calibration
-from corral.calibrate.resolve import resolve_weights
 from corral.cluster import load_cluster
 from corral.testbed import CpuQuota, Testbed
+from corral.throughput.model import load_calibration
+from corral.throughput.resolve import resolve_weights
 from tests.conftest import missing_dependency, require_torch
 
 from ..conftest import run_corral, wait_no_job_processes

@@ -43,9 +43,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from corral.calibrate.model import Calibration, save_calibration
-from corral.calibrate.resolve import planned_ranks, weights_from_rates
-from corral.calibrate.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
 from corral.cluster.model import Cluster
 from corral.contract import MICRO_BATCH_FITS_ENV
 from corral.diagnose.stragglers import is_compute_section, is_wait_section
@@ -60,6 +57,9 @@ from corral.job.events import (
     StragglerFound,
 )
 from corral.plan.spec import JobSpec
+from corral.throughput.model import Calibration, save_calibration
+from corral.throughput.resolve import planned_ranks, weights_from_rates
+from corral.throughput.weights import MeasuredRank, Rate, Sample, build_calibration, rate_of
 
 __all__ = [
     "DRIFT_THRESHOLD",

@@ -15,7 +15,7 @@
 its ranks), as in the seed; ``ranks`` holds the per-rank figures the weights of
 a run are taken from. ``script`` is the measured command (None: corral's
 built-in reference workload); ``workload`` says which (``live``: figures taken
-from a running job's reports, see :mod:`corral.calibrate.drift`).
+from a running job's reports, see :mod:`corral.job.drift`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from corral.calibrate.model import Calibration, RankRate, Workload
+from corral.throughput.model import Calibration, RankRate, Workload
 
 __all__ = [
     "NOISE_RATIO",

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from corral.calibrate.model import OPTION, Calibration, RankRate, load_calibration
-from corral.calibrate.weights import shares
 from corral.cluster.model import Cluster, Host
 from corral.contract import MICRO_BATCH_FITS_ENV
 from corral.errors import ConfigError
+from corral.throughput.model import OPTION, Calibration, RankRate, load_calibration
+from corral.throughput.weights import shares
 
 __all__ = ["fits_env", "planned_ranks", "resolve_fits", "resolve_weights", "weights_from_rates"]
 
