@@ -30,8 +30,23 @@ from corral.contract import JOB_ID_ENV
 from corral.errors import LaunchError
 
 START_TIMEOUT = 30.0
-JOIN_TIMEOUT_MS = 2000  # how long a new quorum waits for heartbeating stragglers
-HEARTBEAT_TIMEOUT_MS = 5000
+# When a replica group is lost, the survivors' next quorum is issued once the lost
+# group's last heartbeat is HEARTBEAT_TIMEOUT_MS old, or JOIN_TIMEOUT_MS after the
+# first survivor asked for it, whichever comes first (torchft's quorum_compute; with no
+# change in membership its "fast quorum" waits for neither). That wait is most of the
+# survivors' gap after a fault (2.2 s of it with 2000/5000; bench_inplace.py).
+#: How long a changed quorum waits for heartbeating stragglers. A live group later
+#: than this is left out of that one step and heals from a peer at the next (torchft
+#: then adds it to the quorum at once): a shorter wait costs a heal, never a wrong step.
+JOIN_TIMEOUT_MS = 500
+#: A group whose Manager has not heartbeated for this long is lost. torchft's Manager
+#: heartbeats every 100 ms from its own (Rust) thread, so this is 10 missed heartbeats;
+#: with 2 groups it alone decides the survivor's wait (one survivor is never more than
+#: half of the 2 heartbeating groups, so the join timeout cannot issue that quorum).
+HEARTBEAT_TIMEOUT_MS = 1000
+#: How often the Lighthouse re-checks a pending quorum (torchft's default is 100 ms):
+#: the lag between a timeout above running out and the quorum being issued.
+QUORUM_TICK_MS = 50
 STATUS_TIMEOUT = 5.0
 # the Lighthouse's status page lists every replica that heartbeated: "<id>: seen 1.2s ago"
 _MEMBER = re.compile(r"^\s*([^\s<>]+): seen ", re.M)
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         bind=args.bind,
         min_replicas=args.min_replicas,
         join_timeout_ms=JOIN_TIMEOUT_MS,
+        quorum_tick_ms=QUORUM_TICK_MS,
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
     )
     port = int(server.address().rsplit(":", 1)[1])

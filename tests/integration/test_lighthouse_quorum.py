@@ -1,0 +1,98 @@
+"""corral's Lighthouse (torchft's, as ``--recovery in-place`` starts it) issues the
+survivors' quorum soon after a replica group is lost: the heartbeat and join
+timeouts it is started with decide how long the survivors wait (bench_inplace.py's
+"fault -> survivors' next step"). Real Lighthouse child, torchft's own client; each
+survivor asks with a quorum timeout the old settings (heartbeat 5 s, join 2 s) could
+not meet, so without the shorter ones its quorum call fails instead of going on."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from corral.recovery.lighthouse import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, Lighthouse
+from tests.conftest import require
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def lighthouse(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A Lighthouse child as the coordinator starts it (min_replicas 1); its URL."""
+    monkeypatch.setenv("RUST_LOG", "warn")
+    require("torchft", "install the [ft] extra: make setup")
+    loop = asyncio.new_event_loop()
+    child = loop.run_until_complete(Lighthouse.start(sys.executable, "127.0.0.1", 1))
+    try:
+        yield child.url
+    finally:
+        loop.run_until_complete(child.close())
+        loop.close()
+
+
+def _survivors_quorum(url: str, lost: list[str], survivors: list[str], timeout: float) -> Any:
+    """The lost groups heartbeat once (their last sign of life), then each survivor
+    asks for a quorum at once (a thread each) while heartbeating every 100 ms, as
+    torchft's Manager does; the members of the quorum each got."""
+    from torchft.coordination import LighthouseClient
+
+    def client() -> Any:
+        return LighthouseClient(url, connect_timeout=timedelta(seconds=30))
+
+    for replica in lost:
+        client().heartbeat(replica)
+    done = threading.Event()
+
+    def heartbeat(replica: str) -> None:
+        beat = client()
+        while not done.wait(0.1):
+            beat.heartbeat(replica)
+
+    def ask(replica: str) -> list[str]:
+        quorum = client().quorum(
+            replica_id=replica,
+            timeout=timedelta(seconds=timeout),
+            address=f"addr-{replica}",
+            store_address=f"store-{replica}",
+            step=1,
+            world_size=1,
+        )
+        return sorted(p.replica_id for p in quorum.participants)
+
+    beats = [threading.Thread(target=heartbeat, args=(r,), daemon=True) for r in survivors]
+    for thread in beats:
+        thread.start()
+    try:
+        with ThreadPoolExecutor(len(survivors)) as pool:
+            return list(pool.map(ask, survivors))
+    finally:
+        done.set()
+        for thread in beats:
+            thread.join(10)
+
+
+def test_the_survivor_of_two_goes_on_once_the_lost_groups_heartbeat_is_stale(
+    lighthouse: str,
+) -> None:
+    # one survivor of two is never more than half of the heartbeating groups, so its
+    # quorum waits until the lost group's heartbeat times out (the join timeout
+    # cannot issue it); a quorum timeout of 4 s: more than the heartbeat timeout
+    # with room for a busy machine, less than the 5 s it was
+    assert HEARTBEAT_TIMEOUT_MS <= 1000
+    assert _survivors_quorum(lighthouse, ["b"], ["a"], 4.0) == [["a"]]
+
+
+def test_two_survivors_of_three_go_on_after_the_join_timeout(lighthouse: str) -> None:
+    # two of three heartbeating groups are a majority: the quorum is issued once the
+    # join timeout after the first survivor's request has run out (or the lost group's
+    # heartbeat, if sooner); a quorum timeout of 1.9 s: less than the 2 s join
+    # timeout it was, above the 0.5 s one with room for a busy machine
+    assert JOIN_TIMEOUT_MS <= 500
+    assert _survivors_quorum(lighthouse, ["c"], ["a", "b"], 1.9) == [["a", "b"]] * 2
