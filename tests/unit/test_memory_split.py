@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from corral.calibrate.launch import weigh
 from corral.cluster import load_cluster
 from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV, REPLICA_GROUP_ENV
+from corral.job.build import weigh
+from corral.job.describe import JobDescription, JobOptions
 from corral.plan.spec import JobSpec
 from corral.sdk import WeightedDistributedSampler, memory_split, micro_batch_fits, probe_fit
 from corral.sdk._memory import MemoryCapExceeded, micro_sizes
@@ -147,15 +148,15 @@ def test_the_calibration_records_fits_and_the_run_exports_them() -> None:
     assert "Memory caps the micro-batch of local-1:1 at 104" in cal.calibration_notes
     cluster = load_cluster("local:2")
     assert resolve_fits(cal, cluster, None) == (None, 104)
-    spec = JobSpec(script="t.py", launcher="python", job_id="j", env={"A": "1"})
-    weighed = weigh(spec, cluster, cal)
-    assert weighed.spec.env == {"A": "1", MICRO_BATCH_FITS_ENV: "0,104"}
+    options = JobOptions(command=("t.py",), launcher="python", job_id="j", env={"A": "1"})
+    weighed = weigh(JobDescription(options, cluster), cal)
+    assert weighed.description.options.env == {"A": "1", MICRO_BATCH_FITS_ENV: "0,104"}
     assert weighed.fits == (None, 104)
     plain = build_calibration(
         _measured([None, None]), hosts=["local-0", "local-1"], job_id="c", seconds=5,
         script=None, workload="reference",
     )  # fmt: skip
-    assert MICRO_BATCH_FITS_ENV not in weigh(weighed.spec, cluster, plain).spec.env
+    assert MICRO_BATCH_FITS_ENV not in weigh(weighed.description, plain).description.options.env
 
 
 def test_a_server_job_weighed_by_a_calibration_gets_its_fits(tmp_path: Path) -> None:

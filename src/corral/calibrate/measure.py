@@ -33,9 +33,10 @@ from pathlib import Path
 from corral.cluster.model import Cluster, Host
 from corral.contract import CALIBRATE_ENV, CALIBRATE_SECONDS_ENV, MEM_CAP_ENV
 from corral.errors import ConfigError, JobFailed, LaunchError
+from corral.job.build import ready_job
+from corral.job.describe import JobDescription, JobOptions
 from corral.job.engine import Job
 from corral.job.events import JobEvent, Progress, Subscriber
-from corral.job.options import CheckPolicy, SupervisionPolicy
 from corral.job.resolve import new_job_id
 from corral.job.result import JobResult
 from corral.job.states import JobState
@@ -334,11 +335,14 @@ class Calibrator:
         if self.job is not None:
             self.job.stop()
 
-    async def _spec(self, transport: Transport) -> JobSpec:
+    async def _description(self, transport: Transport) -> JobDescription:
+        """The calibration job as every job is described (``python`` launcher, no
+        pre-flight, a short teardown grace), the reference workload shipped first to
+        SSH hosts."""
         opts = self.options
         env = {**opts.env, CALIBRATE_ENV: "1", CALIBRATE_SECONDS_ENV: f"{opts.seconds:g}"}
-        base = JobSpec(
-            script=str(REFERENCE),
+        base = JobOptions(
+            command=(str(REFERENCE),),
             launcher="python",
             job_id=self.job_id,
             python=opts.python,
@@ -347,37 +351,34 @@ class Calibrator:
             env=env,
             timeout=opts.seconds + START_BUDGET,
             run_dir=opts.run_dir,
+            preflight=False,
+            grace=GRACE,
         )
         if opts.command:
-            script, *args = opts.command
-            return replace(base, script=script, args=tuple(args), workdir=opts.workdir)
-        threads = opts.threads
-        if threads is None and self.cluster.is_local:  # local:N nodes share this machine
-            threads = max(1, (os.cpu_count() or 1) // len(self.collector.ranks))
-        args = ["--max-seconds", f"{opts.seconds + START_BUDGET:g}"]
-        if threads is not None:
-            args += ["--threads", str(threads)]
-        if self.cluster.is_local:
-            return replace(base, args=tuple(args))
-        name = await ship_reference(transport, self.cluster.hosts)
-        return replace(base, script=name, args=tuple(args), workdir=REMOTE_DIR)
+            base = replace(base, command=tuple(opts.command), workdir=opts.workdir)
+        else:
+            threads = opts.threads
+            if threads is None and self.cluster.is_local:  # local:N nodes share this machine
+                threads = max(1, (os.cpu_count() or 1) // len(self.collector.ranks))
+            args = ["--max-seconds", f"{opts.seconds + START_BUDGET:g}"]
+            if threads is not None:
+                args += ["--threads", str(threads)]
+            if self.cluster.is_local:
+                base = replace(base, command=(str(REFERENCE), *args))
+            else:
+                name = await ship_reference(transport, self.cluster.hosts)
+                base = replace(base, command=(name, *args), workdir=REMOTE_DIR)
+        return JobDescription(base, self.cluster, self.ssh)
 
     async def run(self) -> CalibrationRun:
         """Measure, save and return the calibration; JobFailed when a rank failed or
         never reported, the engine's CorralError when the job could not start."""
         transport = self._transport or transport_for(self.cluster, self.ssh)
         try:
-            spec = await self._spec(transport)
+            description = await self._description(transport)
             if self.interrupted:
                 raise JobFailed("calibration interrupted before it started")
-            job = Job(
-                spec,
-                self.cluster,
-                ssh=self.ssh,
-                checks=CheckPolicy(enabled=False),
-                supervision=SupervisionPolicy(grace=GRACE),
-                transport=transport,
-            )
+            job = ready_job(description, transport=transport)
             self.job = job
             self.collector.stop = job.stop
             job.subscribe(self.collector.on_event)
@@ -390,7 +391,7 @@ class Calibrator:
         finally:
             if self._transport is None:
                 await transport.close()
-        return self._finish(result, spec)
+        return self._finish(result, job.spec)
 
     def _finish(self, result: JobResult, spec: JobSpec) -> CalibrationRun:
         collector = self.collector

@@ -63,21 +63,20 @@ from corral.cli.options import (
     TrackOpt,
     WorkdirOpt,
 )
-from corral.cluster.model import Cluster, Host
+from corral.cluster.model import Host
 from corral.console import make_console
 from corral.contract import JOB_CONFIG_ENV
 from corral.errors import ConfigError
-from corral.job.build import build_job, job_spec, new_job
-from corral.job.describe import JobOptions
-from corral.job.engine import Job, dry_run
+from corral.job.build import build_job, drive, job_spec, ready_job, weigh
+from corral.job.describe import JobDescription, JobOptions, describe
+from corral.job.engine import dry_run
 from corral.job.events import Checked
 from corral.job.output import TerminalOutput
 from corral.job.resolve import Prepared, parse_env, parse_nproc
 from corral.job.result import EXIT_INTERRUPTED
 from corral.job.summary import print_finished
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec
+from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.signals import stop_on_signals
 from corral.transport.options import SshOptions
 
 if TYPE_CHECKING:
@@ -103,39 +102,37 @@ def _show_checked(event: Checked, console: Console) -> None:
 
 
 def _weighted(
-    spec: JobSpec,
-    cluster: Cluster,
+    description: JobDescription,
     calibration: str | None,
     console: Console,
     *,
-    ssh: SshOptions | None,
+    dry_run: bool = False,
     seconds: float = 30.0,
-) -> JobSpec:
-    """``spec`` with the ranks' workload weights from ``--calibration FILE|auto``
-    (``auto``: calibrate now; without ``ssh``, i.e. in a dry run, it is only noted)."""
+) -> JobDescription:
+    """``description`` with the ranks' workload weights from ``--calibration FILE|auto``
+    (:func:`~corral.job.build.weigh`; ``auto``: calibrate now, in a dry run it is only
+    noted), the weights printed."""
     if not calibration:
-        return spec
-    from corral.calibrate.launch import AUTO, weigh, weigh_now
+        return description
+    from corral.calibrate.launch import AUTO, weigh_now
     from corral.plan.display import fits_line, weights_line
 
     if calibration != AUTO:
-        weighing = weigh(spec, cluster, calibration)
-    elif ssh is None:
+        weighing = weigh(description, calibration)
+    elif dry_run:
         console.print(
             "--calibration auto: the weights are measured at launch (the built-in "
             "calibration on these hosts); `corral calibrate` shows them now",
             style="dim",
             markup=False,
         )
-        return spec
+        return description
     else:
         from corral.cli.calibration_view import CalibrationTerminal, print_calibration
 
-        terminal = CalibrationTerminal(cluster, console)
+        terminal = CalibrationTerminal(description.cluster, console)
         try:
-            measured = asyncio.run(
-                weigh_now(spec, cluster, ssh=ssh, seconds=seconds, watch=terminal.watch)
-            )
+            measured = asyncio.run(weigh_now(description, seconds=seconds, watch=terminal.watch))
         finally:
             terminal.close()
         if measured is None:
@@ -148,14 +145,7 @@ def _weighted(
     fits = fits_line((host, local, fit) for (host, local, _), fit in ranks)
     if fits is not None:
         console.print(fits, markup=False)
-    return weighing.spec
-
-
-async def _drive(job: Job) -> int:
-    """Run ``job`` with Ctrl-C / SIGTERM mapped to ``job.stop()``; its exit code."""
-    with stop_on_signals(job.stop):
-        result = await job.run()
-    return result.exit_code
+    return weighing.description
 
 
 @ssh_flags()
@@ -220,72 +210,67 @@ def run(
     the code of the last attempt.
     """
     cluster = load_hosts(hosts, ssh)
-    spec, policies = build_job(
-        JobOptions(
-            command=tuple(command or ()),
-            launcher=launcher,
-            python=python,
-            nproc_per_node=parse_nproc(nproc_per_node, cluster),
-            master_addr=master_addr,
-            master_port=master_port,
-            workdir=workdir,
-            env=parse_env(env or []),
-            secret_env=tuple(secret_env or ()),
-            nccl_interface=nccl_interface,
-            gloo_interface=gloo_interface,
-            timeout=timeout,
-            checkpoint_dir=checkpoint_dir,
-            run_dir=run_dir,
-            rdzv_timeout=rdzv_timeout,
-            job_id=job_id,
-            mlx_backend=mlx_backend,
-            shared_data_path=shared_data_path,
-            command_template=command_template,
-            tags=tags,
-            additional_args=additional_args,
-            harness=harness,
-            lr_scaling=lr_scaling,
-            qos=qos,
-            preflight=not no_preflight,
-            smoke_test=smoke_test,
-            check_links=check_links,
-            links_min_ratio=links_min_ratio,
-            links_min_gbs=links_min_gbs,
-            links_warn_only=links_warn_only,
-            min_free_gb=min_free_gb,
-            consistency_threshold=consistency_threshold,
-            exclude_divergent=exclude_divergent,
-            code_dir=code_dir,
-            sync=sync,
-            sync_script=sync_script,
-            max_restarts=max_restarts,
-            restart_backoff=restart_backoff,
-            min_nodes=min_nodes,
-            host_timeout=host_timeout,
-            hang_timeout=hang_timeout,
-            replicate_checkpoints=replicate_checkpoints,
-            grace=grace,
-            recovery=recovery,
-            spares=spares,
-            track=tuple(track or ()),
-        )
+    options = JobOptions(
+        command=tuple(command or ()),
+        launcher=launcher,
+        python=python,
+        nproc_per_node=parse_nproc(nproc_per_node, cluster),
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=parse_env(env or []),
+        secret_env=tuple(secret_env or ()),
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        timeout=timeout,
+        checkpoint_dir=checkpoint_dir,
+        run_dir=run_dir,
+        rdzv_timeout=rdzv_timeout,
+        job_id=job_id,
+        mlx_backend=mlx_backend,
+        shared_data_path=shared_data_path,
+        command_template=command_template,
+        tags=tags,
+        additional_args=additional_args,
+        harness=harness,
+        lr_scaling=lr_scaling,
+        qos=qos,
+        preflight=not no_preflight,
+        smoke_test=smoke_test,
+        check_links=check_links,
+        links_min_ratio=links_min_ratio,
+        links_min_gbs=links_min_gbs,
+        links_warn_only=links_warn_only,
+        min_free_gb=min_free_gb,
+        consistency_threshold=consistency_threshold,
+        exclude_divergent=exclude_divergent,
+        code_dir=code_dir,
+        sync=sync,
+        sync_script=sync_script,
+        max_restarts=max_restarts,
+        restart_backoff=restart_backoff,
+        min_nodes=min_nodes,
+        host_timeout=host_timeout,
+        hang_timeout=hang_timeout,
+        replicate_checkpoints=replicate_checkpoints,
+        grace=grace,
+        recovery=recovery,
+        spares=spares,
+        track=tuple(track or ()),
     )
+    build_job(options)  # its errors before a calibration is measured for it
     if rebalance and not calibration:
         raise ConfigError("needs --calibration FILE|auto", option="--rebalance")
-    spec = _weighted(
-        spec, cluster, calibration, make_console(stderr=False), ssh=ssh, seconds=calibration_seconds
-    )
-    job = new_job(spec, cluster, policies, ssh=ssh)
-    if spec.workload_weights:
-        from corral.calibrate.launch import watch_drift
-
-        watch_drift(job, rebalance=rebalance)
+    console = make_console(stderr=False)
+    description = describe(options, cluster, ssh)
+    description = _weighted(description, calibration, console, seconds=calibration_seconds)
+    job = ready_job(description)  # its trackers and drift monitor subscribed first
     output = TerminalOutput(
         [h.name for h in cluster.hosts], on_finish=print_finished, on_checked=_show_checked
     )
     job.subscribe(output.on_event)
     try:
-        code = asyncio.run(_drive(job))
+        code = asyncio.run(drive(job)).exit_code
     finally:
         output.close()
     raise typer.Exit(code)
@@ -335,37 +320,38 @@ def plan(
     from corral.remote.python import candidates
 
     cluster = load_hosts(hosts, ssh)
-    spec = job_spec(
-        JobOptions(
-            command=tuple(command or ()),
-            launcher=launcher,
-            python=python,
-            nproc_per_node=parse_nproc(nproc_per_node, cluster),
-            master_addr=master_addr,
-            master_port=master_port,
-            workdir=workdir,
-            env=parse_env(env or []),
-            secret_env=tuple(secret_env or ()),
-            nccl_interface=nccl_interface,
-            gloo_interface=gloo_interface,
-            checkpoint_dir=checkpoint_dir,
-            run_dir=run_dir,
-            rdzv_timeout=rdzv_timeout,
-            job_id=job_id,
-            mlx_backend=mlx_backend,
-            shared_data_path=shared_data_path,
-            command_template=command_template,
-            tags=tags,
-            additional_args=additional_args,
-            harness=harness,
-            lr_scaling=lr_scaling,
-            qos=qos,
-            recovery=recovery,
-            spares=spares,
-            min_nodes=min_nodes,
-        )
+    options = JobOptions(
+        command=tuple(command or ()),
+        launcher=launcher,
+        python=python,
+        nproc_per_node=parse_nproc(nproc_per_node, cluster),
+        master_addr=master_addr,
+        master_port=master_port,
+        workdir=workdir,
+        env=parse_env(env or []),
+        secret_env=tuple(secret_env or ()),
+        nccl_interface=nccl_interface,
+        gloo_interface=gloo_interface,
+        checkpoint_dir=checkpoint_dir,
+        run_dir=run_dir,
+        rdzv_timeout=rdzv_timeout,
+        job_id=job_id,
+        mlx_backend=mlx_backend,
+        shared_data_path=shared_data_path,
+        command_template=command_template,
+        tags=tags,
+        additional_args=additional_args,
+        harness=harness,
+        lr_scaling=lr_scaling,
+        qos=qos,
+        recovery=recovery,
+        spares=spares,
+        min_nodes=min_nodes,
     )
-    spec = _weighted(spec, cluster, calibration, make_console(stderr=as_json), ssh=None)
+    job_spec(options)  # its errors first
+    console = make_console(stderr=as_json)
+    described = _weighted(describe(options, cluster, ssh), calibration, console, dry_run=True)
+    spec = job_spec(described.options)
     prepared = dry_run(spec, cluster)
     policy = RecoveryPolicy(recovery, spares)
     policy.check(spec.launcher, len(cluster.hosts), min_nodes)

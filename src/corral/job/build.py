@@ -1,26 +1,38 @@
-"""One function from what a user asked for to a job: its JobSpec and its policies.
+"""One builder from what a user asked for to a job ready to run.
 
-``corral run`` and ``corral plan`` (from their flags) and the server's supervisor
-process (from its :class:`~corral.job.describe.JobDescription`, the one serialisable
-job description) describe a job as :class:`~corral.job.describe.JobOptions`, plain
-values named as ``corral run``'s options, and build it with :func:`build_job`:
-the script and launcher are validated once here (with the option at fault named),
-the policies are made and validate themselves, so every entry point accepts and
-refuses the same jobs with the same errors. :func:`new_job` makes the engine's
-:class:`~corral.job.engine.Job` of the result.
+Every entry point describes its job as a :class:`~corral.job.describe.JobDescription`
+(:class:`~corral.job.describe.JobOptions`, plain values named as ``corral run``'s
+options, on a cluster): ``corral run`` and ``corral plan`` from their flags, the
+server's planner from an API request, its supervisor process from the stored
+description, ``corral calibrate`` from its measurement, the Kubernetes and Slurm
+renders from theirs. :func:`build_job` validates it once (the script and launcher,
+with the option at fault named; the policies validate themselves), so every entry
+point accepts and refuses the same jobs with the same errors.
+
+:func:`weigh` gives a description its ranks' workload weights from a calibration
+(``corral run --calibration``, the planner's ``calibration``); :func:`ready_job`
+makes the engine's :class:`~corral.job.engine.Job` of a description with everything
+it needs attached (its trackers; for a weighted job the drift monitor, which
+re-weighs its restarts with ``rebalance``); :func:`drive` runs it with Ctrl-C and
+SIGTERM mapped to its stop. The callers only subscribe to its events and render them.
+:func:`new_job` is the one place a Job is made.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from corral.agent.flight import trace_wait
 from corral.cluster.model import Cluster
-from corral.contract import QOS_CLASSES
+from corral.contract import MICRO_BATCH_FITS_ENV, QOS_CLASSES
 from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
+from corral.job.describe import JobDescription
 from corral.job.describe import JobOptions as JobOptions  # re-exported: builders name it
 from corral.job.engine import Job
 from corral.job.options import (
@@ -32,13 +44,20 @@ from corral.job.options import (
     SyncPolicy,
 )
 from corral.job.resolve import check_launch, new_job_id
+from corral.job.result import JobResult
 from corral.job.tracking import attach_tracking
 from corral.plan.launchers import launcher_options, validate_launcher
 from corral.plan.launchers.mlx import check_backend
 from corral.plan.spec import HarnessMode, JobSpec, Launcher
+from corral.signals import stop_on_signals
 from corral.track.targets import TrackPolicy
 from corral.transport.base import Transport
 from corral.transport.options import SshOptions
+
+if TYPE_CHECKING:
+    # loaded for a weighted job only (pydantic): a launch's start is on every job's path
+    from corral.job.drift import DriftMonitor
+    from corral.throughput.model import Calibration
 
 
 @dataclass(frozen=True)
@@ -172,3 +191,86 @@ def new_job(
     )
     attach_tracking(job, spec, made.tracking)
     return job
+
+
+LIVE_FILE = "calibration-live.json"
+"""A weighted job's live throughput, saved in its job dir by its drift monitor."""
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """A description with its ranks' workload weights, and where they came from."""
+
+    description: JobDescription
+    ranks: list[tuple[str, int, float]]
+    """(host, local rank, weight) of every rank, in rank order."""
+    measured: Calibration | None = None
+    """The calibration in hand it was weighed with (measured now); None: read from a file."""
+    fits: tuple[int | None, ...] = ()
+    """The largest micro-batch of every rank (None: no limit), in rank order."""
+
+
+def weigh(
+    description: JobDescription, source: str | Calibration, *, names: Cluster | None = None
+) -> Weighing:
+    """``description`` with its ranks' workload weights from a calibration (a file's
+    path, or one in hand) and the largest micro-batch each rank fits
+    (``CORRAL_MICRO_BATCH_FITS``) where the calibration has one. ``names``: the
+    description's hosts as the calibration names them (default: its cluster).
+    ConfigError when the calibration does not fit the hosts."""
+    from corral.throughput.model import load_calibration
+    from corral.throughput.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
+
+    options, cluster = description.options, description.cluster
+    measured = None if isinstance(source, str) else source
+    calibration = load_calibration(source) if isinstance(source, str) else source
+    nproc = options.nproc_per_node
+    weights = resolve_weights(calibration, names or cluster, nproc)
+    fits = resolve_fits(calibration, names or cluster, nproc)
+    ranks = planned_ranks(cluster, nproc)
+    pairs = [(h.name, local, w) for (h, local), w in zip(ranks, weights, strict=True)]
+    env = {k: v for k, v in options.env.items() if k != MICRO_BATCH_FITS_ENV} | fits_env(fits)
+    weighed = dataclasses.replace(options, workload_weights=tuple(weights), env=env)
+    return Weighing(dataclasses.replace(description, options=weighed), pairs, measured, fits)
+
+
+def watch_drift(job: Job, *, rebalance: bool = False) -> DriftMonitor | None:
+    """A weighted job's drift monitor, subscribed to ``job`` (its progress reports
+    and stragglers: drift warnings and rebalanced weights as ``message`` events, the
+    live throughput saved as ``calibration-live.json`` in the job dir; re-weighing
+    its restarts with ``rebalance``); None for a job without weights."""
+    spec = job.spec
+    if not spec.workload_weights:
+        return None
+    from corral.job.drift import DriftMonitor
+
+    monitor = DriftMonitor(
+        spec.workload_weights,
+        job.cluster,
+        spec.nproc_per_node,
+        emit=job.emit,
+        rebalance=rebalance,
+        save_to=Path(spec.run_dir, spec.job_id, LIVE_FILE),
+    )
+    job.subscribe(monitor.on_event)
+    job.before_restart = monitor.respec
+    return monitor
+
+
+def ready_job(description: JobDescription, *, transport: Transport | None = None) -> Job:
+    """The engine's Job of ``description``, ready to run: built and validated
+    (:func:`build_job`), its trackers subscribed and, for a weighted job, its drift
+    monitor (:func:`watch_drift`), so that a caller subscribed afterwards sees their
+    messages before ``finished``. ``transport``: the one to use (default: chosen
+    for the cluster, closed at the end)."""
+    spec, made = build_job(description.complete().options)
+    job = new_job(spec, description.cluster, made, ssh=description.ssh, transport=transport)
+    watch_drift(job, rebalance=description.options.rebalance)
+    return job
+
+
+async def drive(job: Job, stop: Callable[[], None] | None = None) -> JobResult:
+    """Run ``job`` with Ctrl-C / SIGTERM mapped to ``stop`` (default: ``job.stop``; a
+    second signal kills); its result."""
+    with stop_on_signals(stop or job.stop):
+        return await job.run()

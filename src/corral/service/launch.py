@@ -3,17 +3,16 @@
 ``python -m corral.service.launch`` reads the job's
 :class:`~corral.job.describe.JobDescription` from stdin (the description stored
 when the job was planned, exactly, with its secret env values beside it), builds
-the job from it as ``corral run`` does (:func:`~corral.job.build.build_job` of its
-options: pre-flight, agents, supervision, restarts, checkpoints, the no-orphan
-teardown) and appends every event to the job's ``events.jsonl``
-(:mod:`corral.service.eventlog`). It runs in its own session, so the server can
-crash or restart without stopping training; SIGTERM (the server's stop) tears the
-job down like Ctrl-C does for ``corral run``, a second SIGTERM kills. A job with
-workload weights has a :class:`~corral.job.drift.DriftMonitor` (as ``corral
-run --calibration``): its drift warnings and rebalanced weights are ``message``
-events of the job, its live throughput is saved as ``calibration-live.json`` in the
-job dir. The description travels over stdin so the job's secret env values never
-appear in argv or in a file; the process exits with the job's exit code.
+the job from it as ``corral run`` does (:func:`~corral.job.build.ready_job`:
+pre-flight, agents, supervision, restarts, checkpoints, the no-orphan teardown,
+trackers, and for a weighted job its drift monitor, whose warnings and rebalanced
+weights are ``message`` events of the job) and appends every event to the job's
+``events.jsonl`` (:mod:`corral.service.eventlog`). It runs in its own session, so
+the server can crash or restart without stopping training; SIGTERM (the server's
+stop) tears the job down like Ctrl-C does for ``corral run``
+(:func:`~corral.job.build.drive`), a second SIGTERM kills. The description travels
+over stdin so the job's secret env values never appear in argv or in a file; the
+process exits with the job's exit code.
 """
 
 from __future__ import annotations
@@ -31,14 +30,14 @@ import psutil
 
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError, CorralError
-from corral.job.build import build_job, new_job
+from corral.job.build import drive, ready_job
 from corral.job.describe import SOURCE, JobDescription, JobOptions
 from corral.job.engine import Job
 from corral.job.result import EXIT_LAUNCH
 from corral.private import private_dir, write_private
 from corral.redact import REDACTED, is_secret
 from corral.service.eventlog import EVENTS_FILE, EventWriter, write_supervisor
-from corral.signals import STOP_SIGNALS, stop_on_signals
+from corral.signals import STOP_SIGNALS
 from corral.transport.options import SshOptions
 
 EXIT_CONFIG = 2
@@ -137,9 +136,8 @@ def _from_launch_request(data: Mapping[str, Any]) -> JobDescription:
 
 def job_of(description: JobDescription) -> Job:
     """The engine's :class:`~corral.job.engine.Job` of ``description``, built as
-    ``corral run`` builds its job (:func:`~corral.job.build.build_job`)."""
-    spec, policies = build_job(description.options)
-    return new_job(spec, description.cluster, policies, ssh=description.ssh)
+    ``corral run`` builds its job (:func:`~corral.job.build.ready_job`)."""
+    return ready_job(description)
 
 
 def job_dir(run_dir: str | Path, job_id: str) -> Path:
@@ -190,23 +188,17 @@ async def supervise(description: JobDescription, writer: EventWriter) -> int:
     job existed stops it before launch); its exit code."""
     options = description.options
     try:
-        job = job_of(description)
+        job = job_of(description)  # its drift monitor first: its last message precedes `finished`
     except CorralError as exc:
         event = error_event(exc)
         writer.write(event)
         return int(event["exit_code"])
-    if options.workload_weights:
-        from corral.calibrate.launch import watch_drift
-
-        # before the writer: its last message precedes `finished`
-        watch_drift(job, rebalance=options.rebalance)
     job.subscribe(writer.on_event)
     directory = job_dir(options.run_dir, job.spec.job_id)
     for _ in _EARLY_STOPS:
         job.stop(stopped_by(directory))
     try:
-        with stop_on_signals(lambda: job.stop(stopped_by(directory))):
-            result = await job.run()
+        result = await drive(job, lambda: job.stop(stopped_by(directory)))
     except CorralError as exc:
         event = error_event(exc)
         writer.write(event)
