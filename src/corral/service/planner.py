@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.throughput.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
 from corral.cluster.model import Cluster
 from corral.contract import JOB_CONFIG_ENV, MICRO_BATCH_FITS_ENV, adjust_config
 from corral.errors import ConfigError, Conflict, Invalid
-from corral.job.build import JobOptions, job_spec
+from corral.job.build import JobOptions, job_spec, weigh
 from corral.job.describe import JobDescription
 from corral.job.engine import dry_run
 from corral.plan.display import command_lines, node_env
@@ -37,6 +36,7 @@ from corral.service.machines import machine_host, machines_ssh
 from corral.service.models import PASS_THROUGH, JobRequest, Suggestion
 from corral.service.settings import ServerSettings
 from corral.store.models import Machine
+from corral.throughput.resolve import planned_ranks
 from corral.words import plural
 
 CONFIG_ENV = JOB_CONFIG_ENV
@@ -291,8 +291,9 @@ def workload_weights(
     request: JobRequest, machines: Sequence[Machine], nproc_per_node: int | None
 ) -> list[float]:
     """One weight per planned rank (plan order, summing to 1) from the request's
-    ``calibration`` file or its ``workload_weights``; empty for an even split.
-    Invalid naming the field when the file does not fit the machines."""
+    ``workload_weights``; empty for an even split and for a ``calibration``, which
+    weighs the job's description as ``corral run --calibration`` does (:func:`weighed`).
+    Invalid naming the field."""
     if request.calibration is not None and request.workload_weights is not None:
         raise Invalid(
             "give calibration or workload_weights, not both", details={"field": "calibration"}
@@ -304,16 +305,9 @@ def workload_weights(
                 details={"field": "rebalance"},
             )
         return []
-    cluster = _calibration_cluster(machines)
     if request.calibration is not None:
-        calibration = server_calibration(request.calibration)
-        try:
-            return list(resolve_weights(calibration, cluster, nproc_per_node))
-        except ConfigError as exc:
-            raise Invalid(
-                f"calibration: {exc.message}{_local_names_note(machines)}",
-                details={"field": "calibration"},
-            ) from exc
+        return []
+    cluster = _calibration_cluster(machines)
     given = request.workload_weights or []
     world = len(planned_ranks(cluster, nproc_per_node))
     if len(given) != world:
@@ -326,15 +320,23 @@ def workload_weights(
     return [round(w / total, 6) for w in given]
 
 
-def calibration_fits(
-    request: JobRequest, machines: Sequence[Machine], nproc_per_node: int | None
-) -> dict[str, str]:
-    """``CORRAL_MICRO_BATCH_FITS`` for a job weighed by a calibration whose ranks found
-    the largest micro-batch they fit (their split accumulates above it); else empty."""
+def weighed(
+    description: JobDescription, request: JobRequest, machines: Sequence[Machine]
+) -> JobDescription:
+    """``description`` weighed by the request's ``calibration`` (the ranks' weights and,
+    where its ranks found one, the largest micro-batch each fits) with the builder's
+    :func:`~corral.job.build.weigh`, as ``corral run --calibration`` weighs its job;
+    as is without one. Invalid naming the field when it does not fit the machines."""
     if request.calibration is None:
-        return {}
+        return description
     calibration = server_calibration(request.calibration)
-    return fits_env(resolve_fits(calibration, _calibration_cluster(machines), nproc_per_node))
+    try:
+        return weigh(description, calibration, names=_calibration_cluster(machines)).description
+    except ConfigError as exc:
+        raise Invalid(
+            f"calibration: {exc.message}{_local_names_note(machines)}",
+            details={"field": "calibration"},
+        ) from exc
 
 
 def job_description(
@@ -364,9 +366,9 @@ def job_description(
             details={"machines": [m.name for m in machines]},
         )
     script = script_of(request, settings)
+    planned = weights is not None
     if weights is None:
         weights = workload_weights(request, machines, nproc)
-        env.update(calibration_fits(request, machines, nproc))
     if not os.path.isabs(script) and os.path.isfile(script):
         script = os.path.abspath(script)  # relative to the server's directory
     options = JobOptions(
@@ -399,7 +401,8 @@ def job_description(
     )
     _check_recovery(options, len(machines))
     cluster = Cluster(tuple(machine_host(m) for m in machines), source="corral serve")
-    return JobDescription(options, cluster, machines_ssh(machines, settings))
+    description = JobDescription(options, cluster, machines_ssh(machines, settings))
+    return description if planned else weighed(description, request, machines)
 
 
 def _check_recovery(options: JobOptions, machines: int) -> None:
