@@ -15,4 +15,16 @@ DEFAULT_LINKS_MIN_RATIO = 0.3
 DEFAULT_HOST_TIMEOUT = 20.0
 """``--host-timeout``: seconds without any frame from a host's agent before it is lost."""
 
-__all__ = ["DEFAULT_HOST_TIMEOUT", "DEFAULT_LINKS_MIN_RATIO", "DEFAULT_MIN_FREE_GB"]
+DEFAULT_GRACE = 10.0
+"""``--grace``: seconds between SIGTERM and SIGKILL when a job is torn down."""
+DEFAULT_COLLECTIVE_TIMEOUT = 1800.0
+"""``--collective-timeout``: seconds the process group may wait to form and in any one
+collective (PyTorch's own default; the Kubernetes and Slurm renders had it already)."""
+
+__all__ = [
+    "DEFAULT_COLLECTIVE_TIMEOUT",
+    "DEFAULT_GRACE",
+    "DEFAULT_HOST_TIMEOUT",
+    "DEFAULT_LINKS_MIN_RATIO",
+    "DEFAULT_MIN_FREE_GB",
+]

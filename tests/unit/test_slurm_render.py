@@ -242,6 +242,7 @@ CPU_ARGS = (
     "--nodes", "2", "--nproc-per-node", "2", "--partition", "cpu", "--time", "01:30:00",
     "--python", "/opt/venv/bin/python", "--env", "WANDB_MODE=offline", "--env", "HF_TOKEN",
     "--env", "DB_URL", "--checkpoint-dir", "/shared/ckpt/run 1", "--max-restarts", "2",
+    "--master-port", "29500",
     "--", "train.py", "--epochs", "3", "--name", "it's $HOME `x`", "multi\nline",
 )  # fmt: skip
 

@@ -22,6 +22,7 @@ from corral.cli.main import _register, app
 from corral.client import Client
 from corral.errors import CorralError
 from corral.job.describe import JobOptions
+from corral.job.schema import options_of
 from corral.service.models import (
     PASS_THROUGH,
     JobRequest,
@@ -86,7 +87,7 @@ def test_a_pass_through_field_is_corral_runs_option(name: str) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(JobOptions)}
     assert name in defaults
     assert JobRequest.model_fields[name].default == defaults[name]
-    flag = "--" + name.replace("_", "-")
+    flag = {f.name: o.flag for f, o in options_of()}[name]
     assert flag in _flags("run") and flag in _flags("job", "submit")
 
 
@@ -96,6 +97,8 @@ def test_the_mlx_backends_are_the_engines() -> None:
     from corral.plan.spec import MLX_BACKENDS
 
     assert get_args(JobRequest.model_fields["mlx_backend"].annotation) == MLX_BACKENDS
+    with pytest.raises(ValidationError, match="unknown MLX backend 'tcp'; choose one of ring"):
+        JobRequest(script="t.py", mlx_backend="tcp")
 
 
 # -- the flags reach the body --------------------------------------------------------
@@ -183,7 +186,6 @@ def test_the_defaults_are_left_out_of_the_body(monkeypatch: pytest.MonkeyPatch) 
         "preflight",
         "adjust_config",
         "script",
-        "max_restarts",
     }
     JobRequest.model_validate(body)
 
@@ -237,8 +239,16 @@ def test_the_planner_passes_the_fields_to_the_job_options(tmp_path: Path) -> Non
         "restart_backoff": 0.0,
         "host_timeout": 5.0,
         "replicate_checkpoints": True,
+        "collective_timeout": 60.0,
+        "python": "/opt/py/bin/python",
+        "master_port": 29600,
+        "timeout": 30.0,
+        "name": "nightly",
+        "max_restarts": 2,
+        "hang_timeout": 9.0,
+        "preflight": False,
     }
-    assert set(given) == set(PASS_THROUGH)
+    assert set(given) <= set(PASS_THROUGH)
     request = JobRequest(script="/srv/train.py", **given)
     machines = [machine("sim1", local=True)]
     options = job_description("j-p", request, machines, ServerSettings(run_dir=tmp_path)).options
@@ -255,7 +265,7 @@ def test_the_planner_passes_the_fields_to_the_job_options(tmp_path: Path) -> Non
         ("host_timeout", 0, "greater than 0"),
         ("grace", -1, "greater than or equal to 0"),
         ("min_free_gb", -1, "greater than or equal to 0"),
-        ("mlx_backend", "nccl", "'ring', 'mpi' or 'jaccl'"),
+        ("mlx_backend", "nccl", "unknown MLX backend 'nccl'; choose one of ring, mpi, jaccl"),
         ("qos", "fast", "unknown QoS class 'fast'; choose one of user_interactive"),
         ("nccl_interface", "eth0 eth1", "should match pattern"),
         ("gloo_interface", "", "at least 1 character"),

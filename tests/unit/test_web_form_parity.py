@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from corral.contract import QOS_CLASSES
 from corral.service.models import ConfigScaling, JobRequest
-from corral.web.form import SECTIONS, option_sections
+from corral.web.form import SECTIONS, option_sections, section_fields
 from corral.web.pages import templates
 
 from .request_fields import NESTED, field_paths
@@ -117,7 +117,7 @@ def _field(path: str) -> Any:
 
 
 def _generated() -> list[str]:
-    return [name for _, _, fields in SECTIONS for name, _ in fields]
+    return [name for section, _ in SECTIONS for name, _ in section_fields(section)]
 
 
 @pytest.mark.parametrize("path", field_paths())
@@ -126,8 +126,8 @@ def test_every_request_field_is_on_the_form(form: _Controls, path: str) -> None:
         return
     name = FORM_NAME.get(path, path)
     assert name in form.controls, (
-        f"JobRequest.{path} is not on the new-job form: add it to corral.web.form.SECTIONS "
-        "(or the template), or list it in NOT_IN_FORM with the reason"
+        f"JobRequest.{path} is not on the new-job form: give its option a section "
+        "(corral.job.schema) or an input in the template, or list it in NOT_IN_FORM with the reason"
     )
 
 

@@ -24,43 +24,8 @@ from typing import Annotated, Any, get_args
 import typer
 from rich.console import Console
 
-from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cli import jobview
-from corral.cli.options import (
-    CHECKS_PANEL,
-    CheckLinksOpt,
-    CheckpointOpt,
-    CommandTemplateOpt,
-    EnvOpt,
-    GlooOpt,
-    GraceOpt,
-    HangTimeoutOpt,
-    HostTimeoutOpt,
-    LinksMinGbsOpt,
-    LinksMinRatioOpt,
-    LinksWarnOpt,
-    MasterPortOpt,
-    MaxRestartsOpt,
-    MinFreeOpt,
-    MlxBackendOpt,
-    NcclOpt,
-    NoPreflightOpt,
-    PythonOpt,
-    QosOpt,
-    RdzvTimeoutOpt,
-    RecoveryOpt,
-    ReplicateOpt,
-    RestartBackoffOpt,
-    SecretEnvOpt,
-    SharedDataPathOpt,
-    SmokeTestOpt,
-    SparesOpt,
-    SyncOpt,
-    ThresholdOpt,
-    TimeoutOpt,
-    TrackOpt,
-    WorkdirOpt,
-)
+from corral.cli.options import NO_FLAGS, JobFlags, job_flags
 from corral.cli.remote import (
     DEFAULT_SERVER,
     JobArg,
@@ -75,25 +40,12 @@ from corral.client.token import is_loopback
 from corral.console import make_console
 from corral.errors import ConfigError, Conflict, NotFound
 from corral.job.output import say
-from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
-from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.service.models import PASS_THROUGH, JobRequest, ServiceLauncher
+from corral.service.models import ServiceLauncher
 
 _C = "Server"
 _L = "Launch"
 SUBMIT_LAUNCHERS: tuple[str, ...] = get_args(ServiceLauncher)
 """The launchers a job of ``corral serve`` can use (its ``JobRequest.launcher``)."""
-SubmitLauncherOpt = Annotated[
-    str,
-    typer.Option(
-        "--launcher",
-        metavar="|".join(SUBMIT_LAUNCHERS),
-        envvar="CORRAL_LAUNCHER",
-        help=f"How ranks are started: {'|'.join(SUBMIT_LAUNCHERS)} (command: "
-        "--command-template, no SCRIPT). See docs/launchers.md.",
-        rich_help_panel=_L,
-    ),
-]
 PriorityOpt = Annotated[
     int,
     typer.Option(
@@ -129,26 +81,6 @@ SubmitCalibrationOpt = Annotated[
         rich_help_panel=_L,
     ),
 ]
-SubmitRebalanceOpt = Annotated[
-    bool,
-    typer.Option(
-        "--rebalance",
-        help="With --calibration: at each restart, re-weigh the ranks from their live "
-        "throughput (sdk.report(step, examples=N)), or move work away from a node with "
-        "a compute straggler (sdk.section).",
-        rich_help_panel=_L,
-    ),
-]
-WeightsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--workload-weights",
-        metavar="W,W,...",
-        help="The ranks' workload weights given directly instead of --calibration: one "
-        "positive number per rank in plan order (machine by machine, then local rank).",
-        rich_help_panel=_L,
-    ),
-]
 PluginOpt = Annotated[
     str | None,
     typer.Option(
@@ -179,16 +111,6 @@ ConfigScalingOpt = Annotated[
         rich_help_panel=_L,
     ),
 ]
-SubmitCodeDirOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--code-dir",
-        metavar="DIR",
-        help="The code tree on the server that the machines' --workdir must match and "
-        "--sync pushes (default: the script's directory).",
-        rich_help_panel=CHECKS_PANEL,
-    ),
-]
 
 
 def explained(exc: Conflict | NotFound) -> Conflict | NotFound:
@@ -212,39 +134,25 @@ def explained(exc: Conflict | NotFound) -> Conflict | NotFound:
 
 def _request(
     command: list[str] | None,
+    flags: JobFlags,
     *,
     server: str,
     machines: int | None,
     machine: list[str] | None,
     gpus_per_machine: int | None,
-    nproc_per_node: int | None,
-    launcher: str,
-    env: list[str] | None,
-    secret_env: list[str] | None,
-    workdir: str | None,
-    python: str | None,
-    max_restarts: int,
-    command_template: str | None = None,
-    checkpoint_dir: str | None,
-    hang_timeout: float | None,
-    timeout: float | None,
-    no_preflight: bool,
-    name: str | None,
     config: str | None,
     adjust_config: bool,
     calibration: str | None = None,
-    rebalance: bool = False,
     plugin: str | None = None,
     min_gpu_memory: float | None = None,
     lr_scaling: str | None = None,
-    workload_weights: str | None = None,
-    code_dir: str | None = None,
-    fields: dict[str, Any] | None = None,
+    after: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``/distributed/plan`` for the submit options; ``fields``: more
-    JobRequest fields by name, sent when they differ from the field's default."""
-    from corral.job.resolve import parse_env
-
+    """The body of ``/distributed/plan`` for the submit options: the job's flags as
+    the request's fields of the same name, sent when they differ from the default."""
+    given = flags.given()
+    launcher = given.pop("launcher", None) or "torchrun"
+    command_template = given.get("command_template")
     if launcher not in SUBMIT_LAUNCHERS:
         raise ConfigError(
             f"unknown launcher {launcher!r}; choose one of {', '.join(SUBMIT_LAUNCHERS)}",
@@ -280,12 +188,13 @@ def _request(
         )
     if adjust_config and not config:
         raise ConfigError("needs --config FILE.json", option="--adjust-config")
-    if rebalance and not calibration:
+    if given.get("rebalance") and not calibration:
         raise ConfigError("needs --calibration FILE", option="--rebalance")
     if calibration and not os.path.isabs(calibration) and is_loopback(server):
         calibration = os.path.abspath(calibration)  # the server runs here: the same file
+    code_dir = given.get("code_dir")
     if code_dir and not os.path.isabs(code_dir) and is_loopback(server):
-        code_dir = os.path.abspath(code_dir)
+        given["code_dir"] = os.path.abspath(code_dir)
     if lr_scaling is not None and not adjust_config:
         raise ConfigError("scales the --config: give --adjust-config too", option="--lr-scaling")
     requirements: dict[str, Any] = {"num_machines": len(selected) or machines or 1}
@@ -299,55 +208,24 @@ def _request(
         "resource_requirements": requirements,
         "machine_selection": "manual" if selected else "auto",
         "selected_machines": selected,
-        "env": parse_env(env or []),
-        "secret_env": list(secret_env or []),
-        "preflight": not no_preflight,
+        "env": given.pop("env", {}),
+        "secret_env": given.pop("secret_env", []),
+        "preflight": given.pop("preflight", True),
         "adjust_config": adjust_config,
+        **given,
     }
     optional = {
         "script": script,
-        "command_template": command_template,
-        "name": name,
-        "nproc_per_node": nproc_per_node,
-        "workdir": workdir,
-        "python": python,
-        "max_restarts": max_restarts,
-        "checkpoint_dir": checkpoint_dir,
-        "hang_timeout": hang_timeout,
-        "timeout": timeout,
         "calibration": calibration,
         "plugin_name": plugin,
-        "code_dir": code_dir,
-        "workload_weights": _weights(workload_weights),
         "config_scaling": None if lr_scaling is None else {"rule": lr_scaling},
     }
     body.update({k: v for k, v in optional.items() if v is not None})
-    if rebalance:
-        body["rebalance"] = True
-    for key, value in (fields or {}).items():
-        if value != JobRequest.model_fields[key].get_default(call_default_factory=True):
-            body[key] = value
+    if after:
+        body["after"] = after
     if config:
         body["config"] = _read_config(config)
     return body
-
-
-def _weights(text: str | None) -> list[float] | None:
-    """The numbers of ``--workload-weights W,W,...`` (ConfigError naming it)."""
-    if text is None:
-        return None
-    try:
-        weights = [float(word) for word in text.split(",")]
-    except ValueError:
-        raise ConfigError(
-            f"expected positive numbers separated by commas (got {text!r})",
-            option="--workload-weights",
-        ) from None
-    if not all(0 < w < float("inf") for w in weights):
-        raise ConfigError(
-            f"every weight must be above 0 (got {text!r})", option="--workload-weights"
-        )
-    return weights
 
 
 def _read_config(path: str) -> dict[str, Any]:
@@ -362,6 +240,7 @@ def _read_config(path: str) -> dict[str, Any]:
     return data
 
 
+@job_flags("submit")
 def submit(
     command: Annotated[
         list[str] | None,
@@ -400,27 +279,7 @@ def submit(
             rich_help_panel=_L,
         ),
     ] = None,
-    nproc_per_node: Annotated[
-        int | None,
-        typer.Option(
-            "--nproc-per-node",
-            metavar="N",
-            min=1,
-            help="Ranks per machine (default: its GPUs, else its slots).",
-            rich_help_panel=_L,
-        ),
-    ] = None,
-    launcher: SubmitLauncherOpt = "torchrun",
-    command_template: CommandTemplateOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    workdir: WorkdirOpt = None,
-    python: PythonOpt = None,
-    timeout: TimeoutOpt = None,
-    name: Annotated[
-        str | None,
-        typer.Option("--name", metavar="NAME", help="A name for the job.", rich_help_panel=_L),
-    ] = None,
+    flags: JobFlags = NO_FLAGS,  # the job's flags, see job_flags
     config: Annotated[
         str | None,
         typer.Option(
@@ -439,39 +298,10 @@ def submit(
             rich_help_panel=_L,
         ),
     ] = False,
-    no_preflight: NoPreflightOpt = False,
-    max_restarts: MaxRestartsOpt = 0,
-    checkpoint_dir: CheckpointOpt = None,
-    hang_timeout: HangTimeoutOpt = None,
     calibration: SubmitCalibrationOpt = None,
-    rebalance: SubmitRebalanceOpt = False,
-    workload_weights: WeightsOpt = None,
     plugin: PluginOpt = None,
     min_gpu_memory: MinGpuMemoryOpt = None,
     lr_scaling: ConfigScalingOpt = None,
-    master_port: MasterPortOpt = 0,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    shared_data_path: SharedDataPathOpt = None,
-    mlx_backend: MlxBackendOpt = "ring",
-    qos: QosOpt = None,
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    grace: GraceOpt = 10.0,
-    smoke_test: SmokeTestOpt = False,
-    check_links: CheckLinksOpt = False,
-    links_min_ratio: LinksMinRatioOpt = DEFAULT_LINKS_MIN_RATIO,
-    links_min_gbs: LinksMinGbsOpt = 0.0,
-    links_warn_only: LinksWarnOpt = False,
-    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
-    consistency_threshold: ThresholdOpt = 1.0,
-    code_dir: SubmitCodeDirOpt = None,
-    sync: SyncOpt = False,
-    restart_backoff: RestartBackoffOpt = 1.0,
-    host_timeout: HostTimeoutOpt = DEFAULT_HOST_TIMEOUT,
-    replicate_checkpoints: ReplicateOpt = False,
-    recovery: RecoveryOpt = "restart",
-    spares: SparesOpt = 0,
-    track: TrackOpt = None,
     queue: Annotated[
         bool,
         typer.Option(
@@ -510,45 +340,20 @@ def submit(
         raise ConfigError("a queued job is planned when it starts", option="--plan-only")
     if priority and not queue:
         raise ConfigError("a priority orders the queue: give --queue too", option="--priority")
-    given = locals()
-    fields = {name: given[name] for name in PASS_THROUGH}
-    fields.update(
-        master_port=master_port,
-        sync=sync,
-        recovery=recovery,
-        spares=spares,
-        track=track or [],
-        after=after or [],
-    )
     body = _request(
         command,
+        flags,
         server=server,
         machines=machines,
         machine=machine,
         gpus_per_machine=gpus_per_machine,
-        nproc_per_node=nproc_per_node,
-        launcher=launcher,
-        command_template=command_template,
-        env=env,
-        secret_env=secret_env,
-        workdir=workdir,
-        python=python,
-        max_restarts=max_restarts,
-        checkpoint_dir=checkpoint_dir,
-        hang_timeout=hang_timeout,
-        timeout=timeout,
-        no_preflight=no_preflight,
-        name=name,
         config=config,
         adjust_config=adjust_config,
         calibration=calibration,
-        rebalance=rebalance,
         plugin=plugin,
         min_gpu_memory=min_gpu_memory,
         lr_scaling=lr_scaling,
-        workload_weights=workload_weights,
-        code_dir=code_dir,
-        fields=fields,
+        after=after,
     )
     err = make_console()
     with connect(server, token_file) as client:

@@ -13,31 +13,16 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from corral.cli.options import (
-    CheckpointOpt,
-    GlooOpt,
-    JobIdOpt,
-    MasterPortOpt,
-    MaxRestartsOpt,
-    NcclOpt,
-    NprocOpt,
-    PythonOpt,
-    RdzvTimeoutOpt,
-    ScriptArg,
-    TimeoutOpt,
-    WorkdirOpt,
-)
+from corral.cli.options import NO_FLAGS, JobFlags, ScriptArg, job_flags
 from corral.console import make_console
 from corral.errors import ConfigError
 from corral.job.resolve import new_job_id
 from corral.k8s.render import (
-    DEFAULT_DIST_TIMEOUT,
-    K8S_LAUNCHERS,
     K8sTarget,
     render_k8s,
     to_yaml,
 )
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, JobSpec
+from corral.plan.spec import DEFAULT_MASTER_PORT, JobSpec
 
 _K = "Kubernetes"
 
@@ -116,15 +101,6 @@ FailCodeOpt = Annotated[
         rich_help_panel=_K,
     ),
 ]
-DistTimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--dist-timeout",
-        metavar="SECONDS",
-        help="Process-group init and collective timeout, exported as CORRAL_DIST_TIMEOUT.",
-        rich_help_panel=_K,
-    ),
-]
 _P = "Kubernetes scheduling"
 
 
@@ -199,37 +175,6 @@ ContextOpt = Annotated[
         rich_help_panel=_K,
     ),
 ]
-EnvOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--env",
-        metavar="K=V",
-        help="K=V set in every pod (repeatable); a bare K is read from the --k8s-secret "
-        "Secret (its key K), so its value never appears in the YAML.",
-        rich_help_panel="Launch",
-    ),
-]
-SecretEnvOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--secret-env",
-        metavar="KEY",
-        help="An env key read from the --k8s-secret Secret although its name does not say "
-        "it is secret (names with TOKEN, SECRET, PASSWORD or KEY always are). Repeatable.",
-        rich_help_panel="Launch",
-    ),
-]
-LauncherOpt = Annotated[
-    str,
-    typer.Option(
-        "--launcher",
-        metavar="|".join(K8S_LAUNCHERS),
-        envvar="CORRAL_LAUNCHER",
-        help="How each pod starts its ranks: torchrun (--nproc-per-node ranks), or "
-        "python (the script itself, one rank per pod).",
-        rich_help_panel="Launch",
-    ),
-]
 JobArg = Annotated[str, typer.Argument(metavar="JOB", help="The job id (the Job's name).")]
 
 
@@ -278,7 +223,7 @@ def _selector(items: list[str] | None) -> tuple[tuple[str, str], ...]:
 
 
 def _render(
-    command: list[str] | None, image: str | None, **kw: Any
+    command: list[str] | None, image: str | None, flags: JobFlags, **kw: Any
 ) -> tuple[list[dict[str, Any]], JobSpec, K8sTarget]:
     """The objects of ``command`` and the options (shared by render and apply)."""
     if not command:
@@ -286,26 +231,18 @@ def _render(
     if not image:
         raise ConfigError("the pods need an image: --image IMAGE", option="--image")
     from corral.job.build import job_spec  # the engine: only when rendering
-    from corral.job.describe import JobOptions
 
-    env, secret_keys = _env(kw["env"], kw["secret_env"])
-    # the job as every entry point describes and validates it (corral run's JobOptions)
-    options = JobOptions(
-        command=tuple(command),
-        launcher=kw["launcher"],
-        job_id=kw["job_id"] or f"corral-{new_job_id()}",
-        python=kw["python"],
-        nproc_per_node=_nproc(kw["nproc_per_node"]),
-        master_port=kw["master_port"],
-        workdir=kw["workdir"],
+    env, secret_keys = _env(flags["env"], flags["secret_env"])
+    # the job as every entry point describes and validates it (the schema's options)
+    options = flags.options(
+        command,
+        launcher=flags["launcher"] or "torchrun",
+        job_id=flags["job_id"] or f"corral-{new_job_id()}",
+        nproc_per_node=_nproc(flags["nproc_per_node"]),
+        # 0 (pick a free port) is, on Kubernetes, the pods' one fixed port
+        master_port=flags["master_port"] or DEFAULT_MASTER_PORT,
         env=env,
         secret_env=tuple(secret_keys),
-        nccl_interface=kw["nccl_interface"],
-        gloo_interface=kw["gloo_interface"],
-        timeout=kw["timeout"],
-        max_restarts=kw["max_restarts"],
-        checkpoint_dir=kw["checkpoint_dir"],
-        rdzv_timeout=kw["rdzv_timeout"],
     )
     # torchrun's own restarts on Kubernetes: the spec carries the budget
     spec = replace(job_spec(options), max_restarts=options.max_restarts)
@@ -319,7 +256,7 @@ def _render(
         shm_size=kw["shm_size"],
         pvcs=_pvcs(kw["pvc"]),
         fail_exit_codes=(2,) if codes is None else tuple(codes),
-        dist_timeout=kw["dist_timeout"],
+        dist_timeout=options.collective_timeout,
         cpu=kw["cpu"],
         memory=kw["memory"],
         cpu_limit=kw["cpu_limit"],
@@ -340,6 +277,7 @@ def _header(spec: JobSpec, target: K8sTarget) -> str:
 
 
 @k8s_app.command("render", context_settings={"allow_interspersed_args": False})
+@job_flags("k8s")
 def render(
     command: ScriptArg = None,
     image: ImageOpt = None,
@@ -350,7 +288,6 @@ def render(
     shm_size: ShmOpt = None,
     pvc: PvcOpt = None,
     fail_exit_code: FailCodeOpt = None,
-    dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
     cpu: CpuOpt = None,
     memory: MemoryOpt = None,
     cpu_limit: CpuLimitOpt = None,
@@ -359,20 +296,7 @@ def render(
     toleration: TolerationOpt = None,
     image_pull_secret: PullSecretOpt = None,
     service_account: ServiceAccountOpt = None,
-    launcher: LauncherOpt = "torchrun",
-    python: PythonOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
-    workdir: WorkdirOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    timeout: TimeoutOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    job_id: JobIdOpt = None,
-    max_restarts: MaxRestartsOpt = 0,
+    flags: JobFlags = NO_FLAGS,  # the job's flags, see job_flags
     output: Annotated[
         Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the YAML here.")
     ] = None,
@@ -454,7 +378,7 @@ def apply(
             raise ConfigError("give either -f FILE or -- SCRIPT [ARGS...], not both", option="-f")
         objects = _load(file)
     else:
-        objects = _render(**job)[0]
+        objects = _render(flags=JobFlags.take("k8s", job), **job)[0]
     api = k8s_client.connect(kubeconfig, context)
     created = k8s_client.apply(api, objects)
     name = next((o["metadata"]["name"] for o in objects if o.get("kind") == "Job"), None)

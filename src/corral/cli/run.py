@@ -10,73 +10,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.cli.common import HostsOpt, load_hosts, ssh_flags
 from corral.cli.options import (
-    AdditionalArgsOpt,
+    NO_FLAGS,
     CalibrationOpt,
     CalibrationSecondsOpt,
-    CheckLinksOpt,
-    CheckpointOpt,
-    CodeDirOpt,
-    CommandTemplateOpt,
-    EnvOpt,
-    ExcludeOpt,
-    GlooOpt,
-    GraceOpt,
-    HangTimeoutOpt,
-    HarnessOpt,
-    HostTimeoutOpt,
-    JobIdOpt,
-    LinksMinGbsOpt,
-    LinksMinRatioOpt,
-    LinksWarnOpt,
-    LrScalingOpt,
-    MasterAddrOpt,
-    MasterPortOpt,
-    MaxRestartsOpt,
-    MinFreeOpt,
-    MinNodesOpt,
-    MlxBackendOpt,
-    NcclOpt,
-    NoPreflightOpt,
-    NprocOpt,
-    PythonOpt,
-    QosOpt,
-    RdzvTimeoutOpt,
-    RebalanceOpt,
-    RecoveryOpt,
-    ReplicateOpt,
-    RestartBackoffOpt,
-    RunDirOpt,
-    RunLauncherOpt,
+    JobFlags,
     ScriptArg,
-    SecretEnvOpt,
-    SharedDataPathOpt,
-    SmokeTestOpt,
-    SparesOpt,
-    SyncOpt,
-    SyncScriptOpt,
-    TagsOpt,
-    ThresholdOpt,
-    TimeoutOpt,
-    TrackOpt,
-    WorkdirOpt,
+    job_flags,
 )
 from corral.cluster.model import Host
 from corral.console import make_console
 from corral.contract import JOB_CONFIG_ENV
 from corral.errors import ConfigError
 from corral.job.build import build_job, drive, job_spec, ready_job, weigh
-from corral.job.describe import JobDescription, JobOptions, describe
+from corral.job.describe import JobDescription, describe
 from corral.job.engine import dry_run
 from corral.job.events import Checked
 from corral.job.output import TerminalOutput
-from corral.job.resolve import Prepared, parse_env, parse_nproc
+from corral.job.resolve import Prepared
 from corral.job.result import EXIT_INTERRUPTED
 from corral.job.summary import print_finished
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
-from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.transport.options import SshOptions
 
 if TYPE_CHECKING:
@@ -149,58 +103,14 @@ def _weighted(
 
 
 @ssh_flags()
+@job_flags("run")
 def run(
     command: ScriptArg = None,
     hosts: HostsOpt = None,
     ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
-    launcher: RunLauncherOpt = None,
-    python: PythonOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_addr: MasterAddrOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
-    workdir: WorkdirOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    timeout: TimeoutOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    run_dir: RunDirOpt = "runs",
-    grace: GraceOpt = 10.0,
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    job_id: JobIdOpt = None,
-    mlx_backend: MlxBackendOpt = "ring",
-    shared_data_path: SharedDataPathOpt = None,
-    command_template: CommandTemplateOpt = None,
-    tags: TagsOpt = None,
-    additional_args: AdditionalArgsOpt = None,
-    harness: HarnessOpt = False,
-    lr_scaling: LrScalingOpt = "linear",
+    flags: JobFlags = NO_FLAGS,  # the job's flags, see job_flags
     calibration: CalibrationOpt = None,
     calibration_seconds: CalibrationSecondsOpt = 30.0,
-    rebalance: RebalanceOpt = False,
-    qos: QosOpt = None,
-    no_preflight: NoPreflightOpt = False,
-    smoke_test: SmokeTestOpt = False,
-    check_links: CheckLinksOpt = False,
-    links_min_ratio: LinksMinRatioOpt = DEFAULT_LINKS_MIN_RATIO,
-    links_min_gbs: LinksMinGbsOpt = 0.0,
-    links_warn_only: LinksWarnOpt = False,
-    min_free_gb: MinFreeOpt = DEFAULT_MIN_FREE_GB,
-    consistency_threshold: ThresholdOpt = 1.0,
-    exclude_divergent: ExcludeOpt = False,
-    code_dir: CodeDirOpt = None,
-    sync: SyncOpt = False,
-    sync_script: SyncScriptOpt = None,
-    max_restarts: MaxRestartsOpt = 0,
-    restart_backoff: RestartBackoffOpt = 1.0,
-    min_nodes: MinNodesOpt = None,
-    host_timeout: HostTimeoutOpt = DEFAULT_HOST_TIMEOUT,
-    hang_timeout: HangTimeoutOpt = None,
-    replicate_checkpoints: ReplicateOpt = False,
-    recovery: RecoveryOpt = "restart",
-    spares: SparesOpt = 0,
-    track: TrackOpt = None,
 ) -> None:
     """Launch SCRIPT on every node and supervise it; the exit code is the job's result.
 
@@ -210,56 +120,9 @@ def run(
     the code of the last attempt.
     """
     cluster = load_hosts(hosts, ssh)
-    options = JobOptions(
-        command=tuple(command or ()),
-        launcher=launcher,
-        python=python,
-        nproc_per_node=parse_nproc(nproc_per_node, cluster),
-        master_addr=master_addr,
-        master_port=master_port,
-        workdir=workdir,
-        env=parse_env(env or []),
-        secret_env=tuple(secret_env or ()),
-        nccl_interface=nccl_interface,
-        gloo_interface=gloo_interface,
-        timeout=timeout,
-        checkpoint_dir=checkpoint_dir,
-        run_dir=run_dir,
-        rdzv_timeout=rdzv_timeout,
-        job_id=job_id,
-        mlx_backend=mlx_backend,
-        shared_data_path=shared_data_path,
-        command_template=command_template,
-        tags=tags,
-        additional_args=additional_args,
-        harness=harness,
-        lr_scaling=lr_scaling,
-        qos=qos,
-        preflight=not no_preflight,
-        smoke_test=smoke_test,
-        check_links=check_links,
-        links_min_ratio=links_min_ratio,
-        links_min_gbs=links_min_gbs,
-        links_warn_only=links_warn_only,
-        min_free_gb=min_free_gb,
-        consistency_threshold=consistency_threshold,
-        exclude_divergent=exclude_divergent,
-        code_dir=code_dir,
-        sync=sync,
-        sync_script=sync_script,
-        max_restarts=max_restarts,
-        restart_backoff=restart_backoff,
-        min_nodes=min_nodes,
-        host_timeout=host_timeout,
-        hang_timeout=hang_timeout,
-        replicate_checkpoints=replicate_checkpoints,
-        grace=grace,
-        recovery=recovery,
-        spares=spares,
-        track=tuple(track or ()),
-    )
+    options = flags.options(command, cluster)
     build_job(options)  # its errors before a calibration is measured for it
-    if rebalance and not calibration:
+    if options.rebalance and not calibration:
         raise ConfigError("needs --calibration FILE|auto", option="--rebalance")
     console = make_console(stderr=False)
     description = describe(options, cluster, ssh)
@@ -277,36 +140,13 @@ def run(
 
 
 @ssh_flags("user", "port")
+@job_flags("plan")
 def plan(
     command: ScriptArg = None,
     hosts: HostsOpt = None,
     ssh: SshOptions = SshOptions(),  # noqa: B008 (--ssh-user and --ssh-port, see ssh_flags)
-    launcher: RunLauncherOpt = None,
-    python: PythonOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_addr: MasterAddrOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
-    workdir: WorkdirOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    run_dir: RunDirOpt = "runs",
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    job_id: JobIdOpt = None,
-    mlx_backend: MlxBackendOpt = "ring",
-    shared_data_path: SharedDataPathOpt = None,
-    command_template: CommandTemplateOpt = None,
-    tags: TagsOpt = None,
-    additional_args: AdditionalArgsOpt = None,
-    harness: HarnessOpt = False,
-    lr_scaling: LrScalingOpt = "linear",
+    flags: JobFlags = NO_FLAGS,  # the job's flags, see job_flags
     calibration: CalibrationOpt = None,
-    qos: QosOpt = None,
-    recovery: RecoveryOpt = "restart",
-    spares: SparesOpt = 0,
-    min_nodes: MinNodesOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Print the exact per-node command and environment `corral run` would use (dry run).
@@ -320,45 +160,21 @@ def plan(
     from corral.remote.python import candidates
 
     cluster = load_hosts(hosts, ssh)
-    options = JobOptions(
-        command=tuple(command or ()),
-        launcher=launcher,
-        python=python,
-        nproc_per_node=parse_nproc(nproc_per_node, cluster),
-        master_addr=master_addr,
-        master_port=master_port,
-        workdir=workdir,
-        env=parse_env(env or []),
-        secret_env=tuple(secret_env or ()),
-        nccl_interface=nccl_interface,
-        gloo_interface=gloo_interface,
-        checkpoint_dir=checkpoint_dir,
-        run_dir=run_dir,
-        rdzv_timeout=rdzv_timeout,
-        job_id=job_id,
-        mlx_backend=mlx_backend,
-        shared_data_path=shared_data_path,
-        command_template=command_template,
-        tags=tags,
-        additional_args=additional_args,
-        harness=harness,
-        lr_scaling=lr_scaling,
-        qos=qos,
-        recovery=recovery,
-        spares=spares,
-        min_nodes=min_nodes,
-    )
+    options = flags.options(command, cluster)
     job_spec(options)  # its errors first
     console = make_console(stderr=as_json)
     described = _weighted(describe(options, cluster, ssh), calibration, console, dry_run=True)
     spec = job_spec(described.options)
     prepared = dry_run(spec, cluster)
-    policy = RecoveryPolicy(recovery, spares)
-    policy.check(spec.launcher, len(cluster.hosts), min_nodes)
+    policy = RecoveryPolicy(options.recovery, options.spares)
+    policy.check(spec.launcher, len(cluster.hosts), options.min_nodes)
     spare_hosts: tuple[Host, ...] = ()
     if policy.in_place:
         commands, spare_hosts = plan_inplace(
-            spec, cluster, spares=spares, min_replicas=policy.min_replicas(min_nodes)
+            spec,
+            cluster,
+            spares=options.spares,
+            min_replicas=policy.min_replicas(options.min_nodes),
         )
         prepared = dataclasses.replace(prepared, commands=commands)
     if as_json:
@@ -392,7 +208,7 @@ def plan(
             markup=False,
             soft_wrap=True,
         )
-    note = python_note(prepared.commands, candidates(None)) if python is None else None
+    note = python_note(prepared.commands, candidates(None)) if options.python is None else None
     if note is not None:
         console.print(note, style="dim", markup=False)
 

@@ -12,26 +12,12 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.options import (
-    CheckpointOpt,
-    EnvOpt,
-    GlooOpt,
-    MasterPortOpt,
-    MaxRestartsOpt,
-    NcclOpt,
-    RdzvTimeoutOpt,
-    RunDirOpt,
-    ScriptArg,
-    SecretEnvOpt,
-    WorkdirOpt,
-)
+from corral.cli.options import NO_FLAGS, JobFlags, ScriptArg, job_flags
 from corral.console import make_console
 from corral.errors import ConfigError, LaunchError
 from corral.job.resolve import new_job_id
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.private import private_dir, write_private
 from corral.slurm.render import (
-    DEFAULT_DIST_TIMEOUT,
     DEFAULT_SIGNAL_LEAD,
     SLURM_LAUNCHERS,
     SlurmJob,
@@ -114,15 +100,6 @@ SbatchOpt = Annotated[
         rich_help_panel=_S,
     ),
 ]
-DistTimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--dist-timeout",
-        metavar="SECONDS",
-        help="Process-group init and collective timeout, exported as CORRAL_DIST_TIMEOUT.",
-        rich_help_panel=_S,
-    ),
-]
 SignalLeadOpt = Annotated[
     int,
     typer.Option(
@@ -132,36 +109,6 @@ SignalLeadOpt = Annotated[
         "(corral.sdk.checkpoint_requested()) and the job is requeued while --max-restarts "
         "allows; 0: never.",
         rich_help_panel=_S,
-    ),
-]
-SlurmLauncherOpt = Annotated[
-    str,
-    typer.Option(
-        "--launcher",
-        metavar="|".join(SLURM_LAUNCHERS),
-        envvar="CORRAL_LAUNCHER",
-        help="How each node starts its ranks: torchrun, the only launcher on Slurm.",
-        rich_help_panel="Launch",
-    ),
-]
-SlurmPythonOpt = Annotated[
-    str,
-    typer.Option(
-        "--python",
-        metavar="PATH",
-        envvar="CORRAL_PYTHON",
-        help="Interpreter on the nodes (its torchrun is used).",
-        rich_help_panel="Launch",
-    ),
-]
-SlurmNprocOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--nproc-per-node",
-        metavar="N|auto",
-        envvar="CORRAL_NPROC_PER_NODE",
-        help="Ranks per node: N, or 'auto' (one per GPU). Default: --gpus-per-node, else 1.",
-        rich_help_panel="Launch",
     ),
 ]
 
@@ -181,8 +128,8 @@ def _nproc(value: str | None, gpus: int) -> int | None:
 
 def _job(
     command: list[str] | None,
+    flags: JobFlags,
     *,
-    launcher: str,
     nodes: int,
     gpus_per_node: int,
     cpus_per_task: int | None,
@@ -192,59 +139,50 @@ def _job(
     job_name: str,
     output_dir: str | None,
     sbatch_option: list[str] | None,
-    dist_timeout: float,
     signal_lead: int,
-    python: str,
-    nproc_per_node: str | None,
-    master_port: int,
-    workdir: str | None,
-    env: list[str] | None,
-    secret_env: list[str] | None,
-    nccl_interface: str | None,
-    gloo_interface: str | None,
-    checkpoint_dir: str | None,
-    rdzv_timeout: float,
-    max_restarts: int,
 ) -> SlurmJob:
     """The SlurmJob of SCRIPT [ARGS] and the options."""
     if not command:
         raise ConfigError("no script given: corral slurm render [OPTIONS] -- SCRIPT [ARGS...]")
+    launcher = flags["launcher"] or "torchrun"
     if launcher not in SLURM_LAUNCHERS:
         raise ConfigError(
             f"launcher {launcher!r} is not available on Slurm: each node runs torchrun",
             option="--launcher",
         )
+    env = flags["env"]
     written, bare = env_items(env or [])
     script, *args = command
     return SlurmJob(
         script=script,
         args=tuple(args),
         nodes=nodes,
-        nproc_per_node=_nproc(nproc_per_node, gpus_per_node),
+        nproc_per_node=_nproc(flags["nproc_per_node"], gpus_per_node),
         gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task,
         partition=partition,
         account=account,
         time=time,
         job_name=job_name,
-        python=python,
-        workdir=workdir,
+        python=flags["python"] or "python3",  # the allocation's own
+        workdir=flags["workdir"],
         output_dir=output_dir,
         env=written,
         forward_env=bare,
-        secret_env=tuple(secret_env or ()),
-        master_port=master_port,
-        nccl_interface=nccl_interface,
-        gloo_interface=gloo_interface,
-        rdzv_timeout=rdzv_timeout,
-        dist_timeout=dist_timeout,
-        max_restarts=max_restarts,
-        checkpoint_dir=checkpoint_dir,
+        secret_env=tuple(flags["secret_env"] or ()),
+        master_port=flags["master_port"],
+        nccl_interface=flags["nccl_interface"],
+        gloo_interface=flags["gloo_interface"],
+        rdzv_timeout=flags["rdzv_timeout"],
+        dist_timeout=flags["collective_timeout"],
+        max_restarts=flags["max_restarts"],
+        checkpoint_dir=flags["checkpoint_dir"],
         signal_lead=signal_lead,
         sbatch_options=tuple(sbatch_option or ()),
     )
 
 
+@job_flags("slurm", skip=("run_dir",))
 def render(
     command: ScriptArg = None,
     nodes: NodesOpt = 1,
@@ -256,20 +194,8 @@ def render(
     job_name: JobNameOpt = "corral",
     output_dir: OutputDirOpt = None,
     sbatch_option: SbatchOpt = None,
-    dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
     signal_lead: SignalLeadOpt = DEFAULT_SIGNAL_LEAD,
-    launcher: SlurmLauncherOpt = "torchrun",
-    python: SlurmPythonOpt = "python3",
-    nproc_per_node: SlurmNprocOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
-    workdir: WorkdirOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    max_restarts: MaxRestartsOpt = 0,
+    flags: JobFlags = NO_FLAGS,  # the job's flags, see job_flags
 ) -> None:
     """Print the sbatch script that runs SCRIPT with torchrun on every node of a Slurm job.
 
@@ -320,6 +246,7 @@ def _sbatch(job: SlurmJob, sbatch: str, path: Path) -> str:
     return job_id
 
 
+@job_flags("slurm")
 def submit(
     command: ScriptArg = None,
     nodes: NodesOpt = 1,
@@ -331,9 +258,7 @@ def submit(
     job_name: JobNameOpt = "corral",
     output_dir: OutputDirOpt = None,
     sbatch_option: SbatchOpt = None,
-    dist_timeout: DistTimeoutOpt = DEFAULT_DIST_TIMEOUT,
     signal_lead: SignalLeadOpt = DEFAULT_SIGNAL_LEAD,
-    run_dir: RunDirOpt = "runs",
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -341,18 +266,7 @@ def submit(
             help="Print the script and the sbatch command; write and submit nothing.",
         ),
     ] = False,
-    launcher: SlurmLauncherOpt = "torchrun",
-    python: SlurmPythonOpt = "python3",
-    nproc_per_node: SlurmNprocOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
-    workdir: WorkdirOpt = None,
-    env: EnvOpt = None,
-    secret_env: SecretEnvOpt = None,
-    nccl_interface: NcclOpt = None,
-    gloo_interface: GlooOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    rdzv_timeout: RdzvTimeoutOpt = DEFAULT_RDZV_TIMEOUT,
-    max_restarts: MaxRestartsOpt = 0,
+    flags: JobFlags = NO_FLAGS,  # the job's flags, see job_flags
 ) -> None:
     """Render the sbatch script (as corral slurm render) and submit it; prints the job id.
 
@@ -361,7 +275,7 @@ def submit(
     --export=K1,K2 for the bare --env keys, whose values sbatch takes from this shell.
     """
     options = dict(locals())  # every parameter of this command, by name
-    run_dir = options.pop("run_dir")
+    run_dir = flags["run_dir"]
     dry = options.pop("dry_run")
     job = _job(**options)
     text = render_slurm(job)
@@ -376,7 +290,7 @@ def submit(
     write_private(path, text)
     slurm_id = _sbatch(job, sbatch, path.resolve())
     write_private(folder / "slurm-job-id", slurm_id + "\n")
-    out = Path(output_dir or workdir or ".") / f"{job_name}-{slurm_id}"
+    out = Path(output_dir or flags["workdir"] or ".") / f"{job_name}-{slurm_id}"
     console = make_console()
     console.print(
         f"submitted Slurm job {slurm_id} ({path}); output: {out}.out and {out}.err "

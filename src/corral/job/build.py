@@ -122,6 +122,7 @@ def job_spec(options: JobOptions) -> JobSpec:
         timeout=options.timeout,
         checkpoint_dir=options.checkpoint_dir,
         rdzv_timeout=options.rdzv_timeout,
+        collective_timeout=options.collective_timeout,
         run_dir=options.run_dir,
         qos=options.qos,
         workload_weights=tuple(options.workload_weights),

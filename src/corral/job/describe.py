@@ -1,4 +1,5 @@
-"""The one job description: what to run (:class:`JobOptions`), where
+"""The one job description: what to run (:class:`JobOptions`, the options' one schema,
+defined in :mod:`corral.job.schema`), where
 (the :class:`~corral.cluster.model.Cluster`) and how its hosts are reached
 (:class:`~corral.transport.options.SshOptions`), as one serialisable, versioned value.
 
@@ -24,16 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from corral.cluster.model import Cluster
-from corral.defaults import DEFAULT_HOST_TIMEOUT, DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
 from corral.errors import ConfigError
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
+from corral.job.schema import JobOptions
 from corral.redact import secret_keys
 from corral.transport.options import SshOptions
 
@@ -45,75 +45,6 @@ VERSION = 1
 
 SOURCE = "job description"
 """How errors of a description name their source."""
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """A job as the user asked for it: ``corral run``'s options as plain values
-    (already parsed: ``env`` a mapping, ``nproc_per_node`` a number)."""
-
-    command: Sequence[str] = ()
-    """SCRIPT and its ARGS (empty for the launchers that run their own command)."""
-    launcher: str | None = None
-    """Default: torchrun, or accelerate with ``harness``."""
-    python: str | None = None
-    nproc_per_node: int | None = None
-    master_addr: str | None = None
-    master_port: int = DEFAULT_MASTER_PORT
-    workdir: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    secret_env: Sequence[str] = ()
-    nccl_interface: str | None = None
-    gloo_interface: str | None = None
-    timeout: float | None = None
-    checkpoint_dir: str | None = None
-    run_dir: str = "runs"
-    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
-    job_id: str | None = None
-    """Default: a new, time-based id."""
-    name: str | None = None
-    """The job's name (``corral job submit --name``): trackers name their run after it."""
-    owner: str | None = None
-    """Who submitted it (the server's user; None: the user running it)."""
-    mlx_backend: str = "ring"
-    shared_data_path: str | None = None
-    command_template: str | None = None
-    tags: str | None = None
-    additional_args: str | None = None
-    harness: bool = False
-    lr_scaling: str = "linear"
-    qos: str | None = None
-    workload_weights: Sequence[float] = ()
-    # the pre-flight and the code sync
-    preflight: bool = True
-    smoke_test: bool = False
-    check_links: bool = False
-    links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO
-    links_min_gbs: float = 0.0
-    links_warn_only: bool = False
-    min_free_gb: float = DEFAULT_MIN_FREE_GB
-    consistency_threshold: float = 1.0
-    exclude_divergent: bool = False
-    code_dir: str | None = None
-    sync: bool = False
-    sync_script: str | None = None
-    # fault tolerance and teardown
-    max_restarts: int = 0
-    restart_backoff: float = 1.0
-    min_nodes: int | None = None
-    host_timeout: float = DEFAULT_HOST_TIMEOUT
-    hang_timeout: float | None = None
-    replicate_checkpoints: bool = False
-    grace: float = 10.0
-    recovery: str = "restart"
-    """``restart`` (every failure restarts the whole job) or ``in-place`` (torchft)."""
-    spares: int = 0
-    """Hosts of the cluster (the last ones) held in reserve for in-place recovery."""
-    # experiment tracking
-    track: Sequence[str] = ()
-    """``--track BACKEND:WHERE`` values (mlflow:URI, tensorboard:DIR, wandb:PROJECT)."""
-    rebalance: bool = False
-    """With workload weights: recompute them from the live rates at a restart."""
 
 
 @dataclass(frozen=True)

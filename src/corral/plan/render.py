@@ -22,6 +22,7 @@ from corral.contract import (
     CHECKPOINT_DIR_ENV,
     CHECKPOINT_REPLICA_ENV,
     CONTRACT_VARS,
+    DIST_TIMEOUT_ENV,
     HARNESS_ENV,
     HOST_ENV,
     JOB_CONFIG_ENV,
@@ -130,6 +131,8 @@ def _validate(spec: JobSpec, cluster: Cluster) -> str:
 
 def _base_env(spec: JobSpec, host: Host, attempt: int, master_addr: str) -> dict[str, str]:
     env: dict[str, str] = {}
+    if spec.collective_timeout is not None:  # an --env of the same key wins
+        env[DIST_TIMEOUT_ENV] = f"{spec.collective_timeout:g}"
     env.update(spec.env)
     env.update(host.env)
     nccl = spec.nccl_interface or host.interface

@@ -70,6 +70,10 @@ class JobSpec:
     ``CORRAL_WORKLOAD_WEIGHTS``; empty = a uniform split."""
     qos: str | None = None
     """macOS QoS class every rank applies at start (``--qos``), ``CORRAL_QOS``."""
+    collective_timeout: float | None = None
+    """Seconds the ranks' process group may wait to form and in any one collective
+    (``--collective-timeout``), exported as ``CORRAL_DIST_TIMEOUT`` (the SDK applies
+    it); None: the SDK's own default."""
     launcher_options: LauncherOptions | None = None
     """The launcher's own options (``--mlx-backend``, ``--command-template``, madengine's
     ``--tags``): an instance of its type in :mod:`corral.plan.launchers`; None = its

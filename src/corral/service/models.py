@@ -13,23 +13,24 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from typing import Annotated, Any, Literal
+import typing
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB
-from corral.contract import QOS_CLASSES, is_env_name
+from corral.contract import is_env_name
 from corral.errors import ConfigError
-from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
-from corral.recovery.health import DEFAULT_HOST_TIMEOUT
+from corral.job.schema import JobOptions, default_of, options_of
 from corral.redact import is_secret, looks_secret
 from corral.service.statusparts import GroupChange, HangOut, NodeStatus, StragglerOut
 from corral.track.targets import MAX_TARGETS, parse_targets
@@ -261,7 +262,74 @@ class ConfigScaling(_Body):
     rule: Literal["linear", "sqrt", "none"] = "linear"
 
 
-class JobRequest(_Body):
+OWN: Mapping[str, str] = {
+    "command": "script and args (a path on the machines, its arguments)",
+    "launcher": "the launchers of a served job only (ServiceLauncher), default torchrun",
+    "env": "a JSON object, its keys checked; secret values found by value too",
+    "secret_env": "a list of the env keys (bounded)",
+    "workload_weights": "each weight a positive finite number (bounded list)",
+    "track": "each target checked (mlflow:URI, tensorboard:DIR, wandb:PROJECT)",
+}
+"""The job options :class:`JobRequest` declares itself, with why; every other option
+of the API (:func:`corral.job.schema.options_of` ``("api")``) is generated from the
+schema: same name, type, default, description and constraints."""
+
+
+def _api_type(hint: Any) -> Any:
+    """The request's type of a JobOptions field's type (lists for sequences)."""
+    origin = typing.get_origin(hint)
+    if origin is Sequence:
+        return list[typing.get_args(hint)[0]]  # type: ignore[misc]
+    if origin is Mapping:
+        key, value = typing.get_args(hint)
+        return dict[key, value]  # type: ignore[valid-type]
+    return hint
+
+
+def _options_body() -> type[_Body]:
+    """The API's fields of the job options the schema generates (not in :data:`OWN`),
+    with a check of the options that take one of a few values (their ``enum`` in the
+    JSON schema, so the web form shows a choice)."""
+    hints = typing.get_type_hints(JobOptions)
+    fields: dict[str, Any] = {}
+    choices: dict[str, tuple[tuple[str, ...], str]] = {}
+    for item, opt in options_of("api"):
+        if item.name in OWN:
+            continue
+        kind = _api_type(hints[item.name])
+        if opt.choices:
+            choices[item.name] = (opt.choices, opt.what or item.name)
+            literal: Any = Literal.__getitem__(opt.choices)
+            kind = literal | None if default_of(item) is None else literal
+        described = Field(default_of(item), description=opt.help_at("api"), **opt.bounds)
+        fields[item.name] = (kind, described)
+
+    def one_of(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+        allowed, what = choices[str(info.field_name)]
+        if value is not None and value not in allowed:
+            raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+        return value
+
+    # before the Literal's own check: the error names what the value is and the choices
+    validators = {"_one_of": field_validator(*choices, mode="before")(one_of)} if choices else {}
+    model: type[_Body] = create_model(
+        "JobOptionsBody", __base__=_Body, __validators__=validators, **fields
+    )
+    return model
+
+
+if TYPE_CHECKING:
+
+    class _OptionsBody(_Body):
+        """For the type checker: the generated fields, typed as they are at run time."""
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    _OptionsBody = _options_body()
+
+
+class JobRequest(_OptionsBody):
     """A job to plan (and then dispatch), queue as a task, or run on one machine."""
 
     model_config = ConfigDict(
@@ -283,7 +351,6 @@ class JobRequest(_Body):
         },
     )
 
-    name: str | None = Field(None, max_length=255)
     script: str | None = Field(
         None,
         min_length=1,
@@ -314,15 +381,6 @@ class JobRequest(_Body):
         description="How ranks are started: torchrun, python, accelerate, mlx (MLX's ring "
         "backend), or command (command_template on every machine, no script).",
     )
-    command_template: str | None = Field(
-        None,
-        min_length=1,
-        max_length=8192,
-        description="launcher command: the command each machine runs (bash -c) with "
-        "{node_rank} {nnodes} {nproc_per_node} {world_size} {master_addr} {master_port} "
-        "{host} {job_id} {nccl_interface} {gloo_interface} filled in, shell-quoted.",
-    )
-    nproc_per_node: int | None = Field(None, ge=1, le=1024)
     resource_requirements: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements()
     )
@@ -330,16 +388,6 @@ class JobRequest(_Body):
     selected_machines: list[Ref] = Field(
         default_factory=list, max_length=MAX_ITEMS, description="Machine ids or names (manual)."
     )
-    workdir: str | None = Field(None, min_length=1, max_length=4096)
-    python: str | None = Field(None, min_length=1, max_length=4096)
-    master_port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
-    timeout: float | None = Field(None, gt=0)
-    max_restarts: int = Field(0, ge=0, le=1000)
-    checkpoint_dir: str | None = Field(None, min_length=1, max_length=4096)
-    hang_timeout: float | None = Field(None, gt=0)
-    preflight: bool = True
-    sync: bool = Field(False, description="Push code_dir to every machine before launch.")
-    code_dir: str | None = Field(None, min_length=1, max_length=4096)
     calibration: str | None = Field(
         None,
         min_length=1,
@@ -358,27 +406,6 @@ class JobRequest(_Body):
         "number per rank in plan order (machine by machine, then local rank); renormalised "
         "to sum to 1.",
     )
-    rebalance: bool = Field(
-        False,
-        description="With weights: at each restart, re-weigh the ranks from their live "
-        "throughput (sdk.report(step, examples=N)) instead of the calibration, or move "
-        "work away from a node with a compute straggler (sdk.section).",
-    )
-    recovery: Literal["restart", "in-place"] = Field(
-        "restart",
-        description="restart: a failure restarts every machine from the last checkpoint; "
-        "in-place (torchft): each machine is a replica group, only the failed one is "
-        "restarted and heals from a live peer (launcher torchrun or python, 2+ machines; "
-        "the script uses corral.sdk.fault_tolerant).",
-    )
-    spares: int = Field(
-        0,
-        ge=0,
-        le=1024,
-        description="With recovery in-place: how many of the chosen machines (the last ones) "
-        "are held in reserve to take over a lost machine's replica group.",
-    )
-
     after: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
         default_factory=list,
         max_length=MAX_AFTER,
@@ -435,112 +462,15 @@ class JobRequest(_Body):
             raise ValueError(exc.message) from None
         return value
 
-    # corral run's options, passed as they are to the job's JobOptions (same names,
-    # same defaults, same bounds as the command line's).
-    nccl_interface: Interface | None = Field(None, description="NCCL_SOCKET_IFNAME of every rank.")
-    gloo_interface: Interface | None = Field(None, description="GLOO_SOCKET_IFNAME of every rank.")
-    shared_data_path: str | None = Field(
-        None,
-        min_length=1,
-        max_length=4096,
-        description="A path every machine must see as the same filesystem (checked before "
-        "the launch; exported to ranks as CORRAL_SHARED_DATA_PATH).",
-    )
-    mlx_backend: Literal["ring", "mpi", "jaccl"] = Field(
-        "ring", description="MLX's distributed backend (launcher mlx)."
-    )
-    qos: str | None = Field(
-        None, description=f"macOS QoS class of every rank: {', '.join(QOS_CLASSES)}."
-    )
-    rdzv_timeout: float = Field(
-        DEFAULT_RDZV_TIMEOUT,
-        gt=0,
-        le=86400,
-        description="Seconds to wait for every node to join and the master to accept connections.",
-    )
-    grace: float = Field(
-        10.0, ge=0, le=3600, description="Seconds between SIGTERM and SIGKILL at teardown."
-    )
-    smoke_test: bool = Field(
-        False, description="Add the collective smoke test (an all-reduce) to the pre-flight."
-    )
-    check_links: bool = Field(
-        False,
-        description="Add the link matrix to the pre-flight: a machine behind slow links "
-        "blocks the launch.",
-    )
-    links_min_ratio: float = Field(
-        DEFAULT_LINKS_MIN_RATIO,
-        ge=0,
-        lt=1,
-        description="A link below this fraction of the network's reference bandwidth is slow.",
-    )
-    links_min_gbs: float = Field(
-        0.0, ge=0, le=1e6, description="A link below this many GB/s is slow (0: no floor)."
-    )
-    links_warn_only: bool = Field(
-        False, description="A machine behind slow links is a warning, not a failure."
-    )
-    min_free_gb: float = Field(
-        DEFAULT_MIN_FREE_GB,
-        ge=0,
-        le=1e9,
-        description="Free space the checkpoint directory needs on every machine, GB.",
-    )
-    consistency_threshold: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="Share of machines whose code must match code_dir (0.95 lets 1 in 20 "
-        "differ, with a warning).",
-    )
-    restart_backoff: float = Field(
-        1.0,
-        ge=0,
-        le=3600,
-        description="Seconds before the first restart, doubled for each further one (at most 60).",
-    )
-    host_timeout: float = Field(
-        DEFAULT_HOST_TIMEOUT,
-        gt=0,
-        le=86400,
-        description="Seconds without a heartbeat from a machine's agent before it is lost.",
-    )
-    replicate_checkpoints: bool = Field(
-        False,
-        description="Copy each new rank-0 checkpoint to the server (under its run dir) "
-        "before the save returns, so a restart resumes from it when its machine is lost.",
-    )
 
-    @field_validator("qos")
-    @classmethod
-    def _qos_class(cls, value: str | None) -> str | None:
-        if value is not None and value not in QOS_CLASSES:
-            raise ValueError(f"unknown QoS class {value!r}; choose one of {', '.join(QOS_CLASSES)}")
-        return value
-
-
-PASS_THROUGH: tuple[str, ...] = (
-    "nccl_interface",
-    "gloo_interface",
-    "shared_data_path",
-    "mlx_backend",
-    "qos",
-    "rdzv_timeout",
-    "grace",
-    "smoke_test",
-    "check_links",
-    "links_min_ratio",
-    "links_min_gbs",
-    "links_warn_only",
-    "min_free_gb",
-    "consistency_threshold",
-    "restart_backoff",
-    "host_timeout",
-    "replicate_checkpoints",
+PLANNED: tuple[str, ...] = ("nproc_per_node", "code_dir")
+"""Generated fields the planner resolves (GPUs per machine, the script's directory)."""
+PASS_THROUGH: tuple[str, ...] = tuple(
+    name for name in _OptionsBody.model_fields if name not in PLANNED
 )
 """The :class:`JobRequest` fields the planner hands to the job's
-:class:`~corral.job.build.JobOptions` as they are, under the same name."""
+:class:`~corral.job.schema.JobOptions` as they are, under the same name: every
+generated one but :data:`PLANNED`."""
 
 
 class WorkloadWeight(BaseModel):

@@ -371,33 +371,20 @@ def job_description(
         weights = workload_weights(request, machines, nproc)
     if not os.path.isabs(script) and os.path.isfile(script):
         script = os.path.abspath(script)  # relative to the server's directory
+    given = {name: getattr(request, name) for name in PASS_THROUGH}
     options = JobOptions(
         command=(script, *request.args),
         launcher=request.launcher,
-        command_template=request.command_template,
         job_id=job_id,
-        name=request.name,
         owner=owner,
         run_dir=str(settings.run_dir),
-        python=request.python,
         nproc_per_node=nproc,
-        master_port=request.master_port,
-        workdir=request.workdir,
         env=env,
         secret_env=tuple(request.secret_env),
-        timeout=request.timeout,
-        preflight=request.preflight,
-        sync=request.sync,
-        code_dir=request.code_dir or _code_dir(script, request.workdir),
-        max_restarts=request.max_restarts,
-        checkpoint_dir=request.checkpoint_dir,
-        hang_timeout=request.hang_timeout,
+        code_dir=request.code_dir or _code_dir(script, given["workdir"]),
         workload_weights=tuple(weights),
-        rebalance=request.rebalance,
-        recovery=request.recovery,
-        spares=request.spares,
         track=tuple(request.track),
-        **{name: getattr(request, name) for name in PASS_THROUGH},
+        **given,
     )
     _check_recovery(options, len(machines))
     cluster = Cluster(tuple(machine_host(m) for m in machines), source="corral serve")

@@ -1,7 +1,8 @@
-"""The new-job form's option fields, generated from :class:`JobRequest`'s JSON schema:
-same names, defaults and bounds as the API (and so as ``corral job submit``), so the
-form cannot drift from the request it builds. Only the layout (which section, which
-label) is written here; a field's type, default, bounds and hint come from the schema."""
+"""The new-job form's option fields, generated from :class:`JobRequest`'s JSON schema,
+itself generated from the job options' one schema (:mod:`corral.job.schema`): same
+names, defaults, bounds and choices as the API (and so as ``corral job submit``), so
+the form cannot drift from the request it builds. A job option's section and label are
+the schema's; only the section titles and the request's own fields are written here."""
 
 from __future__ import annotations
 
@@ -10,73 +11,35 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-from corral.contract import QOS_CLASSES
+from corral.job.schema import options_of
 from corral.service.models import JobRequest
 
 Kind = Literal["checkbox", "number", "text", "select", "lines", "numbers"]
 """How a field is entered: a checkbox, a number, one line of text, a choice, one
 string per line (a list of strings), or numbers separated by commas (a list of numbers)."""
 
-SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    (
-        "launch",
-        "Launch",
-        (
-            ("plugin_name", "Plugin (instead of the script)"),
-            ("python", "Python on the machines"),
-            ("workdir", "Working directory"),
-            ("timeout", "Timeout (seconds)"),
-            ("master_port", "Master port"),
-            ("rdzv_timeout", "Rendezvous timeout (seconds)"),
-            ("grace", "Grace at teardown (seconds)"),
-            ("mlx_backend", "MLX backend"),
-            ("qos", "QoS class (macOS)"),
-            ("sync", "Sync the code directory before launch"),
-            ("code_dir", "Code directory"),
-        ),
-    ),
-    (
-        "preflight",
-        "Pre-flight",
-        (
-            ("smoke_test", "Collective smoke test"),
-            ("check_links", "Check the links between machines"),
-            ("links_min_ratio", "Slow link: below this share of the reference"),
-            ("links_min_gbs", "Slow link: below this many GB/s"),
-            ("links_warn_only", "Slow links only warn"),
-            ("min_free_gb", "Free space for checkpoints (GB)"),
-            ("consistency_threshold", "Code consistency threshold"),
-            ("shared_data_path", "Shared data path"),
-        ),
-    ),
-    (
-        "fault",
-        "Fault tolerance",
-        (
-            ("restart_backoff", "Restart backoff (seconds)"),
-            ("host_timeout", "Host timeout (seconds)"),
-            ("replicate_checkpoints", "Replicate checkpoints to the server"),
-        ),
-    ),
-    (
-        "network",
-        "Network",
-        (
-            ("nccl_interface", "NCCL interface"),
-            ("gloo_interface", "Gloo interface"),
-        ),
-    ),
-    (
-        "advanced",
-        "Advanced",
-        (
-            ("secret_env", "Secret environment keys (one per line)"),
-            ("after", "Start after these jobs succeed (job ids, one per line)"),
-            ("workload_weights", "Workload weights (one per rank, comma-separated)"),
-        ),
-    ),
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("launch", "Launch"),
+    ("preflight", "Pre-flight"),
+    ("fault", "Fault tolerance"),
+    ("network", "Network"),
+    ("advanced", "Advanced"),
 )
-"""(id, title, ((field, label), ...)) of each collapsible section, in page order."""
+"""(id, title) of each collapsible section, in page order; a job option's section and
+label are its schema's (:attr:`corral.job.schema.Option.section`)."""
+
+REQUEST_ONLY: dict[str, tuple[tuple[str, str], ...]] = {
+    "launch": (("plugin_name", "Plugin (instead of the script)"),),
+    "advanced": (("after", "Start after these jobs succeed (job ids, one per line)"),),
+}
+"""The request's own fields (not job options) in a section, first: (field, label)."""
+
+
+def section_fields(section: str) -> list[tuple[str, str]]:
+    """(field, label) of a section: the request's own, then the job options placed there."""
+    own = list(REQUEST_ONLY.get(section, ()))
+    return own + [(f.name, o.label) for f, o in options_of("web") if o.section == section]
+
 
 HINTS: dict[str, str] = {
     "python": "Interpreter on the machines (its torchrun is used); blank: the server's "
@@ -90,9 +53,6 @@ HINTS: dict[str, str] = {
     "stored and never shown again.",
 }
 """What the form says after a field's schema description (or instead of none)."""
-
-CHOICES: dict[str, tuple[str, ...]] = {"qos": tuple(QOS_CLASSES)}
-"""Choices of the fields the server checks with a validator instead of an enum."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +109,7 @@ def form_field(name: str, label: str, schema: dict[str, Any]) -> FormField:
     prop, nullable = _variant(schema["properties"][name])
     kind: Kind
     kind_of = prop.get("type")
-    choices = CHOICES.get(name) or tuple(prop.get("enum") or ())
+    choices = tuple(prop.get("enum") or ())
     if choices:
         kind = "select"
     elif kind_of == "boolean":
@@ -186,5 +146,6 @@ def option_sections() -> tuple[FormSection, ...]:
     schema = JobRequest.model_json_schema()
     return tuple(
         FormSection(section_id, title, [form_field(n, label, schema) for n, label in fields])
-        for section_id, title, fields in SECTIONS
+        for section_id, title in SECTIONS
+        for fields in [section_fields(section_id)]
     )
