@@ -638,3 +638,88 @@ def test_the_state_check_sees_state_names(tmp_path: Path) -> None:
     found = [hit.split(" ")[1] for hit in _state_literals(sample)]
     expected = ["'queued'", "'failed'", "'lost'", "'succeeded'", "'lost'", "'running'"]
     assert sorted(found) == sorted([*expected, "'starting'", "'pending'", "'queued'", "'lost'"])
+
+
+# --- every job is built by the one builder ------------------------------------------------
+
+#: What only the builder makes: the engine's Job (job/build.py ``new_job``) and a job's
+#: JobSpec (job/build.py ``job_spec``; plan/specjson.py reads one back from its JSON).
+BUILT: dict[str, tuple[str, ...]] = {
+    "corral.job.engine.Job": ("corral.job.build",),
+    "corral.plan.spec.JobSpec": ("corral.job.build", "corral.plan.specjson"),
+}
+#: Modules making one anyway, each with why. Shrink it, never grow it.
+BUILT_ELSEWHERE: dict[str, str] = {}
+
+
+def _constructions(path: Path) -> list[str]:
+    """Where ``path`` calls a class of :data:`BUILT` (imported by name, under any alias,
+    or through its module), as ``module.Class:line``; lazy imports included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: dict[str, str] = {}  # local name -> the class's full name
+    modules: dict[str, str] = {}  # local name -> the module it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in BUILT:
+                    names[alias.asname or alias.name] = full
+                elif any(b.startswith(full + ".") for b in BUILT):
+                    modules[alias.asname or alias.name] = full
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and any(b.startswith(alias.name + ".") for b in BUILT):
+                    modules[alias.asname] = alias.name
+                elif not alias.asname:  # ``import a.b.c`` binds ``a``
+                    top = alias.name.split(".")[0]
+                    modules[top] = top
+    hits = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func, full = node.func, None
+        if isinstance(func, ast.Name):
+            full = names.get(func.id)
+        elif isinstance(func, ast.Attribute):
+            parts: list[str] = [func.attr]
+            base: ast.expr = func.value
+            while isinstance(base, ast.Attribute):
+                parts.insert(0, base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                full = ".".join([modules[base.id], *parts])
+        if full in BUILT:
+            hits.append(f"{full}:{node.lineno}")
+    return sorted(hits, key=lambda hit: int(hit.rpartition(":")[2]))
+
+
+def test_every_job_is_built_by_the_one_builder() -> None:
+    """DESIGN §2: ``corral run``/``plan``, the server's planner and supervisor process,
+    calibration and the Kubernetes/Slurm renders build their jobs through job/build.py
+    (``ready_job``, ``job_spec``); nothing else makes an engine Job or a JobSpec."""
+    offenders = sorted(
+        f"{_module_name(path)} makes {hit}"
+        for path in SRC.rglob("*.py")
+        if _module_name(path) not in BUILT_ELSEWHERE
+        for hit in _constructions(path)
+        if _module_name(path) not in BUILT[hit.split(":")[0]]
+    )
+    assert offenders == []
+    made = {_module_name(p): _constructions(p) for p in SRC.rglob("*.py")}
+    assert [m for m in BUILT_ELSEWHERE if not made.get(m)] == [], "fixed: drop it"
+
+
+def test_the_builder_check_sees_a_job_made(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text(
+        "from corral.job.engine import Job as J\nimport corral.plan.spec\n"
+        "from corral.store.models import Job\nfrom corral.job import engine\n"
+        "def f():\n    from corral.plan.spec import JobSpec\n    JobSpec(script='t')\n"
+        "J(s, c)\nJob(id='x')\ncorral.plan.spec.JobSpec()\nengine.Job(s, c)\n"
+    )
+    assert _constructions(sample) == [
+        "corral.plan.spec.JobSpec:7",
+        "corral.job.engine.Job:8",
+        "corral.plan.spec.JobSpec:10",
+        "corral.job.engine.Job:11",
+    ]
