@@ -10,8 +10,9 @@ heavier machinery (asyncio, psutil: :mod:`corral.agent.node`) is imported while
 the launcher imports its own. When the probe (or a ``prestart`` op after it)
 carries the node's plan, its processes start then, held at their gates while the
 checklist runs, and the start message releases them
-(:mod:`corral.agent.prestart`); an ``abort`` kills them before anything of the
-job ran.
+(:mod:`corral.agent.prestart`); the agent loads its machinery once they have
+imported torch (at most one heartbeat interval later); an ``abort`` kills them
+before anything of the job ran.
 """
 
 from __future__ import annotations
@@ -86,17 +87,30 @@ def main() -> int:
     elif message["op"] != "start":
         print(f"corral agent: expected a probe or start op, got {message['op']!r}", file=sys.stderr)
         return 2
+    pending = b""  # coordinator ops read while the released processes finished importing
     if held is not None:
-        from corral.agent.prestart import release
+        from corral.agent.prestart import release, wait_preloaded
 
         spawned, _ = release(held, message["node"])
+        # the launcher's import of torch first: this agent's machinery and the
+        # coordinator's handling of its events would share the CPUs with it
+        pending = wait_preloaded(spawned, stdin_fd, _wait_limit(message))
     else:
         from corral.agent.spawn import spawn_node
 
         spawned = spawn_node(message["node"])  # before the agent's own imports
     from corral.agent.node import run_agent
 
-    return run_agent(message, out, stdin_fd, spawned)
+    return run_agent(message, out, stdin_fd, spawned, pending)
+
+
+def _wait_limit(start: dict[str, Any]) -> float:
+    """How long the agent may stay silent after the start message: one heartbeat
+    interval (the coordinator expects nothing sooner), at most 5 s."""
+    try:
+        return max(0.0, min(float(start.get("heartbeat_interval", 2.0)), 5.0))
+    except (TypeError, ValueError):
+        return 2.0
 
 
 def _prestart(node: object, held: Any) -> Any:

@@ -1,5 +1,5 @@
-"""``python -m corral.agent.gate FD MODULE [ARGS...]``: a node's launcher or rank,
-started while the pre-flight checklist still runs, held at a gate.
+"""``python -m corral.agent.gate FD[,READY] MODULE [ARGS...]``: a node's launcher or
+rank, started while the pre-flight checklist still runs, held at a gate.
 
 The agent starts the node's processes through this wrapper as soon as it knows
 the plan (the ``prestart`` op, :mod:`corral.agent.prestart`): the interpreter
@@ -54,13 +54,15 @@ def split_argv(argv: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]
     return None
 
 
-def gated_argv(argv: list[str], fd: int) -> list[str]:
-    """``argv`` (see :func:`split_argv`) run through the gate on ``fd``."""
+def gated_argv(argv: list[str], fd: int, ready: int | None = None) -> list[str]:
+    """``argv`` (see :func:`split_argv`) run through the gate on ``fd``, telling
+    ``ready`` (when given) that its imports are done."""
     split = split_argv(argv)
     if split is None:
         raise ValueError(f"not a command the gate can hold: {argv[:4]}")
     head, args = split
-    return [*head[:-2], "-m", GATE_MODULE, str(fd), head[-1], *args]
+    fds = str(fd) if ready is None else f"{fd},{ready}"
+    return [*head[:-2], "-m", GATE_MODULE, fds, head[-1], *args]
 
 
 def imports_torch(script: str) -> bool:
@@ -85,6 +87,16 @@ def preload(module: str, args: list[str]) -> list[str]:
             importlib.import_module(name)
             done.append(name)
     return done
+
+
+def tell_ready(fd: int | None) -> None:
+    """Tell the agent that the imports are done (a line on ``fd``, then closed)."""
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, b"ready\n")
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def read_gate(fd: int) -> dict[str, Any] | None:
@@ -114,10 +126,13 @@ def apply_gate(message: dict[str, Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     """Preload, wait at the gate, run ``MODULE`` as ``__main__`` (see the module doc)."""
     if len(argv) < 2 or argv[1] not in GATED_MODULES:
-        print(f"usage: python -m corral.agent.gate FD {{{','.join(GATED_MODULES)}}} [ARGS...]")
+        usage = f"FD[,READY] {{{','.join(GATED_MODULES)}}} [ARGS...]"
+        print(f"usage: python -m corral.agent.gate {usage}")
         return 2
-    fd, module = int(argv[0]), argv[1]
+    fds, module = [int(f) for f in argv[0].split(",")], argv[1]
+    fd, ready = fds[0], (fds[1] if len(fds) > 1 else None)
     preload(module, argv[2:])
+    tell_ready(ready)
     message = read_gate(fd)
     if message is None:
         os._exit(0)  # called off: nothing ran, nothing to flush (skip torch's destructors)

@@ -638,8 +638,9 @@ class NodeAgent:
 
     # -- main ------------------------------------------------------------------------
 
-    async def run(self, stdin_fd: int) -> int:
-        """Start the node, supervise it, return the agent's exit code."""
+    async def run(self, stdin_fd: int, pending: bytes = b"") -> int:
+        """Start the node, supervise it, return the agent's exit code (``pending``:
+        coordinator ops already read from ``stdin_fd``)."""
         self._loop = asyncio.get_running_loop()
         self._loop.add_signal_handler(signal.SIGCHLD, self._reap)
         for signum in STOP_SIGNALS:
@@ -647,6 +648,8 @@ class NodeAgent:
                 signum, lambda: self.request_teardown(self.grace, reason="agent signalled")
             )
         stdin = asyncio.StreamReader()
+        if pending:
+            stdin.feed_data(pending)
         await self._loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(stdin), os.fdopen(stdin_fd, "rb", 0)
         )
@@ -707,12 +710,15 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def run_agent(start: dict[str, Any], out: IO[bytes], stdin_fd: int, spawned: SpawnedNode) -> int:
+def run_agent(
+    start: dict[str, Any], out: IO[bytes], stdin_fd: int, spawned: SpawnedNode, pending: bytes = b""
+) -> int:
     """Run the node described by the ``start`` message, whose processes
-    :func:`~corral.agent.spawn.spawn_node` started, until it is done."""
+    :func:`~corral.agent.spawn.spawn_node` started, until it is done; ``pending``:
+    what was already read from ``stdin_fd`` (coordinator ops)."""
     agent = NodeAgent(start, out, spawned)
     try:
-        return asyncio.run(agent.run(stdin_fd))
+        return asyncio.run(agent.run(stdin_fd, pending))
     finally:
         agent.close_control()
         out.flush()

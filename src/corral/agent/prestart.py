@@ -20,6 +20,12 @@ import torch meanwhile, but nothing of the job runs. Then:
 
 Signals keep their default action until the gates open: a killed agent takes its
 held processes with it (``PR_SET_PDEATHSIG``).
+
+After the start message the agent waits for the released processes' imports
+(:func:`wait_preloaded`) before it loads its own machinery and reports: on a host
+with few cores that work (and the coordinator's, which follows the agent's first
+event) would otherwise share the CPUs with the launcher's import of torch, the
+path to the first rendezvous join, and come out of the time to the first step.
 """
 
 from __future__ import annotations
@@ -27,20 +33,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from corral.agent.gate import split_argv
+from corral.agent.protocol import decode_op
 from corral.agent.spawn import SpawnedNode, keep_signals, node_dir_of, spawn_node
 from corral.contract import CONTRACT_VARS, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
 from corral.private import write_private
 from corral.redact import redacted_node
 
-__all__ = ["LATE_ENV", "Prestarted", "cancel", "mismatch", "prestart", "release"]
+__all__ = [
+    "LATE_ENV",
+    "Prestarted",
+    "cancel",
+    "mismatch",
+    "prestart",
+    "release",
+    "wait_preloaded",
+]
 
 #: Variables the held processes read only after their gate (torch reads them when a
 #: process group or rendezvous is made; corral's worker and SDK when they run): they
@@ -172,6 +189,57 @@ def release(held: Prestarted, node: Mapping[str, Any]) -> tuple[SpawnedNode, str
     return spawned, None
 
 
+def _only_heartbeats(pending: bytes) -> bool:
+    """Whether every complete line of ``pending`` is a coordinator heartbeat."""
+    for line in pending.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            if decode_op(line).get("op") != "hb":
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def wait_preloaded(spawned: SpawnedNode, stdin_fd: int, limit: float) -> bytes:
+    """Wait until every released process has finished its imports (its ``ready``
+    line, or its exit), for at most ``limit`` seconds (one heartbeat interval: the
+    coordinator hears from the agent that late at worst). A coordinator op other than
+    a heartbeat (stop, kill...), its disconnection or a stop signal ends the wait at
+    once. Returns what was read from ``stdin_fd`` meanwhile, for the agent's reader."""
+    pending = b""
+    deadline = time.monotonic() + limit
+    try:
+        while spawned.ready and not spawned.signals:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # short slices: a stop signal only sets spawned.signals (select resumes)
+            fds = [*spawned.ready.values(), stdin_fd]
+            readable, _, _ = select.select(fds, [], [], min(left, 0.2))
+            if stdin_fd in readable:
+                chunk = os.read(stdin_fd, 65536)
+                pending += chunk
+                if not chunk or not _only_heartbeats(pending):
+                    break
+            for pid, fd in list(spawned.ready.items()):
+                if fd in readable:
+                    with contextlib.suppress(OSError):
+                        os.read(fd, 64)  # "ready", or EOF: it exited
+                    os.close(spawned.ready.pop(pid))
+    finally:
+        _close_ready(spawned)
+    return pending
+
+
+def _close_ready(spawned: SpawnedNode) -> None:
+    for fd in spawned.ready.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    spawned.ready.clear()
+
+
 def cancel(held: Prestarted, *, remove_dir: bool = True) -> None:
     """Close the gates, kill the held processes' groups and wait for them; remove the
     node's directory when the prestart made it (``remove_dir``)."""
@@ -180,6 +248,7 @@ def cancel(held: Prestarted, *, remove_dir: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     spawned.gates.clear()
+    _close_ready(spawned)
     for pgid in spawned.pgids:
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)

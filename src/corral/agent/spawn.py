@@ -88,6 +88,7 @@ class SpawnedNode:
     signals: list[int] = field(default_factory=list)
     error: Exception | None = None
     gates: dict[int, int] = field(default_factory=dict)  # pid -> its gate's write end
+    ready: dict[int, int] = field(default_factory=dict)  # pid -> read end: its imports done
     created_dir: bool = False  # the node's directory did not exist before
 
 
@@ -225,10 +226,12 @@ def _popen(
     rank: int,
     gated: bool = False,
 ) -> Workload:
-    gate_r = gate_w = -1
-    if gated:  # the process reads its gate's end; only the agent holds the other
+    child_ends: tuple[int, ...] = ()
+    if gated:  # the process reads its gate's end and writes "ready" on the other pipe
         gate_r, gate_w = os.pipe()
-        argv = gated_argv(argv, gate_r)
+        ready_r, ready_w = os.pipe()
+        child_ends = (gate_r, ready_w)
+        argv = gated_argv(argv, gate_r, ready_w)
     try:
         popen = subprocess.Popen(
             argv,
@@ -238,16 +241,18 @@ def _popen(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             preexec_fn=child_setup(group),
-            pass_fds=(gate_r,) if gated else (),
+            pass_fds=child_ends,
         )
     except BaseException:
         if gated:
             os.close(gate_w)
+            os.close(ready_r)
         raise
     finally:
-        if gated:
-            os.close(gate_r)
+        for end in child_ends:
+            os.close(end)
     if gated:
         spawned.gates[popen.pid] = gate_w
+        spawned.ready[popen.pid] = ready_r
     record_pgid(spawned.pgids, spawned.node_dir, popen.pid)
     return Workload(pid=popen.pid, rank=rank, popen=popen)
