@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from corral.k8s.render import GAVE_UP_EXIT, MASTER_NOT_READY_EXIT, K8sTarget, render_k8s
+from corral.k8s.render import GAVE_UP_EXIT, MASTER_NOT_READY_EXIT, K8sTarget, render_spec
 from corral.plan.spec import JobSpec
 from tests.conftest import require_torch
 
@@ -128,7 +128,7 @@ def _render(
         rdzv_timeout=kw.pop("rdzv_timeout", 120.0),
         max_restarts=kw.pop("max_restarts", 0),
     )
-    return render_k8s(spec, K8sTarget(image="img", nodes=nodes, secret_name="creds"))
+    return render_spec(spec, K8sTarget(image="img", nodes=nodes, secret_name="creds"))
 
 
 def _finish(pods: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:

@@ -7,7 +7,7 @@ import pytest
 from corral.contract import is_env_name
 from corral.errors import ConfigError
 from corral.job.resolve import parse_env
-from corral.k8s.render import K8sTarget, render_k8s
+from corral.k8s.render import K8sTarget, render_spec
 from corral.plan.spec import JobSpec
 from corral.slurm.render import SlurmJob, render_slurm
 from corral.transport.ssh.command import build_command
@@ -32,6 +32,6 @@ def test_every_entry_point_refuses_what_a_shell_cannot_export(name: str) -> None
     with pytest.raises(ConfigError, match="not a valid environment variable name"):
         render_slurm(SlurmJob(script="t.py", forward_env=(name,)))
     with pytest.raises(ConfigError, match="not a valid environment variable name"):
-        render_k8s(JobSpec(script="t.py", env={name: "1"}), K8sTarget(image="i:1", nodes=1))
+        render_spec(JobSpec(script="t.py", env={name: "1"}), K8sTarget(image="i:1", nodes=1))
     with pytest.raises(ConfigError, match="invalid environment variable name"):
         build_command(["true"], env={name: "1"})

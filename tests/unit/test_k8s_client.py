@@ -23,7 +23,7 @@ import yaml
 
 from corral.cli import main as cli_main
 from corral.cli.main import _register
-from corral.k8s.render import COMPLETION_INDEX, K8sTarget, render_k8s, to_yaml
+from corral.k8s.render import COMPLETION_INDEX, K8sTarget, render_spec, to_yaml
 from corral.plan.spec import JobSpec
 from tests.conftest import require
 
@@ -197,7 +197,7 @@ RENDER = [
 
 def _objects() -> list[dict[str, Any]]:
     spec = JobSpec(script="train.py", args=("--lr", "0.1"), job_id="train-1")
-    return render_k8s(spec, K8sTarget(image="img:1", nodes=2))
+    return render_spec(spec, K8sTarget(image="img:1", nodes=2))
 
 
 def _created(fake: FakeApiServer) -> list[tuple[str, Any]]:
@@ -272,7 +272,7 @@ def test_delete_takes_the_pods_with_the_job(
 def _running_job(fake: FakeApiServer) -> tuple[str, str]:
     """train-1 with pods of rank 1 (running), 0 (done), 2 (pending), and another job's pod."""
     for name in ("train-1", "other"):
-        job = render_k8s(JobSpec(script="t.py", job_id=name), K8sTarget(image="i", nodes=3))[1]
+        job = render_spec(JobSpec(script="t.py", job_id=name), K8sTarget(image="i", nodes=3))[1]
         fake.handle("POST", "/apis/batch/v1/namespaces/default/jobs", job, f"Bearer {TOKEN}")
     one = fake.add_pod("train-1", 1, "Running", "rank 1 up\nloss 0.5\n")
     zero = fake.add_pod("train-1", 0, "Succeeded", "rank 0 up\nloss 0.4")

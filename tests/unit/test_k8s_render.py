@@ -29,6 +29,7 @@ from corral.k8s.render import (
     K8sTarget,
     master_addr,
     render_k8s,
+    render_spec,
     secret_keys,
     to_yaml,
 )
@@ -78,7 +79,7 @@ CASES: dict[str, tuple[JobSpec, K8sTarget]] = {
 
 def _render(case: str) -> list[dict[str, Any]]:
     spec, target = CASES[case]
-    return render_k8s(spec, target)
+    return render_spec(spec, target)
 
 
 def _job(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,13 +103,13 @@ def _env(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_render_matches_golden(case: str) -> None:
     spec, target = CASES[case]
-    text = to_yaml(render_k8s(spec, target), header=f"golden case {case}")
+    text = to_yaml(render_spec(spec, target), header=f"golden case {case}")
     path = GOLDEN / f"{case}.yaml"
     if os.environ.get("CORRAL_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert text == path.read_text()
-    assert [d for d in yaml.safe_load_all(text) if d] == render_k8s(spec, target)
+    assert [d for d in yaml.safe_load_all(text) if d] == render_spec(spec, target)
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
@@ -144,7 +145,7 @@ def test_the_service_selects_only_its_own_jobs_pods() -> None:
     """Seed 004's Service selected ``role: master`` on every pod of every job; corral's
     selects its job's pods by job id, and no pod of another job."""
     mine = _render("cpu")
-    other = render_k8s(_spec(job_id="train-2"), CASES["cpu"][1])
+    other = render_spec(_spec(job_id="train-2"), CASES["cpu"][1])
     selector = _service(mine)["spec"]["selector"]
     assert selector == {JOB_LABEL: "train-1"}
     assert "role" not in selector
@@ -249,7 +250,7 @@ def test_interfaces_namespace_and_the_python_launcher() -> None:
     assert 'python3 "$@" &' in script and "torch.distributed.run" not in script
     # no in-place restarts: every restart of the job takes all pods down
     spec, target = CASES["namespace_python"]
-    job = _job(render_k8s(dataclasses.replace(spec, max_restarts=2), target))
+    job = _job(render_spec(dataclasses.replace(spec, max_restarts=2), target))
     assert job["spec"]["backoffLimit"] == 2 * 3
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[-1]["onExitCodes"]["values"] == [2]  # no GAVE_UP_EXIT: no torchrun
@@ -270,7 +271,7 @@ def test_secrets_are_references_never_values() -> None:
 def test_a_secret_value_is_refused_not_written() -> None:
     spec = _spec(env={"HF_TOKEN": "hf_s3cr3t"})
     with pytest.raises(ConfigError, match="HF_TOKEN is secret") as err:
-        render_k8s(spec, K8sTarget(image="i", nodes=1, secret_name="s"))
+        render_spec(spec, K8sTarget(image="i", nodes=1, secret_name="s"))
     assert err.value.option == "--env"
     assert "hf_s3cr3t" not in str(err.value)
 
@@ -326,7 +327,7 @@ def test_bad_input_names_the_option(
     target: dict[str, Any] = {"image": "img:1", "nodes": 2}
     target.update(target_kw)
     with pytest.raises(ConfigError) as err:
-        render_k8s(_spec(**spec_kw), K8sTarget(**target))
+        render_spec(_spec(**spec_kw), K8sTarget(**target))
     assert err.value.option == option
     assert words in str(err.value)
 
@@ -499,7 +500,7 @@ def test_scheduling_options_reach_the_pod() -> None:
         image_pull_secrets=("regcred", "regcred", "mirror"),
         service_account="trainer",
     )
-    objects = render_k8s(_spec(), target)
+    objects = render_spec(_spec(), target)
     pod = _job(objects)["spec"]["template"]["spec"]
     assert _container(objects)["resources"] == {
         "requests": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": 8},
@@ -517,7 +518,7 @@ def test_scheduling_options_reach_the_pod() -> None:
     assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
     assert pod["serviceAccountName"] == "trainer"
     # a request without a limit: no limit written
-    only = render_k8s(_spec(), K8sTarget(image="i", nodes=1, cpu="500m", memory="1e3"))
+    only = render_spec(_spec(), K8sTarget(image="i", nodes=1, cpu="500m", memory="1e3"))
     assert _container(only)["resources"] == {"requests": {"cpu": "500m", "memory": "1e3"}}
     validator = require("kubernetes_validate", "schema validation of the renders")
     for version in SCHEMA_VERSIONS:
@@ -526,7 +527,7 @@ def test_scheduling_options_reach_the_pod() -> None:
 
 
 def test_interfaces_are_set_only_when_asked() -> None:
-    env = _env(render_k8s(_spec(nccl_interface="ib0"), K8sTarget(image="i", nodes=2)))
+    env = _env(render_spec(_spec(nccl_interface="ib0"), K8sTarget(image="i", nodes=2)))
     assert env["NCCL_SOCKET_IFNAME"]["value"] == "ib0"
     assert "GLOO_SOCKET_IFNAME" not in env
 
@@ -574,3 +575,32 @@ def test_cli_scheduling_options(
     code = _main(monkeypatch, "render", "--image", "i", "--node-selector", "novalue", "--", "t")
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: --node-selector: 'novalue' is not LABEL=VALUE")
+
+
+def test_the_render_takes_the_job_description_built_by_the_builder() -> None:
+    """The render of a JobDescription is the golden case's: its spec is built and
+    validated by the one builder (the restart budget from the options, not patched in),
+    and a bad option is refused as ``corral run`` refuses it."""
+    from corral.cluster.model import Cluster
+    from corral.job.describe import JobDescription, JobOptions
+    from corral.k8s.render import k8s_spec
+
+    spec, target = CASES["gpu"]
+    options = JobOptions(
+        command=(spec.script, *spec.args),
+        job_id=spec.job_id,
+        env=dict(spec.env),
+        rdzv_timeout=spec.rdzv_timeout,
+        max_restarts=2,
+        timeout=spec.timeout,
+        checkpoint_dir=spec.checkpoint_dir,
+        workdir=spec.workdir,
+        master_port=spec.master_port,
+    )
+    description = JobDescription(options, Cluster((), source="kubernetes"))
+    assert k8s_spec(description).max_restarts == 2
+    assert render_k8s(description, target) == render_spec(spec, target)
+    bad = JobDescription(dataclasses.replace(options, launcher="bogus"), description.cluster)
+    with pytest.raises(ConfigError) as caught:
+        render_k8s(bad, target)
+    assert caught.value.option == "--launcher"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from corral.k8s.render import CONTAINER, K8sTarget, needs_quotes, render_k8s, to_yaml
+from corral.k8s.render import CONTAINER, K8sTarget, needs_quotes, render_spec, to_yaml
 from corral.plan.spec import JobSpec
 from tests.conftest import missing_dependency
 
@@ -103,7 +103,7 @@ def test_kubectl_reads_the_rendered_job_as_written(tmp_path: Path) -> None:
         secret_env=("HF_TOKEN",),
     )
     target = K8sTarget(image="ghcr.io/me/train:1", nodes=4, gpus_per_node=8, secret_name="s")
-    objects = render_k8s(spec, target)
+    objects = render_spec(spec, target)
     path = tmp_path / "x.yaml"
     path.write_text(to_yaml(objects, header="test"))
     service, job = _kubectl(path)

@@ -452,13 +452,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # values and the parts the engine drives (the ranks' SDK, the node agent, transports)
     (
         *("corral.sdk", "corral.cluster", "corral.plan", "corral.agent", "corral.transport"),
-        *("corral.remote", "corral.harness", "corral.track", "corral.store", "corral.k8s"),
-        *("corral.slurm", "corral.throughput"),
+        *("corral.remote", "corral.harness", "corral.track", "corral.store", "corral.slurm"),
+        "corral.throughput",
     ),
     # below the engine
     ("corral.recovery", "corral.sync", "corral.fleet", "corral.diagnose", "corral.checks"),
-    # the engine and what runs jobs through it
-    ("corral.job", "corral.calibrate", "corral.actors"),
+    # the engine and what runs or renders jobs through its builder
+    ("corral.job", "corral.calibrate", "corral.actors", "corral.k8s"),
     # the server's services and its client
     ("corral.notify", "corral.service", "corral.client"),
     # the edges

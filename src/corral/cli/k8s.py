@@ -6,7 +6,6 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,11 +13,14 @@ import typer
 import yaml
 
 from corral.cli.options import NO_FLAGS, JobFlags, ScriptArg, job_flags
+from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError
+from corral.job.describe import JobDescription
 from corral.job.resolve import new_job_id
 from corral.k8s.render import (
     K8sTarget,
+    k8s_spec,
     render_k8s,
     to_yaml,
 )
@@ -230,8 +232,6 @@ def _render(
         raise ConfigError("no script given: corral k8s render [OPTIONS] -- SCRIPT [ARGS...]")
     if not image:
         raise ConfigError("the pods need an image: --image IMAGE", option="--image")
-    from corral.job.build import job_spec  # the engine: only when rendering
-
     env, secret_keys = _env(flags["env"], flags["secret_env"])
     # the job as every entry point describes and validates it (the schema's options)
     options = flags.options(
@@ -244,8 +244,8 @@ def _render(
         env=env,
         secret_env=tuple(secret_keys),
     )
-    # torchrun's own restarts on Kubernetes: the spec carries the budget
-    spec = replace(job_spec(options), max_restarts=options.max_restarts)
+    description = JobDescription(options, Cluster((), source="kubernetes"))  # pods: its nodes
+    spec = k8s_spec(description)
     codes = kw["fail_exit_code"]
     target = K8sTarget(
         image=image,
@@ -266,7 +266,7 @@ def _render(
         image_pull_secrets=tuple(kw["image_pull_secret"] or ()),
         service_account=kw["service_account"],
     )
-    return render_k8s(spec, target), spec, target
+    return render_k8s(description, target), spec, target
 
 
 def _header(spec: JobSpec, target: K8sTarget) -> str:

@@ -120,6 +120,7 @@ def job_spec(options: JobOptions) -> JobSpec:
         nccl_interface=options.nccl_interface,
         gloo_interface=options.gloo_interface,
         timeout=options.timeout,
+        max_restarts=options.max_restarts,  # what a render hands to torchrun (Kubernetes)
         checkpoint_dir=options.checkpoint_dir,
         rdzv_timeout=options.rdzv_timeout,
         collective_timeout=options.collective_timeout,

@@ -40,7 +40,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -57,6 +57,9 @@ from corral.contract import (
 from corral.errors import ConfigError
 from corral.plan.spec import JobSpec
 
+if TYPE_CHECKING:
+    from corral.job.describe import JobDescription
+
 __all__ = [
     "COMPLETION_INDEX",
     "CONTAINER",
@@ -67,9 +70,11 @@ __all__ = [
     "MASTER_LOST_EXIT",
     "MASTER_NOT_READY_EXIT",
     "K8sTarget",
+    "k8s_spec",
     "master_addr",
     "needs_quotes",
     "render_k8s",
+    "render_spec",
     "secret_keys",
     "to_yaml",
     "toleration",
@@ -676,11 +681,26 @@ def _job(spec: JobSpec, target: K8sTarget) -> dict[str, Any]:
     }
 
 
-def render_k8s(spec: JobSpec, target: K8sTarget) -> list[dict[str, Any]]:
-    """The headless Service and the Indexed Job that run ``spec`` on ``target``.
+def k8s_spec(description: JobDescription) -> JobSpec:
+    """The JobSpec the pods run: the description's options built and validated as every
+    job is (:func:`corral.job.build.job_spec`, its restart budget included: torchrun's
+    own on Kubernetes)."""
+    from corral.job.build import job_spec  # the builder: only when rendering
+
+    return job_spec(description.options)
+
+
+def render_k8s(description: JobDescription, target: K8sTarget) -> list[dict[str, Any]]:
+    """The headless Service and the Indexed Job that run the job of ``description`` on
+    ``target`` (its pods are the nodes: the description's cluster is not used).
 
     Raises :class:`~corral.errors.ConfigError` naming the option at fault.
     """
+    return render_spec(k8s_spec(description), target)
+
+
+def render_spec(spec: JobSpec, target: K8sTarget) -> list[dict[str, Any]]:
+    """The objects of a built ``spec`` (:func:`k8s_spec`) on ``target``."""
     _validate(spec, target)
     return [_service(spec, target), _job(spec, target)]
 
