@@ -2,10 +2,11 @@
 end to end, against a real ``corral serve`` over HTTP (one local machine): the API's
 request sets every rank's CORRAL_DIST_TIMEOUT, its default is the schema's, a bad value
 is a 422 naming the field, and the new-job page (a signed-in session) offers it with
-the schema's default."""
+the schema's default (and the state vocabulary its scripts read)."""
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -66,3 +67,5 @@ def test_the_new_job_page_offers_it_with_the_schemas_default(server: LiveServer)
     assert tag is not None, "no collective_timeout input on /jobs/new"
     assert 'data-default="1800.0"' in tag.group(0) and 'value="1800.0"' in tag.group(0)
     assert 'min="0"' in tag.group(0)  # gt 0, as the API checks
+    states = re.search(r'<body [^>]*data-states="([^"]+)"', page.text)
+    assert states is not None and "timed_out" in html.unescape(states.group(1))

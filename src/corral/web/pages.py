@@ -4,6 +4,7 @@ comes from the API, fetched by the page's own script with the session cookie."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,12 +18,35 @@ from fastapi.templating import Jinja2Templates
 from corral import __version__
 from corral.service.users import Principal, Role, UserService, hash_token
 from corral.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, Sessions, same_token
+from corral.states import TERMINAL_STATES, JobState, NodeState
 from corral.web.form import option_sections
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 static = StaticFiles(directory=str(HERE / "static"))
 router = APIRouter(include_in_schema=False)
+
+SYMBOLS: dict[str, str] = {
+    JobState.PLANNED: "○", JobState.QUEUED: "⋯", JobState.PENDING: "…",
+    JobState.PREPARING: "…", JobState.STARTING: "▷", JobState.RUNNING: "▶",
+    JobState.STOPPING: "■", JobState.RESTARTING: "↻", JobState.SUCCEEDED: "✓",
+    JobState.FAILED: "✕", JobState.TIMED_OUT: "⏱", JobState.CANCELLED: "⊘",
+    JobState.LOST: "!", NodeState.EXITED: "✓", NodeState.TERMINATED: "■",
+}  # fmt: skip
+"""The badge symbol of each job and node state (a word and a symbol, never colour alone)."""
+STATES_JSON = json.dumps(
+    {
+        "job": {s.name: s.value for s in JobState},
+        "node": {s.name: s.value for s in NodeState},
+        "final": sorted(s.value for s in TERMINAL_STATES),
+        "nodeFinal": sorted(s.value for s in NodeState if s.terminal),
+        "symbols": {str(getattr(k, "value", k)): v for k, v in SYMBOLS.items()},
+    },
+    separators=(",", ":"),
+)
+"""The state vocabulary (:mod:`corral.states`) for the pages' scripts: every page's
+``<body data-states>``, read by ``corral.js`` as ``corral.STATES``, so no script spells
+a state name itself."""
 
 
 def _sessions(request: Request) -> Sessions:
@@ -63,7 +87,14 @@ def page(request: Request, name: str, title: str, **context: Any) -> Response:
     return templates.TemplateResponse(
         request,
         name,
-        {"title": title, "csrf": session.csrf, "version": __version__, **rights, **context},
+        {
+            "title": title,
+            "csrf": session.csrf,
+            "version": __version__,
+            "states": STATES_JSON,
+            **rights,
+            **context,
+        },
     )
 
 

@@ -86,13 +86,11 @@ const corral = (() => {
     if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
     return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
   };
+  // the job and node states (corral.states, served in <body data-states>): their names,
+  // the final ones and each one's symbol; no script spells a state itself
+  const STATES = JSON.parse(document.body?.dataset.states || '{"job":{},"node":{},"final":[],"nodeFinal":[],"symbols":{}}');
   // a status as a badge: a word and a symbol, never colour alone
-  const SYMBOLS = {
-    online: "●", offline: "✕", busy: "◐", unknown: "?", planned: "○", queued: "⋯",
-    pending: "…", preparing: "…", starting: "▷", running: "▶", stopping: "■",
-    restarting: "↻", succeeded: "✓", failed: "✕", timed_out: "⏱", cancelled: "⊘",
-    lost: "!", exited: "✓", terminated: "■",
-  };
+  const SYMBOLS = { online: "●", offline: "✕", busy: "◐", unknown: "?", ...STATES.symbols };
   const badge = (status) =>
     el("span", { class: `badge s-${status}` }, `${SYMBOLS[status] || "·"} ${status}`);
 
@@ -117,5 +115,5 @@ const corral = (() => {
         ...(fits ? [el("td", { class: "mono", "data-field": "fits" }, w.fits == null ? "no limit" : String(w.fits))] : []))))));
   }
 
-  return { api, live, el, flash, bytes, pct, when, ago, duration, badge, csrf, ApiError, weightsTable };
+  return { api, live, el, flash, bytes, pct, when, ago, duration, badge, csrf, ApiError, weightsTable, STATES };
 })();

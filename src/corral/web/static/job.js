@@ -7,12 +7,14 @@
 "use strict";
 
 (() => {
-  const { api, live, el, badge, flash, when, duration, pct } = corral;
+  const { api, live, el, badge, flash, when, duration, pct, STATES } = corral;
+  const { job: S } = STATES;
   const page = document.getElementById("job");
   if (!page) return;
 
   const JOB = page.dataset.jobId;
-  const FINAL = new Set(["succeeded", "failed", "timed_out", "cancelled", "lost"]);
+  const FINAL = new Set(STATES.final);
+  const NODE_FINAL = new Set(STATES.nodeFinal);
   const STATUS_EVERY_MS = 2000;    // status poll while the job is not final
   const LOAD_EVERY_MS = 5000;      // machines' load while the job runs
   const FILES_EVERY_MS = 10000;    // file list while the job runs
@@ -53,7 +55,7 @@
     let node = nodes.get(host);
     if (node) return node;
     node = {
-      host, index: nodes.size, nodeRank: null, machineId: null, ranks: [], status: "pending",
+      host, index: nodes.size, nodeRank: null, machineId: null, ranks: [], status: S.PENDING,
       detail: "", master: false, step: null, total: null, liveRate: null,
       metrics: {}, rankInfo: new Map(), samples: [], series: new Map(), throughput: [],
       rateBucket: -Infinity, load: null, loadChecked: null, dom: null,
@@ -136,7 +138,7 @@
     job.state = state;
     $("job-status").replaceChildren(badge(state));
     // a success needs no reason (the last one may be an earlier attempt's)
-    if (state === "succeeded") $("job-reason").textContent = "";
+    if (state === S.SUCCEEDED) $("job-reason").textContent = "";
     else if (reason !== undefined) $("job-reason").textContent = reason ? `— ${reason}` : "";
     if (FINAL.has(state)) {
       job.final = true;
@@ -155,7 +157,7 @@
     // a final state known from the event stream is kept over a status the store has
     // not caught up with yet
     if (!(job.final && !FINAL.has(st.status))) {
-      if (job.stopping && !FINAL.has(st.status)) setState("stopping", "stopping…");
+      if (job.stopping && !FINAL.has(st.status)) setState(S.STOPPING, "stopping…");
       else setState(st.status, st.reason);
     }
     if (job.t0 === null && st.started) job.t0 = st.started;
@@ -308,7 +310,7 @@
       if (node.total) bits.push(`${((100 * node.step) / node.total).toFixed(0)}%`);
       const rate = rateOf(node);
       if (rate) bits.push(`${fmtNumber(rate)} steps/s`);
-      const ended = job.final || FINAL.has(node.status) || ["exited", "failed", "terminated"].includes(node.status);
+      const ended = job.final || FINAL.has(node.status) || NODE_FINAL.has(node.status);
       if (!ended && rate && node.total && node.step < node.total) {
         bits.push(`ETA ${duration((node.total - node.step) / rate)}`);
       }
@@ -522,7 +524,7 @@
   if (dialog) $("stop-confirm").addEventListener("click", async () => {
     dialog.close();
     job.stopping = true;
-    setState("stopping", "stopping…");
+    setState(S.STOPPING, "stopping…");
     try {
       const out = await api("POST", `/api/network/distributed/stop/${enc(JOB)}`);
       flash(out.message || "Stopping every node…", "info");
@@ -627,7 +629,7 @@
       },
       lost: (ev) => {
         job.streamDone = true;
-        setState("lost", ev.reason);
+        setState(S.LOST, ev.reason);
         settle();
       },
     });

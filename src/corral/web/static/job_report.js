@@ -38,7 +38,7 @@ const corralJobReport = ({ jobId, job, markNodes }) => {
     }
     body.replaceChildren(...attempts.map((a) => {
       const rec = a.record || {};
-      let result = "running";
+      let result = corral.STATES.job.RUNNING;
       if (a.ended) {
         result = rec.state || "ended";
         if (rec.exit_code !== null && rec.exit_code !== undefined) result += ` (exit ${rec.exit_code})`;
@@ -52,7 +52,7 @@ const corralJobReport = ({ jobId, job, markNodes }) => {
         el("td", { "data-label": "Ended" }, a.ended ? when(a.ended) : "–"),
         el("td", { "data-label": "Result" }, result),
         el("td", { "data-label": "Restart / cause" }, el("div", {}, el("div", {}, restart),
-          a.cause && rec.state !== "succeeded" ? el("div", { class: "muted" }, `cause: ${a.cause}`) : null)));
+          a.cause && rec.state !== corral.STATES.job.SUCCEEDED ? el("div", { class: "muted" }, `cause: ${a.cause}`) : null)));
     }));
   }
 
@@ -111,7 +111,8 @@ const corralJobReport = ({ jobId, job, markNodes }) => {
     const rc = st.root_cause;
     const box = $("root-cause");
     // a stop by the user is no failure: its "root cause" (interrupted) names no rank
-    const none = !rc || st.status === "succeeded" || (st.status === "cancelled" && !rc.host);
+    const { SUCCEEDED, CANCELLED } = corral.STATES.job;
+    const none = !rc || st.status === SUCCEEDED || (st.status === CANCELLED && !rc.host);
     if (none) { box.hidden = true; return; }
     box.hidden = false;
     const facts = [];

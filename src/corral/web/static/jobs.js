@@ -101,7 +101,7 @@
   // the jobs start, each with its priority, owner and what it waits for
   function renderQueue(queued) {
     $("queue-body").replaceChildren(...queued.map((entry) =>
-      el("tr", { "data-job": entry.job_id, "data-status": "queued" },
+      el("tr", { "data-job": entry.job_id, "data-status": corral.STATES.job.QUEUED },
         el("td", { class: "num" }, String(entry.position + 1)),
         el("td", {}, jobLink(entry.job_id)),
         el("td", {}, entry.name || "–"),
