@@ -4,14 +4,22 @@ step time under ``--recovery restart`` and ``--recovery in-place``.
 One rank per node, a small MLP over gloo on CPU, ``--sleep`` seconds of extra work
 per step. Each committed step prints ``step S`` (stdout, flushed). ``--kill-node N
 --kill-at K``: node N's rank prints ``killing itself at step K`` and SIGKILLs itself,
-once (a marker file under ``--marker-dir`` keeps its restart alive).
+once (a marker file under ``--marker-dir`` keeps its restart alive). Each step line
+also says ``wait W``: the seconds of its forward and backward (where the gradient's
+all-reduce waits for the quorum, and the process group is reconfigured after a
+quorum change), the sleep not counted; in-place ones ``quorum Q`` too: the seconds
+from ``zero_grad()`` to the step's data (torchft's asynchronous quorum returns at
+once; the SDK's ``ft.indices()`` waits for it). At the end each rank prints ``cpu C per step``:
+its process CPU seconds (every thread) per step from step 10 on.
 
 * restart (no ``CORRAL_REPLICA_GROUP``): torch DDP over the job's process group;
   rank 0 saves a checkpoint every ``--checkpoint-every`` steps to
   ``--checkpoint-dir`` and every attempt resumes from it (``resumed from step S``).
 * in-place (``CORRAL_REPLICA_GROUP`` set by corral): torchft's Manager, DDP and
   Optimizer; the node trains until ``--steps`` *and* a step with every group in
-  the quorum (so a lost group is back before the end).
+  the quorum (so a lost group is back before the end). With ``--sdk`` the same
+  through corral's ``sdk.fault_tolerant`` and its documented loop (each group reads
+  its share of the batch, ``ft.indices()``, scaled by ``ft.loss_scale``).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ parser.add_argument("--kill-at", type=int, default=30)
 parser.add_argument("--marker-dir", default="")
 parser.add_argument("--checkpoint-dir", default="")
 parser.add_argument("--checkpoint-every", type=int, default=20)
+parser.add_argument("--sdk", action="store_true", help="in-place: through sdk.fault_tolerant")
 args = parser.parse_args()
 
 in_place = "CORRAL_REPLICA_GROUP" in os.environ
@@ -54,12 +63,58 @@ def maybe_die(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def work(forward: nn.Module) -> float:
-    loss = nn.functional.mse_loss(forward(data), target)
-    loss.backward()
-    time.sleep(args.sleep)
-    return float(loss)
+WARM = 10  # steps before the CPU per step is counted
+cpu_from: list[tuple[float, int]] = []
 
+
+def work(forward: nn.Module, rows: object = slice(None), scale: float = 1.0) -> float:
+    """One step's forward and backward, then the extra work; the seconds of the first."""
+    start = time.monotonic()
+    loss = nn.functional.mse_loss(forward(data[rows]), target[rows])  # type: ignore[index]
+    (loss * scale).backward()
+    waited = time.monotonic() - start
+    time.sleep(args.sleep)
+    return waited
+
+
+def count_cpu(step: int) -> None:
+    if step >= WARM and not cpu_from:
+        cpu_from.append((time.process_time(), step))
+
+
+def cpu_line(step: int) -> None:
+    if cpu_from and step > cpu_from[0][1]:
+        per_step = (time.process_time() - cpu_from[0][0]) / (step - cpu_from[0][1])
+        print(f"cpu {per_step:.6f} per step", flush=True)
+
+
+if in_place and args.sdk:
+    from corral import sdk
+
+    groups = int(os.environ["CORRAL_REPLICA_GROUPS"])
+    ft = sdk.fault_tolerant(
+        model, inner, global_batch=len(data), dataset_size=len(data), shuffle=False, timeout=10
+    )
+    participants = 0
+    while ft.step < args.steps or participants < groups:
+        before = ft.step
+        maybe_die(before)
+        began = time.monotonic()
+        ft.optimizer.zero_grad()
+        rows = ft.indices()
+        quorum = time.monotonic() - began
+        waited = work(ft.model, rows, ft.loss_scale)
+        ft.optimizer.step()
+        participants = ft.participants
+        if ft.step > before:
+            print(
+                f"step {ft.step} participants {participants} quorum {quorum:.4f} wait {waited:.4f}",
+                flush=True,
+            )
+            count_cpu(ft.step)
+    cpu_line(ft.step)
+    ft.shutdown()
+    sys.exit(0)
 
 if in_place:
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
@@ -89,12 +144,20 @@ if in_place:
     while manager.current_step() < args.steps or participants < groups:
         before = manager.current_step()
         maybe_die(before)
+        began = time.monotonic()
         optimizer.zero_grad()
-        work(ddp)
+        quorum = time.monotonic() - began
+        waited = work(ddp)
         optimizer.step()
         participants = manager.num_participants()
         if manager.current_step() > before:
-            print(f"step {manager.current_step()} participants {participants}", flush=True)
+            now = manager.current_step()
+            print(
+                f"step {now} participants {participants} quorum {quorum:.4f} wait {waited:.4f}",
+                flush=True,
+            )
+            count_cpu(now)
+    cpu_line(manager.current_step())
     manager.shutdown(wait=False)
     sys.exit(0)
 
@@ -114,12 +177,14 @@ if ckpt is not None and ckpt.exists():
 while step < args.steps:
     maybe_die(step)
     inner.zero_grad()
-    work(ddp_model)
+    waited = work(ddp_model)
     inner.step()
     step += 1
-    print(f"step {step}", flush=True)
+    print(f"step {step} wait {waited:.4f}", flush=True)
+    count_cpu(step)
     if ckpt is not None and dist.get_rank() == 0 and step % args.checkpoint_every == 0:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "optim": inner.state_dict(), "step": step}, tmp)
         tmp.replace(ckpt)
+cpu_line(step)
 dist.destroy_process_group()
