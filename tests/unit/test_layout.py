@@ -452,13 +452,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # values and the parts the engine drives (the ranks' SDK, the node agent, transports)
     (
         *("corral.sdk", "corral.cluster", "corral.plan", "corral.agent", "corral.transport"),
-        *("corral.remote", "corral.harness", "corral.track", "corral.store", "corral.slurm"),
-        "corral.throughput",
+        *("corral.remote", "corral.harness", "corral.track", "corral.store", "corral.throughput"),
     ),
     # below the engine
     ("corral.recovery", "corral.sync", "corral.fleet", "corral.diagnose", "corral.checks"),
     # the engine and what runs or renders jobs through its builder
-    ("corral.job", "corral.calibrate", "corral.actors", "corral.k8s"),
+    ("corral.job", "corral.calibrate", "corral.actors", "corral.k8s", "corral.slurm"),
     # the server's services and its client
     ("corral.notify", "corral.service", "corral.client"),
     # the edges
@@ -642,11 +641,13 @@ def test_the_state_check_sees_state_names(tmp_path: Path) -> None:
 
 # --- every job is built by the one builder ------------------------------------------------
 
-#: What only the builder makes: the engine's Job (job/build.py ``new_job``) and a job's
-#: JobSpec (job/build.py ``job_spec``; plan/specjson.py reads one back from its JSON).
+#: What only the builder makes: the engine's Job (job/build.py ``new_job``), a job's
+#: JobSpec (job/build.py ``job_spec``; plan/specjson.py reads one back from its JSON)
+#: and the Slurm render's job (slurm/render.py ``slurm_job``, of a JobDescription).
 BUILT: dict[str, tuple[str, ...]] = {
     "corral.job.engine.Job": ("corral.job.build",),
     "corral.plan.spec.JobSpec": ("corral.job.build", "corral.plan.specjson"),
+    "corral.slurm.render.SlurmJob": ("corral.slurm.render",),
 }
 #: Modules making one anyway, each with why. Shrink it, never grow it.
 BUILT_ELSEWHERE: dict[str, str] = {}

@@ -4,6 +4,7 @@ and submit without sbatch as one line without a traceback."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -362,3 +363,47 @@ def test_only_torchrun_is_offered_on_slurm() -> None:
         assert other not in line
     result = CliRunner().invoke(app, ["slurm", "render", "--launcher", "python", "--", "t.py"])
     assert result.exit_code != 0
+
+
+def test_the_render_takes_the_job_description_built_by_the_builder() -> None:
+    """The Slurm job of a JobDescription is the golden case's: its script, launcher and
+    env validated by the one builder (the option at fault named as ``corral run``
+    names it), the allocation's side from the target."""
+    from corral.cluster.model import Cluster
+    from corral.errors import ConfigError
+    from corral.job.describe import JobDescription, JobOptions
+    from corral.slurm.render import SlurmTarget, slurm_job
+
+    gpu = CASES["gpu"]
+    options = JobOptions(
+        command=(gpu.script, *gpu.args),
+        python=gpu.python,
+        env=dict(gpu.env),
+        workdir=gpu.workdir,
+        master_port=gpu.master_port,
+        nccl_interface=gpu.nccl_interface,
+        gloo_interface=gpu.gloo_interface,
+        rdzv_timeout=gpu.rdzv_timeout,
+        collective_timeout=gpu.dist_timeout,
+        checkpoint_dir=gpu.checkpoint_dir,
+        max_restarts=gpu.max_restarts,
+    )
+    target = SlurmTarget(
+        nodes=gpu.nodes,
+        gpus_per_node=gpu.gpus_per_node,
+        cpus_per_task=gpu.cpus_per_task,
+        partition=gpu.partition,
+        account=gpu.account,
+        time=gpu.time,
+        job_name=gpu.job_name,
+        output_dir=gpu.output_dir,
+        sbatch_options=gpu.sbatch_options,
+    )
+    description = JobDescription(options, Cluster((), source="slurm"))
+    assert slurm_job(description, target) == gpu
+    assert render_slurm(slurm_job(description, target)) == render_slurm(gpu)
+    for changes, option in (({"launcher": "python"}, "--launcher"), ({"env": {"1X": "y"}}, None)):
+        bad = JobDescription(dataclasses.replace(options, **changes), description.cluster)
+        with pytest.raises(ConfigError) as caught:
+            render_slurm(slurm_job(bad, target))
+        assert option is None or caught.value.option == option

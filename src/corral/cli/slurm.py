@@ -13,18 +13,21 @@ from typing import Annotated
 import typer
 
 from corral.cli.options import NO_FLAGS, JobFlags, ScriptArg, job_flags
+from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError, LaunchError
+from corral.job.describe import JobDescription
 from corral.job.resolve import new_job_id
 from corral.private import private_dir, write_private
 from corral.slurm.render import (
     DEFAULT_SIGNAL_LEAD,
-    SLURM_LAUNCHERS,
     SlurmJob,
+    SlurmTarget,
     env_items,
     forwarded_keys,
     render_slurm,
     sbatch_argv,
+    slurm_job,
 )
 
 _S = "Slurm"
@@ -141,45 +144,32 @@ def _job(
     sbatch_option: list[str] | None,
     signal_lead: int,
 ) -> SlurmJob:
-    """The SlurmJob of SCRIPT [ARGS] and the options."""
+    """The SlurmJob of SCRIPT [ARGS] and the options: the job described as every entry
+    point describes it, rendered by :func:`~corral.slurm.render.slurm_job`."""
     if not command:
         raise ConfigError("no script given: corral slurm render [OPTIONS] -- SCRIPT [ARGS...]")
-    launcher = flags["launcher"] or "torchrun"
-    if launcher not in SLURM_LAUNCHERS:
-        raise ConfigError(
-            f"launcher {launcher!r} is not available on Slurm: each node runs torchrun",
-            option="--launcher",
-        )
-    env = flags["env"]
-    written, bare = env_items(env or [])
-    script, *args = command
-    return SlurmJob(
-        script=script,
-        args=tuple(args),
-        nodes=nodes,
+    written, bare = env_items(flags["env"] or [])  # bare keys: forwarded at submit time
+    options = flags.options(
+        command,
+        launcher=flags["launcher"] or "torchrun",
         nproc_per_node=_nproc(flags["nproc_per_node"], gpus_per_node),
+        env=written,
+        secret_env=tuple(flags["secret_env"] or ()),
+    )
+    target = SlurmTarget(
+        nodes=nodes,
         gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task,
         partition=partition,
         account=account,
         time=time,
         job_name=job_name,
-        python=flags["python"] or "python3",  # the allocation's own
-        workdir=flags["workdir"],
         output_dir=output_dir,
-        env=written,
-        forward_env=bare,
-        secret_env=tuple(flags["secret_env"] or ()),
-        master_port=flags["master_port"],
-        nccl_interface=flags["nccl_interface"],
-        gloo_interface=flags["gloo_interface"],
-        rdzv_timeout=flags["rdzv_timeout"],
-        dist_timeout=flags["collective_timeout"],
-        max_restarts=flags["max_restarts"],
-        checkpoint_dir=flags["checkpoint_dir"],
         signal_lead=signal_lead,
         sbatch_options=tuple(sbatch_option or ()),
+        forward_env=bare,
     )
+    return slurm_job(JobDescription(options, Cluster((), source="slurm")), target)
 
 
 @job_flags("slurm", skip=("run_dir",))

@@ -35,6 +35,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from corral.contract import (
     ATTEMPT_ENV,
@@ -49,6 +50,9 @@ from corral.errors import ConfigError
 from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
 from corral.redact import is_secret
 
+if TYPE_CHECKING:
+    from corral.job.describe import JobDescription
+
 __all__ = [
     "CHECKPOINT_SIGNAL",
     "DEFAULT_DIST_TIMEOUT",
@@ -56,11 +60,13 @@ __all__ = [
     "MASTER_NOT_READY_EXIT",
     "SLURM_LAUNCHERS",
     "SlurmJob",
+    "SlurmTarget",
     "checkpoint_grace",
     "env_items",
     "forwarded_keys",
     "render_slurm",
     "sbatch_argv",
+    "slurm_job",
 ]
 
 DEFAULT_DIST_TIMEOUT = 1800.0
@@ -153,6 +159,67 @@ class SlurmJob:
     def cpus(self) -> int:
         """CPUs of each node's task: ``cpus_per_task``, else one per rank."""
         return self.cpus_per_task or self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class SlurmTarget:
+    """What to ask Slurm for, beside the job itself (a :class:`JobDescription`)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    job_name: str = "corral"
+    output_dir: str | None = None
+    signal_lead: int = DEFAULT_SIGNAL_LEAD
+    sbatch_options: tuple[str, ...] = ()
+    forward_env: tuple[str, ...] = ()
+    """Env keys taken from the submitter's environment at submit time (bare ``--env K``:
+    their values are never in the description, so never in the script)."""
+
+
+def slurm_job(description: JobDescription, target: SlurmTarget) -> SlurmJob:
+    """The Slurm batch job of ``description`` on ``target``: the job built and validated
+    as every job is (:func:`corral.job.build.job_spec`, the option at fault named), then
+    torchrun on each node of the allocation (its nodes: the description's cluster is
+    not used; ``--master-port 0``: a port derived from the Slurm job id)."""
+    from corral.job.build import job_spec  # the builder: only when rendering
+
+    spec = job_spec(description.options)
+    if spec.launcher not in SLURM_LAUNCHERS:
+        raise ConfigError(
+            f"launcher {spec.launcher!r} is not available on Slurm: each node runs torchrun",
+            option="--launcher",
+        )
+    return SlurmJob(
+        script=spec.script,
+        args=spec.args,
+        nodes=target.nodes,
+        nproc_per_node=spec.nproc_per_node,
+        gpus_per_node=target.gpus_per_node,
+        cpus_per_task=target.cpus_per_task,
+        partition=target.partition,
+        account=target.account,
+        time=target.time,
+        job_name=target.job_name,
+        python=spec.python or "python3",  # the allocation's own
+        workdir=spec.workdir,
+        output_dir=target.output_dir,
+        env=spec.env,
+        forward_env=target.forward_env,
+        secret_env=spec.secret_env,
+        master_port=spec.master_port,
+        nccl_interface=spec.nccl_interface,
+        gloo_interface=spec.gloo_interface,
+        rdzv_timeout=spec.rdzv_timeout,
+        dist_timeout=description.options.collective_timeout,
+        max_restarts=spec.max_restarts,
+        checkpoint_dir=spec.checkpoint_dir,
+        signal_lead=target.signal_lead,
+        sbatch_options=target.sbatch_options,
+    )
 
 
 def checkpoint_grace(lead: int) -> int:
