@@ -615,6 +615,7 @@ def test_corral_plan_in_place_prints_each_groups_command() -> None:
     from corral.cli.main import app
 
     args = ["plan", "--hosts", "h0,h1,h2", "--nproc-per-node", "2", "--python", "python3"]
+    args += ["--master-port", "29500"]  # the default, 0, is picked at launch
     tail = ["--", "train.py"]
     runner = CliRunner()
     shown = runner.invoke(app, [*args, "--recovery", "in-place", "--spares", "1", *tail])

@@ -220,9 +220,8 @@ class JobOptions:
     )
     master_port: int = option(
         0,
-        "Rendezvous port; 0 (the default) picks a free one on the first host at launch "
-        "(Kubernetes: the pods' fixed port 29500; Slurm: 20000 + the job id's last 4 "
-        "digits).",
+        "Rendezvous port; 0 picks a free one on the first host at launch (Kubernetes: "
+        "the pods' fixed port 29500; Slurm: 20000 + the Slurm job id mod 40000).",
         flag="--master-port",
         metavar="PORT",
         envvar="CORRAL_MASTER_PORT",
