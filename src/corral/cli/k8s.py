@@ -193,17 +193,6 @@ def _env(items: list[str] | None, secret: list[str] | None) -> tuple[dict[str, s
     return env, keys
 
 
-def _nproc(value: str | None) -> int | None:
-    if value is None or value == "auto":
-        return None  # one rank per GPU, else one
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
-        ) from None
-
-
 def _pvcs(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in items or []:
@@ -238,7 +227,6 @@ def _render(
         command,
         launcher=flags["launcher"] or "torchrun",
         job_id=flags["job_id"] or f"corral-{new_job_id()}",
-        nproc_per_node=_nproc(flags["nproc_per_node"]),
         # 0 (pick a free port) is, on Kubernetes, the pods' one fixed port
         master_port=flags["master_port"] or DEFAULT_MASTER_PORT,
         env=env,
