@@ -58,3 +58,47 @@ def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Pat
     assert [op for op, _ in seen] == ["probe", "probe", "start", "start"], seen
     assert all(loaded == [] for _, loaded in seen), seen
     assert pydantic_later  # the agents' events are validated with it after the start
+
+
+SPAWN_HOOK = """
+import json, sys
+import corral.transport.local as local
+
+start, seen = local.LocalTransport.start, []
+
+async def recording(self, host, argv, **kwargs):
+    checklist = ("corral.checks.timeouts", "corral.checks.stale", "urllib.request")
+    seen.append([host.name, sorted(m for m in checklist if m in sys.modules)])
+    return await start(self, host, argv, **kwargs)
+
+local.LocalTransport.start = recording
+from corral.cli.main import main
+sys.argv = ["corral", "run", "--hosts", "local:2", "--launcher", "python",
+            "--master-port", "0", "--run-dir", "runs", "--", "hello.py"]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print("SEEN " + json.dumps([code, seen, "corral.checks.timeouts" in sys.modules]))
+"""
+
+
+def test_a_local_launch_starts_its_agents_before_the_checklist_loads(tmp_path: Path) -> None:
+    """The agents' processes (and with them the nodes' held launchers) are started
+    before the checklist's first step imports its machinery."""
+    (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    done = subprocess.run(
+        [sys.executable, "-c", SPAWN_HOOK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
+    )
+    out = done.stdout + done.stderr
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("SEEN ")]
+    code, seen, checked = json.loads(line[5:])
+    assert code == 0, out
+    assert sorted(host for host, _ in seen) == ["local-0", "local-1"], seen
+    assert all(loaded == [] for _, loaded in seen), seen
+    assert checked  # the checklist ran, after them

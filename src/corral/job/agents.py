@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import inspect
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -491,13 +492,22 @@ async def alongside(
 ) -> tuple[T, tuple[P, dict[str, NodeProcess]]]:
     """Run the checklist and the agents' start-up at the same time; the checklist's
     outcome and the agents started. If either fails (the checklist's error first)
-    or this is cancelled meanwhile, every agent started is told to exit."""
-    checking = asyncio.ensure_future(checks)
+    or this is cancelled meanwhile, every agent started is told to exit.
+
+    The agents' processes are started first (their interpreters, and the node's
+    launcher held at its gate, start sooner): the checklist's first step imports its
+    machinery (~40 modules) before it awaits anything."""
     starting = asyncio.ensure_future(agents)
+    checking: asyncio.Future[T] | None = None
     try:
+        await asyncio.sleep(0)  # the agents' start-up runs its first step (its spawns)
+        checking = asyncio.ensure_future(checks)
         outcome, started = await asyncio.gather(checking, starting, return_exceptions=True)
     except asyncio.CancelledError:
-        checking.cancel()
+        if checking is not None:
+            checking.cancel()
+        elif inspect.iscoroutine(checks):
+            checks.close()  # never started
         starting.cancel()
         done = await asyncio.gather(starting, return_exceptions=True)
         if not isinstance(done[0], BaseException):
