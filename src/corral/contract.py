@@ -41,6 +41,8 @@ __all__ = [
     "FLIGHT_DIR_ENV",
     "FLIGHT_RECORDER_ENV",
     "FT_QUORUM_TIMEOUT_DEFAULT",
+    "FT_QUORUM_RETRIES_DEFAULT",
+    "FT_QUORUM_RETRIES_ENV",
     "FT_QUORUM_TIMEOUT_ENV",
     "FT_TIMEOUT_DEFAULT",
     "FT_TIMEOUT_ENV",
@@ -180,6 +182,11 @@ FT_TIMEOUT_ENV = "TORCHFT_TIMEOUT_SEC"
 FT_QUORUM_TIMEOUT_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
 FT_TIMEOUT_DEFAULT = 30.0
 FT_QUORUM_TIMEOUT_DEFAULT = 60.0
+#: torchft's retries of a quorum whose Lighthouse call failed: what lets the groups
+#: reconnect to a Lighthouse corral restarted at the same address; set for every
+#: group unless the job's env sets it (``0``: a lost Lighthouse means a restart from disk).
+FT_QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
+FT_QUORUM_RETRIES_DEFAULT = 20
 #: The name of the SDK's error when the replica groups' states differ after a heal
 #: (``corral.sdk.StateMismatch``): in a rank's error file it tells an in-place job
 #: that restarting groups would only heal the same way again.

@@ -19,7 +19,7 @@ from corral.contract import (
     REPLICA_GROUPS_ENV,
     STATE_MISMATCH,
 )
-from corral.errors import ConfigError
+from corral.errors import ConfigError, LaunchError
 from corral.job.build import build_job, new_job
 from corral.job.describe import JobOptions
 from corral.job.events import GroupChanged, JobEvent, decode_event, json_of
@@ -228,13 +228,22 @@ def test_group_events_round_trip() -> None:
 
 
 class FakeLighthouse:
-    """Stands in for the Lighthouse child: alive until ``die()``."""
+    """Stands in for the Lighthouse child: alive until ``die()``; ``restart()`` brings
+    it back unless ``restartable`` is False (then it raises as a failed start does)."""
 
     url = "http://127.0.0.1:1"
 
-    def __init__(self, members: set[str] | None = None) -> None:
+    def __init__(self, members: set[str] | None = None, *, restartable: bool = True) -> None:
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.member_ids: set[str] = set(members or ())
+        self.restartable = restartable
+        self.restarts = 0
+
+    async def restart(self) -> None:
+        if not self.restartable:
+            raise LaunchError("could not start torchft's Lighthouse: address already in use")
+        self._exit = asyncio.get_running_loop().create_future()
+        self.restarts += 1
 
     async def members(self) -> set[str] | None:
         return set(self.member_ids)
@@ -402,20 +411,59 @@ def test_groups_whose_states_differ_after_a_heal_end_the_attempt(tmp_path: Path)
     assert StateMismatch.__name__ == STATE_MISMATCH  # the name the supervisor looks for
 
 
-def test_a_dead_lighthouse_falls_back(tmp_path: Path) -> None:
+def test_a_dead_lighthouse_that_cannot_be_restarted_falls_back_saying_why(
+    tmp_path: Path,
+) -> None:
     async def survivor(node: FakeNode) -> int:
         node.event("started", pid=1, pgids=[1])
         node.event("rank_start", rank=0, local_rank=0, pid=1)
         return await _stop_on_request(node)
 
     async def main() -> Any:
-        lighthouse = FakeLighthouse()
+        lighthouse = FakeLighthouse(restartable=False)
         asyncio.get_running_loop().call_later(0.3, lighthouse.die)
         return await _supervise({h: survivor for h in HOSTS}, tmp_path, lighthouse=lighthouse)
 
     result, _, _ = asyncio.run(main())
     assert result.state == JobState.FAILED
-    assert "Lighthouse exited" in result.failures[0].message
+    assert result.failures[0].message.startswith(
+        "torchft's Lighthouse exited (code -9) and could not be restarted: could not start "
+        "torchft's Lighthouse: address already in use: falling back to a restart of every "
+        "node from the disk checkpoint"
+    )
+
+
+def test_a_dead_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path) -> None:
+    lighthouse: FakeLighthouse | None = None
+
+    async def trains_on(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        node.event("report", rank=0, type="progress", step=5)
+        assert lighthouse is not None
+        await _until(lambda: lighthouse.restarts == 2)  # it died twice, came back twice
+        node.event("report", rank=0, type="progress", step=6)
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def main() -> Any:
+        nonlocal lighthouse
+        lighthouse = FakeLighthouse()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, lighthouse.die)
+        loop.call_later(0.8, lambda: lighthouse.die() if lighthouse else None)
+        return await _supervise({h: trains_on for h in HOSTS}, tmp_path, lighthouse=lighthouse)
+
+    result, events, _ = asyncio.run(main())
+    assert result.state == JobState.SUCCEEDED  # no restart from disk
+    said = [getattr(e, "text", "") for e in events]
+    assert any(
+        t.startswith("torchft's Lighthouse exited (code -9): corral restarted it at ")
+        and "the groups reconnect to it, no restart from disk" in t
+        for t in said
+    ), said
+    assert not [e for e in events if isinstance(e, GroupChanged) and e.change == "fallback"]
 
 
 # -- a script that never creates the torchft Manager: named after the join timeout ----------

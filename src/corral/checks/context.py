@@ -60,6 +60,8 @@ class ChecklistOptions:
     harness: bool = False  # --harness: Accelerate must be there whatever the launcher
     command_template: str | None = None  # --launcher command: its first word is looked for
     torchft: bool = False  # --recovery in-place: torchft must be importable on every host
+    # --spares: hosts held in reserve, judged by the spares check (corral.checks.spares)
+    spares: tuple[Host, ...] = ()
     # --recovery in-place: the timeouts whose order decides a lost node's fate
     # (corral.checks.timeouts): the job's env (torchft's overrides) and its options
     env: dict[str, str] = field(default_factory=dict)

@@ -39,6 +39,7 @@ CHECK_NAMES = (
     "collective",
     "links",  # only with --links / --check-links
     "timeouts",  # only with --recovery in-place
+    "spares",  # only with --spares: each spare host judged as the others are
     "sync",
 )
 Check = Callable[[CheckContext], CheckResult]
@@ -221,7 +222,8 @@ async def run_checklist(
     phases: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
-        asked = [cluster.hosts[0]] if cluster.is_local else list(cluster.hosts)
+        spare_hosts = tuple(opts.spares)  # judged by the spares check only
+        asked = [cluster.hosts[0]] if cluster.is_local else [*cluster.hosts, *spare_hosts]
         if agents is not None:  # before anything is awaited: their probes carry these
             agents.post(host_params(request, asked, master))
         local = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)
@@ -242,6 +244,7 @@ async def run_checklist(
                 links,
                 network,
                 shared_data,
+                spares,
                 stale,
                 sync_status,
                 timeouts,
@@ -252,7 +255,9 @@ async def run_checklist(
         facts_map, (manifest, script_hash), shared = await asking
         if cluster.is_local:
             only = facts_map[cluster.hosts[0].name]
-            facts_map = {h.name: dataclasses.replace(only, host=h) for h in cluster.hosts}
+            facts_map = {
+                h.name: dataclasses.replace(only, host=h) for h in (*cluster.hosts, *spare_hosts)
+            }
         phases["gather"] = time.perf_counter() - t0
         ctx = CheckContext(
             options=opts,
@@ -279,6 +284,8 @@ async def run_checklist(
         results += [_timed(m.check, ctx) for m in (clock, stale, gpu)]
         if opts.torchft:
             results.append(_timed(timeouts.check, ctx))
+        if spare_hosts:
+            results.append(_timed(lambda c: spares.check(c, spare_hosts), ctx))
         if opts.smoke:
             t1 = time.perf_counter()
             smoke = await _smoke(ctx, tp, port_for(ctx))

@@ -6,9 +6,11 @@ a node (a rank died, its host was lost, it hung) tears down only that node's
 replica group; the other groups go on with a smaller torchft quorum and the
 lost group is started again (same host when it answers, else a spare host) to
 rejoin by healing from a live peer. What follows a loss is decided by
-:func:`corral.recovery.inplace.decide_group`: below ``--min-nodes`` live groups,
-or when the Lighthouse child is gone, the whole attempt is stopped as a failure
-and the engine's restart policy restarts every node from the disk checkpoint.
+:func:`corral.recovery.inplace.decide_group`: below ``--min-nodes`` live groups
+the whole attempt is stopped as a failure and the engine's restart policy restarts
+every node from the disk checkpoint. A Lighthouse child that exits is started
+again at the same address, the groups reconnect to it; the attempt falls back only
+when it cannot be (:func:`corral.recovery.inplace.lighthouse_fallback`), saying why.
 Group changes go out as :class:`~corral.job.events.GroupChanged` events and end
 up in the result (``JobResult.groups``) for the summary.
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
-from corral.contract import NODE_DIR_ENV, STATE_MISMATCH
+from corral.contract import FT_QUORUM_RETRIES_ENV, NODE_DIR_ENV, STATE_MISMATCH
 from corral.errors import ConfigError, LaunchError
 from corral.job.events import GroupChanged, Progress
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
@@ -35,11 +37,13 @@ from corral.recovery.hangwatch import HangWatch
 from corral.recovery.health import HostWatch
 from corral.recovery.inplace import (
     HEALING_MARKER,
+    MAX_LIGHTHOUSE_RESTARTS,
     GroupEpisode,
     GroupLog,
     JoinWatch,
     decide_group,
     healing_source,
+    lighthouse_fallback,
     never_joined,
 )
 from corral.recovery.lighthouse import Lighthouse, reachable_address
@@ -83,6 +87,7 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         self._hang_timeout = kwargs.get("hang_timeout")
         self._hang_dir = kwargs.get("hang_dir")
         self._falling_back = False
+        self._lighthouse_restarting = False  # a new Lighthouse is being started
 
     # -- which node a failure belongs to ---------------------------------------------
 
@@ -233,7 +238,7 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
             host_answers=answers,
             restarts_on_host=self._restarts.get((group, host.name), 0),
             spares=[h.name for h in self.spares],
-            lighthouse_alive=self.lighthouse.alive,
+            lighthouse_alive=self.lighthouse.alive or self._lighthouse_restarting,
             finished=any(n.state == NodeState.EXITED for n in self.nodes),
         )
         episode.action = decision.action
@@ -289,10 +294,37 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         self._fail(cause, EXIT_LOST)
 
     async def _watch_lighthouse(self) -> None:
-        code = await self.lighthouse.wait()
-        if self.machine.stopping:
-            return
-        self._fallback(f"torchft's Lighthouse exited (code {code})", self.nodes[0].host.name, -1)
+        """A Lighthouse that exits is started again at the same address (the groups
+        reconnect: no restart from disk), unless :func:`lighthouse_fallback` says why
+        not or it cannot start; then the attempt falls back, saying why."""
+        while True:
+            code = await self.lighthouse.wait()
+            if self.machine.stopping:
+                return
+            retries = self.nodes[0].command.env.get(FT_QUORUM_RETRIES_ENV)
+            why = lighthouse_fallback(code, self.lighthouse.restarts, retries)
+            if why is None:
+                self._lighthouse_restarting = True
+                try:
+                    await self.lighthouse.restart()
+                except LaunchError as exc:
+                    why = (
+                        f"torchft's Lighthouse exited (code {code}) and could not be "
+                        f"restarted: {exc}"
+                    )
+                finally:
+                    self._lighthouse_restarting = False
+            if self.machine.stopping:
+                return
+            if why is not None:
+                self._fallback(why, self.nodes[0].host.name, -1)
+                return
+            self._say(
+                f"torchft's Lighthouse exited (code {code}): corral restarted it at "
+                f"{self.lighthouse.url} (restart {self.lighthouse.restarts} of "
+                f"{MAX_LIGHTHOUSE_RESTARTS}); the groups reconnect to it, no restart from disk",
+                "warning",
+            )
 
     # -- a group comes back ------------------------------------------------------------
 

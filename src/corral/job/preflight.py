@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from corral.checks.context import ChecklistOptions
@@ -23,7 +23,7 @@ from corral.checks.gather import AgentSessions
 from corral.checks.result import ChecklistReport
 from corral.checks.runner import ChecklistOutcome, run_checklist
 from corral.checks.shared_data import validate_path
-from corral.cluster.model import Cluster
+from corral.cluster.model import Cluster, Host
 from corral.diagnose.gpu import job_backend
 from corral.errors import CheckFailed
 from corral.job.options import CheckPolicy, SupervisionPolicy
@@ -43,10 +43,12 @@ def checklist_options(
     *,
     in_place: bool = False,
     supervision: SupervisionPolicy | None = None,
+    spares: Sequence[Host] = (),
 ) -> ChecklistOptions:
     """The checklist for a launch planned as ``spec`` (``python``: as the user gave it;
     ``in_place``: ``--recovery in-place``, torchft is needed on every host and its
-    timeouts are checked against ``supervision``'s)."""
+    timeouts are checked against ``supervision``'s; ``spares``: the spare hosts, which
+    pass the same per-host checks or are not used, :func:`usable_spares`)."""
     watch = supervision or SupervisionPolicy()
     return ChecklistOptions(
         cluster=cluster,
@@ -81,6 +83,7 @@ def checklist_options(
         env=dict(spec.env),
         hang_timeout=watch.hang_timeout,
         host_timeout=watch.host_timeout,
+        spares=tuple(spares),
     )
 
 
@@ -94,6 +97,24 @@ def apply(outcome: ChecklistOutcome, cluster: Cluster) -> Cluster:
         if h.name in keep
     )
     return Cluster(hosts, source=cluster.source)
+
+
+def usable_spares(outcome: ChecklistOutcome, spares: Sequence[Host]) -> tuple[Host, ...]:
+    """The spare hosts that passed the pre-flight (the spares check names the others,
+    with why: they are not used)."""
+    if not spares:
+        return ()
+    try:
+        usable = set(outcome.report.check("spares").data.get("usable", ()))
+    except KeyError:
+        return tuple(spares)
+    return tuple(h for h in spares if h.name in usable)
+
+
+def with_spares(cluster: Cluster, spares: Sequence[Host]) -> Cluster:
+    """``cluster`` and the spare hosts (what ``--sync`` pushes the code to: a spare
+    needs it before it replaces a node)."""
+    return Cluster((*cluster.hosts, *spares), source=cluster.source) if spares else cluster
 
 
 async def preflight(

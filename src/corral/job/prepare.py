@@ -27,12 +27,13 @@ class Preparing(JobBase):
         """Sync, check and start the agents; the plan to launch and the agents started."""
         sync: dict[str, Any] | None = None
         if self.sync.enabled and not self.cluster.is_local:
+            from corral.job.preflight import with_spares
             from corral.job.presync import sync_before_launch
 
             sync = await sync_before_launch(
                 self.sync,
                 prepared.spec,
-                self.cluster,
+                with_spares(self.cluster, self.spares),  # a spare needs the code too
                 self.ssh,
                 self.python,
                 checked=self.checks.enabled,
@@ -49,7 +50,7 @@ class Preparing(JobBase):
     async def _checklist(self, prepared: Prepared, transport: Transport, sync: Any) -> Any:
         """The pre-flight checklist; the agents being started meanwhile
         (``self._agents``) answer it for their hosts."""
-        from corral.job.preflight import checklist_options, preflight
+        from corral.job.preflight import checklist_options, preflight, usable_spares
 
         options = checklist_options(
             self.checks,
@@ -60,10 +61,13 @@ class Preparing(JobBase):
             sync,
             in_place=self.recovery.in_place,
             supervision=self.supervision,
+            spares=self.spares,
         )
-        return await preflight(
+        outcome = await preflight(
             options, transport, prepared.spec.run_dir, self._checked, self._agents
         )
+        self.spares = usable_spares(outcome, self.spares)  # a spare that failed: not used
+        return outcome
 
     async def _checked_alongside(
         self,

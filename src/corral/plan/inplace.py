@@ -8,12 +8,13 @@ torchft's quorum. Its ranks get the torchft contract
 (:mod:`corral.contract`): the Lighthouse's address, the group's id (the node's
 index in the plan), the number of groups and the fewest groups that may train,
 also under torchft's conventional names (``REPLICA_GROUP_ID``,
-``NUM_REPLICA_GROUPS``) unless the job's env sets them; RANK and WORLD_SIZE are
-the group's own. With workload weights (``--calibration``), each group gets one
-weight, the sum of its ranks' (:func:`group_weights`), in
-``CORRAL_WORKLOAD_WEIGHTS``: the SDK splits each step's batch among the live groups
-by them (``sdk.fault_tolerant``), so a departed group's share is re-split among the
-survivors by their weights.
+``NUM_REPLICA_GROUPS``), and torchft's quorum retries (``TORCHFT_QUORUM_RETRIES``:
+the groups reconnect to a Lighthouse corral restarted), unless the job's env sets
+them; RANK and WORLD_SIZE are the group's own. With workload weights
+(``--calibration``), each group gets one weight, the sum of its ranks'
+(:func:`group_weights`), in ``CORRAL_WORKLOAD_WEIGHTS``: the SDK splits each step's
+batch among the live groups by them (``sdk.fault_tolerant``), so a departed group's
+share is re-split among the survivors by their weights.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Sequence
 
 from corral.cluster.model import Cluster, Host
 from corral.contract import (
+    FT_QUORUM_RETRIES_DEFAULT,
+    FT_QUORUM_RETRIES_ENV,
     LIGHTHOUSE_ENV,
     MIN_REPLICAS_ENV,
     REPLICA_GROUP_ENV,
@@ -90,6 +93,9 @@ def plan_group(
     # the job's --env or the host's env gives wins
     env.setdefault(TORCHFT_REPLICA_GROUP_ENV, str(group))
     env.setdefault(TORCHFT_REPLICA_GROUPS_ENV, str(groups))
+    # torchft retries a quorum whose Lighthouse call failed: the groups reconnect to
+    # the Lighthouse corral restarts at the same address (the job's env may say 0)
+    env.setdefault(FT_QUORUM_RETRIES_ENV, str(FT_QUORUM_RETRIES_DEFAULT))
     if weights:
         env[WORKLOAD_WEIGHTS_ENV] = ",".join(f"{w:.6g}" for w in weights)
     return dataclasses.replace(command, node_rank=group, env=env)

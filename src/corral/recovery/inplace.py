@@ -8,10 +8,13 @@ lost, it hangs) only that group is torn down: the others go on at their next ste
 with a smaller quorum, and corral restarts the lost group, on the same host when
 it answers, else on a spare host (``--spares N``: the last N hosts of the cluster,
 held in reserve); it rejoins by healing from a live peer (torchft's checkpoint
-transport), not from disk. Below ``--min-nodes`` live groups, or when the
-Lighthouse itself is gone, the attempt ends and the restart policy
+transport), not from disk. A Lighthouse that dies is started again at the same
+address (the groups' torchft Managers reconnect: :func:`lighthouse_fallback` says
+when they cannot). Below ``--min-nodes`` live groups, or when the Lighthouse cannot
+be brought back, the attempt ends and the restart policy
 (:mod:`corral.recovery.restart`) takes over: every node restarts from the disk
-checkpoint, as with ``--recovery restart``.
+checkpoint, as with ``--recovery restart``. Spare hosts pass the pre-flight with
+the others (:mod:`corral.checks.spares`); a spare that fails it is not used.
 
 This module decides; :mod:`corral.job.inplace` (the supervisor of such an attempt)
 acts. :class:`GroupLog` keeps what happened for the events and the summary
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from corral.contract import FT_QUORUM_RETRIES_ENV
 from corral.errors import ConfigError
 
 RECOVERY_MODES: tuple[str, ...] = ("restart", "in-place")
@@ -34,6 +38,9 @@ INPLACE_LAUNCHERS: tuple[str, ...] = ("torchrun", "python")
 MAX_GROUP_RESTARTS = 3
 """In-place restarts of a group on one host before the host is given up (a spare, or
 the job goes on without it)."""
+MAX_LIGHTHOUSE_RESTARTS = 3
+"""Restarts of a Lighthouse that died, in one attempt, before the attempt falls back to
+a restart of every node from the disk checkpoint."""
 TORCHFT_INSTALL = "python -m pip install torchft-nightly"
 """How a host gets torchft (the pre-flight names it when torchft is missing)."""
 
@@ -151,6 +158,24 @@ def decide_group(
     return GroupDecision(
         "continue", f"{host} {why} and no spare host is left: {live} group(s) go on without it"
     )
+
+
+def lighthouse_fallback(code: int, restarts: int, retries: str | None) -> str | None:
+    """Why the Lighthouse that exited with ``code`` is not restarted (the fallback's
+    reason), or None: restart it at the same address, the groups reconnect.
+    ``restarts``: how many times it was restarted in this attempt; ``retries``: the
+    groups' ``TORCHFT_QUORUM_RETRIES`` (torchft's Managers reconnect to a new
+    Lighthouse only by retrying a failed quorum: with 0 they fail instead)."""
+    lost = f"torchft's Lighthouse exited (code {code})"
+    if retries is not None and retries.strip() == "0":
+        return (
+            f"{lost} and the groups cannot reconnect to a new one: the job's env sets "
+            f"{FT_QUORUM_RETRIES_ENV}=0 (torchft's Managers then fail on the first quorum "
+            "without it; leave it unset to let corral restart the Lighthouse)"
+        )
+    if restarts >= MAX_LIGHTHOUSE_RESTARTS:
+        return f"{lost} again after {restarts} restart(s) in this attempt"
+    return None
 
 
 # torchft's manager log line of a group that heals from a live peer

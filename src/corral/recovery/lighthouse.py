@@ -7,7 +7,10 @@ the port it bound and hands out ``http://ADDRESS:PORT`` (torchft's
 ``TORCHFT_LIGHTHOUSE``). The child dies with the coordinator (stdin EOF, and
 PR_SET_PDEATHSIG on Linux), so it is never an orphan; :meth:`Lighthouse.close`
 ends it. Its exit while the attempt runs is how the supervisor learns the
-Lighthouse is gone (and falls back to a restart from the disk checkpoint).
+Lighthouse is gone: it starts a new one at the same address and port
+(:meth:`Lighthouse.restart`), to which the groups' torchft Managers reconnect (their
+quorum retries, ``TORCHFT_QUORUM_RETRIES``), or, when it cannot, falls back to a
+restart from the disk checkpoint.
 :meth:`Lighthouse.members` reads which Managers have heartbeated it (how the
 supervisor learns that every group joined the quorum).
 """
@@ -48,6 +51,8 @@ HEARTBEAT_TIMEOUT_MS = 1000
 #: the lag between a timeout above running out and the quorum being issued.
 QUORUM_TICK_MS = 50
 STATUS_TIMEOUT = 5.0
+RESTART_TRIES = 5
+RESTART_PAUSE = 1.0
 # the Lighthouse's status page lists every replica that heartbeated: "<id>: seen 1.2s ago"
 _MEMBER = re.compile(r"^\s*([^\s<>]+): seen ", re.M)
 
@@ -84,10 +89,21 @@ def url(address: str, port: int) -> str:
 class Lighthouse:
     """The running Lighthouse child: its address and its process."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, address: str, port: int) -> None:
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        address: str,
+        port: int,
+        *,
+        python: str = sys.executable,
+        min_replicas: int = 1,
+        job_id: str = "",
+    ) -> None:
         self.proc = proc
         self.address = address
         self.port = port
+        self.restarts = 0  # how many times :meth:`restart` brought it back
+        self._how = (python, min_replicas, job_id)
         self._drain: asyncio.Future[None] | None = None
 
     @property
@@ -107,40 +123,38 @@ class Lighthouse:
         """Start the Lighthouse bound to ``address`` (``port`` 0: a free one) and wait
         for it to listen (LaunchError if it cannot: torchft missing, address taken).
         ``CORRAL_JOB_ID=job_id`` marks it as the job's process (as the ranks are)."""
-        env = {**os.environ, JOB_ID_ENV: job_id} if job_id else None
-        proc = await asyncio.create_subprocess_exec(
-            python,
-            "-m",
-            "corral.recovery.lighthouse",
-            "--bind",
-            f"{address}:{port}" if ":" not in address else f"[{address}]:{port}",
-            "--min-replicas",
-            str(min_replicas),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
+        proc, bound = await _spawn(python, address, min_replicas, port, job_id)
+        lighthouse = cls(
+            proc, address, bound, python=python, min_replicas=min_replicas, job_id=job_id
         )
-        assert proc.stdout is not None and proc.stderr is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
-        except asyncio.TimeoutError:
-            line = b""
-        try:
-            bound = int(json.loads(line)["port"])
-        except (ValueError, KeyError, TypeError):
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            err = (await proc.stderr.read()).decode(errors="replace").strip().splitlines()
-            await proc.wait()
-            tail = err[-1] if err else f"exit {proc.returncode}"
-            if "No module named 'torchft'" in "\n".join(err):
-                tail = "torchft is not installed here (python -m pip install torchft-nightly)"
-            raise LaunchError(f"could not start torchft's Lighthouse: {tail}") from None
-        lighthouse = cls(proc, address, bound)
-        # torchft logs every quorum tick on stderr: drained, never shown
-        lighthouse._drain = asyncio.ensure_future(_drain(proc.stderr))
+        lighthouse._drained()
         return lighthouse
+
+    async def restart(self) -> None:
+        """Start a new child at the same address and port, after this one exited (the
+        groups' torchft Managers reconnect to it: their quorum retries,
+        ``TORCHFT_QUORUM_RETRIES``). LaunchError when it cannot start (the port was
+        taken meanwhile, torchft is gone)."""
+        python, min_replicas, job_id = self._how
+        await self.close()
+        error: LaunchError | None = None
+        for _ in range(RESTART_TRIES):  # the old socket's port may take a moment
+            try:
+                self.proc, _ = await _spawn(python, self.address, min_replicas, self.port, job_id)
+            except LaunchError as exc:
+                error = exc
+                await asyncio.sleep(RESTART_PAUSE)
+                continue
+            self.restarts += 1
+            self._drained()
+            return
+        assert error is not None
+        raise error
+
+    def _drained(self) -> None:
+        # torchft logs every quorum tick on stderr: drained, never shown
+        assert self.proc.stderr is not None
+        self._drain = asyncio.ensure_future(_drain(self.proc.stderr))
 
     async def members(self) -> set[str] | None:
         """The replica ids of every torchft Manager that has heartbeated this
@@ -176,6 +190,43 @@ class Lighthouse:
         if self._drain is not None:
             self._drain.cancel()
             await asyncio.gather(self._drain, return_exceptions=True)
+
+
+async def _spawn(
+    python: str, address: str, min_replicas: int, port: int, job_id: str
+) -> tuple[asyncio.subprocess.Process, int]:
+    """The Lighthouse child bound to ``address:port``, and the port it bound."""
+    env = {**os.environ, JOB_ID_ENV: job_id} if job_id else None
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        "-m",
+        "corral.recovery.lighthouse",
+        "--bind",
+        f"{address}:{port}" if ":" not in address else f"[{address}]:{port}",
+        "--min-replicas",
+        str(min_replicas),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
+    except asyncio.TimeoutError:
+        line = b""
+    try:
+        bound = int(json.loads(line)["port"])
+    except (ValueError, KeyError, TypeError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        err = (await proc.stderr.read()).decode(errors="replace").strip().splitlines()
+        await proc.wait()
+        tail = err[-1] if err else f"exit {proc.returncode}"
+        if "No module named 'torchft'" in "\n".join(err):
+            tail = "torchft is not installed here (python -m pip install torchft-nightly)"
+        raise LaunchError(f"could not start torchft's Lighthouse: {tail}") from None
+    return proc, bound
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
