@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import corral
 
@@ -38,19 +39,24 @@ print("SEEN " + json.dumps([code, seen, "pydantic" in sys.modules]))
 """
 
 
-def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Path) -> None:
+def _launch(tmp_path: Path, hook: str) -> tuple[str, Any]:
+    """Run a ``local:2`` launch of a stdlib script under ``hook``; its output and what
+    the hook printed after ``SEEN``."""
     (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
     done = subprocess.run(
-        [sys.executable, "-c", HOOK],
+        [sys.executable, "-c", hook],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
     )
-    out = done.stdout + done.stderr
     [line] = [x for x in done.stdout.splitlines() if x.startswith("SEEN ")]
-    code, seen, pydantic_later = json.loads(line[5:])
+    return done.stdout + done.stderr, json.loads(line[5:])
+
+
+def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Path) -> None:
+    out, (code, seen, pydantic_later) = _launch(tmp_path, HOOK)
     assert code == 0, out
     assert "hello from 0" in out and "hello from 1" in out
     # each node's processes start (held) at its probe's plan and run at its start message;
@@ -86,18 +92,7 @@ print("SEEN " + json.dumps([code, seen, "corral.checks.timeouts" in sys.modules]
 def test_a_local_launch_starts_its_agents_before_the_checklist_loads(tmp_path: Path) -> None:
     """The agents' processes (and with them the nodes' held launchers) are started
     before the checklist's first step imports its machinery."""
-    (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
-    done = subprocess.run(
-        [sys.executable, "-c", SPAWN_HOOK],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(corral.__file__).parents[1])},
-    )
-    out = done.stdout + done.stderr
-    [line] = [x for x in done.stdout.splitlines() if x.startswith("SEEN ")]
-    code, seen, checked = json.loads(line[5:])
+    out, (code, seen, checked) = _launch(tmp_path, SPAWN_HOOK)
     assert code == 0, out
     assert sorted(host for host, _ in seen) == ["local-0", "local-1"], seen
     assert all(loaded == [] for _, loaded in seen), seen
