@@ -44,6 +44,8 @@ __all__ = [
     "FT_QUORUM_RETRIES_DEFAULT",
     "FT_QUORUM_RETRIES_ENV",
     "FT_QUORUM_TIMEOUT_ENV",
+    "FT_SYNC_ENV",
+    "FT_SYNC_EVERY_ENV",
     "FT_TIMEOUT_DEFAULT",
     "FT_TIMEOUT_ENV",
     "HARNESS_ENV",
@@ -202,6 +204,12 @@ TRACE_WAIT_ENV = "CORRAL_TRACE_WAIT"
 #: In a job's ``--env``: how much torchft logs in an in-place job's ranks, ``warning``
 #: (the default: its quorum and healing changes only), ``info`` or ``debug``.
 TORCHFT_LOG_ENV = "CORRAL_TORCHFT_LOG"
+#: In a job's ``--env``: how ``sdk.fault_tolerant`` synchronises the replica groups,
+#: ``ddp`` (every step, the default), ``diloco`` or ``localsgd``, and for the last two
+#: the steps between syncs (``auto`` or unset: chosen from the measured sync and step
+#: times, :mod:`corral.sdk._ftsync`). The script's own ``sync=``/``every=`` win.
+FT_SYNC_ENV = "CORRAL_FT_SYNC"
+FT_SYNC_EVERY_ENV = "CORRAL_FT_SYNC_EVERY"
 #: ``corral serve``'s API token for its clients (``corral job``, ``corral machine``); a
 #: job's supervisor and ranks never inherit it.
 SERVER_TOKEN_ENV = "CORRAL_TOKEN"

@@ -59,6 +59,7 @@ from corral.sdk._env import info
 from corral.sdk._ftlog import quiet_torchft
 from corral.sdk._ftsplit import Share, group_weights, quorum_share, stream_indices
 from corral.sdk._ftstate import Carried, StateMismatch, mismatches
+from corral.sdk._ftsync import SemiSync, Sync, parse_sync
 from corral.sdk._report import send_event
 from corral.sdk._resume import resume
 
@@ -189,6 +190,9 @@ class FaultTolerant:
         lighthouse: str | None,
         env: Mapping[str, str],
         state: Mapping[str, Any] | None = None,
+        sync: Sync | None = None,
+        every: int | None = None,
+        outer_optimizer: Any = None,
     ) -> None:
         # torchft at warnings, its quorum changes shown: before torchft starts logging
         self._gate = quiet_torchft()
@@ -232,12 +236,19 @@ class FaultTolerant:
 
         self.group, self.groups = group, groups
         self.carried = Carried(state)
+        self.sync, sync_every = parse_sync(sync, every, env)
+        self._semi: SemiSync | None = None
         self.group_rank, self.group_size = me.rank, me.world_size
         self.global_batch, self.dataset_size = global_batch, dataset_size
         self.seed, self.shuffle = seed, shuffle
         self._weights: tuple[float, ...] | None = None
         self._local_weights: tuple[float, ...] = (1.0,) * self.group_size
         raw = weights if weights is not None else env.get(WORKLOAD_WEIGHTS_ENV, "").strip()
+        if raw and self.sync != "ddp":
+            raise ValueError(
+                f"weights ({WORKLOAD_WEIGHTS_ENV}) split each step's batch among the live "
+                f"groups: sync={self.sync!r} trains each group on its own (unset them)"
+            )
         if raw:
             if groups is None:
                 raise ValueError(
@@ -261,8 +272,9 @@ class FaultTolerant:
             init_distributed("nccl" if on_gpu else "gloo", timeout=timeout)
         store_addr, store_port = me.master_addr, None
         self._store: Any = None
-        if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
-            # plain python, one rank: host the group's store ourselves
+        if self.group_size == 1:
+            # one rank (plain python, or corral's --launcher python, whose MASTER_PORT
+            # no one serves): host the group's store ourselves
             store_class: Any = dist.TCPStore  # type: ignore[attr-defined]
             self._store = store_class("127.0.0.1", 0, 1, True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", int(self._store.port)
@@ -285,7 +297,8 @@ class FaultTolerant:
             load_state_dict=self._load_user_state,
             # carried objects heal at the start of the step, where their snapshot is
             # taken (a quorum that waits, as ft.indices() makes it anyway)
-            use_async_quorum=not self.carried,
+            # (and DiLoCo/LocalSGD heal at their sync's quorum: torchft requires it)
+            use_async_quorum=not self.carried and self.sync == "ddp",
             state_dict=self._user_state,
             replica_id=f"corral_{group}",
             rank=me.rank,
@@ -300,12 +313,32 @@ class FaultTolerant:
             checkpoint_transport=_transport(torchft, advertised, pg_timeout),
         )
         self._gate.tap = _tap(self)
-        self.model: Any = _ddp_class(torchft, self.group_size)(self.manager, model)
-        self.optimizer: Any = _optimizer_class(torchft, self)(self.manager, optimizer)
+        if self.sync == "ddp":
+            self.model: Any = _ddp_class(torchft, self.group_size)(self.manager, model)
+            self.optimizer: Any = _optimizer_class(torchft, self)(self.manager, optimizer)
+        else:
+            # local steps: within the group plain DDP (the group's own process group)
+            self.model = (
+                torch.nn.parallel.DistributedDataParallel(model) if self.group_size > 1 else model
+            )
+            self.optimizer = optimizer
+            self._semi = SemiSync(
+                torchft,
+                self.manager,
+                model,
+                optimizer,
+                mode=self.sync,
+                every=sync_every,
+                outer_optimizer=outer_optimizer,
+                carried=self.carried,
+                group_rank=self.group_rank,
+                compare=self._compare_states,
+            )
         self._quorum_seen: object = None  # the quorum id the states were last compared in
         self._torch = torch
         self._last: tuple[int, bool] | None = None
         self._share: Share | None = None
+        self._saved_at = 0  # the step of the last disk checkpoint (semi-synchronous)
 
     # --- state -------------------------------------------------------------------------
     def _user_state(self) -> dict[str, Any]:
@@ -315,6 +348,8 @@ class FaultTolerant:
         }
         if self.carried:
             state["objects"] = self.carried.snapshot()
+        if self._semi is not None:
+            state["schedule"] = self._semi.schedule()
         return state
 
     def _load_user_state(self, state: dict[str, Any]) -> None:
@@ -322,11 +357,15 @@ class FaultTolerant:
         self._inner_optimizer.load_state_dict(state["optimizer"])
         if self.carried:
             self.carried.load(state.get("objects") or {})
+        if self._semi is not None:
+            self._semi.load_schedule(state["schedule"])
 
     def _compare_states(self) -> None:
         """After a quorum change (a group joined, healed or left), every group hashes
         the model, the optimizer and the carried objects and they compare: any that
-        differs fails every group, named (:class:`~corral.sdk._ftstate.StateMismatch`)."""
+        differs fails every group, named (:class:`~corral.sdk._ftstate.StateMismatch`).
+        With ``sync="diloco"``/``"localsgd"``: at a sync's start, what must be equal then
+        (:meth:`~corral.sdk._ftsync.SemiSync.digests`)."""
         quorum = getattr(self.manager, "_quorum_id", None)
         if not self.carried or quorum == self._quorum_seen:
             return
@@ -335,12 +374,14 @@ class FaultTolerant:
         if prank is None or self.manager.errored() is not None:
             return  # not in this step: compared at the next change
         torch = self._torch
-        names = self.carried.names()
+        if self._semi is not None:
+            names, values = self._semi.digests()
+        else:
+            names = self.carried.names()
+            values = self.carried.digests(self._inner_model, self._inner_optimizer)
         rows = torch.zeros((n, len(names) + 1), dtype=torch.int64)
         rows[prank, 0] = self.group
-        rows[prank, 1:] = torch.tensor(
-            self.carried.digests(self._inner_model, self._inner_optimizer), dtype=torch.int64
-        )
+        rows[prank, 1:] = torch.tensor(values, dtype=torch.int64)
         from torch.distributed import ReduceOp
 
         done = self.manager.allreduce(rows, reduce_op=ReduceOp.SUM).wait()
@@ -361,21 +402,34 @@ class FaultTolerant:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, the step and torchft's manager state (for a disk checkpoint)."""
-        return {**self._user_state(), "torchft": self.manager.state_dict(), "step": self.step}
+        state = {**self._user_state(), "torchft": self.manager.state_dict(), "step": self.step}
+        if self._semi is not None:
+            state["sync"] = self._semi.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (the manager's step included, as torchft requires)."""
         self._load_user_state(dict(state))
         self.manager.load_state_dict(state["torchft"])
+        if self._semi is not None:
+            self._semi.load_state_dict(state["sync"])
 
     def save(
         self, directory: str | os.PathLike[str], *, every: int = 1, keep: int | None = 3
     ) -> Path | None:
         """Write a disk checkpoint of :meth:`state_dict` when ``step`` is a multiple of
         ``every``: rank 0 of the live group with participating rank 0 writes (exactly one
-        writer per step, whichever groups are alive). Returns the path, None elsewhere."""
+        writer per step, whichever groups are alive). Returns the path, None elsewhere.
+        With ``sync="diloco"``/``"localsgd"``: right after the first sync at or past each
+        multiple of ``every`` (between syncs the groups' weights differ)."""
         step = self.step
-        if step == 0 or step % every != 0 or self.group_rank != 0:
+        if self._semi is not None:
+            if self._semi.local_step != 0 or step // every <= self._saved_at // every:
+                return None
+            self._saved_at = step
+        elif step % every != 0:
+            return None
+        if step == 0 or self.group_rank != 0:
             return None
         if self.manager.participating_rank() != 0 or self.manager.errored() is not None:
             return None
@@ -389,17 +443,47 @@ class FaultTolerant:
         if state is None or "torchft" not in state:
             return 0
         self.load_state_dict(state)
-        return int(state["torchft"]["step"])
+        self._saved_at = self.step
+        return self.step
 
     # --- the step ----------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """torchft's committed step count (the same on every participant)."""
+        """torchft's committed step count (the same on every participant); with
+        ``sync="diloco"``/``"localsgd"`` the local steps kept (see :attr:`syncs`)."""
+        if self._semi is not None:
+            return self._semi.step
         return int(self.manager.current_step())
 
     @property
+    def syncs(self) -> int:
+        """Committed syncs: the steps with ``sync="ddp"``, the outer steps otherwise."""
+        return int(self.manager.current_step())
+
+    @property
+    def every(self) -> int:
+        """Steps between syncs (1 with ``sync="ddp"``; while corral measures, the probe's)."""
+        return 1 if self._semi is None else self._semi.every
+
+    def final_sync(self) -> bool:
+        """With ``sync="diloco"``/``"localsgd"``: sync the local steps made since the
+        last sync now, so that every group ends with the shared model (call it on every
+        group at the same step, e.g. after the training loop). False when nothing was
+        pending (and with ``sync="ddp"``, which syncs every step)."""
+        return self._semi is not None and self._semi.final_sync()
+
+    @property
+    def every_settled(self) -> bool:
+        """Whether :attr:`every` is final: given, or chosen by the groups together."""
+        return self._semi is None or self._semi.agreed
+
+    @property
     def participants(self) -> int:
-        """The replica groups taking part in the current step (waits for the quorum)."""
+        """The replica groups taking part in the current step (waits for the quorum);
+        with ``sync="diloco"``/``"localsgd"``, in the last sync (before the first: the
+        configured groups)."""
+        if self._semi is not None and self.manager.participating_rank() is None:
+            return self.groups or 1
         return int(self.manager.num_participants())
 
     def _live(self) -> dict[int, float]:
@@ -427,8 +511,13 @@ class FaultTolerant:
         ``optimizer.zero_grad()``, which starts the step's quorum)."""
         if self.global_batch is None:
             raise ValueError("share() needs global_batch= in sdk.fault_tolerant")
-        live = self._live()
-        me = self.group if self._weights is not None else self.manager.participating_rank()
+        if self._semi is not None:  # the last sync's groups (no collective between syncs)
+            prank = self.manager.participating_rank()
+            live = {g: 1.0 for g in range(self.participants)}
+            me: int | None = self.group if prank is None else prank
+        else:
+            live = self._live()
+            me = self.group if self._weights is not None else self.manager.participating_rank()
         share = quorum_share(
             self.step,
             self.global_batch,
@@ -510,6 +599,9 @@ def fault_tolerant(
     lighthouse: str | None = None,
     env: Mapping[str, str] | None = None,
     state: Mapping[str, Any] | None = None,
+    sync: Sync | None = None,
+    every: int | None = None,
+    outer_optimizer: Any = None,
 ) -> FaultTolerant:
     """Wrap ``model`` and ``optimizer`` for in-place recovery with torchft.
 
@@ -530,7 +622,12 @@ def fault_tolerant(
     too, and after every quorum change the groups compare digests of the model, the
     optimizer and each of them, failing with :class:`~corral.sdk.StateMismatch`
     naming any that differs (:mod:`corral.sdk._ftstate`). The other settings default
-    to the environment (module doc). ImportError naming ``corral[ft]`` when torchft
+    to the environment (module doc). ``sync``: ``"ddp"`` (every step; the default, or
+    ``$CORRAL_FT_SYNC``), or ``"diloco"``/``"localsgd"`` (torchft's, semi-synchronous:
+    ``ft.model``/``ft.optimizer`` are the originals, the groups sync every ``every``
+    steps, default ``$CORRAL_FT_SYNC_EVERY``, else chosen by corral from the measured
+    sync and step times; DiLoCo's ``outer_optimizer`` defaults to SGD lr 0.7, Nesterov
+    momentum 0.9): :mod:`corral.sdk._ftsync`. ImportError naming ``corral[ft]`` when torchft
     is missing; ValueError for missing or bad settings, TypeError for a ``state``
     object without ``state_dict``/``load_state_dict``.
     """
@@ -551,4 +648,7 @@ def fault_tolerant(
         lighthouse=lighthouse,
         env=os.environ if env is None else env,
         state=state,
+        sync=sync,
+        every=every,
+        outer_optimizer=outer_optimizer,
     )
