@@ -13,6 +13,7 @@ import pytest
 
 from corral.api.errors import status_of
 from corral.cluster.model import Cluster, Host
+from corral.defaults import DEFAULT_COLLECTIVE_TIMEOUT
 from corral.errors import Conflict, Invalid
 from corral.job.build import job_spec
 from corral.job.engine import dry_run
@@ -384,6 +385,7 @@ def test_execution_plan_of_two_local_machines_matches_corral_plan(tmp_path: Path
         job_id="j-test",
         nproc_per_node=2,
         master_port=29517,
+        collective_timeout=DEFAULT_COLLECTIVE_TIMEOUT,  # every job's, as corral run's
         env={**env, CONFIG_ENV: json.dumps(plan["config"], separators=(",", ":"))},
         secret_env=("MY_PASS_PHRASE",),
         run_dir=str(tmp_path / "runs"),
