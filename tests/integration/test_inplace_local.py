@@ -235,3 +235,22 @@ def test_second_failures_while_a_group_heals_still_end_in_one_attempt(tmp_path: 
     final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
     assert len(final) == 1 and err.count("done at step") == 3
     assert wait_no_job_processes("inplacetwice", within=15) == []
+
+
+def test_a_killed_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path) -> None:
+    # issue 33 item 3: the groups reconnect to the Lighthouse corral starts again at the
+    # same address (torchft's quorum retries): same attempt, nothing from disk
+    err = _in_place(tmp_path, "inplacelh", *("--steps", "20", "--kill-lighthouse-at", "6"))
+    assert "group 0 kills the Lighthouse" in err
+    assert re.search(
+        r"torchft's Lighthouse exited \(code -9\): corral restarted it at http://127\.0\.0\.1:"
+        r"\d+ \(restart 1 of \d+\); the groups reconnect to it, no restart from disk",
+        err,
+    ), err[-4000:]
+    assert "falling back" not in err and "tears down" not in err
+    job = tmp_path / "runs" / "inplacelh"
+    attempts = json.loads((job / "attempts.json").read_text())
+    assert [a["state"] for a in attempts] == ["succeeded"]
+    final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
+    assert len(final) == 1 and err.count("done at step") == 3
+    assert wait_no_job_processes("inplacelh", within=15) == []

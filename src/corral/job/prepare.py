@@ -66,7 +66,16 @@ class Preparing(JobBase):
         outcome = await preflight(
             options, transport, prepared.spec.run_dir, self._checked, self._agents
         )
-        self.spares = usable_spares(outcome, self.spares)  # a spare that failed: not used
+        usable = usable_spares(outcome, self.spares)  # a spare that failed: not used
+        if usable != self.spares:
+            dropped = ", ".join(h.name for h in self.spares if h not in usable)
+            kept = ", ".join(h.name for h in usable) or "none"
+            self._say(
+                f"spare host(s) {dropped} failed the pre-flight (the spares row above says "
+                f"why) and will not replace a lost node; spares left: {kept}",
+                "warning",
+            )
+        self.spares = usable
         return outcome
 
     async def _checked_alongside(

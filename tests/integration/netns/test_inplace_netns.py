@@ -16,12 +16,13 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from corral.testbed import Testbed
 from tests.conftest import require, require_torch
 
-from ..conftest import REPO, job_processes
+from ..conftest import REPO, job_processes, run_corral
 from .test_faults import (
     Watched,
     assert_nothing_left,
@@ -100,9 +101,47 @@ def test_lost_host_costs_its_group_only(healthy_testbed: Testbed, tmp_path: Path
     assert_nothing_left(tb, job)
 
 
-def test_lost_lighthouse_falls_back_to_a_restart_from_disk(
+def _lighthouse(job: str) -> psutil.Process:
+    """The Lighthouse: the coordinator's child, marked as the job's own process."""
+    (lighthouse,) = [
+        p for p in job_processes(job) if "corral.recovery.lighthouse" in " ".join(p.cmdline())
+    ]
+    return lighthouse
+
+
+def test_lost_lighthouse_is_restarted_and_the_groups_reconnect(
     healthy_testbed: Testbed, tmp_path: Path
 ) -> None:
+    # torchft's Managers retry a failed quorum (TORCHFT_QUORUM_RETRIES, set by corral):
+    # they reconnect to the Lighthouse corral starts again at the same address, and
+    # the job goes on in the same attempt, nothing restarted from disk
+    tb, job = healthy_testbed, "ip-lighthouse-back"
+    w = start_inplace(tb, tmp_path, job)
+    old = _lighthouse(job)
+    old.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = w.finish()
+    out, err = w.text("out"), w.text("err")
+    assert code == 0, (out + err)[-4000:]
+    assert re.search(
+        r"torchft's Lighthouse exited \(code -9\): corral restarted it at http://\S+ "
+        r"\(restart 1 of \d+\); the groups reconnect to it, no restart from disk",
+        err,
+    ), err[-4000:]
+    assert "falling back" not in err
+    assert attempts(tmp_path, job) == ["succeeded"]
+    later = steps_of(w, killed_at)
+    for host in ("tb1", "tb2", "tb3"):  # every group trained on with all three
+        assert any(h == host and p == 3 for h, _, p in later), out[-4000:]
+        assert f"[{host}:0] done at step {STEPS}" in out
+    assert_nothing_left(tb, job)
+
+
+def test_lost_lighthouse_falls_back_to_a_restart_from_disk_saying_why(
+    healthy_testbed: Testbed, tmp_path: Path
+) -> None:
+    # with TORCHFT_QUORUM_RETRIES=0 the groups fail on the first quorum without a
+    # Lighthouse: corral does not restart it and says why it falls back
     tb, job = healthy_testbed, "ip-lighthouse"
     ckpt = tmp_path / "ckpt"  # seen by every host at this path
     w = start_inplace(
@@ -110,19 +149,17 @@ def test_lost_lighthouse_falls_back_to_a_restart_from_disk(
         tmp_path,
         job,
         *("--max-restarts", "1", "--checkpoint-dir", str(ckpt)),
+        *("--env", "TORCHFT_QUORUM_RETRIES=0"),
         script=("--checkpoint-every", "5"),
     )
-    # the Lighthouse is the coordinator's child, marked as the job's own process
-    (lighthouse,) = [
-        p for p in job_processes(job) if "corral.recovery.lighthouse" in " ".join(p.cmdline())
-    ]
-    lighthouse.send_signal(signal.SIGKILL)
+    _lighthouse(job).send_signal(signal.SIGKILL)
     code = w.finish()
     out, err = w.text("out"), w.text("err")
     assert code == 0, (out + err)[-4000:]
     assert re.search(
-        r"torchft's Lighthouse exited \(code -9\): falling back to a restart of every node "
-        r"from the disk checkpoint",
+        r"torchft's Lighthouse exited \(code -9\) and the groups cannot reconnect to a new "
+        r"one: the job's env sets TORCHFT_QUORUM_RETRIES=0 .*: falling back to a restart of "
+        r"every node from the disk checkpoint",
         err,
     ), err[-4000:]
     assert attempts(tmp_path, job) == ["failed", "succeeded"]
@@ -160,3 +197,99 @@ def test_cut_link_costs_its_group_only(healthy_testbed: Testbed, tmp_path: Path)
         assert f"[{host}:0] done at step {STEPS}" in out
     assert attempts(tmp_path, job) == ["succeeded"]
     assert_nothing_left(tb, job)
+
+
+FT_STEPS = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
+
+
+def test_hang_then_heal_and_a_second_failure_while_healing(
+    healthy_testbed: Testbed, tmp_path: Path
+) -> None:
+    # over SSH: group 2 (tb3) hangs at step 8 (its rank sleeps forever outside any
+    # collective): corral's hang detection tears down that group only and restarts it
+    # on tb3, where it heals from a live peer; while it is away, group 0 (tb1) is
+    # SIGKILLed too (a second failure during the heal): it is torn down alone and heals
+    # back as well, all in one attempt
+    tb, job = healthy_testbed, "ip-hang-twice"
+    require("torchft", "install the [ft] extra: make setup")
+    w = Watched(
+        [
+            *run_args(tb, tmp_path, job, "--recovery", "in-place", "--hang-timeout", "8"),
+            *("--", FT_STEPS, "--steps", "25", "--sleep", "0.2"),
+            *("--hang-group", "2", "--hang-at", "8", "--kill-while-away", "0"),
+        ],
+        tmp_path,
+    )
+    code = w.finish(timeout=600)
+    out, err = w.text("out"), w.text("err")
+    text = out + err
+    assert code == 0, text[-4000:]
+    assert re.search(r"hang detected: rank 0 on tb3 made no progress for \d+ s", err), err[-4000:]
+    assert re.search(r"in-place recovery tears down only group 2 \(tb3\); 2 group", err)
+    assert "group 0 is about to be killed while another group is away" in text
+    assert re.search(r"in-place recovery tears down only group 0 \(tb1\)", err), err[-4000:]
+    for group, host in ((2, "tb3"), (0, "tb1")):
+        assert re.search(rf"group {group} \({host}\) rejoined at step \d+, healed from tb\d", err)
+    assert attempts(tmp_path, job) == ["succeeded"]
+    saved = json.loads((tmp_path / "runs" / job / "result.json").read_text())
+    hosts = [n["host"] for n in saved["nodes"]]
+    assert hosts.count("tb2") == 1  # the group never touched ran throughout
+    assert hosts.count("tb1") == 2 and hosts.count("tb3") == 2
+    assert all(g["steps_redone"] in (0, None) for g in saved["groups"])
+    final = {int(s) for s in re.findall(r"group \d done at step (\d+)", out)}
+    assert len(final) == 1 and out.count("done at step") == 3, out[-4000:]
+    assert_nothing_left(tb, job)
+
+
+def test_a_spare_that_fails_the_preflight_is_named_and_not_used(
+    healthy_testbed: Testbed, tmp_path: Path
+) -> None:
+    # tb3 is the spare; a package on it differs from the training hosts' (its own
+    # PYTHONPATH, as a host whose environment drifted): the pre-flight names it with
+    # the check and the reason, the job launches on tb1 and tb2 without it
+    tb, job = healthy_testbed, "ip-spare"
+    require("torchft", "install the [ft] extra: make setup")
+    site = f"/srv/corral/site-{tmp_path.name}"
+    for host in ("tb1", "tb2", "tb3"):
+        version = "2.0" if host == "tb3" else "1.0"
+        meta = f"{site}/tinypkg-{version}.dist-info"
+        made = tb.run_on(
+            host,
+            [
+                "sh",
+                "-c",
+                f"mkdir -p {meta} && printf 'Metadata-Version: 2.1\\nName: tinypkg\\n"
+                f"Version: {version}\\n' > {meta}/METADATA",
+            ],
+        )
+        assert made.returncode == 0, made.stderr
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "hosts:\n" + "".join(f"  - name: {h}\n    env:\n      PYTHONPATH: {site}\n" for h in HOSTS3)
+    )
+    (tmp_path / "hello.py").write_text(
+        "import os\nprint('trained on', os.environ['CORRAL_HOST'], flush=True)\n"
+    )
+    try:
+        args = run_args(tb, tmp_path, job, "--recovery", "in-place", "--spares", "1")
+        args[args.index("--hosts") + 1] = str(cluster)
+        args.remove("--no-preflight")  # the pre-flight is what this is about
+        ran = run_corral(
+            *args,
+            *("--no-smoke-test", "--launcher", "python", "--", "hello.py"),
+            cwd=tmp_path,
+            timeout=400,
+        )
+    finally:
+        for host in HOSTS3:
+            tb.run_on(host, ["rm", "-rf", site])
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
+    err = ran.stderr
+    assert "spare tb3 not used: software: differs: tinypkg 2.0 (others 1.0)" in err, err[-4000:]
+    assert "spare host(s) tb3 failed the pre-flight" in err and "spares left: none" in err
+    assert "trained on tb1" in ran.stdout and "trained on tb2" in ran.stdout
+    assert "trained on tb3" not in ran.stdout
+    assert_nothing_left(tb, job)
+
+
+HOSTS3 = ("tb1", "tb2", "tb3")

@@ -13,6 +13,9 @@ its ``load_state_dict``); ``--kill-while-away G`` SIGKILLs group G once when, af
 step with every group, it trains with fewer (another group is away). Every group
 trains until step N (``--steps``) *and* a step with every configured group in the
 quorum: the survivors keep going until the lost group is back, so the test never depends on timing.
+``--kill-lighthouse-at S``: group 0 SIGKILLs this job's Lighthouse (the coordinator's
+child marked with the job's CORRAL_JOB_ID, on this machine) once, at step S or later
+after a step with every group.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ parser.add_argument("--kill-while-away", type=int, default=-1)
 parser.add_argument("--hang-group", type=int, default=-1)
 parser.add_argument("--hang-at", type=int, default=10)
 parser.add_argument("--sleep", type=float, default=0.05)
+parser.add_argument("--kill-lighthouse-at", type=int, default=-1)
 args = parser.parse_args()
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -71,6 +75,20 @@ def die_once(marker: str, why: str) -> None:
     Path(marker).write_text("1")
     print(f"group {group} is about to be killed {why}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_lighthouse() -> None:
+    """SIGKILL this job's Lighthouse (local nodes: it runs on this machine)."""
+    job = os.environ["CORRAL_JOB_ID"].encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"corral.recovery.lighthouse" in cmdline and b"CORRAL_JOB_ID=" + job in environ:
+            print(f"group {group} kills the Lighthouse", file=sys.stderr, flush=True)
+            os.kill(int(entry.name), signal.SIGKILL)
 
 
 def load_state_dict(sd: dict[str, object]) -> None:
@@ -115,6 +133,10 @@ while manager.current_step() < args.steps or participants < groups:
         marker.write_text("1")
         print(f"group {group} is about to be killed", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    killed_lh = Path("lighthouse-killed")
+    if group == 0 and 0 <= args.kill_lighthouse_at <= step and everyone and not killed_lh.exists():
+        killed_lh.write_text("1")
+        kill_lighthouse()
     hung = Path("hung-once")
     if group == args.hang_group and step >= args.hang_at and not hung.exists():
         hung.write_text("1")
