@@ -30,6 +30,7 @@ EVERY_OPTION: dict[str, Any] = {
     "nccl_interface": "eth1",
     "gloo_interface": "eth2",
     "timeout": 600.0,
+    "collective_timeout": 90.0,
     "checkpoint_dir": "/ckpt",
     "run_dir": "/runs",
     "rdzv_timeout": 120.0,
