@@ -105,6 +105,6 @@ def test_a_bad_option_is_named_next_to_its_field(
 
 
 def _generated() -> list[tuple[str, str]]:
-    from corral.web.form import SECTIONS
+    from corral.web.form import SECTIONS, section_fields
 
-    return [f for _, _, fields in SECTIONS for f in fields]
+    return [f for section, _ in SECTIONS for f in section_fields(section)]
