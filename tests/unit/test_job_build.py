@@ -6,8 +6,10 @@ everywhere (:func:`corral.signals.stop_on_signals`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +148,30 @@ def test_a_stop_signal_calls_stop_and_the_old_handler_comes_back(signum: int) ->
     asyncio.run(scenario())
     assert calls == ["stop"]
     assert signal.getsignal(signum) == before
+
+
+def test_the_builder_makes_a_weighted_job_ready_for_every_entry_point(tmp_path: Path) -> None:
+    """``ready_job`` (``corral run`` and the supervisor process alike) attaches a weighted
+    job's drift monitor itself: its restarts are re-weighed (``rebalance``), its live
+    throughput goes to the job dir; a job without weights gets none."""
+    from corral.job.build import LIVE_FILE, ready_job
+    from corral.job.drift import DriftMonitor
+
+    options = JobOptions(
+        command=("train.py",),
+        launcher="python",
+        job_id="w1",
+        run_dir=str(tmp_path),
+        workload_weights=(0.75, 0.25),
+        rebalance=True,
+    )
+    cluster = Cluster((Host(name="n0", local=True), Host(name="n1", local=True)))
+    for job in (
+        ready_job(JobDescription(options, cluster)),
+        job_of(received(handover(JobDescription(options, cluster)))),
+    ):
+        monitor = getattr(job.before_restart, "__self__", None)
+        assert isinstance(monitor, DriftMonitor)
+        assert monitor.rebalance and monitor.save_to == tmp_path / "w1" / LIVE_FILE
+    plain = ready_job(JobDescription(dataclasses.replace(options, workload_weights=()), cluster))
+    assert plain.before_restart is None
