@@ -1,4 +1,7 @@
-"""examples/actors_fsdp.py as a program on ``local:2`` (2 workers per node, CPU, gloo).
+"""examples/actors_fsdp.py as a program on ``local:2`` (1 worker per node, CPU, gloo:
+every worker and the coordinator import torch, so the smallest world that spans
+nodes; the example's default of 2 workers per node runs over SSH in
+netns/test_actors_example_netns.py).
 
 One FSDP run of 8 steps saves a checkpoint; a rerun to 12 steps resumes from it;
 a DDP run of 12 steps on the same seed follows the same losses, before and after
@@ -24,6 +27,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 EXAMPLE = REPO / "examples" / "actors_fsdp.py"
 STEP = re.compile(r"^Step (\d+): loss=([\d.]+), grad_norm=([\d.]+), lr=([\d.e+-]+)", re.M)
 FIRST, TOTAL = 8, 12
+WORKERS = 2  # --workers-per-host 1 on local:2
 
 
 @dataclass
@@ -39,7 +43,7 @@ def run_example(*args: str, cwd: Path, timeout: float = 300) -> Run:
     """Run the example to completion (it must succeed); its output, parsed."""
     require_torch()
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--seed", "3", *args],
+        [sys.executable, str(EXAMPLE), "--seed", "3", "--workers-per-host", "1", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -47,7 +51,7 @@ def run_example(*args: str, cwd: Path, timeout: float = 300) -> Run:
     )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}"
     found = STEP.findall(done.stdout)
-    job = re.search(r"^Cluster (actors-\S+): 4 workers on ", done.stdout, re.M)
+    job = re.search(rf"^Cluster (actors-\S+): {WORKERS} workers on ", done.stdout, re.M)
     assert job, done.stdout
     return Run(
         done.stdout,
@@ -78,13 +82,13 @@ def test_the_example_trains_saves_and_leaves_no_worker(
     first, _ = fsdp_runs
     assert first.steps == list(range(1, FIRST + 1))
     assert first.losses[-1] < 0.75 * first.losses[0], first.losses  # it learns
-    assert "All 4 workers ready: fsdp on cpu" in first.stdout
+    assert f"All {WORKERS} workers ready: fsdp on cpu" in first.stdout
     assert "Shutting down..." in first.stdout and first.stdout.rstrip().endswith("Done.")
-    assert "[local-0:0] rank 0/4: fsdp on cpu" in first.stderr  # worker output, prefixed
-    assert "[local-1:3] rank 3/4: fsdp on cpu" in first.stderr
+    assert "[local-0:0] rank 0/2: fsdp on cpu" in first.stderr  # worker output, prefixed
+    assert "[local-1:1] rank 1/2: fsdp on cpu" in first.stderr
     saved = root / "fsdp-ckpt" / f"step_{FIRST:08d}"
-    assert sorted(p.name for p in saved.iterdir()) == [f"rank_{r:05d}" for r in range(4)]
-    assert (root / "runs" / first.job_id / "logs" / "local-1.3.log").is_file()
+    assert sorted(p.name for p in saved.iterdir()) == [f"rank_{r:05d}" for r in range(WORKERS)]
+    assert (root / "runs" / first.job_id / "logs" / "local-1.1.log").is_file()
     assert wait_no_job_processes(first.job_id, 10) == []
 
 
@@ -104,7 +108,7 @@ def test_ddp_and_fsdp_reach_the_same_loss_on_the_same_seed(
         "--backend", "ddp", "--steps", str(TOTAL), "--checkpoint-dir", str(root / "ddp-ckpt"),
         cwd=root,
     )  # fmt: skip
-    assert "All 4 workers ready: ddp on cpu" in ddp.stdout
+    assert f"All {WORKERS} workers ready: ddp on cpu" in ddp.stdout
     assert "Resumed" not in ddp.stdout
     assert ddp.steps == list(range(1, TOTAL + 1))
     assert ddp.losses == pytest.approx(first.losses + resumed.losses, rel=2e-3, abs=1e-3)
