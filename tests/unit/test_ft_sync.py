@@ -11,7 +11,7 @@ from corral.sdk._ftsync import MAX_EVERY, choose_every, parse_sync
 @pytest.mark.parametrize(
     ("sync_s", "step_s", "expected"),
     [
-        (1.0, 0.02, MAX_EVERY),  # 1.2 MB over 20 Mbit/s at 20 ms a step: capped
+        (1.0, 0.02, MAX_EVERY),  # 2.5 MB over 20 Mbit/s (1 s) at 20 ms a step: the cap
         (0.5, 0.1, 50),  # a sync may cost 10 % of the 50 steps between syncs
         (0.0101, 0.1, 2),  # just over one step's 10 %: two steps
         (0.01, 0.1, 1),  # exactly one step's 10 %

@@ -35,8 +35,8 @@ their measurements in one small all-reduce and all take
 ``H = ceil(sync_s / (overhead * step_s))`` (:func:`choose_every`) with
 ``overhead = 0.1``: a sync then costs at most about 10 % of the time between
 syncs. H is at most :data:`MAX_EVERY` (DiLoCo's paper trains well up to ~500).
-A 1.2 MB model over a 20 Mbit/s link (about 1 s per all-reduce) at 20 ms per step
-gives H = 500; the same model on a 10 Gbit/s link (2 ms) gives H = 1.
+A 1.2 MB model over a 20 Mbit/s link (about 0.5 s per all-reduce of two groups)
+at 20 ms per step gives H = 250; over 10 Gbit/s (about 1 ms) H = 1.
 """
 
 from __future__ import annotations
