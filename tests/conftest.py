@@ -17,10 +17,18 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+
+# pytest caches each test module's assertion-rewritten byte code only when Python may
+# write byte code; with PYTHONDONTWRITEBYTECODE set (as on the CI machines) every
+# xdist worker rewrote all ~600 test modules again, half of its collection CPU (issue
+# 30). The cache goes to tests' __pycache__ dirs (git-ignored); only this process
+# writes it: the processes the tests start inherit the environment as it is.
+sys.dont_write_bytecode = False
 
 pytest_plugins = ("pytester", "tests.cpumeter", "tests.parallel")
 
