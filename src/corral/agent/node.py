@@ -346,6 +346,12 @@ class NodeAgent:
             # when the line was read, not parsed (the first parse imports pydantic: a
             # second or more on a busy machine): no report is dated after it
             received = time.time()
+            code = exit_code(line)  # the wrapper's last line: no pydantic for it
+            if code is not None:
+                track = self.ranks.setdefault(rank, RankTrack(rank=rank))
+                track.code = code
+                self._maybe_report_rank(track, final=False)
+                continue
             try:
                 # pydantic is imported on the first message, not at the agent's start
                 from corral.agent.messages import (
@@ -700,6 +706,22 @@ class NodeAgent:
         failed = [w.code for w in self.workloads.values() if w.rank == NODE and w.code]
         self.event("node_exit", ranks=codes, code=failed[0] if failed else 0)
         return 0
+
+
+def exit_code(line: bytes) -> int | None:
+    """The code of a rank wrapper's ``{"type": "exit", "code": N}`` line, read with the
+    standard library (None: any other line, for :func:`~corral.agent.messages.parse_message`
+    to validate; it accepts what this accepts)."""
+    if b'"exit"' not in line:
+        return None
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.keys() != {"type", "code"} or data["type"] != "exit":
+        return None
+    code = data["code"]
+    return code if type(code) is int and -255 <= code <= 255 else None
 
 
 def _running(proc: psutil.Process) -> bool:
