@@ -46,6 +46,8 @@ def test_the_mode_and_h_come_from_the_arguments_else_the_environment() -> None:
     assert parse_sync(None, None, env) == ("diloco", 50)
     assert parse_sync("localsgd", None, {FT_SYNC_EVERY_ENV: "auto"}) == ("localsgd", None)
     assert parse_sync("localsgd", 8, env) == ("localsgd", 8)
+    # the script's sync="ddp" wins over the environment, whose H is then not used
+    assert parse_sync("ddp", None, env) == ("ddp", None)
 
 
 def test_bad_sync_settings_are_named() -> None:
@@ -55,5 +57,7 @@ def test_bad_sync_settings_are_named() -> None:
         parse_sync("diloco", None, {FT_SYNC_EVERY_ENV: "ten"})
     with pytest.raises(ValueError, match=r"every=: 0 must be at least 1 step"):
         parse_sync("diloco", 0, {})
-    with pytest.raises(ValueError, match=r"every=4 needs sync='diloco' or 'localsgd'"):
+    with pytest.raises(ValueError, match=r"every=: 4 needs sync='diloco' or 'localsgd'"):
         parse_sync("ddp", 4, {})
+    with pytest.raises(ValueError, match=r"CORRAL_FT_SYNC_EVERY: 50 needs sync='diloco'"):
+        parse_sync(None, None, {FT_SYNC_EVERY_ENV: "50"})

@@ -323,7 +323,6 @@ class FaultTolerant:
             )
             self.optimizer = optimizer
             self._semi = SemiSync(
-                torchft,
                 self.manager,
                 model,
                 optimizer,

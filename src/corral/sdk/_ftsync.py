@@ -98,13 +98,15 @@ def parse_sync(
     a bad one."""
     from corral.contract import FT_SYNC_ENV, FT_SYNC_EVERY_ENV
 
-    source = "sync="
+    source, chosen_here = "sync=", sync is not None
     if sync is None:
         sync, source = env.get(FT_SYNC_ENV, "").strip().lower() or "ddp", FT_SYNC_ENV
     if sync not in SYNC_MODES:
         raise ValueError(f"{source}: {sync!r} is not one of {', '.join(SYNC_MODES)}")
     where = "every="
     if every is None:
+        if sync == "ddp" and chosen_here:
+            return sync, None  # the script's choice wins over the environment's mode
         every, where = env.get(FT_SYNC_EVERY_ENV, "").strip(), FT_SYNC_EVERY_ENV
     if every in ("", "auto"):
         return sync, None
@@ -115,7 +117,10 @@ def parse_sync(
     if isinstance(every, bool) or value < 1:
         raise ValueError(f"{where}: {every!r} must be at least 1 step")
     if sync == "ddp" and value != 1:
-        raise ValueError(f"{where}{value} needs sync='diloco' or 'localsgd' (ddp syncs every step)")
+        raise ValueError(
+            f"{where}: {value} needs sync='diloco' or 'localsgd' (ddp syncs every step; "
+            f"{FT_SYNC_ENV} sets it too)"
+        )
     return sync, value
 
 
@@ -125,7 +130,6 @@ class SemiSync:
 
     def __init__(
         self,
-        torchft: Any,
         manager: Any,
         model: Any,
         optimizer: Any,
