@@ -93,7 +93,7 @@ class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
         return self._groups.get(nodeid, nodeid)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # an xdist hook: absent with -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling | None:
     if config.getvalue("dist") != "loadgroup" or not os.environ.get(_GROUPS_ENV):
         return None

@@ -143,3 +143,15 @@ def test_plugins_leave_a_plain_run_alone(
     _inner(pytester, monkeypatch)
     homes = {p.read_text() for p in out.iterdir()}
     assert homes == {os.environ["HOME"]}, homes
+
+
+def test_plugins_load_without_xdist(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-p no:xdist`` (a debugging run in one process) still works: the scheduler hook
+    is xdist's, so pluggy must not refuse it as unknown."""
+    out = pytester.mkdir("records")
+    monkeypatch.setenv("HARNESS_OUT", str(out))
+    pytester.makepyfile(test_par=PARALLEL_TESTS)
+    _inner(pytester, monkeypatch, "-p", "no:xdist")
+    assert {p.name.split("-")[0] for p in out.iterdir()} == {"fixture", "netns", "shared", "single"}
