@@ -68,6 +68,7 @@ DEFAULT_TIMEOUTS = {
     "cli_start": 120.0,
     "diagnose": 400.0,
     "inplace": 900.0,
+    "diloco": 600.0,
     "sdk": 300.0,
 }
 
