@@ -321,7 +321,8 @@ def _options_body() -> type[_Body]:
 if TYPE_CHECKING:
 
     class _OptionsBody(_Body):
-        """For the type checker: the generated fields, typed as they are at run time."""
+        """For the type checker: the generated fields, typed as they are at run time
+        (construct a request with them by ``model_validate``)."""
 
         def __getattr__(self, name: str) -> Any: ...
 

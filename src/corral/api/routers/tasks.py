@@ -59,14 +59,11 @@ def suggest_machines(
 
     from corral.store.models import Machine
 
-    request = JobRequest(
-        script="-",
-        nproc_per_node=nproc_per_node,
-        resource_requirements=ResourceRequirements(
-            num_machines=num_machines,
-            gpus_per_machine=gpus_per_machine,
-            min_gpu_memory=min_gpu_memory,
-        ),
+    needs = ResourceRequirements(
+        num_machines=num_machines, gpus_per_machine=gpus_per_machine, min_gpu_memory=min_gpu_memory
+    )
+    request = JobRequest.model_validate(
+        {"script": "-", "nproc_per_node": nproc_per_node, "resource_requirements": needs}
     )
     with svc.store.session() as s:
         machines = list(s.scalars(select(Machine)).all())
