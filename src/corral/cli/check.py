@@ -61,7 +61,7 @@ from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target
 from corral.job.resolve import parse_nproc
-from corral.plan.spec import DEFAULT_MASTER_PORT, LAUNCHERS
+from corral.plan.spec import LAUNCHERS
 from corral.transport.options import SshOptions
 
 ScriptArg = Annotated[
@@ -198,7 +198,7 @@ def check(
     python: PythonOpt = None,
     nproc_per_node: NprocOpt = None,
     master_addr: MasterAddrOpt = None,
-    master_port: MasterPortOpt = DEFAULT_MASTER_PORT,
+    master_port: MasterPortOpt = 0,  # the job options' default: a free port
     workdir: WorkdirOpt = None,
     nccl_interface: NcclOpt = None,
     gloo_interface: GlooOpt = None,
