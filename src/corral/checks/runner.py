@@ -223,7 +223,10 @@ async def run_checklist(
     try:
         t0 = time.perf_counter()
         spare_hosts = tuple(opts.spares)  # judged by the spares check only
-        asked = [cluster.hosts[0]] if cluster.is_local else [*cluster.hosts, *spare_hosts]
+        # a spare's facts are compared with the training hosts': asked the same way
+        # (the node agents that answer for those do not run with the host's own env)
+        like = [dataclasses.replace(h, env={}) if agents is not None else h for h in spare_hosts]
+        asked = [cluster.hosts[0]] if cluster.is_local else [*cluster.hosts, *like]
         if agents is not None:  # before anything is awaited: their probes carry these
             agents.post(host_params(request, asked, master))
         local = asyncio.to_thread(_local_reference, code_dir, local_script, ignores)

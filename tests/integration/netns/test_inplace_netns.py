@@ -254,45 +254,39 @@ def test_hang_then_heal_and_a_second_failure_while_healing(
 def test_a_spare_that_fails_the_preflight_is_named_and_not_used(
     healthy_testbed: Testbed, tmp_path: Path
 ) -> None:
-    # tb3 is the spare; it has a package the training hosts lack (its own PYTHONPATH,
-    # as a host whose environment drifted): the pre-flight names it with the check and
-    # the reason, the job launches on tb1 and tb2 without it
+    # tb3 is the spare; its copy of the code differs from this machine's (a file changed
+    # there, as on a host a sync missed): the pre-flight names it with the check and the
+    # file, and the job launches on tb1 and tb2 without it
     tb, job = healthy_testbed, "ip-spare"
     require("torchft", "install the [ft] extra: make setup")
-    site = f"/srv/corral/site-{tmp_path.name}"
-    meta = f"{site}/tinypkg-2.0.dist-info"
-    made = tb.run_on(
-        "tb3",
-        [
-            "sh",
-            "-c",
-            f"mkdir -p {meta} && printf 'Metadata-Version: 2.1\\nName: tinypkg\\n"
-            f"Version: 2.0\\n' > {meta}/METADATA",
-        ],
-    )
-    assert made.returncode == 0, made.stderr
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(
-        f"hosts:\n  - name: tb1\n  - name: tb2\n  - name: tb3\n    env:\n      PYTHONPATH: {site}\n"
-    )
-    (tmp_path / "hello.py").write_text(
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "hello.py").write_text(
         "import os\nprint('trained on', os.environ['CORRAL_HOST'], flush=True)\n"
     )
+    (src / "model.py").write_text("LAYERS = 4\n")
+    dest = f"/srv/corral/code-{tmp_path.name}"
+    for host in HOSTS3:
+        copied = tb.run_on(host, ["sh", "-c", f"rm -rf {dest} && cp -a {src} {dest}"])
+        assert copied.returncode == 0, copied.stderr
+    changed = tb.run_on("tb3", ["sh", "-c", f"echo 'LAYERS = 5' > {dest}/model.py"])
+    assert changed.returncode == 0, changed.stderr
     try:
         args = inplace_args(tb, tmp_path, job, "--recovery", "in-place", "--spares", "1")
-        args[args.index("--hosts") + 1] = str(cluster)
         args.remove("--no-preflight")  # the pre-flight is what this is about
         ran = run_corral(
             *args,
+            *("--workdir", dest, "--code-dir", str(src)),
             *("--launcher", "python", "--", "hello.py"),
             cwd=tmp_path,
             timeout=400,
         )
     finally:
-        tb.run_on("tb3", ["rm", "-rf", site])
+        for host in HOSTS3:
+            tb.run_on(host, ["rm", "-rf", dest])
     assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
     err = ran.stderr
-    assert "spare tb3 not used: software: differs: tinypkg 2.0 (others -)" in err, err[-4000:]
+    assert re.search(r"spare tb3 not used: code: .*model\.py", err), err[-4000:]
     assert "spare host(s) tb3 failed the pre-flight" in err and "spares left: none" in err
     assert "trained on tb1" in ran.stdout and "trained on tb2" in ran.stdout
     assert "trained on tb3" not in ran.stdout
