@@ -6,6 +6,11 @@ the host / rank / cause, no process of the job is left on any host, and (where
 a restart is allowed) the job finishes, resumed from the last complete
 checkpoint. Checkpoints live in each host's private /srv/corral unless a test
 says otherwise, so nothing relies on a shared filesystem.
+
+Each test runs the smallest world that shows its fault: two hosts (``PAIR``), one
+rank each, with ``--launcher python`` unless torchrun's own handling is the subject;
+the three hosts of the testbed only where the job must go on without one of them
+(a lost host, a cut link: two survivors, so the new world is still distributed).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ require_torch()
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
 HOSTS = ("tb1", "tb2", "tb3")
+PAIR = ("tb1", "tb2")  # the world of a fault that needs no survivor host
 STEPS = 40
 EVERY = 10  # checkpoint interval (steps)
 SLOW = "0.1"  # seconds per step: the job runs long enough to be hit mid-way
@@ -92,11 +98,13 @@ def hostfile(tmp_path: Path, names: tuple[str, ...] = HOSTS) -> str:
     return str(path)
 
 
-def run_args(tb: Testbed, tmp_path: Path, job: str, *extra: str) -> list[str]:
+def run_args(
+    tb: Testbed, tmp_path: Path, job: str, *extra: str, hosts: tuple[str, ...] = PAIR
+) -> list[str]:
     return [
         "run",
         "--hosts",
-        hostfile(tmp_path),
+        hostfile(tmp_path, hosts),
         "--ssh-config",
         str(tb.ssh_config),
         "--run-dir",
@@ -193,6 +201,7 @@ def attempts_rows(err: str) -> list[str]:
 # -- the matrix ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # torchrun's own teardown and restart of a killed rank
 def test_rank_sigkill_restarts_and_finishes(healthy_testbed: Testbed, tmp_path: Path) -> None:
     tb, job = healthy_testbed, "ft-kill"
     w = Watched(
@@ -232,6 +241,7 @@ def test_lost_host_continues_on_the_others(healthy_testbed: Testbed, tmp_path: P
             "--replicate-checkpoints",
             "--checkpoint-dir",
             host_ckpt(job),
+            hosts=HOSTS,
         )
         + train(),
         tmp_path,
@@ -341,6 +351,7 @@ def test_a_save_returns_once_the_replica_holds_it(
             "--",
             str(script),
             str(replica),
+            hosts=("tb1",),  # rank 0 saves and the coordinator replicates: one host shows it
         ),
         tmp_path,
     )
@@ -383,6 +394,7 @@ def test_cut_link_is_lost_within_the_host_timeout(healthy_testbed: Testbed, tmp_
             f"{timeout:g}",
             "--checkpoint-dir",
             host_ckpt(job),
+            hosts=HOSTS,
         )
         + train(),
         tmp_path,

@@ -68,6 +68,12 @@ def recorded_pids(tb: Testbed) -> list[int]:
     return [h[k]["pid"] for h in state["hosts"] for k in ("holder", "sshd") if h[k]]
 
 
+def daemon_pids(tb: Testbed) -> dict[tuple[str, str], int]:
+    """{(host, "holder" | "sshd"): pid} of the daemons the state records."""
+    state = json.loads(tb.state_file.read_text())
+    return {(h["name"], k): h[k]["pid"] for h in state["hosts"] for k in ("holder", "sshd") if h[k]}
+
+
 # ---------------------------------------------------------------------------- hosts
 
 
@@ -187,6 +193,26 @@ def test_half_up_testbed_is_detected(healthy_testbed: Testbed) -> None:
     tb.start_sshd("tb2")
     assert tb.status().healthy
     assert ssh(tb, "tb2", "hostname").stdout.strip() == "tb2"
+
+
+def test_repair_restarts_nothing_healthy_and_only_what_is_broken(
+    healthy_testbed: Testbed,
+) -> None:
+    # every fault test repairs before and after: on a healthy testbed that must be a
+    # look at its state, not a restart of the hosts' daemons
+    tb = healthy_testbed
+    daemons = daemon_pids(tb)
+    tb.repair()
+    assert daemon_pids(tb) == daemons
+    tb.cut_link("tb3")
+    tb.kill_sshd("tb2")
+    tb.repair()
+    assert tb.status().healthy
+    after = daemon_pids(tb)
+    # tb3's link came back up, tb2 got a new sshd: no host was taken down and up again
+    assert {key for key in daemons if after[key] != daemons[key]} == {("tb2", "sshd")}
+    assert all(pid_alive(pid) for pid in after.values())
+    assert ssh(tb, "tb3", "hostname").stdout.strip() == "tb3"
 
 
 def test_cut_link_blackholes_the_host_and_restore_brings_it_back(
