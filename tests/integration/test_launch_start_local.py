@@ -78,6 +78,16 @@ async def recording(self, host, argv, **kwargs):
     return await start(self, host, argv, **kwargs)
 
 local.LocalTransport.start = recording
+import corral.agent.protocol as protocol
+
+encode, facts = protocol.encode_op, []
+
+def probing(op):
+    if op.get("op") == "probe":
+        facts.append("facts" in op)
+    return encode(op)
+
+protocol.encode_op = probing
 from corral.cli.main import main
 sys.argv = ["corral", "run", "--hosts", "local:2", "--launcher", "python",
             "--master-port", "0", "--run-dir", "runs", "--", "hello.py"]
@@ -85,15 +95,18 @@ try:
     main()
 except SystemExit as exc:
     code = exc.code
-print("SEEN " + json.dumps([code, seen, "corral.checks.timeouts" in sys.modules]))
+print("SEEN " + json.dumps([code, seen, "corral.checks.timeouts" in sys.modules, facts]))
 """
 
 
 def test_a_local_launch_starts_its_agents_before_the_checklist_loads(tmp_path: Path) -> None:
     """The agents' processes (and with them the nodes' held launchers) are started
     before the checklist's first step imports its machinery."""
-    out, (code, seen, checked) = _launch(tmp_path, SPAWN_HOOK)
+    out, (code, seen, checked, facts) = _launch(tmp_path, SPAWN_HOOK)
     assert code == 0, out
     assert sorted(host for host, _ in seen) == ["local-0", "local-1"], seen
     assert all(loaded == [] for _, loaded in seen), seen
     assert checked  # the checklist ran, after them
+    # and posted what it asks before the probes were written: the master host's
+    # probe carries the request for its facts (the agent answers them, no second process)
+    assert sorted(facts) == [False, True], facts
