@@ -31,12 +31,13 @@ TIMEOUT = 180
 SECRETS = {"HF_TOKEN": "hf-s3cr3t"}
 TRAIN = """\
 import os, sys
-import torch
-import torch.distributed as dist
 if os.environ.get("FAIL_FIRST") and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
     # every rank, in the first round only, before its group: a round torn down while
     # gloo's mesh is half built leaves the next round unable to connect on torch 2.13
+    # (and before importing torch, which costs each rank ~2 CPU-s)
     sys.exit(7)
+import torch
+import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank)])
