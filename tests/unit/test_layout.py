@@ -344,6 +344,7 @@ DESCRIPTION_LOADS = {
     "corral.transport.options",
     "corral.job",
     "corral.job.describe",
+    "corral.job.option",
     "corral.job.schema",
 }
 

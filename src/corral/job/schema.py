@@ -1,6 +1,7 @@
 """THE schema of a job's options: :class:`JobOptions`, one frozen dataclass whose
 every field carries its type and default (written here, once) and an :class:`Option`
-in its metadata (``dataclasses.field(metadata={"option": ...})``): help text,
+in its metadata (:class:`corral.job.option.Option`, declared with
+:func:`~corral.job.option.option`): help text,
 command-line flag and its ``CORRAL_*`` environment variable, the API's constraints,
 its choices, its place on the web form, and the entry points that do *not* offer it,
 each with the reason why (:attr:`Option.not_at`).
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from corral.contract import QOS_CLASSES
 from corral.defaults import (
@@ -34,18 +35,18 @@ from corral.defaults import (
     DEFAULT_LINKS_MIN_RATIO,
     DEFAULT_MIN_FREE_GB,
 )
+from corral.job.option import (
+    ENTRIES,
+    VERBS,
+    Entry,
+    Option,
+    default_of,
+    option,
+    option_list,
+)
 from corral.plan.spec import DEFAULT_RDZV_TIMEOUT, LAUNCHERS, LR_SCALING, MLX_BACKENDS
 
 RECOVERY_MODES: tuple[str, ...] = ("restart", "in-place")
-T = TypeVar("T")
-
-Entry = Literal["run", "plan", "submit", "api", "web", "k8s", "slurm"]
-"""An entry point a job is described at: the verbs ``corral run``, ``corral plan``,
-``corral job submit``, the API's ``JobRequest``, the web page's new-job form, and the
-renders ``corral k8s render|apply`` and ``corral slurm render|submit``."""
-ENTRIES: tuple[Entry, ...] = ("run", "plan", "submit", "api", "web", "k8s", "slurm")
-VERBS: tuple[Entry, ...] = ("run", "plan", "submit", "k8s", "slurm")
-"""The entry points that are command-line verbs (their flags come from the schema)."""
 
 _SERVER_PICKS = "the server assigns it"
 _DRY = "a dry run starts nothing: no pre-flight, no supervisor"
@@ -63,86 +64,11 @@ def _not_served(why: str) -> dict[str, str]:
     return {"submit": why, "api": why, "web": why}
 
 
-@dataclass(frozen=True)
-class Option:
-    """How one :class:`JobOptions` field is offered: its help, its command-line flag
-    (with an environment variable), the entry points that expose it, the API's bounds
-    and, on the web form, its section and label. Its type and default are the field's."""
-
-    help: str
-    not_at: Mapping[str, str] = field(default_factory=dict)
-    """The entry points that do not offer it, each with the reason why."""
-    flag: str | None = None
-    """The flag (``--master-port``); None: not a flag (``command``: after ``--``)."""
-    metavar: str | None = None
-    envvar: str | None = None
-    """The ``CORRAL_*`` variable the verbs read the flag from."""
-    panel: str = "Launch"
-    """The group the verbs' ``--help`` shows it in."""
-    negate: bool = False
-    """The flag says the opposite of the field (``--no-preflight`` for ``preflight``)."""
-    aliases: tuple[str, ...] = ()
-    """Older names of the flag that still work (``--dist-timeout``)."""
-    bounds: Mapping[str, Any] = field(default_factory=dict)
-    """pydantic's constraints of the API's field (``ge``, ``gt``, ``le``, ``max_length``...)."""
-    choices: tuple[str, ...] = ()
-    """The values it takes (a select on the form, refused otherwise by the API)."""
-    what: str = ""
-    """What a value is, for the API's error (``unknown QoS class 'x'``)."""
-    names: Mapping[str, str] = field(default_factory=dict)
-    """Its name at an entry point that calls it otherwise (``command``: the API's ``script``)."""
-    section: str | None = None
-    """The web form's generated section (None: a hand-written input, or no input)."""
-    label: str = ""
-    """The web form's label."""
-    metavar_for: Mapping[str, str] = field(default_factory=dict)
-    """An entry point's own metavar (the launchers Kubernetes and Slurm run)."""
-    help_for: Mapping[str, str] = field(default_factory=dict)
-    """An entry point's own help where the option means more there (``k8s``: ``--env``
-    bare keys come from the Secret)."""
-
-    @property
-    def entries(self) -> tuple[str, ...]:
-        """The entry points that offer it."""
-        return tuple(e for e in ENTRIES if e not in self.not_at)
-
-    def name_at(self, entry: str, name: str) -> str:
-        """The field ``name``'s name at ``entry``."""
-        return self.names.get(entry, name)
-
-    def help_at(self, entry: str) -> str:
-        """The help shown at ``entry``."""
-        return self.help_for.get(entry, self.help)
-
-
-def option(default: T, help: str, not_at: Mapping[str, str] | None = None, **spec: Any) -> T:
-    """A :class:`JobOptions` field with its default (written here only) and its
-    :class:`Option` (``spec``: that class's other fields)."""
-    found = Option(help=help, not_at=dict(not_at or {}), **spec)
-    made: T = field(default=default, metadata={"option": found})
-    return made
-
-
-def option_list(help: str, not_at: Mapping[str, str] | None = None, **spec: Any) -> Any:
-    """A :class:`JobOptions` field whose default is empty (a tuple, or a mapping)."""
-    factory: type = dict if spec.pop("mapping", False) else tuple
-    found = Option(help=help, not_at=dict(not_at or {}), **spec)
-    return field(default_factory=factory, metadata={"option": found})
-
-
 def options_of(entry: str | None = None) -> tuple[tuple[dataclasses.Field[Any], Option], ...]:
     """Every :class:`JobOptions` field with its :class:`Option`, in declaration order;
     with ``entry``, those that entry point exposes."""
     found = tuple((f, f.metadata["option"]) for f in dataclasses.fields(JobOptions))
     return found if entry is None else tuple((f, o) for f, o in found if entry in o.entries)
-
-
-def default_of(item: dataclasses.Field[Any]) -> Any:
-    """A field's default (its factory's value for the empty collections)."""
-    if item.default is not dataclasses.MISSING:
-        return item.default
-    factory: Any = item.default_factory
-    return factory()
 
 
 _PATH = {"min_length": 1, "max_length": 4096}
