@@ -17,6 +17,8 @@ require_torch()
 SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
 NO_FT = str(REPO / "tests" / "integration" / "scripts" / "steps.py")  # never makes a Manager
 TORCHFT_WAY = str(REPO / "tests" / "integration" / "scripts" / "torchft_env.py")
+# steps 0.2 s apart: while a group is away the others wait in sleep, not in steps
+SLOW = ("--sleep", "0.2")
 
 
 def _in_place(
@@ -87,7 +89,11 @@ def test_the_preflight_names_timeouts_that_would_turn_a_lost_node_into_a_hang(
 
 
 def test_a_killed_rank_costs_its_group_only_and_it_heals_back(tmp_path: Path) -> None:
-    err = _in_place(tmp_path, "inplace1", *("--steps", "30", "--kill-group", "2", "--kill-at", "8"))
+    # torchrun groups here (the in-place case under torchrun); the hung and twice-killed
+    # cases below use the python launcher (a torchrun per group imports torch again)
+    err = _in_place(
+        tmp_path, "inplace1", *("--steps", "16", "--kill-group", "2", "--kill-at", "5"), *SLOW
+    )
     assert "rank 0 on local-2 killed by SIGKILL: in-place recovery tears down only group 2" in err
     assert "group 2: restarting its group on local-2" in err
     # the restarted group healed from a live peer (torchft's own line, shown at its
@@ -135,6 +141,8 @@ def test_a_script_without_a_torchft_manager_is_named_after_the_join_timeout(
         "8",
         "--max-restarts",
         "2",
+        "--launcher",  # steps.py imports no torch; torchrun would import it per node
+        "python",
         "--",
         NO_FT,
         cwd=tmp_path,
@@ -180,8 +188,9 @@ def test_a_hung_group_is_torn_down_alone_and_heals_back(tmp_path: Path) -> None:
     err = _in_place(
         tmp_path,
         "inplacehang",
-        *("--steps", "30", "--hang-group", "1", "--hang-at", "8"),
-        options=("--hang-timeout", "6"),
+        *("--steps", "16", "--hang-group", "1", "--hang-at", "5"),
+        *SLOW,
+        options=("--hang-timeout", "6", "--launcher", "python"),
     )
     assert re.search(r"hang detected: rank 0 on local-1 made no progress for \d+ s", err)
     assert "rank 0 on local-1 is stuck in hang_forever" in err
@@ -214,8 +223,10 @@ def test_second_failures_while_a_group_heals_still_end_in_one_attempt(tmp_path: 
     err = _in_place(
         tmp_path,
         "inplacetwice",
-        *("--steps", "30", "--kill-group", "2", "--kill-at", "8"),
+        *("--steps", "16", "--kill-group", "2", "--kill-at", "5"),
         *("--kill-healing", "--kill-while-away", "0"),
+        *SLOW,
+        options=("--launcher", "python"),
     )
     assert "group 0 is about to be killed while another group is away" in err
     assert "group 2 is about to be killed while healing" in err

@@ -13,6 +13,7 @@ its ``load_state_dict``); ``--kill-while-away G`` SIGKILLs group G once when, af
 step with every group, it trains with fewer (another group is away). Every group
 trains until step N (``--steps``) *and* a step with every configured group in the
 quorum: the survivors keep going until the lost group is back, so the test never depends on timing.
+Under torchrun or corral's ``--launcher python`` (which imports torch once less per group).
 ``--kill-lighthouse-at S``: group 0 SIGKILLs this job's Lighthouse (the coordinator's
 child marked with the job's CORRAL_JOB_ID, on this machine) once, at step S or later
 after a step with every group.
@@ -98,8 +99,16 @@ def load_state_dict(sd: dict[str, object]) -> None:
     inner.load_state_dict(sd["optim"])  # type: ignore[arg-type]
 
 
+store_addr, store_port = None, None  # torchrun's: its agent serves MASTER_PORT
+if "TORCHELASTIC_RUN_ID" not in os.environ:
+    # corral's --launcher python: nobody serves MASTER_PORT, the group (one rank) hosts
+    # its own store, as sdk.fault_tolerant does
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    store_addr, store_port = "127.0.0.1", int(store.port)
 manager = Manager(
     pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+    store_addr=store_addr,
+    store_port=store_port,
     min_replica_size=int(os.environ.get("CORRAL_MIN_REPLICAS", "1")),
     load_state_dict=load_state_dict,
     state_dict=state_dict,
