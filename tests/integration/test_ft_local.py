@@ -1,8 +1,8 @@
 """In-place recovery with torchft, by hand: a Lighthouse and three replica groups
-(one ``torchrun --nproc-per-node 1`` each, with its own store) running
-examples/train_ft.py over gloo. One group is SIGKILLed mid-run: the survivors go
-on with two participants; started again, it heals from a live peer and all three
-finish at the same step."""
+(one plain ``python`` rank each, whose SDK hosts the group's store: a torchrun per
+group would import torch once more) running examples/train_ft.py over gloo. One
+group is SIGKILLed mid-run: the survivors go on with two participants; started
+again, it heals from a live peer and all three finish at the same step."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +29,8 @@ STEP_LINE = re.compile(r"^step (\d+)/\d+ participants (\d+)", re.M)
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Group:
-    """One replica group: a torchrun of one rank in its own session, output to a file."""
+    """One replica group: one rank in its own session, output to a file."""
 
     def __init__(self, group: int, lighthouse: str, log: Path) -> None:
         env = dict(
@@ -45,12 +38,13 @@ class Group:
             PYTHONPATH=str(REPO / "src"),
             PYTHONUNBUFFERED="1",
             RUST_LOG="warn",  # torchft's per-step INFO lines
+            MASTER_ADDR="127.0.0.1",  # what the other groups dial to heal from this one
             **{LIGHTHOUSE_ENV: lighthouse, REPLICA_GROUP_ENV: str(group), REPLICA_GROUPS_ENV: "3"},
         )
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+            env.pop(name, None)  # a group of one rank, not this process's launcher's
         argv = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-            str(EXAMPLE), "--steps", str(STEPS), "--step-sleep", "0.05",
+            sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--step-sleep", "0.05",
             "--degraded-step-sleep", "0.5", "--batch-size", "48", "--examples", "512",
         ]  # fmt: skip
         self.log = log
@@ -66,7 +60,7 @@ class Group:
         return [(int(s), int(p)) for s, p in STEP_LINE.findall(self.text())]
 
     def kill(self) -> None:
-        """SIGKILL torchrun and its ranks (torchrun gives its ranks their own sessions)."""
+        """SIGKILL the rank and anything it started."""
         try:
             tree = [psutil.Process(self.proc.pid)]
             tree += tree[0].children(recursive=True)

@@ -118,9 +118,11 @@ def test_injected_exception_reaches_torchrun_summary(tmp_path: Path) -> None:
 
 
 def test_injected_exit_code(tmp_path: Path) -> None:
+    # one rank: the exit code is the subject (the root cause among two ranks is the
+    # test above), and each rank imports torch
     proc, _ = torchrun(
         tmp_path, "--steps", "30", "--checkpoint-every", "0",
-        "--fail-at-step", "3", "--fail-rank", "0", "--exit-code", "7",
+        "--fail-at-step", "3", "--fail-rank", "0", "--exit-code", "7", nproc=1,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr  # torchrun's own code, whatever the worker's
     summary = proc.stderr[proc.stderr.index("Root Cause") :]
