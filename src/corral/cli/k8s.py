@@ -24,7 +24,7 @@ from corral.k8s.render import (
     render_k8s,
     to_yaml,
 )
-from corral.plan.spec import DEFAULT_MASTER_PORT, JobSpec
+from corral.plan.spec import JobSpec
 
 _K = "Kubernetes"
 
@@ -227,8 +227,7 @@ def _render(
         command,
         launcher=flags["launcher"] or "torchrun",
         job_id=flags["job_id"] or f"corral-{new_job_id()}",
-        # 0 (pick a free port) is, on Kubernetes, the pods' one fixed port
-        master_port=flags["master_port"] or DEFAULT_MASTER_PORT,
+        master_port=flags["master_port"],  # 0: the render's fixed port (k8s_spec)
         env=env,
         secret_env=tuple(secret_keys),
     )

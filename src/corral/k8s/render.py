@@ -33,6 +33,7 @@ Secret environment values are never written: a secret ``--env`` key becomes a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import posixpath
 import re
@@ -55,7 +56,7 @@ from corral.contract import (
     is_env_name,
 )
 from corral.errors import ConfigError
-from corral.plan.spec import JobSpec
+from corral.plan.spec import DEFAULT_MASTER_PORT, JobSpec
 
 if TYPE_CHECKING:
     from corral.job.describe import JobDescription
@@ -684,10 +685,15 @@ def _job(spec: JobSpec, target: K8sTarget) -> dict[str, Any]:
 def k8s_spec(description: JobDescription) -> JobSpec:
     """The JobSpec the pods run: the description's options built and validated as every
     job is (:func:`corral.job.build.job_spec`, its restart budget included: torchrun's
-    own on Kubernetes)."""
+    own on Kubernetes). A master port of 0 (a free port picked at launch, every
+    entry point's default) is, on Kubernetes, the pods' one fixed port
+    (``DEFAULT_MASTER_PORT``): every pod must know it before any of them starts."""
     from corral.job.build import job_spec  # the builder: only when rendering
 
-    return job_spec(description.options)
+    options = description.options
+    if options.master_port == 0:
+        options = dataclasses.replace(options, master_port=DEFAULT_MASTER_PORT)
+    return job_spec(options)
 
 
 def render_k8s(description: JobDescription, target: K8sTarget) -> list[dict[str, Any]]:
