@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import urllib.request
+from typing import Any
 
 from corral.contract import JOB_ID_ENV
 from corral.errors import LaunchError
@@ -242,6 +243,31 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def _lighthouse_server_class() -> Any:
+    """torchft's ``LighthouseServer``, from its native extension alone where it can be
+    found: ``import torchft`` runs the package's ``__init__``, which imports torch and
+    the Manager (~1.8 CPU-s, every in-place job's start) for a server written in Rust
+    that needs none of it (loaded this way: ~1 ms). Elsewhere (another layout of
+    torchft) the public ``torchft.coordination`` import."""
+    import importlib.machinery
+    import importlib.util
+
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("torchft")  # finds the package, runs nothing
+        for where in (spec.submodule_search_locations or []) if spec else []:
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(where, "_torchft" + suffix)
+                if os.path.exists(path):
+                    native = importlib.util.spec_from_file_location("torchft._torchft", path)
+                    if native is not None and native.loader is not None:
+                        module = importlib.util.module_from_spec(native)
+                        native.loader.exec_module(module)
+                        return module.LighthouseServer
+    from torchft.coordination import LighthouseServer
+
+    return LighthouseServer
+
+
 def main(argv: list[str] | None = None) -> int:
     """The child: serve the Lighthouse until stdin closes or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m corral.recovery.lighthouse")
@@ -249,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-replicas", type=int, required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(
+    server = _lighthouse_server_class()(
         bind=args.bind,
         min_replicas=args.min_replicas,
         join_timeout_ms=JOIN_TIMEOUT_MS,
