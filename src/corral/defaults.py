@@ -1,5 +1,5 @@
 """Defaults of a job's options that the layers below the engine apply too (the
-pre-flight, host health), each written once.
+pre-flight, host health, the SDK on the ranks), each written once.
 
 A leaf (no import): the job description (:mod:`corral.job.describe`), the checks
 (:mod:`corral.checks.context`) and host health (:mod:`corral.recovery.health`)
@@ -15,6 +15,13 @@ DEFAULT_LINKS_MIN_RATIO = 0.3
 DEFAULT_HOST_TIMEOUT = 20.0
 """``--host-timeout``: seconds without any frame from a host's agent before it is lost."""
 
+DEFAULT_MASTER_PORT = 29500
+"""The port torch.distributed uses by default: the one fixed port where every node must
+know it before any starts (Kubernetes pods, actors on SSH hosts), and what the SDK
+reports when ``MASTER_PORT`` is unset. ``--master-port 0`` (the default) picks a free one."""
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""``--connect-timeout``: seconds an SSH connection (agent, rsync) may take to open."""
+
 DEFAULT_GRACE = 10.0
 """``--grace``: seconds between SIGTERM and SIGKILL when a job is torn down."""
 DEFAULT_COLLECTIVE_TIMEOUT = 1800.0
@@ -23,8 +30,10 @@ collective (PyTorch's own default; the Kubernetes and Slurm renders had it alrea
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT",
+    "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_GRACE",
     "DEFAULT_HOST_TIMEOUT",
     "DEFAULT_LINKS_MIN_RATIO",
+    "DEFAULT_MASTER_PORT",
     "DEFAULT_MIN_FREE_GB",
 ]

@@ -36,6 +36,7 @@ from corral.actors.nccl import NCCLConfig, create_nccl_configs
 from corral.cluster import Cluster as HostCluster
 from corral.cluster import Host, load_cluster
 from corral.contract import ACTOR_ENV, JOB_ID_ENV
+from corral.defaults import DEFAULT_MASTER_PORT
 from corral.errors import ConfigError
 from corral.job.states import JobState
 from corral.recovery.restart import RestartPolicy
@@ -46,8 +47,6 @@ from corral.transport.options import SshOptions
 
 WorkFn = Callable[..., Any] | str
 
-#: The port torch.distributed uses by default (SSH clusters, ``master_port=0``).
-DEFAULT_MASTER_PORT = 29500
 #: Seconds the other workers of a group operation get once one has failed.
 GROUP_GRACE = 5.0
 

@@ -9,6 +9,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from corral.defaults import DEFAULT_MASTER_PORT
 from corral.errors import ConfigError
 
 
@@ -51,7 +52,7 @@ class NCCLConfig:
 def create_nccl_configs(
     master_addr: str,
     nodes: Sequence[tuple[str, int]],
-    master_port: int = 29500,
+    master_port: int = DEFAULT_MASTER_PORT,
     *,
     interfaces: Sequence[str | None] | None = None,
 ) -> list[NCCLConfig]:

@@ -44,6 +44,7 @@ from corral.agent.protocol import (
 from corral.agent.spawn import STOP_SIGNALS, SpawnedNode, Workload, record_pgid
 from corral.agent.worker import error_file
 from corral.contract import ATTEMPT_ENV
+from corral.defaults import DEFAULT_GRACE
 from corral.logflush import FlushSoon
 from corral.private import append_private, write_private
 
@@ -79,7 +80,7 @@ class NodeAgent:
     def __init__(self, start: dict[str, Any], out: IO[bytes], spawned: SpawnedNode) -> None:
         node = start["node"]
         self.node = node
-        self.grace: float = float(start.get("grace", 10.0))
+        self.grace: float = float(start.get("grace", DEFAULT_GRACE))
         self.heartbeat_timeout: float | None = start.get("heartbeat_timeout")
         self.heartbeat_interval: float = float(start.get("heartbeat_interval", 2.0))
         self.master_timeout: float = float(start.get("master_timeout", 300.0))

@@ -14,6 +14,7 @@ from corral.checks.gather import HostFacts
 from corral.checks.reference import CodeReference
 from corral.checks.shared_probe import SharedProbe
 from corral.cluster.model import Cluster, Host
+from corral.defaults import DEFAULT_CONNECT_TIMEOUT, DEFAULT_MASTER_PORT
 from corral.defaults import DEFAULT_LINKS_MIN_RATIO as DEFAULT_LINKS_MIN_RATIO
 from corral.defaults import DEFAULT_MIN_FREE_GB as DEFAULT_MIN_FREE_GB
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
@@ -36,7 +37,7 @@ class ChecklistOptions:
     code_dir: str | None = None
     script: str | None = None
     master_addr: str | None = None
-    master_port: int = 29500
+    master_port: int = DEFAULT_MASTER_PORT
     nproc_per_node: int | None = None
     # the ranks' collective backend as the job declares it (CORRAL_BACKEND): nccl, gloo
     # or None (not declared); see corral.diagnose.gpu.job_backend
@@ -50,7 +51,7 @@ class ChecklistOptions:
     extra_ignores: tuple[str, ...] = ()
     smoke: bool = True
     smoke_timeout: float = DEFAULT_SMOKE_TIMEOUT
-    connect_timeout: float = 10.0
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     sync: dict[str, Any] | None = None  # what `--sync` / `--sync-script` did in this run
     job_id: str | None = None  # the job this pre-flight is for: its processes are not stale
     # this job's run dir (absolute): a local leftover whose node dir is under another

@@ -57,6 +57,7 @@ from corral.cli.options import (
 )
 from corral.console import make_console
 from corral.contract import BACKEND_ENV
+from corral.defaults import DEFAULT_CONNECT_TIMEOUT
 from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target
@@ -241,7 +242,7 @@ def check(
     links_min_gbs: LinksMinGbsOpt = 0.0,
     links_warn_only: LinksWarnOpt = False,
     links_seconds: LinksSecondsOpt = DEFAULT_LINKS_SECONDS,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    connect_timeout: ConnectTimeoutOpt = DEFAULT_CONNECT_TIMEOUT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     wide: Annotated[
         bool, typer.Option("--wide", help="Show every check on every host (a check x host table).")

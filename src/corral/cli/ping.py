@@ -32,7 +32,7 @@ from corral.cli.common import (
 from corral.cluster import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError
-from corral.fleet.ping import DEFAULT_TIMEOUT, PingResult, failed_hosts, ping_hosts
+from corral.fleet.ping import DEFAULT_PING_TIMEOUT, PingResult, failed_hosts, ping_hosts
 from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
 
@@ -104,7 +104,7 @@ async def ping_cluster(
     cluster: Cluster,
     ssh: SshOptions,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_PING_TIMEOUT,
 ) -> dict[str, PingResult]:
     """Ping every host of ``cluster`` over a fresh transport, closed afterwards."""
     hosts = list(cluster.hosts)
@@ -122,7 +122,7 @@ async def ping_cluster(
 def ping(
     hosts: HostsOpt = None,
     ssh: SshOptions = SshOptions(),  # noqa: B008 (the SSH flags, see ssh_flags)
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    timeout: TimeoutOpt = DEFAULT_PING_TIMEOUT,
     as_json: JsonOpt = False,
 ) -> None:
     """List the hosts that do not answer (echo over SSH, with a deadline per host).

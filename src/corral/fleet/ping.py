@@ -31,7 +31,7 @@ __all__ = ["KILL_GRACE", "PingResult", "failed_hosts", "ping_hosts"]
 
 #: After the deadline, how long to wait for a killed ping command to end (then it is left).
 KILL_GRACE = 1.0
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_PING_TIMEOUT = 10.0
 _NONCE_PREFIX = "corral-ping-"
 _CAPTURE_LIMIT = 4096  # bytes of stdout/stderr kept per host
 _SHOWN = 120  # characters of unexpected output quoted in an error
@@ -198,7 +198,7 @@ async def _ping_one(transport: Transport, host: Host, timeout: float) -> PingRes
 
 
 async def ping_hosts(
-    transport: Transport, hosts: Sequence[Host], *, timeout: float = DEFAULT_TIMEOUT
+    transport: Transport, hosts: Sequence[Host], *, timeout: float = DEFAULT_PING_TIMEOUT
 ) -> dict[str, PingResult]:
     """Ping every host in parallel; ``{name: PingResult}`` in host order.
 

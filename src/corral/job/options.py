@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corral.checks.context import DEFAULT_LINKS_MIN_RATIO, DEFAULT_MIN_FREE_GB, validate_links
+from corral.defaults import DEFAULT_GRACE
 from corral.errors import ConfigError
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
 from corral.recovery.inplace import RecoveryPolicy
@@ -86,7 +87,7 @@ class CheckpointPolicy:
 class SupervisionPolicy:
     """How an attempt is watched and torn down."""
 
-    grace: float = 10.0  # seconds between SIGTERM and SIGKILL in a teardown
+    grace: float = DEFAULT_GRACE  # seconds between SIGTERM and SIGKILL in a teardown
     host_timeout: float = DEFAULT_HOST_TIMEOUT  # silence after which a host is lost
     hang_timeout: float | None = None  # no progress for this long is a hang (None: auto)
 

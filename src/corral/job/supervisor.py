@@ -29,6 +29,7 @@ from typing import Any
 from corral.agent.protocol import EVENT, NODE, STDERR, encode_op, read_frame
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
+from corral.defaults import DEFAULT_GRACE
 from corral.diagnose.hangreport import write_hang_report
 from corral.diagnose.stragglers import StragglerScores
 from corral.errors import CorralError
@@ -106,7 +107,7 @@ class AttemptSupervisor:
         logs: LogFiles,
         job_id: str,
         agent_argv: Callable[[Host], list[str]],
-        grace: float = 10.0,
+        grace: float = DEFAULT_GRACE,
         timeout: float | None = None,
         heartbeat_interval: float = 2.0,
         heartbeat_timeout: float = DEFAULT_HOST_TIMEOUT,

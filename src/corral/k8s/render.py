@@ -55,8 +55,9 @@ from corral.contract import (
     SHARED_DATA_PATH_ENV,
     is_env_name,
 )
+from corral.defaults import DEFAULT_COLLECTIVE_TIMEOUT, DEFAULT_MASTER_PORT
 from corral.errors import ConfigError
-from corral.plan.spec import DEFAULT_MASTER_PORT, JobSpec
+from corral.plan.spec import JobSpec
 
 if TYPE_CHECKING:
     from corral.job.describe import JobDescription
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPLETION_INDEX",
     "CONTAINER",
-    "DEFAULT_DIST_TIMEOUT",
     "GAVE_UP_EXIT",
     "JOB_LABEL",
     "K8S_LAUNCHERS",
@@ -88,8 +88,6 @@ JOB_LABEL = "corral/job-id"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 """The pod annotation holding its index in an Indexed Job."""
 K8S_LAUNCHERS = ("torchrun", "python")
-DEFAULT_DIST_TIMEOUT = 1800.0
-"""Seconds for process-group init and each collective (``CORRAL_DIST_TIMEOUT``)."""
 MASTER_NOT_READY_EXIT = 3
 """Exit code of a pod whose master never became reachable."""
 MASTER_LOST_EXIT = 4
@@ -178,7 +176,7 @@ class K8sTarget:
     """(claim, mount path) pairs mounted in every pod (``--pvc CLAIM:PATH``)."""
     fail_exit_codes: tuple[int, ...] = (2,)
     """Container exit codes that fail the whole Job at once, without a retry."""
-    dist_timeout: float = DEFAULT_DIST_TIMEOUT
+    dist_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT
     cpu: str | None = None
     """CPU request of each pod (``--cpu``, e.g. 8 or 500m)."""
     memory: str | None = None

@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 from corral.cluster.model import Host
+from corral.defaults import DEFAULT_MASTER_PORT
 from corral.redact import redact_env
 
 Launcher = Literal["torchrun", "python", "accelerate", "mlx", "command", "madengine"]
@@ -19,7 +20,6 @@ MLX_BACKENDS: tuple[str, ...] = ("ring", "mpi", "jaccl")
 LR_SCALING: tuple[str, ...] = ("linear", "sqrt", "none")
 HarnessMode = Literal["plugin", "script"]
 
-DEFAULT_MASTER_PORT = 29500
 DEFAULT_RDZV_TIMEOUT = 300.0
 
 

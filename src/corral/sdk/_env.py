@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.contract import ATTEMPT_ENV, JOB_ID_ENV
+from corral.defaults import DEFAULT_MASTER_PORT
 
 __all__ = [
     "DistInfo",
@@ -19,7 +20,6 @@ __all__ = [
 ]
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500
 
 
 @dataclass(frozen=True)

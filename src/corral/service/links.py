@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.cluster.model import Cluster
+from corral.defaults import DEFAULT_CONNECT_TIMEOUT
 from corral.diagnose.linkrun import measure_links
 from corral.diagnose.links import (
     DEFAULT_MIN_RATIO,
@@ -64,7 +65,7 @@ async def measure_machines(
         )
     hosts = [machine_host(m) for m in remote]
     ssh = machines_ssh(remote, settings)
-    transport = transport_for(Cluster(tuple(hosts)), ssh, connect_timeout=10.0)
+    transport = transport_for(Cluster(tuple(hosts)), ssh, connect_timeout=DEFAULT_CONNECT_TIMEOUT)
     try:
         matrix = await measure_links(transport, hosts, budget=LinkBudget(seconds=body.seconds))
     finally:

@@ -46,8 +46,9 @@ from corral.contract import (
     RDZV_TIMEOUT_ENV,
     is_env_name,
 )
+from corral.defaults import DEFAULT_COLLECTIVE_TIMEOUT, DEFAULT_MASTER_PORT
 from corral.errors import ConfigError
-from corral.plan.spec import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT
+from corral.plan.spec import DEFAULT_RDZV_TIMEOUT
 from corral.redact import is_secret
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_SIGNAL",
-    "DEFAULT_DIST_TIMEOUT",
     "DEFAULT_SIGNAL_LEAD",
     "MASTER_NOT_READY_EXIT",
     "SLURM_LAUNCHERS",
@@ -69,8 +69,6 @@ __all__ = [
     "slurm_job",
 ]
 
-DEFAULT_DIST_TIMEOUT = 1800.0
-"""Seconds for process-group init and each collective (``CORRAL_DIST_TIMEOUT``)."""
 MASTER_NOT_READY_EXIT = 3
 """Exit code of a node whose master never accepted connections."""
 READ_TIMEOUT = 60
@@ -135,7 +133,7 @@ class SlurmJob:
     nccl_interface: str | None = None
     gloo_interface: str | None = None
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
-    dist_timeout: float = DEFAULT_DIST_TIMEOUT
+    dist_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT
     max_restarts: int = 0
     checkpoint_dir: str | None = None
     signal_lead: int = DEFAULT_SIGNAL_LEAD

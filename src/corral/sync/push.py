@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from corral.agent import fingerprint
 from corral.cluster.model import Cluster, Host
+from corral.defaults import DEFAULT_CONNECT_TIMEOUT
 from corral.errors import ConfigError
 from corral.remote import python as remote_python
 from corral.sync.hashcache import cached_manifest, changed_since, snapshot
@@ -37,7 +38,6 @@ from corral.sync.procs import KILL_GRACE, communicate, drain, gather_all, kill_g
 from corral.sync.rsync_output import OUT_FORMAT, RsyncProgress, RsyncReader, exit_meaning
 from corral.sync.script import ScriptResult
 from corral.sync.sshargs import (
-    DEFAULT_CONNECT_TIMEOUT,
     Resolved,
     askpass_env,
     builtin_algorithms,

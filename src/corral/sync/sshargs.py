@@ -37,7 +37,6 @@ from corral.sync.procs import communicate
 from corral.transport.options import SshOptions
 
 __all__ = [
-    "DEFAULT_CONNECT_TIMEOUT",
     "FAST_CIPHERS",
     "FAST_KEX",
     "KEEPALIVE_COUNT",
@@ -57,7 +56,6 @@ __all__ = [
     "write_askpass",
 ]
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_INTERVAL = 5
 KEEPALIVE_COUNT = 3
 

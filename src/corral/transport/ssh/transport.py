@@ -36,6 +36,7 @@ from typing import Any
 import asyncssh
 
 from corral.cluster.model import Host
+from corral.defaults import DEFAULT_CONNECT_TIMEOUT
 from corral.errors import CommandTimeout, ConnectError, ConnectionLost, TransportError
 from corral.transport.ssh.auth import load_key
 from corral.transport.ssh.command import build_command, build_shell_command
@@ -52,11 +53,9 @@ from corral.transport.ssh.known_hosts import HostKeyDecision, HostKeyVerdict, Kn
 from corral.transport.ssh.process import KILL_GRACE, ProcessSession, SshProcess
 from corral.transport.ssh.settings import DefaultSettings, SshSettings
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "CompletedCommand", "SshTransport"]
+__all__ = ["CompletedCommand", "SshTransport"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 class _Client(asyncssh.SSHClient):
