@@ -288,6 +288,26 @@ def test_network_loopback_master_and_missing_interface() -> None:
     assert "interface ib0 does not exist there (has eth0, lo)" in result.hosts["n2"].detail
 
 
+def test_network_line_with_master_port_0_names_the_tested_port_not_0() -> None:
+    listener = {"requested": 0, "free": True, "port": 41234}
+    ctx = _ctx({"n1": {"listener": listener}}, master_port=0)
+    ctx.facts["n2"].connect = {"ok": False, "error": "Connection refused"}
+    result = network.check(ctx)
+    assert ":0" not in (result.summary or "") and ":0 " not in (result.fix_command or "")
+    assert "port 41234" in (result.fix_command or "")
+    ctx.facts["n2"].connect = {"ok": True, "ms": 0.3}
+    result = network.check(ctx)
+    assert result.status is Status.PASS
+    assert result.summary == (
+        "all hosts reach 10.0.0.1 (tested on free port 41234; "
+        "--master-port 0: the job's is picked at launch)"
+    )
+    assert "reaches 10.0.0.1:41234" in result.hosts["n2"].detail
+    ctx = _ctx({"n1": {"listener": {"requested": 29400, "free": True, "port": 29400}}})
+    ctx.options.master_port = 29400
+    assert network.check(ctx).summary == "all hosts reach 10.0.0.1:29400"
+
+
 def test_clock_skew_warns() -> None:
     ctx = _ctx()
     ctx.facts["n2"].clock_offset_s = 2.5

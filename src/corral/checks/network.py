@@ -91,9 +91,10 @@ def check(ctx: CheckContext) -> CheckResult:
                 problems.append("connection to the master not tested (session stopped)")
         elif not connect.get("ok"):
             problems.append(f"cannot reach {addr}:{target_port}: {connect.get('error')}")
+            shown = port or target_port
             fixes.append(
-                f"open TCP port {port} from {host.name} to {addr} (firewall / route), "
-                f"check with `corral exec --hosts {host.name} -- nc -zv {addr} {port}`"
+                f"open TCP port {shown} from {host.name} to {addr} (firewall / route), "
+                f"check with `corral exec --hosts {host.name} -- nc -zv {addr} {shown}`"
             )
         want = given.get(host.name)
         if want and want not in (route.get("interfaces") or {}) and not ctx.is_local:
@@ -114,9 +115,21 @@ def check(ctx: CheckContext) -> CheckResult:
         "interfaces": detected,
         "resolved": resolved,
     }
-    summary = f"all hosts reach {addr}:{port}" + (
-        "" if listener.get("free", True) else f" (tested on port {listener.get('port')})"
-    )
     return CheckResult.from_hosts(
-        NAME, hosts, summary=summary, fix_command="; ".join(dict.fromkeys(fixes)) or None, data=data
+        NAME,
+        hosts,
+        summary=_summary(addr, port, listener),
+        fix_command="; ".join(dict.fromkeys(fixes)) or None,
+        data=data,
+    )
+
+
+def _summary(addr: str, port: int, listener: dict[str, Any]) -> str:
+    """The network line: the port the job will use and, when it differs, the one tested."""
+    tested = listener.get("port")
+    if not port:
+        on = f"tested on free port {tested}; " if tested else ""
+        return f"all hosts reach {addr} ({on}--master-port 0: the job's is picked at launch)"
+    return f"all hosts reach {addr}:{port}" + (
+        "" if listener.get("free", True) else f" (tested on port {tested})"
     )
