@@ -5,120 +5,32 @@ corrupted rank wins: the model diverges), Krum and multi-Krum (the corrupted
 rank is never picked: the model converges).
 """
 
-import gc
-import hashlib
 import json
 import math
-import os
-import socket
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from corral.sdk._krum import check_krum, krum_aggregate, krum_select
 from tests.conftest import require_torch
 
-require_torch()
+from .conftest import free_port
+
 pytestmark = pytest.mark.torch
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-from corral import sdk  # noqa: E402
-from corral.sdk._krum import check_krum, krum_aggregate, krum_select  # noqa: E402
 
 WORLD = 5
 BAD = 3  # the Byzantine rank
 STEPS = 60
-DIM = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def teacher() -> torch.Tensor:
-    return torch.randn(DIM, 1, generator=torch.Generator().manual_seed(99))
-
-
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(32, DIM, generator=torch.Generator().manual_seed(1000 * step + rank))
-    return x, x @ teacher()
-
-
-def eval_loss(model: nn.Module) -> float:
-    x = torch.randn(512, DIM, generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        return float(nn.functional.mse_loss(model(x), x @ teacher()))
-
-
-Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
-
-
-def corrupted(inner: Hook) -> Hook:
-    """The Byzantine rank's hook: its gradients sign-flipped and scaled by 100."""
-
-    def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        bucket.buffer().mul_(-100.0)
-        return inner(state, bucket)
-
-    return hook
-
-
-def train(rank: int, mode: str) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, 1))
-    ddp = DistributedDataParallel(model)
-    inner: Any = (
-        allreduce_hook if mode == "mean" else sdk.krum_hook(f=1, m=3 if mode == "multi" else None)
-    )
-    ddp.register_comm_hook(None, corrupted(inner) if rank == BAD else inner)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    initial = eval_loss(model)
-    for step in range(STEPS):
-        x, y = batch(step, rank)
-        optimizer.zero_grad()
-        nn.functional.mse_loss(ddp(x), y).backward()
-        optimizer.step()
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-    out = {
-        "initial": initial,
-        "final": eval_loss(model),
-        "params": digest.hexdigest(),
-        "selected": getattr(inner, "selected", None),
-    }
-    del ddp, model, optimizer  # free the DDP wrapper before the group goes
-    gc.collect()
-    return out
-
-
-def _rank_main(rank: int, tmp: str, port: int) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    result: dict[str, Any] = {}
-    try:
-        sdk.krum_hook(f=2)
-    except ValueError as exc:
-        result["f2"] = str(exc)
-    for mode in ("mean", "krum", "multi"):
-        result[mode] = train(rank, mode)
-    dist.destroy_process_group()
-    Path(tmp, f"{rank}.json").write_text(json.dumps(result))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp  # torch only where a test runs (collection stays light)
+
+    from tests.integration._krum_ranks import rank_main
+
     tmp = tmp_path_factory.mktemp("krum")
-    mp.spawn(_rank_main, args=(str(tmp), free_port()), nprocs=WORLD, join=True)
+    mp.spawn(rank_main, args=(str(tmp), free_port(), WORLD, BAD, STEPS), nprocs=WORLD, join=True)
     return [json.loads((tmp / f"{r}.json").read_text()) for r in range(WORLD)]
 
 
@@ -154,6 +66,7 @@ def test_too_few_ranks_for_f_is_refused_with_the_numbers(results: list[dict[str,
 
 
 def test_krum_picks_the_vector_among_the_honest_cluster() -> None:
+    torch = require_torch()
     honest = torch.tensor([[1.0, 1.0], [1.1, 0.9], [0.9, 1.1], [1.0, 1.05], [1.02, 0.98]])
     vectors = torch.cat([honest, torch.tensor([[-100.0, -100.0]])])
     assert 5 not in krum_select(vectors, f=1, m=4)
@@ -162,6 +75,7 @@ def test_krum_picks_the_vector_among_the_honest_cluster() -> None:
 
 
 def test_non_finite_vectors_score_worst() -> None:
+    torch = require_torch()
     vectors = torch.ones(7, 3)
     vectors[2, 1] = float("nan")
     vectors[4, 0] = float("inf")
