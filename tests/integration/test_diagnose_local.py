@@ -8,11 +8,11 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import require_torch
+import pytest
 
 from .conftest import REPO, SCRIPTS, run_corral, wait_no_job_processes
 
-require_torch()
+pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
 
 
 _WORKLOAD = REPO / "benchmarks" / "workloads" / "diagnose_job.py"  # the benchmark's

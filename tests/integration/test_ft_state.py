@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.conftest import require_torch
+import pytest
 
 from .conftest import REPO, run_corral, wait_no_job_processes
 
-require_torch()
+pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
 
 SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_state.py")
 

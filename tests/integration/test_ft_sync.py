@@ -10,11 +10,11 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import require_torch
+import pytest
 
 from .conftest import REPO, run_corral, wait_no_job_processes
 
-require_torch()
+pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
 
 SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_diloco.py")
 SYNC = re.compile(r"\[local-(\d):0\] group \d sync (\d+) at step (\d+) every (\d+) participants")

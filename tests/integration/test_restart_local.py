@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_torch
-
 from .conftest import REPO, run_corral, wait_no_job_processes
 
-require_torch()
+pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
 

@@ -23,9 +23,8 @@ from corral.checks.result import CheckResult, Status
 from corral.checks.smoke import EXIT_FAILED, KILL_GRACE, MARGIN, smoke_test
 from corral.cluster import Host, load_cluster
 from corral.transport.local import LocalTransport
-from tests.conftest import require_torch
 
-require_torch()  # the [torch] extra is part of `make setup`
+pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
 
 T = TypeVar("T")
 MARK = "CORRAL_SMOKE_TEST_MARK"

@@ -8,12 +8,13 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from corral.throughput.model import Calibration, RankRate, save_calibration
-from tests.conftest import require_torch
 
 from .conftest import SCRIPTS, run_corral, wait_no_job_processes
 
-require_torch()
+pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
 
 WEIGHTS = re.compile(r"attempt (\d) weights ([0-9.]+),([0-9.]+)")
 
