@@ -19,25 +19,24 @@ from corral.cli.options import (
     ScriptArg,
     job_flags,
 )
-from corral.cluster.model import Host
+from corral.cluster.model import Cluster, Host
 from corral.console import make_console
 from corral.contract import JOB_CONFIG_ENV
 from corral.errors import ConfigError
-from corral.job.build import build_job, drive, job_spec, ready_job, weigh
 from corral.job.describe import JobDescription, describe
-from corral.job.engine import dry_run
-from corral.job.events import Checked
-from corral.job.output import TerminalOutput
-from corral.job.resolve import Prepared
-from corral.job.result import EXIT_INTERRUPTED
-from corral.job.summary import print_finished
+from corral.job.schema import JobOptions
 from corral.transport.options import SshOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from corral.job.events import Checked, Finished
+    from corral.job.headstart import HeadStart
+    from corral.job.resolve import Prepared
+
 # What only `corral plan`, a calibration or a pre-flight report print is imported
-# where it is used: `corral run`'s start is on every launch's path.
+# where it is used. `corral run` on local:N starts its nodes' agents before it
+# imports the engine (corral.job.headstart): the engine loads while they start.
 
 
 def _show_checked(event: Checked, console: Console) -> None:
@@ -69,6 +68,8 @@ def _weighted(
     if not calibration:
         return description
     from corral.calibrate.launch import AUTO, weigh_now
+    from corral.job.build import weigh
+    from corral.job.result import EXIT_INTERRUPTED
     from corral.plan.display import fits_line, weights_line
 
     if calibration != AUTO:
@@ -121,22 +122,62 @@ def run(
     """
     cluster = load_hosts(hosts, ssh)
     options = flags.options(command, cluster)
-    build_job(options)  # its errors before a calibration is measured for it
-    if options.rebalance and not calibration:
-        raise ConfigError("needs --calibration FILE|auto", option="--rebalance")
+    if cluster.is_local and options.preflight and not calibration:
+        from corral.job.resolve import new_job_id
+
+        options = dataclasses.replace(options, job_id=options.job_id or new_job_id())
+        raise typer.Exit(asyncio.run(_head_started(options, cluster, ssh)))
+    _validated(options, calibration)  # its errors before a calibration is measured for it
     console = make_console(stderr=False)
     description = describe(options, cluster, ssh)
     description = _weighted(description, calibration, console, seconds=calibration_seconds)
-    job = ready_job(description)  # its trackers and drift monitor subscribed first
-    output = TerminalOutput(
-        [h.name for h in cluster.hosts], on_finish=print_finished, on_checked=_show_checked
-    )
+    raise typer.Exit(asyncio.run(_supervise(description)))
+
+
+def _validated(options: JobOptions, calibration: str | None) -> None:
+    """ConfigError for what the job's options refuse (the engine is imported here)."""
+    from corral.job.build import build_job
+
+    build_job(options)
+    if options.rebalance and not calibration:
+        raise ConfigError("needs --calibration FILE|auto", option="--rebalance")
+
+
+async def _head_started(options: JobOptions, cluster: Cluster, ssh: SshOptions) -> int:
+    """Run the job of ``options`` on ``local:N`` with every node's agent started
+    before the engine is imported (:mod:`corral.job.headstart`); its exit code. An
+    agent the job does not use, the job refused or ended, is ended."""
+    from corral.job.headstart import HeadStart
+
+    head = HeadStart()
+    try:
+        await head.spawn(cluster, options.python, str(options.job_id))
+        _validated(options, None)
+        return await _supervise(describe(options, cluster, ssh), head)
+    finally:
+        await head.close()
+
+
+async def _supervise(description: JobDescription, transport: HeadStart | None = None) -> int:
+    """Run the job of ``description`` with its events on the terminal; its exit code."""
+    from corral.job.build import drive, ready_job
+    from corral.job.output import TerminalOutput
+
+    job = ready_job(description, transport=transport)  # trackers, drift monitor first
+    hosts = [h.name for h in description.cluster.hosts]
+    output = TerminalOutput(hosts, on_finish=_print_finished, on_checked=_show_checked)
     job.subscribe(output.on_event)
     try:
-        code = asyncio.run(drive(job)).exit_code
+        return (await drive(job)).exit_code
     finally:
         output.close()
-    raise typer.Exit(code)
+
+
+def _print_finished(event: Finished, console: Console) -> None:
+    """The job's summary (:func:`corral.job.summary.print_finished`)."""
+    from corral.job.summary import print_finished
+
+    print_finished(event, console)
 
 
 @ssh_flags("user", "port")
@@ -154,6 +195,8 @@ def plan(
     Secret values (see --secret-env) are redacted. With --recovery in-place, each
     node's command is its own replica group's (spare hosts are listed, not planned).
     """
+    from corral.job.build import job_spec
+    from corral.job.engine import dry_run
     from corral.plan.display import python_note
     from corral.plan.inplace import LIGHTHOUSE_PLACEHOLDER, plan_inplace
     from corral.recovery.inplace import RecoveryPolicy

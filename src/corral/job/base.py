@@ -19,6 +19,7 @@ from corral.checks.gather import AgentSessions
 from corral.cluster.model import Cluster, Host
 from corral.errors import ConfigError
 from corral.job.events import Checked, Finished, JobEvent, Level, Message, StateChanged, Subscriber
+from corral.job.headstart import node_agent_argv
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -163,6 +164,6 @@ def agent_argv(spec: JobSpec) -> Any:
     """How each host starts its node agent (its own interpreter, else the job's)."""
 
     def argv(host: Host) -> list[str]:
-        return [host.python or spec.python or "python3", "-m", "corral.agent"]
+        return node_agent_argv(host, spec.python)
 
     return argv

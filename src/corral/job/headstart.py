@@ -1,0 +1,82 @@
+"""A launch's head start: the agents of ``local:N`` nodes started before the engine loads.
+
+``corral run --hosts local:N`` spawns each node's agent (``python -m corral.agent``,
+the job's id in its environment) as soon as its options are parsed, before the
+engine's modules (the job, its policies, the checklist, tracking, the output) are
+imported: the agents' interpreters start meanwhile. :class:`HeadStart` is then the
+job's transport: when the engine starts exactly such an agent (the same host,
+command, environment and working directory) it is handed the one already running;
+anything else is started as it asks. An agent runs nothing of the job before its
+probe carries a plan, so one that is never asked for (a refused option, a run
+without the pre-flight) runs no user code: it exits at the end of its stdin and is
+killed at :meth:`HeadStart.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Mapping, Sequence
+
+from corral.cluster.model import Cluster, Host
+from corral.contract import JOB_ID_ENV
+from corral.errors import CorralError
+from corral.transport.base import NodeProcess
+from corral.transport.local import LocalTransport
+
+_Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
+
+
+def node_agent_argv(host: Host, python: str | None) -> list[str]:
+    """How ``host`` starts its node agent: its own interpreter, else the job's
+    (``--python``), else ``python3``."""
+    return [host.python or python or "python3", "-m", "corral.agent"]
+
+
+def _key(host: Host, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> _Key:
+    return host.name, tuple(argv), tuple(sorted((env or {}).items())), cwd
+
+
+class HeadStart:
+    """A local transport whose agents may have been started before they are asked for."""
+
+    def __init__(self) -> None:
+        self._transport = LocalTransport()
+        self._ready: dict[_Key, NodeProcess] = {}
+
+    async def spawn(self, cluster: Cluster, python: str | None, job_id: str) -> None:
+        """Start the agent of every host of ``cluster`` now, with ``python`` (None:
+        this interpreter, as the engine plans a local job; a host whose agent cannot
+        start is left to the engine, which reports it)."""
+        env = {JOB_ID_ENV: job_id}
+        for host in cluster.hosts:
+            argv = node_agent_argv(host, python or sys.executable)
+            with contextlib.suppress(CorralError):
+                proc = await self._transport.start(host, argv, env=env)
+                self._ready[_key(host, argv, env, None)] = proc
+
+    @property
+    def waiting(self) -> int:
+        """How many agents started ahead are not asked for yet."""
+        return len(self._ready)
+
+    async def start(
+        self,
+        host: Host,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> NodeProcess:
+        """The agent started ahead for exactly this command, else ``argv`` started now."""
+        ready = self._ready.pop(_key(host, argv, env, cwd), None)
+        if ready is not None:
+            return ready
+        return await self._transport.start(host, argv, env=env, cwd=cwd)
+
+    async def close(self) -> None:
+        """End the agents never asked for, and kill any process still running."""
+        for proc in self._ready.values():
+            proc.close_stdin()
+        self._ready.clear()
+        await self._transport.close()

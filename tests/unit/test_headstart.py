@@ -1,0 +1,52 @@
+"""The agents ``corral run`` starts ahead on ``local:N`` (:mod:`corral.job.headstart`):
+the engine gets the one started for exactly its command; any other is ended."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import pytest
+
+from corral.cluster.hostfile import local_cluster
+from corral.contract import JOB_ID_ENV
+from corral.job.headstart import HeadStart
+from corral.transport.local import LocalTransport
+
+
+def test_the_engine_gets_the_agent_started_for_its_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[list[str]] = []
+    procs: list[Any] = []
+    start = LocalTransport.start
+
+    async def counting(self: LocalTransport, host: Any, argv: Any, **kwargs: Any) -> Any:
+        started.append(list(argv))
+        procs.append(await start(self, host, argv, **kwargs))
+        return procs[-1]
+
+    monkeypatch.setattr(LocalTransport, "start", counting)
+    cluster = local_cluster(2)
+    agent = [sys.executable, "-m", "corral.agent"]
+
+    async def scenario() -> tuple[int, int, int, int]:
+        head = HeadStart()
+        await head.spawn(cluster, None, "job-1")
+        assert head.waiting == 2 and started == [agent, agent]
+        local0, local1 = cluster.hosts
+        same = await head.start(local0, agent, env={JOB_ID_ENV: "job-1"})
+        other = await head.start(local1, agent, env={JOB_ID_ENV: "job-2"})  # not that one
+        assert len(started) == 3 and head.waiting == 1
+        assert same is procs[0] and other is procs[2]
+        for proc in (same, other):
+            proc.close_stdin()  # an agent without a probe: ends
+        codes = await asyncio.gather(same.wait(), other.wait())
+        await head.close()  # the one never asked for ends too
+        unused = await asyncio.wait_for(procs[1].wait(), 5)
+        return codes[0], codes[1], unused, head.waiting
+
+    same, other, unused, waiting = asyncio.run(scenario())
+    assert (same, other, waiting) == (2, 2, 0)  # both asked for ran (and ended on EOF)
+    assert unused in (2, -9)  # ended at its EOF, else killed
