@@ -46,6 +46,7 @@ __all__ = [
     "FT_QUORUM_TIMEOUT_ENV",
     "FT_SYNC_ENV",
     "FT_SYNC_EVERY_ENV",
+    "FT_SYNC_MODES",
     "FT_TIMEOUT_DEFAULT",
     "FT_TIMEOUT_ENV",
     "HARNESS_ENV",
@@ -210,6 +211,8 @@ TORCHFT_LOG_ENV = "CORRAL_TORCHFT_LOG"
 #: times, :mod:`corral.sdk._ftsync`). The script's own ``sync=``/``every=`` win.
 FT_SYNC_ENV = "CORRAL_FT_SYNC"
 FT_SYNC_EVERY_ENV = "CORRAL_FT_SYNC_EVERY"
+FT_SYNC_MODES: tuple[str, ...] = ("ddp", "diloco", "localsgd")
+"""The values of ``CORRAL_FT_SYNC`` (``corral run --ft-sync``)."""
 #: ``corral serve``'s API token for its clients (``corral job``, ``corral machine``); a
 #: job's supervisor and ranks never inherit it.
 SERVER_TOKEN_ENV = "CORRAL_TOKEN"

@@ -67,6 +67,8 @@ EVERY_OPTION: dict[str, Any] = {
     "grace": 4.0,
     "recovery": "in-place",
     "spares": 1,
+    "ft_sync": "diloco",
+    "ft_sync_every": 25,
     "track": ("mlflow", "tensorboard"),
     "rebalance": True,
 }

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, cast
 
 from corral.agent.flight import trace_wait
 from corral.cluster.model import Cluster
-from corral.contract import MICRO_BATCH_FITS_ENV, QOS_CLASSES
+from corral.contract import (
+    FT_SYNC_ENV,
+    FT_SYNC_EVERY_ENV,
+    FT_SYNC_MODES,
+    MICRO_BATCH_FITS_ENV,
+    QOS_CLASSES,
+)
 from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
@@ -73,6 +79,37 @@ class Policies:
     tracking: TrackPolicy = field(default_factory=TrackPolicy)
 
 
+def ft_sync_env(options: JobOptions) -> dict[str, str]:
+    """``--ft-sync`` / ``--ft-sync-every`` as the ranks' ``CORRAL_FT_SYNC`` /
+    ``CORRAL_FT_SYNC_EVERY`` (ConfigError naming the option at fault)."""
+    env: dict[str, str] = {}
+    for flag, key, value in (
+        ("--ft-sync", FT_SYNC_ENV, options.ft_sync),
+        ("--ft-sync-every", FT_SYNC_EVERY_ENV, options.ft_sync_every),
+    ):
+        if value is None:
+            continue
+        if options.recovery != "in-place":
+            raise ConfigError(
+                "needs --recovery in-place (sdk.fault_tolerant syncs replica groups)", option=flag
+            )
+        env[key] = str(value)
+    if options.ft_sync is not None and options.ft_sync not in FT_SYNC_MODES:
+        raise ConfigError(
+            f"unknown sync mode {options.ft_sync!r}; choose one of {', '.join(FT_SYNC_MODES)}",
+            option="--ft-sync",
+        )
+    every = options.ft_sync_every
+    if every is not None and (isinstance(every, bool) or every < 1):
+        raise ConfigError(f"must be at least 1 step (got {every})", option="--ft-sync-every")
+    if options.ft_sync == "ddp" and every not in (None, 1):
+        raise ConfigError(
+            f"{every} needs --ft-sync diloco or localsgd (ddp syncs every step)",
+            option="--ft-sync-every",
+        )
+    return env
+
+
 def job_spec(options: JobOptions) -> JobSpec:
     """The validated JobSpec of ``options`` (ConfigError naming the option at fault)."""
     launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
@@ -115,7 +152,7 @@ def job_spec(options: JobOptions) -> JobSpec:
         master_addr=options.master_addr,
         master_port=options.master_port,
         workdir=options.workdir,
-        env=dict(options.env),
+        env={**ft_sync_env(options), **options.env},  # an --env of the same key wins
         secret_env=tuple(options.secret_env),
         nccl_interface=options.nccl_interface,
         gloo_interface=options.gloo_interface,

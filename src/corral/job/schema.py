@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.contract import QOS_CLASSES
+from corral.contract import FT_SYNC_ENV, FT_SYNC_EVERY_ENV, FT_SYNC_MODES, QOS_CLASSES
 from corral.defaults import (
     DEFAULT_COLLECTIVE_TIMEOUT,
     DEFAULT_GRACE,
@@ -57,6 +57,10 @@ _SUPERVISED = {"plan": _DRY, **_RENDERS}
 """Not at the dry run and the renders: what corral's supervisor or pre-flight does."""
 _CHECKED = {"plan": _DRY, "k8s": _NO_PREFLIGHT, "slurm": _NO_PREFLIGHT}
 _SERVED_MASTER = "the server makes its first chosen machine the master"
+_IN_PLACE_ONLY = {
+    e: "no in-place recovery there (no Lighthouse, no replica groups)" for e in _RENDERS
+}
+"""Not at the renders: what only ``--recovery in-place`` (not offered there) uses."""
 
 
 def _not_served(why: str) -> dict[str, str]:
@@ -650,6 +654,36 @@ class JobOptions:
         envvar="CORRAL_SPARES",
         panel=_FAULTS,
         bounds={"ge": 0, "le": 1024},
+    )
+    ft_sync: str | None = option(
+        None,
+        "With --recovery in-place: how sdk.fault_tolerant's replica groups sync: ddp "
+        "(every step), diloco or localsgd (semi-synchronous: every H local steps). "
+        "Exported to every rank as CORRAL_FT_SYNC (an --env of it wins); the script's "
+        "own sync= wins over both. Default: the script decides (ddp).",
+        _IN_PLACE_ONLY,
+        flag="--ft-sync",
+        choices=FT_SYNC_MODES,
+        what="sync mode",
+        metavar="|".join(FT_SYNC_MODES),
+        envvar=FT_SYNC_ENV,
+        panel=_FAULTS,
+        section="fault",
+        label="Replica groups sync (in-place recovery)",
+    )
+    ft_sync_every: int | None = option(
+        None,
+        "With --ft-sync diloco|localsgd: sync every N local steps (H). Exported to every "
+        "rank as CORRAL_FT_SYNC_EVERY (an --env of it wins). Default: corral chooses H "
+        "from the measured sync and step times (a sync costs at most ~10%).",
+        _IN_PLACE_ONLY,
+        flag="--ft-sync-every",
+        metavar="N",
+        envvar=FT_SYNC_EVERY_ENV,
+        panel=_FAULTS,
+        bounds={"ge": 1, "le": 1_000_000},
+        section="fault",
+        label="Sync every N steps (empty: corral chooses)",
     )
     # experiment tracking
     track: Sequence[str] = option_list(

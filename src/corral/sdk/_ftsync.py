@@ -49,6 +49,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from corral.contract import FT_SYNC_MODES
 from corral.sdk._ftstate import Carried, digest
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
 ]
 
 Sync = Literal["ddp", "diloco", "localsgd"]
-SYNC_MODES: tuple[str, ...] = ("ddp", "diloco", "localsgd")
+SYNC_MODES: tuple[str, ...] = FT_SYNC_MODES
 #: The share of the time between syncs a sync may cost (H's rule).
 OVERHEAD = 0.1
 #: The largest H corral chooses.
