@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -229,7 +230,12 @@ def test_hang_then_heal_and_a_second_failure_while_healing(
         ],
         tmp_path,
     )
-    code = w.finish(timeout=600)
+    try:
+        code = w.finish(timeout=600)
+    except subprocess.TimeoutExpired:  # what it printed says where it stuck
+        w.proc.send_signal(signal.SIGINT)
+        w.finish(timeout=60)
+        raise AssertionError((w.text("out")[-3000:], w.text("err")[-6000:])) from None
     out, err = w.text("out"), w.text("err")
     text = out + err
     assert code == 0, text[-4000:]
