@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.contract import FT_SYNC_ENV, FT_SYNC_EVERY_ENV, FT_SYNC_MODES, QOS_CLASSES
+from corral.contract import FT_SYNC_MODES, QOS_CLASSES
 from corral.defaults import (
     DEFAULT_COLLECTIVE_TIMEOUT,
     DEFAULT_GRACE,
@@ -666,7 +666,7 @@ class JobOptions:
         choices=FT_SYNC_MODES,
         what="sync mode",
         metavar="|".join(FT_SYNC_MODES),
-        envvar=FT_SYNC_ENV,
+        envvar="CORRAL_RUN_FT_SYNC",  # not the ranks CORRAL_FT_SYNC: that one is the SDK's
         panel=_FAULTS,
         section="fault",
         label="Replica groups sync (in-place recovery)",
@@ -679,7 +679,7 @@ class JobOptions:
         _IN_PLACE_ONLY,
         flag="--ft-sync-every",
         metavar="N",
-        envvar=FT_SYNC_EVERY_ENV,
+        envvar="CORRAL_RUN_FT_SYNC_EVERY",
         panel=_FAULTS,
         bounds={"ge": 1, "le": 1_000_000},
         section="fault",
