@@ -91,7 +91,7 @@ def test_auto_calibrates_first_then_runs_with_the_weights(tmp_path: Path) -> Non
     require_torch()
     done = run_corral(
         "run", "--hosts", "local:2", "--launcher", "python", "--calibration", "auto",
-        "--calibration-seconds", "4", "--no-preflight", "--master-port", "0",
+        "--calibration-seconds", "2", "--no-preflight", "--master-port", "0",
         "--", EXAMPLE, "--steps", "20",
         cwd=tmp_path,
     )  # fmt: skip
