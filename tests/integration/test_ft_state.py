@@ -1,7 +1,8 @@
 """The whole state through a heal (issue 33 item 1): ``sdk.fault_tolerant(...,
 state=)`` carries an LR scheduler and a sampler beside the model and the optimizer,
-and the groups' digests are compared after every quorum change. Real torchrun
-groups on ``local:2``, torchft over gloo, a real Lighthouse."""
+and the groups' digests are compared after every quorum change. Replica groups on
+``local:2`` (one plain python rank each: torchrun is not the subject, and a torchrun
+per group imports torch once more), torchft over gloo, a real Lighthouse."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_state.py")
 
 def _run(tmp_path: Path, job: str, *script: str) -> tuple[int, str]:
     result = run_corral(
-        *("run", "--hosts", "local:2", "--recovery", "in-place", "--no-preflight"),
-        *("--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job),
+        *("run", "--hosts", "local:2", "--recovery", "in-place", "--launcher", "python"),
+        *("--no-preflight", "--master-port", "0", "--run-dir", str(tmp_path / "runs")),
+        *("--job-id", job),
         *("--grace", "3", "--", SCRIPT, "--kill-group", "1", "--kill-at", "4", *script),
         cwd=tmp_path,
         timeout=400,
