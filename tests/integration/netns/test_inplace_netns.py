@@ -239,7 +239,9 @@ def test_hang_then_heal_and_a_second_failure_while_healing(
     out, err = w.text("out"), w.text("err")
     text = out + err
     assert code == 0, text[-4000:]
-    assert re.search(r"hang detected: .*behind: rank 0 on tb3", err), err[-4000:]
+    # named as the one behind (the others at later steps, or stalled waiting for it)
+    hang = r"hang detected: (rank 0 on tb3 made no progress|no rank made .*behind: rank 0 on tb3)"
+    assert re.search(hang, err), err[-4000:]
     assert "rank 0 on tb3 is stuck in hang_forever" in err
     assert re.search(r"in-place recovery tears down only group 2 \(tb3\); 2 group", err)
     assert "group 0 is about to be killed while another group is away" in text
