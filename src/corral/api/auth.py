@@ -153,7 +153,6 @@ def require_user(request: Request) -> None:
     caller(request).require(Role.USER, f"{request.method} {request.url.path}")
 
 
-
 def acting(request: Request) -> str:
     """Who made the request and from where, as a job's reason names them:
     ``alice (web)`` (a web session), ``alice (cli)`` (corral's client), ``alice (api)``."""
