@@ -721,3 +721,29 @@ def test_lighthouse_binds_on_the_route_to_the_hosts_ssh_hostname(
         asyncio.run(ip.lighthouse_address(hosts[1:], ssh))
     local = [Host("local-0", local=True), Host("local-1", local=True)]
     assert asyncio.run(ip.lighthouse_address(local, None)) == "127.0.0.1"
+
+
+def test_a_rank_stuck_beside_a_hung_group_is_still_watched_after_that_hang() -> None:
+    # the watch that replaces a fired one keeps the ranks its verdict did not blame: c,
+    # which hangs after the verdict blamed a and never reports again, is named once b
+    # moves on (a fresh watch had never seen c report: it named no one, and the job
+    # trained on forever without c)
+    import time as clock
+
+    from corral.job.inplace import next_watch
+    from corral.recovery.hangwatch import HangWatch
+
+    everyone = [("a", 0), ("b", 0), ("c", 0)]
+    old = HangWatch(0.05, None)
+    for key in everyone:
+        old.observe(*key, 5)
+    clock.sleep(0.1)
+    old.observe("b", 0, 6)
+    old.observe("c", 0, 6)
+    first = old.check(clock.monotonic(), everyone)
+    assert first is not None and first.suspects == [("a", 0)]
+    new = next_watch(old, 0.05, None)
+    clock.sleep(0.1)
+    new.observe("b", 0, 7)  # b trains on; c hung meanwhile, never reports again
+    verdict = new.check(clock.monotonic(), [("b", 0), ("c", 0)])
+    assert verdict is not None and verdict.suspects == [("c", 0)]

@@ -399,8 +399,11 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
 
     async def _watch_progress(self) -> None:
         while not self.machine.stopping:
-            await super()._watch_progress()
-            self.hang = HangWatch(self._hang_timeout, self._hang_dir)
+            try:
+                await super()._watch_progress()
+            except Exception as exc:  # one hang's handling failed: keep watching
+                self._say(f"hang detection: handling a hang failed ({exc!r})", "warning")
+            self.hang = next_watch(self.hang, self._hang_timeout, self._hang_dir)
 
     # -- main ----------------------------------------------------------------------------
 
@@ -411,6 +414,19 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         result = await super().run(handle_signals=handle_signals)
         result.groups = self.groups.to_json()
         return result
+
+
+def next_watch(old: HangWatch, timeout: float | None, directory: Any) -> HangWatch:
+    """The hang watch after ``old`` fired (its blamed group is being replaced): the
+    ranks its verdict did not blame carry over, as progressing now. One that is stuck
+    too (a second group hung meanwhile) never reports again, and a fresh watch that
+    had never seen it would never name it."""
+    verdict = None if old.detector is None else old.detector.verdict
+    watch = HangWatch(timeout, directory)
+    for (host, rank), step in (verdict.steps if verdict is not None else {}).items():
+        if step is not None and (host, rank) not in verdict.suspects:  # type: ignore[union-attr]
+            watch.observe(host, rank, step)
+    return watch
 
 
 def progress_participants(event: Progress) -> int | None:
