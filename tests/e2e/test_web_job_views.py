@@ -116,6 +116,11 @@ def test_a_failed_job_reads_the_same_in_the_api_and_on_the_page(
         assert "rank 0 on local1 exited with code 1" in page.locator("#job-reason").inner_text()
         page.wait_for_function("() => document.querySelector('#chart svg path[data-node=local1]')")
         assert page.locator("#chart svg").get_attribute("data-x") == "step"
+        # the node card follows the job's events as they stream in: its last step
+        page.wait_for_function(
+            "() => (document.querySelector('.node .prog-label')?.textContent || '')"
+            ".includes('step 4 / 16')"
+        )
         label = page.locator(".node .prog-label").inner_text()
         assert "step 4 / 16" in label and "ETA" not in label, label
         page.select_option("#chart-x", "time")

@@ -362,6 +362,51 @@ def test_a_killed_group_is_restarted_alone_and_rejoins(tmp_path: Path) -> None:
     ]
 
 
+def test_a_rejoin_names_its_peer_when_the_heal_line_comes_after_the_first_step(
+    tmp_path: Path,
+) -> None:
+    # the rank's log line (torchft's "healing ... recover_src_replica_rank=") and its
+    # progress report travel on different streams: the report may arrive first, and the
+    # rejoin is still announced once, with the peer it healed from
+    rejoined = asyncio.Event()
+    lives = {"c": 0}
+
+    async def survivor(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        node.event("report", rank=0, type="progress", step=5)
+        await rejoined.wait()
+        node.event("report", rank=0, type="progress", step=9)
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def victim(node: FakeNode) -> int:
+        lives["c"] += 1
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        if lives["c"] == 1:
+            node.event("report", rank=0, type="progress", step=5)
+            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
+            node.event("node_exit", ranks={})
+            return 0
+        node.event("report", rank=0, type="progress", step=8)
+        await asyncio.sleep(0.2)
+        node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=0\n")
+        node.event("report", rank=0, type="progress", step=9)
+        rejoined.set()
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    result, events, _ = asyncio.run(
+        _supervise({"a": survivor, "b": survivor, "c": victim}, tmp_path)
+    )
+    assert result.state == JobState.SUCCEEDED
+    rejoins = [e for e in events if isinstance(e, GroupChanged) and e.change == "rejoined"]
+    assert [(e.step, e.healed_from) for e in rejoins] == [(8, "a")]
+
+
 def test_below_min_nodes_the_attempt_falls_back_to_a_restart(tmp_path: Path) -> None:
     async def survivor(node: FakeNode) -> int:
         node.event("started", pid=1, pgids=[1])

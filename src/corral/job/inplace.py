@@ -84,6 +84,9 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         self._restarts: dict[tuple[int, str], int] = {}
         self._current: NodeRun | None = None  # the node whose event is being handled
         self._last_step: dict[int, int] = {}  # group -> its latest committed step
+        # group -> its restarted node, rejoined but not announced yet: its heal's log line
+        # (which names the peer) and its first step come on different streams
+        self._unannounced: dict[int, tuple[NodeRun, GroupEpisode]] = {}
         self._hang_timeout = kwargs.get("hang_timeout")
         self._hang_dir = kwargs.get("hang_dir")
         self._falling_back = False
@@ -335,21 +338,40 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         now = time.time()
         self._last_step[group] = step
         self.groups.survivors_stepped(group, step, now)
+        self._announce_when_known(group, step)  # back already, not said yet
         episode = self.groups.open_for(group)
         if episode is None or episode.restarted_on != node.host.name:
             return
         if episode.rejoined_step is None and node.started >= episode.lost_time:
             episode.rejoined_step, episode.rejoined_time = step, now
-            live = len(self._live())
-            self._say(
-                f"group {group} ({node.host.name}) rejoined at step {step}"
-                + (f", healed from {episode.healed_from}" if episode.healed_from else "")
-                + f"; {live} group(s) train",
-                "success",
-            )
-            self._group_event(
-                node.host.name, group, "rejoined", live, step, "", episode.healed_from
-            )
+            self._unannounced[group] = (node, episode)
+            self._announce_when_known(group, step)
+
+    def _announce_when_known(self, group: int, step: int) -> None:
+        """Say that ``group`` is back once the heal's source is known, or
+        :data:`ANNOUNCE_WITHIN` steps after its first one without it."""
+        pending = self._unannounced.get(group)
+        if pending is None:
+            return
+        _, episode = pending
+        back = episode.rejoined_step if episode.rejoined_step is not None else step
+        if episode.healed_from or step >= back + ANNOUNCE_WITHIN:
+            self._announce_rejoin(group)
+
+    def _announce_rejoin(self, group: int) -> None:
+        """Say that ``group`` is back (its rejoin step, the peer it healed from if known)."""
+        pending = self._unannounced.pop(group, None)
+        if pending is None:
+            return
+        node, episode = pending
+        step, live = episode.rejoined_step, len(self._live())
+        self._say(
+            f"group {group} ({node.host.name}) rejoined at step {step}"
+            + (f", healed from {episode.healed_from}" if episode.healed_from else "")
+            + f"; {live} group(s) train",
+            "success",
+        )
+        self._group_event(node.host.name, group, "rejoined", live, step, "", episode.healed_from)
 
     def _lines(self, host: str, rank: int, data: bytes) -> None:
         super()._lines(host, rank, data)
@@ -359,7 +381,8 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         node = next((n for n in reversed(self.nodes) if n.host.name == host), None)
         if source is None or node is None:
             return
-        episode = self.groups.open_for(self._group_of(node))
+        pending = self._unannounced.get(self._group_of(node))
+        episode = pending[1] if pending is not None else self.groups.open_for(self._group_of(node))
         if episode is None:
             return
         # torchft's source replica rank indexes the quorum's members by replica id: the
@@ -371,6 +394,10 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
             )
             if peer is not None and peer is not node:
                 episode.healed_from = peer.host.name
+                group = self._group_of(node)
+                pending = self._unannounced.get(group)
+                if pending is not None and pending[0] is node:  # its first step came first
+                    self._announce_rejoin(group)
 
     def _group_event(
         self,
@@ -412,8 +439,15 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         self._tasks.append(asyncio.ensure_future(self._watch_lighthouse()))
         self._tasks.append(asyncio.ensure_future(self._watch_joins()))
         result = await super().run(handle_signals=handle_signals)
+        for group in list(self._unannounced):  # back, but not long enough to say so yet
+            self._announce_rejoin(group)
         result.groups = self.groups.to_json()
         return result
+
+
+#: Steps after a restarted group's first one within which its heal's log line (the
+#: peer it healed from) is awaited before its return is announced without it.
+ANNOUNCE_WITHIN = 3
 
 
 def next_watch(old: HangWatch, timeout: float | None, directory: Any) -> HangWatch:
