@@ -792,3 +792,28 @@ def test_a_rank_stuck_beside_a_hung_group_is_still_watched_after_that_hang() -> 
     new.observe("b", 0, 7)  # b trains on; c hung meanwhile, never reports again
     verdict = new.check(clock.monotonic(), [("b", 0), ("c", 0)])
     assert verdict is not None and verdict.suspects == [("c", 0)]
+
+
+def test_a_suspect_whose_group_was_not_torn_down_is_still_watched() -> None:
+    # a verdict named a (a restarting group's rank, or one blamed with it) and c, stuck
+    # together; only a's group was torn down: c, still live and never reporting again,
+    # is named by the next watch (left out with the suspects, it never was, and the
+    # job trained on forever without it)
+    import time as clock
+
+    from corral.job.inplace import next_watch
+    from corral.recovery.hangwatch import HangWatch
+
+    everyone = [("a", 0), ("b", 0), ("c", 0)]
+    old = HangWatch(0.05, None)
+    for key in everyone:
+        old.observe(*key, 5)
+    clock.sleep(0.1)
+    old.observe("b", 0, 6)
+    first = old.check(clock.monotonic(), everyone)
+    assert first is not None and first.suspects == [("a", 0), ("c", 0)]
+    new = next_watch(old, 0.05, None, live={("b", 0), ("c", 0)})  # a's group is down
+    clock.sleep(0.1)
+    new.observe("b", 0, 7)
+    verdict = new.check(clock.monotonic(), [("b", 0), ("c", 0)])
+    assert verdict is not None and verdict.suspects == [("c", 0)]

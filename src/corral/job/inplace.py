@@ -187,6 +187,9 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         """Tear down ``node``'s group only and decide, once it is down, what follows."""
         self._retired.add(id(node))
         self._losses[id(node)] = failure
+        if self.hang.detector is not None:  # its restart is judged on its own progress
+            for record in node.ranks.values():
+                self.hang.detector.forget(node.host.name, record.rank)
         group = self._group_of(node)
         live = self._live()
         before = {
@@ -430,7 +433,8 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
                 await super()._watch_progress()
             except Exception as exc:  # one hang's handling failed: keep watching
                 self._say(f"hang detection: handling a hang failed ({exc!r})", "warning")
-            self.hang = next_watch(self.hang, self._hang_timeout, self._hang_dir)
+            live = {(n.host.name, r.rank) for n in self._live() for r in n.ranks.values()}
+            self.hang = next_watch(self.hang, self._hang_timeout, self._hang_dir, live)
 
     # -- main ----------------------------------------------------------------------------
 
@@ -450,15 +454,26 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
 ANNOUNCE_WITHIN = 3
 
 
-def next_watch(old: HangWatch, timeout: float | None, directory: Any) -> HangWatch:
+def next_watch(
+    old: HangWatch,
+    timeout: float | None,
+    directory: Any,
+    live: set[tuple[str, int]] | None = None,
+) -> HangWatch:
     """The hang watch after ``old`` fired (its blamed group is being replaced): the
-    ranks its verdict did not blame carry over, as progressing now. One that is stuck
-    too (a second group hung meanwhile) never reports again, and a fresh watch that
-    had never seen it would never name it."""
+    ranks its verdict saw carry over, as progressing now, but for the blamed ones and
+    any not in ``live`` (the ranks of the groups that train on; None: the verdict's
+    suspects are the ones left out). One that is stuck too (a second group hung
+    meanwhile, or a suspect of the verdict whose group was not the one torn down)
+    never reports again, and a fresh watch that had never seen it would never name it."""
     verdict = None if old.detector is None else old.detector.verdict
     watch = HangWatch(timeout, directory)
-    for (host, rank), step in (verdict.steps if verdict is not None else {}).items():
-        if step is not None and (host, rank) not in verdict.suspects:  # type: ignore[union-attr]
+    if verdict is None:
+        return watch
+    for (host, rank), step in verdict.steps.items():
+        key = (host, rank)
+        kept = key not in verdict.suspects if live is None else key in live
+        if step is not None and kept:
             watch.observe(host, rank, step)
     return watch
 
