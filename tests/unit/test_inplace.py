@@ -817,3 +817,49 @@ def test_a_suspect_whose_group_was_not_torn_down_is_still_watched() -> None:
     new.observe("b", 0, 7)
     verdict = new.check(clock.monotonic(), [("b", 0), ("c", 0)])
     assert verdict is not None and verdict.suspects == [("c", 0)]
+
+
+def test_a_restarting_group_is_not_judged_on_its_predecessors_progress(tmp_path: Path) -> None:
+    # c is SIGKILLed at step 5 and restarted; its new rank takes longer than the hang
+    # timeout to report (importing torch, healing) while a and b train on: it is not
+    # named as lagging on the step its predecessor reported (which tore its group down
+    # again, and again)
+    done = asyncio.Event()
+    lives = {"c": 0}
+
+    async def survivor(node: FakeNode) -> int:
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        step = 5
+        while not done.is_set():
+            node.event("report", rank=0, type="progress", step=step)
+            step += 1
+            await asyncio.sleep(0.1)
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    async def victim(node: FakeNode) -> int:
+        lives["c"] += 1
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        if lives["c"] == 1:
+            node.event("report", rank=0, type="progress", step=5)
+            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
+            node.event("node_exit", ranks={})
+            return 0
+        await asyncio.sleep(3.5)  # silent for over three hang timeouts
+        node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=0\n")
+        node.event("report", rank=0, type="progress", step=40)
+        done.set()
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    result, events, _ = asyncio.run(
+        _supervise({"a": survivor, "b": survivor, "c": victim}, tmp_path, hang_timeout=1.0)
+    )
+    assert result.state == JobState.SUCCEEDED
+    assert lives["c"] == 2, [e for e in events if isinstance(e, GroupChanged)]
+    said = " ".join(str(getattr(e, "text", "")) for e in events)
+    assert "hang detect" not in said, said  # no verdict on its predecessor's step

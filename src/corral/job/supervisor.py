@@ -620,8 +620,8 @@ class AttemptSupervisor:
     async def _on_hang(self, verdict: HangVerdict) -> None:
         """Dump every rank's stack, say who is stuck and where, then stop the job."""
         for node in self.nodes:
-            for host, rank in verdict.suspects:
-                if host == node.host.name and rank in node.ranks:
+            for host, rank in verdict.suspects:  # not a rank of a torn-down node on it
+                if host == node.host.name and rank in node.ranks and not node.ranks[rank].exited:
                     node.ranks[rank].set_health(RankHealth.HUNG)
         self._say(f"hang detected: {verdict.message()}; dumping stacks", "error")
         asking = [n for n in self.nodes if n.proc is not None and not n.state.terminal]
