@@ -146,6 +146,20 @@ def test_stalled_with_some_ranks_never_reporting() -> None:
     assert verdict.message() == ("no rank made progress for 35 s (the reporting ranks at step 7)")
 
 
+def test_stalled_with_one_rank_silent_names_the_reporter_behind() -> None:
+    # a restarted rank has not reported yet; of the two that did, one is behind: the
+    # line names it (it did not: "the reporting ranks at steps 9-10", nobody named)
+    det = HangDetector(8, started=0)
+    A2 = ("tb3", 0)
+    det.observe(*A0, 10, 5)
+    det.observe(*A2, 9, 4)
+    verdict = det.check(20, [A0, A1, A2])
+    assert verdict is not None and verdict.suspects == [A2]
+    assert verdict.message() == (
+        "no rank made progress for 15 s (the reporting ranks at steps 9-10; behind: rank 0 on tb3)"
+    )
+
+
 def test_only_live_ranks_count() -> None:
     det = HangDetector(30, started=0)
     det.observe(*A0, 1, 0)

@@ -116,6 +116,9 @@ class HangVerdict:
             )
         if len(reported) < len(self.steps):
             where = f"the reporting ranks at {_step_range(reported.values())}"
+            behind = [key for key in self.suspects if key in reported]
+            if behind and len(behind) < len(reported):  # the lowest of those who reported
+                where += f"; behind: {_names(behind)}"
         elif len(set(reported.values())) == 1:
             where = f"all at {_step_range(reported.values())}"
         else:
