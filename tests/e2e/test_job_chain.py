@@ -171,7 +171,7 @@ def test_the_job_page_resubmits_and_clones(
         page.locator("#clone:not([hidden])").click()
         page.wait_for_url(f"**/jobs/new?from={job_id}")
         page.locator("#name[value], #name").first.wait_for()
-        page.wait_for_function("document.getElementById('name').value === 'to-clone'")
+        page.wait_for_function("() => document.getElementById('name').value === 'to-clone'")
         assert page.input_value("#script") == str(server.root / "gated.py")
         assert page.input_value("#args") == str(server.root / "gate")
         assert page.is_checked("#selection-manual")
