@@ -208,7 +208,7 @@ TORCHFT_LOG_ENV = "CORRAL_TORCHFT_LOG"
 #: In a job's ``--env``: how ``sdk.fault_tolerant`` synchronises the replica groups,
 #: ``ddp`` (every step, the default), ``diloco`` or ``localsgd``, and for the last two
 #: the steps between syncs (``auto`` or unset: chosen from the measured sync and step
-#: times, :mod:`corral.sdk._ftsync`). The script's own ``sync=``/``every=`` win.
+#: times, see ``sdk.fault_tolerant``). The script's own ``sync=``/``every=`` win.
 FT_SYNC_ENV = "CORRAL_FT_SYNC"
 FT_SYNC_EVERY_ENV = "CORRAL_FT_SYNC_EVERY"
 FT_SYNC_MODES: tuple[str, ...] = ("ddp", "diloco", "localsgd")
