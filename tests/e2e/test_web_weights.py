@@ -49,6 +49,28 @@ def _form(page: Page, server: LiveServer, calibration: str) -> None:
     page.fill("#nproc_per_node", "1")
     page.uncheck("#preflight")
     page.fill("#calibration", calibration)
+    page.locator("#job-form[data-ready=true]").wait_for()
+    assert page.locator("#num_machines").input_value() == "2"
+
+
+def test_saved_preferences_never_overwrite_what_was_typed_before_they_arrived(
+    browser: Any, shots: Shots, server: LiveServer
+) -> None:
+    """The preferences answer is held back until the user has typed the number of
+    machines (what a slow server does): the prefill leaves the typed value alone."""
+    held: list[Any] = []
+    with open_page(browser, shots) as page:
+        login(page, server, next_path="/jobs/new")
+        page.route("**/api/preferences", lambda route: held.append(route))
+        page.goto(server.url + "/jobs/new")
+        page.wait_for_function("() => document.readyState === 'complete'")
+        page.fill("#num_machines", "2")
+        page.wait_for_function("() => true")  # let the route handler run
+        assert held, "the page never asked for the saved preferences"
+        held[0].continue_()
+        page.locator("#job-form[data-ready=true]").wait_for()
+        assert page.locator("#num_machines").input_value() == "2"
+        assert page.locator("#gpus_per_machine").input_value() == "0"  # untouched: prefilled
 
 
 def test_the_plan_and_the_job_page_show_the_weights(

@@ -616,9 +616,10 @@
   async function start() {
     try {
       prefs = await api("GET", "/api/preferences");
-      $("num_machines").value = prefs.default_num_machines;
-      $("gpus_per_machine").value = prefs.default_gpus_per_machine;
-      $(prefs.auto_machine_selection ? "selection-auto" : "selection-manual").checked = true;
+      // a field typed into while the preferences were on their way keeps what was typed
+      if (!touched.has("num_machines")) $("num_machines").value = prefs.default_num_machines;
+      if (!touched.has("gpus_per_machine")) $("gpus_per_machine").value = prefs.default_gpus_per_machine;
+      if (!touched.has("machine_selection")) $(prefs.auto_machine_selection ? "selection-auto" : "selection-manual").checked = true;
     } catch (err) {
       flash(`Could not read the saved preferences: ${err.message}`, "error");
     }
@@ -634,7 +635,12 @@
     }
     syncMode();
     await loadSuggestions(true);
+    form.dataset.ready = "true"; // prefilled and machines listed
   }
+  const touched = new Set(); // fields (by name) the user changed before the prefill arrived
+  const touch = (event) => { if (event.target.name) touched.add(event.target.name); };
+  form.addEventListener("input", touch);
+  form.addEventListener("change", touch);
   syncMode();
   start();
 })();
