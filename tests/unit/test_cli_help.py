@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Iterator
+from functools import cache
 
 import pytest
 import typer
@@ -31,6 +32,9 @@ from typer.testing import CliRunner
 
 from corral import __version__
 from corral.cli.main import _register, app, prepare_tree
+
+# one worker runs the module, so each help is rendered once (render() is cached)
+pytestmark = pytest.mark.xdist_group("cli_help")
 
 WIDE = 2000  # wider than any help paragraph plus the option columns
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -71,7 +75,10 @@ def texts(command: Command) -> list[str]:
     return found
 
 
+@cache
 def render(path: tuple[str, ...], columns: int) -> str:
+    """``corral PATH --help`` as a terminal COLUMNS wide shows it; rendered once per
+    path and width (several tests read each; rich's tables cost ~0.1 CPU-s a help)."""
     result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": str(columns)})
     assert result.exit_code == 0, result.output
     return result.output
