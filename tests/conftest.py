@@ -7,7 +7,11 @@ reason to skip. So:
 - ``require(module)`` / ``require_torch()`` import a dependency or, when it is
   missing, skip the test with a clear reason, or fail it under ``CI=true``. Use
   them instead of ``pytest.importorskip``.
-- a test marked ``@pytest.mark.torch`` gets ``require_torch()`` before it runs.
+- a test marked ``@pytest.mark.torch`` gets ``require_torch()`` before it runs when
+  torch is not installed; the check finds torch without importing it, so the test's
+  process stays light unless its body imports torch. Mark a module that needs torch
+  with ``pytestmark = pytest.mark.torch``, never ``require_torch()`` at module level:
+  every xdist worker imports every test module while collecting (issue 30).
 - under ``CI=true`` any skip that still happens (a stray ``pytest.skip``, an
   ``importorskip`` in a new test, a ``skipif``) is reported as a failure, for a
   test or for a whole module, so a green CI run means every test ran.
@@ -16,6 +20,7 @@ reason to skip. So:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -68,8 +73,15 @@ def require_torch() -> ModuleType:
     return require("torch", "install the [torch] extra: make setup")
 
 
+def torch_installed() -> bool:
+    """Whether torch is installed, found without importing it (~2 CPU-s per process)."""
+    return importlib.util.find_spec("torch") is not None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("torch") is not None:
+    # Most torch tests need torch in the processes they start, not in this one: the
+    # marker imports it only when it is missing, for require_torch's skip or CI failure.
+    if item.get_closest_marker("torch") is not None and not torch_installed():
         require_torch()
 
 

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
 
 from tests import webkit
 from tests.serverlib import LiveServer, live_server
@@ -28,6 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 def test_the_admin_sees_users_and_who_changed_what(
     browser: Any, shots: Any, server: LiveServer
 ) -> None:
+    from playwright.sync_api import expect  # here: collecting imports no playwright
+
     with server.client() as admin:
         alice = admin.post("/api/users", json={"name": "alice", "role": "user"}).json()["token"]
         limited = admin.put("/api/users/alice/limits", json={"jobs": 2, "queued": 7})

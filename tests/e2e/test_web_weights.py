@@ -5,16 +5,18 @@ the plan's weights, the job page's weights, and a file that does not fit."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from playwright.sync_api import Page
 
 from tests import webkit
 from tests.e2e import test_web_auth
 from tests.serverlib import LiveServer, live_server, wait_status
 from tests.unit.test_service_planner import calibration_file
 from tests.webkit import PHONE, Shots, login, open_page
+
+if TYPE_CHECKING:  # collecting imports no playwright (issue 30)
+    from playwright.sync_api import Page
 
 browser = webkit.browser  # fixtures
 shots = webkit.shots

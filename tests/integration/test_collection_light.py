@@ -1,33 +1,35 @@
-"""Collecting the integration tests imports no heavy library (issue 30).
+"""Collecting the tests imports no heavy library (issue 30).
 
-Every pytest-xdist worker imports every test module while collecting; a module that
-imports torch at module level costs each worker ~2 CPU-s before any test runs. Torch
-code belongs in a companion module (``_krum_ranks.py``...) or a test's body, and a
-module whose tests need torch says so with ``pytestmark = pytest.mark.torch``.
+Every pytest-xdist worker imports every test module (and conftest) while collecting; a
+module that imports torch at module level costs each worker ~2 CPU-s before any test
+runs. Torch code belongs in a companion module (``_krum_ranks.py``...) or a test's body,
+playwright names used only in annotations under ``TYPE_CHECKING``, and a module whose
+tests need torch says so with ``pytestmark = pytest.mark.torch`` (whose check finds
+torch without importing it: tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from .conftest import REPO
 
 HEAVY = ("torch", "torchft", "playwright", "mlflow")
 
-# Modules that still import torch at module level (other work in progress on them):
-# never imported here, since once one has, torch is in sys.modules for the rest.
-STILL_HEAVY = frozenset(
-    {
-        "test_inplace_local",
-        "test_inplace_logs",
-        "test_inplace_loss",
-        "test_k8s_entrypoint",
-        "test_sdk_torchrun",
-    }
-)
+# Each directory pytest collects, with a module that must be among its modules (the
+# guard would pass vacuously on an empty list).
+PACKAGES = {
+    "tests": "tests.conftest",
+    "tests/unit": "tests.unit.test_sdk_checkpoint",
+    "tests/e2e": "tests.e2e.test_web_weights",
+    "tests/integration": "tests.integration.test_krum",
+    "tests/integration/netns": "tests.integration.netns.test_faults",
+}
 
+# A fresh interpreter (this one may have imported torch) imports them all, as a worker
+# does; once a module has imported torch it stays in sys.modules, so the first module
+# that pulls a heavy library in is the one named.
 _PROBE = """
 import importlib, sys
 heavy = {heavy!r}
@@ -40,15 +42,28 @@ for name in sys.argv[1:]:
 """
 
 
-def light_modules() -> list[str]:
-    here = Path(__file__).parent
-    names = sorted(p.stem for p in here.glob("test_*.py") if p.stem not in STILL_HEAVY)
-    return [f"tests.integration.{name}" for name in names]
+def collected_modules(package: str) -> list[str]:
+    """The modules pytest imports from ``package`` (its conftest, its test modules and,
+    for the root, the plugins its conftest names), as dotted names."""
+    here = REPO / package
+    dotted = package.replace("/", ".")
+    stems = sorted(p.stem for p in here.glob("test_*.py"))
+    if (here / "conftest.py").exists():
+        stems.insert(0, "conftest")
+    modules = [f"{dotted}.{stem}" for stem in stems]
+    if package == "tests":
+        from tests import conftest
+
+        modules += [p for p in conftest.pytest_plugins if p.startswith("tests.")]
+    return modules
 
 
-def test_importing_the_integration_test_modules_imports_no_heavy_library() -> None:
-    modules = light_modules()
-    assert "tests.integration.test_krum" in modules and len(modules) > 40
+def test_collecting_imports_no_heavy_library() -> None:
+    modules = []
+    for package, sentinel in PACKAGES.items():
+        found = collected_modules(package)
+        assert sentinel in found, found
+        modules += found
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE.format(heavy=HEAVY), *modules],
         cwd=REPO,

@@ -8,11 +8,11 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import require_torch
+import pytest
 
 from .conftest import REPO, run_corral, wait_no_job_processes
 
-require_torch()
+pytestmark = pytest.mark.torch
 
 SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "ft_steps.py")
 NO_FT = str(REPO / "tests" / "integration" / "scripts" / "steps.py")  # never makes a Manager

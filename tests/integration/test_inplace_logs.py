@@ -11,11 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_torch
-
 from .conftest import REPO, run_corral
 
-require_torch()
 pytestmark = [pytest.mark.torch, pytest.mark.slow]  # two in-place jobs (~30 CPU-s)
 
 EXAMPLE = str(REPO / "examples" / "train_ft.py")

@@ -14,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_torch
-
 from .conftest import REPO, corral_argv, job_processes, wait_no_job_processes
 
-require_torch()
-
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 EXAMPLE = str(REPO / "examples" / "train_ft.py")
 STEPS, KILL_AT = 90, 15  # the survivors' degraded steps outlast group 2's restart

@@ -22,9 +22,7 @@ import pytest
 
 from corral.k8s.render import GAVE_UP_EXIT, MASTER_NOT_READY_EXIT, K8sTarget, render_spec
 from corral.plan.spec import JobSpec
-from tests.conftest import require_torch
 
-require_torch()
 pytestmark = pytest.mark.torch
 
 TIMEOUT = 180

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_torch
-
-require_torch()
 pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests import conftest as root_conftest
@@ -63,7 +65,30 @@ def torch_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     looks it up at call time). The inline pytest runs below must not import torch
     itself: pytester drops modules the inner run imported, and torch cannot be
     imported twice in one process."""
+    monkeypatch.setattr(root_conftest, "torch_installed", lambda: False)
     monkeypatch.setattr(root_conftest, "require_torch", lambda: require(MISSING, "as torch"))
+
+
+@pytest.mark.torch
+def test_the_torch_marker_imports_no_torch(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With torch installed the marker's check only finds it: a test whose torch runs in
+    the processes it starts keeps its own process (an xdist worker) free of ~2 CPU-s of
+    import. A fresh process, since this one may have imported torch already."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(root_conftest.__file__).parents[1]))
+    pytester.makepyfile(
+        test_mod="""
+import sys
+import pytest
+
+@pytest.mark.torch
+def test_marked():
+    assert "torch" not in sys.modules
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "tests.conftest", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
 
 
 def test_skips_outside_ci(

@@ -20,7 +20,6 @@ from tests.conftest import require_torch
 
 from .test_sdk_report import ControlServer
 
-torch = require_torch()
 pytestmark = pytest.mark.torch
 
 # What pickling a local lambda raises: AttributeError (Python 3.11 to 3.13; newer
@@ -37,6 +36,7 @@ def rank0(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def state(step: int) -> dict[str, object]:
+    torch = require_torch()
     return {"step": step, "weights": torch.full((256,), float(step)), "note": f"s{step}"}
 
 
@@ -45,6 +45,7 @@ def names(directory: Path) -> list[str]:
 
 
 def test_save_load_roundtrip(tmp_path: Path) -> None:
+    torch = require_torch()
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(1, 3)).sum().backward()
@@ -183,16 +184,17 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 def test_load_rejects_non_dict(tmp_path: Path) -> None:
     path = tmp_path / "ckpt-00000001.pt"
-    torch.save([1, 2, 3], path)
+    require_torch().save([1, 2, 3], path)
     with pytest.raises(TypeError, match="dict"):
         sdk.load_checkpoint(path)
 
 
 def test_clear_error_without_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     sdk.save_checkpoint(state(3), tmp_path, 3)
+    four = state(4)
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
     with pytest.raises(ImportError, match=r"pip install 'corral\[torch\]'"):
-        sdk.save_checkpoint(state(4), tmp_path, 4)
+        sdk.save_checkpoint(four, tmp_path, 4)
     with pytest.raises(ImportError, match="corral"):
         sdk.load_checkpoint(tmp_path / "ckpt-00000003.pt")
     # Finding the latest checkpoint needs no torch (the coordinator can do it).
@@ -323,6 +325,7 @@ def test_resume_loads_the_latest_complete_checkpoint(
     newest.write_bytes(newest.read_bytes()[:-10])  # damaged: 20 is the latest complete one
     loaded = sdk.resume(tmp_path)
     assert loaded is not None and loaded["step"] == 20
+    torch = require_torch()
     assert torch.equal(loaded["weights"], torch.full((256,), 20.0))
     assert capsys.readouterr().out == (
         f"[corral] resuming from {tmp_path / 'ckpt-00000020.pt'} (step 20)\n"

@@ -11,10 +11,7 @@ from corral import sdk
 from corral.sdk._weights import WEIGHTS_ENV, batch_sizes
 from tests.conftest import require_torch
 
-torch = require_torch()
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("clean_dist_env")]
-
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -139,6 +136,9 @@ def test_weights_and_topology_come_from_the_environment(monkeypatch: pytest.Monk
 
 
 def test_a_dataloader_runs_the_same_steps_on_every_rank() -> None:
+    torch = require_torch()
+    from torch.utils.data import DataLoader, TensorDataset
+
     data = TensorDataset(torch.arange(103))
     loaders = [
         DataLoader(data, batch_sampler=s.batch_sampler())

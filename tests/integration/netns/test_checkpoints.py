@@ -28,8 +28,7 @@ from corral.transport.options import SshOptions
 from corral.transport.ssh import SshTransport
 from tests.conftest import require_torch
 
-torch = require_torch()
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.torch]
 
 T = TypeVar("T")
 HOSTS = ("tb1", "tb2", "tb3")
@@ -73,6 +72,7 @@ class HostDirs:
         folder = self.local(host)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"ckpt-{step:08d}.pt"
+        torch = require_torch()
         torch.save({"step": step, "w": torch.full((300_000,), float(step))}, path)
         return path
 
@@ -139,7 +139,7 @@ def test_the_latest_complete_checkpoint_reaches_the_new_rank0_host(
     copied = dirs.local("tb2") / "ckpt-00000040.pt"
     assert dirs.names("tb2") == ["ckpt-00000040.pt"]
     assert copied.read_bytes() == good and is_complete_checkpoint(copied)
-    assert torch.load(copied)["step"] == 40
+    assert require_torch().load(copied)["step"] == 40
     assert dirs.names("tb3") == []  # only the target gets a copy
 
     again = with_transport(

@@ -29,12 +29,10 @@ import psutil
 import pytest
 
 from corral.testbed import Testbed
-from tests.conftest import require_torch
 
 from ..conftest import REPO, corral_argv, job_processes, wait_no_job_processes
 
-pytestmark = pytest.mark.netns
-require_torch()
+pytestmark = [pytest.mark.netns, pytest.mark.torch]
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
 HOSTS = ("tb1", "tb2", "tb3")

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from corral.testbed import Testbed
-from tests.conftest import require, require_torch
+from tests.conftest import require
 
 from ..conftest import REPO, job_processes, run_corral
 from .test_faults import (
@@ -33,8 +33,7 @@ from .test_faults import (
     with_suppress_kill,
 )
 
-pytestmark = pytest.mark.netns
-require_torch()
+pytestmark = [pytest.mark.netns, pytest.mark.torch]
 
 EXAMPLE = str(REPO / "examples" / "train_ft.py")
 STEPS = 60

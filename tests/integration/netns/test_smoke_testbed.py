@@ -18,11 +18,8 @@ from corral.cluster import load_cluster
 from corral.testbed import Testbed
 from corral.transport.options import SshOptions
 from corral.transport.ssh import SshTransport
-from tests.conftest import require_torch
 
-pytestmark = pytest.mark.netns
-
-require_torch()  # the [torch] extra is part of `make setup`
+pytestmark = [pytest.mark.netns, pytest.mark.torch]  # the [torch] extra is part of `make setup`
 
 T = TypeVar("T")
 HOSTS = ("tb1", "tb2", "tb3")
