@@ -1,11 +1,12 @@
 """How the suite runs in parallel (pytest-xdist, ``-n N --dist loadgroup``; a plugin
 loaded by tests/conftest.py).
 
-- Work units. Every test that needs the netns testbed is in one group (``netns``), so
-  one worker brings the machine's one testbed up, once, and runs them all in turn;
-  a module with a module- or class-scoped fixture (a live server, a browser, a
-  trained model) is one group, so that fixture is set up once; every other test is
-  scheduled on its own. xdist starts the largest groups first (the netns group).
+- Work units. The tests that need the netns testbed are split by module into
+  ``NETNS_GROUPS`` groups (``netns-0``, ``netns-1``) of about equal known wall time
+  (``NETNS_COST``), so two workers each bring up a testbed of their own, once, and
+  run their half in turn; a module with a module- or class-scoped fixture (a live
+  server, a browser, a trained model) is one group, so that fixture is set up once;
+  every other test is scheduled on its own. xdist starts the largest groups first.
   The workers find the groups at collection (fixture scopes and markers are known
   there) and hand them to the controller's scheduler in a file: pytest 9's node ids
   no longer take the ``@group`` suffix that xdist's own ``xdist_group`` relies on.
@@ -15,8 +16,12 @@ loaded by tests/conftest.py).
   home (corral's data dir and token, chromium's profile) is shared with a test on
   another worker (the netns tests keep the real one: they have their worker to
   themselves). pytest already gives each worker its own ``tmp_path`` root; ports
-  are picked free per test; the testbed's names and addresses are the machine's one
-  set, which the netns group keeps to one worker.
+  are picked free per test. A worker's testbed is instance ``N`` of worker ``gwN``
+  (:func:`worker_instance`; 0 without xdist): its own namespaces, bridge, subnet
+  ``10.77.N.0/24``, state dir, registry and lock, with the same host names tb1..tbN
+  (each host resolves them in its own ``/etc/hosts``, the tests through the
+  testbed's ssh_config). The netns tests' ``HOME`` is the real one on every worker
+  (the hosts have their own home; what corral keeps there is per job id).
 """
 
 from __future__ import annotations
@@ -31,12 +36,45 @@ from typing import Any
 
 import pytest
 
+from corral.testbed import MAX_INSTANCES
+
 try:
     from xdist.scheduler import LoadGroupScheduling
 except ImportError:  # no pytest-xdist: nothing runs in parallel
     LoadGroupScheduling = object
 
 NETNS_GROUP = "netns"
+"""Prefix of the netns groups' names: ``netns-0``, ``netns-1``, ..."""
+NETNS_GROUPS = 2
+"""How many workers share the netns tests, each with a testbed of its own."""
+NETNS_COST = {
+    "test_inplace_netns": 236,
+    "test_faults": 171,
+    "test_run_ssh": 104,
+    "test_check": 69,
+    "test_serve_netns": 65,
+    "test_launchers_netns": 49,
+    "test_actors_netns": 36,
+    "test_web_netns": 31,
+    "test_actors_example_netns": 29,
+    "test_ping": 28,
+    "test_links_netns": 24,
+    "test_ssh_transport": 24,
+    "test_smoke_testbed": 19,
+    "test_exec": 17,
+    "test_checkpoints": 17,
+    "test_calibrate_netns": 13,
+    "test_capabilities_netns": 13,
+    "test_shared_data_netns": 11,
+    "test_sync": 7,
+    "test_mlx_netns": 6,
+    "test_links_api_netns": 6,
+    "test_testbed": 6,
+    "test_remote_python": 1,
+}
+"""Wall seconds of each netns test module in a full run (``make test``'s CPU report,
+tests/integration/netns); a module not listed counts ``_NETNS_DEFAULT_COST``."""
+_NETNS_DEFAULT_COST = 20
 _WIDE_SCOPES = ("module", "class", "package")
 _GROUPS_ENV = "CORRAL_TEST_GROUPS"
 """The directory where the workers write the groups they found (set by the controller)."""
@@ -46,17 +84,45 @@ pyenv's interpreters (``python3`` on PATH may be a pyenv shim, which finds them
 under ``$HOME/.pyenv`` unless ``PYENV_ROOT`` is set)."""
 
 
-def _group(item: pytest.Item) -> str | None:
-    """The group of ``item``: ``netns``, its module's path, or None (scheduled alone)."""
+def netns_groups(modules: list[str], groups: int = NETNS_GROUPS) -> dict[str, str]:
+    """``{module path: netns-K}``: the modules dealt out, costliest first, each to the
+    group with the least known wall time so far (ties: the lower K, then by name, so
+    every worker finds the same groups)."""
+    load = [0] * groups
+    found: dict[str, str] = {}
+    for module in sorted(set(modules), key=lambda m: (-_cost(m), m)):
+        k = load.index(min(load))
+        load[k] += _cost(module)
+        found[module] = f"{NETNS_GROUP}-{k}"
+    return found
+
+
+def _cost(module: str) -> int:
+    return NETNS_COST.get(Path(module).stem, _NETNS_DEFAULT_COST)
+
+
+def worker_instance() -> int:
+    """The testbed instance of this process: ``N`` on xdist worker ``gwN``, else 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    digits = worker.removeprefix("gw")
+    return int(digits) % MAX_INSTANCES if digits.isdigit() else 0
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _group(item: pytest.Item, netns: dict[str, str]) -> str | None:
+    """The group of ``item``: its netns group, its module's path, or None (alone)."""
     if item.get_closest_marker("netns") is not None:
-        return NETNS_GROUP
+        return netns[_module(item)]
     marked = item.get_closest_marker("xdist_group")
     if marked is not None:
         return str(marked.args[0] if marked.args else marked.kwargs.get("name", "default"))
     info = getattr(item, "_fixtureinfo", None)
     for defs in getattr(info, "name2fixturedefs", {}).values():
         if any(d.scope in _WIDE_SCOPES for d in defs):
-            return item.nodeid.split("::", 1)[0]
+            return _module(item)
     return None
 
 
@@ -71,7 +137,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shared = os.environ.get(_GROUPS_ENV)
     if not worker or not shared:
         return
-    groups = {item.nodeid: group for item in items if (group := _group(item)) is not None}
+    netns = netns_groups([_module(i) for i in items if i.get_closest_marker("netns") is not None])
+    groups = {i.nodeid: group for i in items if (group := _group(i, netns)) is not None}
     tmp = Path(shared) / f".{worker}.tmp"
     tmp.write_text(json.dumps(groups))
     tmp.replace(Path(shared) / f"{worker}.json")  # every worker writes the same groups
@@ -134,8 +201,8 @@ def _netns_tests_keep_the_real_home(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A netns test sees the user's own ``HOME`` and XDG dirs, as when run alone: the
-    testbed's hosts mount their own home and ``/tmp``, and the netns tests run one at
-    a time on one worker, so a home of the worker's own buys them nothing."""
+    testbed's hosts mount their own home and ``/tmp`` (a worker's home under ``/tmp``
+    is not there on them), and what corral keeps in the home is per job id."""
     if _home is None or request.node.get_closest_marker("netns") is None:
         return
     for name, value in _home.real.items():

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from corral.console import make_console
-from corral.testbed import DEFAULT_SUBNET, Testbed, TestbedStatus, default_state_dir
+from corral.testbed import MAX_INSTANCES, Testbed, TestbedStatus, default_state_dir
 
 StateDirOpt = Annotated[
     Path | None,
@@ -24,6 +24,17 @@ StateDirOpt = Annotated[
     ),
 ]
 
+InstanceOpt = Annotated[
+    int,
+    typer.Option(
+        "--instance",
+        min=0,
+        max=MAX_INSTANCES - 1,
+        help="Which of this machine's testbeds (each its own namespaces, bridge crlbrI, subnet, "
+        "lock and default state dir ~/.cache/corral/testbed-I; 0 is the usual one).",
+    ),
+]
+
 testbed_app = typer.Typer(
     name="testbed",
     help="Simulated N-host cluster on this machine: network namespaces with their own sshd "
@@ -32,8 +43,8 @@ testbed_app = typer.Typer(
 )
 
 
-def _testbed(state_dir: Path | None) -> Testbed:
-    return Testbed(state_dir if state_dir is not None else default_state_dir())
+def _testbed(state_dir: Path | None, instance: int = 0) -> Testbed:
+    return Testbed(state_dir or default_state_dir(instance), instance=instance)
 
 
 @testbed_app.command("up")
@@ -41,15 +52,21 @@ def up(
     n: Annotated[int, typer.Argument(help="Number of hosts (tb1..tbN).", min=1)],
     state_dir: StateDirOpt = None,
     subnet: Annotated[
-        str, typer.Option("--subnet", help="Private IPv4 subnet for the hosts.")
-    ] = DEFAULT_SUBNET,
+        str | None,
+        typer.Option(
+            "--subnet",
+            help="Private IPv4 subnet for the hosts [default: 10.77.I.0/24, I the instance].",
+            show_default=False,
+        ),
+    ] = None,
     slots: Annotated[
         int, typer.Option("--slots", min=1, help="Slots per host written to the hostfile.")
     ] = 1,
+    instance: InstanceOpt = 0,
 ) -> None:
     """Create hosts tb1..tbN, each with its own network namespace, hostname and sshd."""
     out = make_console(stderr=False)
-    tb = _testbed(state_dir)
+    tb = _testbed(state_dir, instance)
     result = tb.up(n, subnet=subnet, slots=slots)
     if result.already_up:
         out.print(f"testbed already up: {len(result.hosts)} hosts in {tb.state_dir} (no change)")
@@ -70,16 +87,16 @@ def up(
 
 
 @testbed_app.command("down")
-def down(state_dir: StateDirOpt = None) -> None:
+def down(state_dir: StateDirOpt = None, instance: InstanceOpt = 0) -> None:
     """Remove everything `up` created (processes, namespaces, links, bridge, files)."""
     out = make_console(stderr=False)
-    tb = _testbed(state_dir)
+    tb = _testbed(state_dir, instance)
     result = tb.down()
     if not result.removed:
         out.print(f"no testbed in {tb.state_dir}; nothing to do")
-        other = Testbed.running()
-        if other is not None and other.state_dir != tb.state_dir:
-            out.print(f"(a testbed is up in {other.state_dir}: use --state-dir)")
+        for other in Testbed.all_running():
+            if other.state_dir != tb.state_dir:
+                out.print(f"(a testbed is up in {other.state_dir}: use --state-dir)")
         return
     out.print(f"testbed down: removed {', '.join(result.removed)}", soft_wrap=True)
 
@@ -109,10 +126,11 @@ def _table(st: TestbedStatus) -> Table:
 def status(
     state_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    instance: InstanceOpt = 0,
 ) -> None:
     """Show each host, its address and whether its sshd answers. Exit 1 unless healthy."""
     out = make_console(stderr=False)
-    st = _testbed(state_dir).status()
+    st = _testbed(state_dir, instance).status()
     if as_json:
         typer.echo(json.dumps(st.to_dict(), indent=2))
     elif not st.exists:

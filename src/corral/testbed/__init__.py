@@ -12,7 +12,7 @@ OpenSSH sshd; the rest of the filesystem (the Python environment included) is sh
 from __future__ import annotations
 
 from corral.testbed._cgroup import CpuQuota
-from corral.testbed._model import DEFAULT_SUBNET, SRV_DIR
+from corral.testbed._model import DEFAULT_SUBNET, MAX_INSTANCES, SRV_DIR, default_subnet
 from corral.testbed._registry import exclusive
 from corral.testbed._report import DownResult, HostStatus, TestbedHost, TestbedStatus, UpResult
 from corral.testbed._system import check_requirements, missing_requirements
@@ -20,6 +20,7 @@ from corral.testbed._testbed import Testbed, default_state_dir
 
 __all__ = [
     "DEFAULT_SUBNET",
+    "MAX_INSTANCES",
     "SRV_DIR",
     "CpuQuota",
     "DownResult",
@@ -30,6 +31,7 @@ __all__ = [
     "UpResult",
     "check_requirements",
     "default_state_dir",
+    "default_subnet",
     "exclusive",
     "missing_requirements",
 ]

@@ -30,6 +30,10 @@ has its own name, as on real clusters where NICs are named differently."""
 COORDINATOR_NAME = "corral-coordinator"
 """Name under which hosts reach the root namespace (the bridge address)."""
 DEFAULT_SUBNET = "10.77.0.0/24"
+"""The subnet of instance 0; instance ``I`` has ``10.77.I.0/24`` (:func:`default_subnet`)."""
+MAX_INSTANCES = 100
+"""Testbeds one machine can have side by side, numbered 0..99 (one per pytest-xdist
+worker): each has its own names, subnet, registry and lock (:class:`InstanceNames`)."""
 SRV_DIR = "/srv/corral"
 """A directory every host has, empty and private (it lies in the host's private ``/srv``)."""
 PRIVATE_DIRS = ("/srv", "/tmp")
@@ -52,14 +56,86 @@ request goes unanswered and a connect fails with "No route to host"."""
 _UNSAFE_PATH = re.compile(r"[\s\"'%\\#]")
 
 
-def neighbour_limits(n_hosts: int) -> dict[str, int]:
-    """The neighbour table limits a testbed of ``n_hosts`` needs: the defaults plus
-    its full mesh (each host resolves every other host and the coordinator, the
-    coordinator every host: ``n * (n + 1)`` entries). At 64 hosts that is 4160
-    entries, past the default hard limit of 1024 (issue 23: gloo's full mesh at 64
-    ranks failed with "No route to host")."""
-    mesh = n_hosts * (n_hosts + 1)
+def neighbour_limits(*n_hosts: int) -> dict[str, int]:
+    """The neighbour table limits testbeds of ``n_hosts`` hosts each need together
+    (the table is the machine's one): the defaults plus each one's full mesh (each
+    host resolves every other host and the coordinator, the coordinator every host:
+    ``n * (n + 1)`` entries). At 64 hosts that is 4160 entries, past the default hard
+    limit of 1024 (issue 23: gloo's full mesh at 64 ranks failed with "No route to
+    host")."""
+    mesh = sum(n * (n + 1) for n in n_hosts)
     return {name: default + mesh for name, default in NEIGH_SYSCTLS.items()}
+
+
+def hand_over_sysctls(
+    mine: dict[str, list[int]], theirs: dict[str, list[int]], current: dict[str, int]
+) -> dict[str, list[int]]:
+    """The record (``{name: [before, after]}``) another live testbed takes over when
+    one goes down while it stays up: the settings are the machine's, so the one going
+    down must not put its ``before`` back under the other's hosts; instead the other
+    one's record gets the earliest ``before`` (what the last testbed down restores)
+    and the value now set as ``after``. A setting someone else changed since (it
+    reads neither testbed's ``after``) keeps the other's record as it is."""
+    merged = {name: list(rec) for name, rec in theirs.items()}
+    for name, (before, after) in mine.items():
+        now = current.get(name)
+        other = theirs.get(name)
+        if now is None or now not in (after, *(other[1:] if other else ())):
+            continue
+        merged[name] = [min(before, other[0]) if other else before, now]
+    return merged
+
+
+@dataclass(frozen=True)
+class InstanceNames:
+    """What testbed instance ``instance`` calls its kernel objects: instance 0 has
+    the names of a testbed by hand (``corral-tbK``, ``crl-tbK``, ``crlbr0``,
+    10.77.0.0/24), instance ``I`` ``corralI-tbK``, ``crlI-tbK``, ``crlbrI`` and
+    10.77.I.0/24, so two testbeds never share a namespace, link, route or lock.
+    Host names (``tbK``) are the same in every instance: each host resolves them in
+    its own ``/etc/hosts``, the coordinator through the instance's ssh_config."""
+
+    instance: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.instance < MAX_INSTANCES:
+            raise ConfigError(
+                f"the testbed instance must be 0 to {MAX_INSTANCES - 1}, not {self.instance}",
+                option="--instance",
+            )
+
+    @property
+    def _tag(self) -> str:
+        return "" if self.instance == 0 else str(self.instance)
+
+    @property
+    def netns_prefix(self) -> str:
+        """Prefix of the instance's namespaces (``corral-``, ``corral1-``, ...)."""
+        return NETNS_PREFIX.replace("-", self._tag + "-")
+
+    @property
+    def bridge(self) -> str:
+        """The instance's bridge (``crlbr0``, ``crlbr1``, ...)."""
+        return BRIDGE[:-1] + str(self.instance)
+
+    @property
+    def subnet(self) -> str:
+        """The instance's default subnet (``10.77.I.0/24``)."""
+        net = ipaddress.ip_network(DEFAULT_SUBNET)
+        return str(ipaddress.ip_network((int(net.network_address) + (self.instance << 8), 24)))
+
+    def netns(self, host: str) -> str:
+        """Network namespace of ``host``."""
+        return self.netns_prefix + host
+
+    def veth(self, host: str) -> str:
+        """Root-side veth of ``host`` (at most 11 of the kernel's 15 characters)."""
+        return VETH_PREFIX.replace("-", self._tag + "-") + host
+
+
+def default_subnet(instance: int = 0) -> str:
+    """The subnet of testbed ``instance`` when none is given."""
+    return InstanceNames(instance).subnet
 
 
 def peer_ifname(host: str) -> str:
@@ -306,6 +382,7 @@ class TestbedState:
     created_paths: list[str] = field(default_factory=list)
     sysctls: dict[str, list[int]] = field(default_factory=dict)
     version: int = STATE_VERSION
+    instance: int = 0
 
     def to_json(self) -> str:
         """Serialise (stable key order, indented)."""
@@ -332,8 +409,9 @@ class TestbedState:
                 sysctls={
                     str(k): [int(v[0]), int(v[1])] for k, v in data.get("sysctls", {}).items()
                 },
+                instance=InstanceNames(int(data.get("instance", 0))).instance,
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
             raise ConfigError(f"unreadable testbed state: {exc}") from exc
 
     def host(self, name: str) -> HostRecord:
@@ -345,24 +423,26 @@ class TestbedState:
         raise ConfigError(f"no testbed host {name!r} (hosts: {known})")
 
 
-def new_state(state_dir: Path, plan: NetworkPlan, slots: int) -> TestbedState:
-    """The initial record for a testbed about to be created."""
+def new_state(state_dir: Path, plan: NetworkPlan, slots: int, instance: int = 0) -> TestbedState:
+    """The initial record for a testbed (of ``instance``) about to be created."""
+    names = InstanceNames(instance)
     hosts = [
         HostRecord(
             name=host_name(i),
             address=addr,
-            netns=NETNS_PREFIX + host_name(i),
-            veth=VETH_PREFIX + host_name(i),
+            netns=names.netns(host_name(i)),
+            veth=names.veth(host_name(i)),
         )
         for i, addr in enumerate(plan.host_addresses, start=1)
     ]
     return TestbedState(
         state_dir=str(state_dir),
         subnet=str(plan.subnet),
-        bridge=BRIDGE,
+        bridge=names.bridge,
         bridge_address=plan.bridge_address,
         slots=slots,
         hosts=hosts,
+        instance=instance,
     )
 
 

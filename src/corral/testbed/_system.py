@@ -307,6 +307,15 @@ def raise_sysctls(wanted: Mapping[str, int], root: Path = PROC_SYS) -> dict[str,
     return changed
 
 
+def read_sysctls(names: Iterable[str], root: Path = PROC_SYS) -> dict[str, int]:
+    """The integer settings ``names`` under ``root`` (``/proc/sys``) that can be read."""
+    values: dict[str, int] = {}
+    for name in dict.fromkeys(names):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            values[name] = int((root / name).read_text().split()[0])
+    return values
+
+
 def restore_sysctls(changed: Mapping[str, Sequence[int]], root: Path = PROC_SYS) -> list[str]:
     """Put back what :func:`raise_sysctls` changed, where the setting still reads the
     value it wrote (someone else's later change stays); the names restored."""

@@ -14,13 +14,19 @@ Layout of a host ``tbK`` (address ``.K`` of the subnet):
   Python environment running corral stay visible at their own paths;
 - an OpenSSH ``sshd -D`` entered into the holder's namespaces with ``nsenter``.
 
+A machine can have several testbeds side by side, one per *instance* (0..99, one
+per test worker): each has its own namespaces, links, bridge, subnet, registry and
+lock (:class:`~corral.testbed._model.InstanceNames`); instance 0 is the testbed by hand.
+
 The kernel's neighbour (ARP) table is one for all namespaces, so ``up`` raises its
-limits (``net.ipv4.neigh.default.gc_thresh1..3``) for the hosts' full mesh, never
-lowering them, and ``down`` puts back what it raised.
+limits (``net.ipv4.neigh.default.gc_thresh1..3``) for the full mesh of every
+testbed up, never lowering them, and the last ``down`` puts back what was raised
+(one that goes down before another hands its record over to it).
 
 Everything created is recorded in ``STATE_DIR/state.json`` (and a copy in
-``/run/corral/testbed.json``) before or as it is created, so ``down`` removes
-exactly that, processes by PID *and* start time, even after a crashed ``up``.
+``/run/corral/testbed.json``, ``testbed-I.json`` for instance ``I``) before or as it
+is created, so ``down`` removes exactly that, processes by PID *and* start time,
+even after a crashed ``up``.
 """
 
 from __future__ import annotations
@@ -41,12 +47,13 @@ import corral
 from corral.errors import CommandTimeout, ConfigError, LaunchError
 from corral.testbed import _system as sysx
 from corral.testbed._model import (
-    DEFAULT_SUBNET,
     SRV_DIR,
     HostRecord,
+    InstanceNames,
     MountPlan,
     TestbedState,
     check_state_dir,
+    hand_over_sysctls,
     neighbour_limits,
     new_state,
     peer_ifname,
@@ -58,7 +65,7 @@ from corral.testbed._model import (
     render_ssh_config,
     render_sshd_config,
 )
-from corral.testbed._registry import REGISTRY, check_free, read_registry
+from corral.testbed._registry import check_free, read_registry, registered, registry_path
 from corral.testbed._report import (
     DownResult,
     HostStatus,
@@ -97,10 +104,12 @@ _STATE_FILES = (
 )
 
 
-def default_state_dir() -> Path:
-    """``$XDG_CACHE_HOME/corral/testbed``, else ``~/.cache/corral/testbed``."""
+def default_state_dir(instance: int = 0) -> Path:
+    """``$XDG_CACHE_HOME/corral/testbed``, else ``~/.cache/corral/testbed`` (``testbed-I``
+    for instance ``I`` > 0)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "corral" / "testbed"
+    tag = f"-{instance}" if InstanceNames(instance).instance else ""
+    return Path(base) / "corral" / f"testbed{tag}"
 
 
 class Testbed:
@@ -108,17 +117,27 @@ class Testbed:
 
     Needs Linux and root. ``up(n)`` creates hosts ``tb1..tbN``; ``down()``
     removes them; the fault helpers (:meth:`cut_link`, :meth:`kill_sshd`, ...)
-    act on one host.
+    act on one host. ``instance`` (0..99) is which of the machine's testbeds ``up``
+    creates: its names, subnet and registry (what is up keeps its recorded ones).
     """
 
     __test__ = False
 
-    def __init__(self, state_dir: str | os.PathLike[str] | None = None) -> None:
-        raw = Path(state_dir) if state_dir is not None else default_state_dir()
+    def __init__(
+        self, state_dir: str | os.PathLike[str] | None = None, *, instance: int = 0
+    ) -> None:
+        raw = Path(state_dir) if state_dir is not None else default_state_dir(instance)
         self.state_dir: Path = check_state_dir(raw)
+        self.names = InstanceNames(instance)
+
+    @property
+    def instance(self) -> int:
+        """Which of the machine's testbeds this is (0: the one by hand)."""
+        return self.names.instance
 
     def __repr__(self) -> str:
-        return f"Testbed({str(self.state_dir)!r})"
+        tag = f", instance={self.instance}" if self.instance else ""
+        return f"Testbed({str(self.state_dir)!r}{tag})"
 
     # ------------------------------------------------------------------ paths
 
@@ -183,28 +202,38 @@ class Testbed:
     # ------------------------------------------------------------------ state
 
     @classmethod
-    def running(cls) -> Testbed | None:
-        """The testbed currently registered on this machine (whatever its state dir)."""
-        rec = read_registry()
-        return cls(rec.state_dir) if rec is not None else None
+    def running(cls, instance: int = 0) -> Testbed | None:
+        """The testbed of ``instance`` registered on this machine (whatever its state dir)."""
+        rec = read_registry(instance)
+        return cls(rec.state_dir, instance=rec.instance) if rec is not None else None
+
+    @classmethod
+    def all_running(cls) -> list[Testbed]:
+        """Every testbed registered on this machine, by instance."""
+        return [cls(rec.state_dir, instance=rec.instance) for rec in registered()]
 
     def _load(self) -> TestbedState | None:
         """This dir's state; the registry copy when the state dir was lost (or is unreadable)."""
         error: ConfigError | None = None
         if self.state_file.exists():
             try:
-                return TestbedState.from_json(self.state_file.read_text())
+                return self._adopt(TestbedState.from_json(self.state_file.read_text()))
             except ConfigError as exc:
                 error = exc
-        rec = read_registry()
-        if rec is not None and Path(rec.state_dir) == self.state_dir:
-            return rec
+        for rec in registered():
+            if Path(rec.state_dir) == self.state_dir:
+                return self._adopt(rec)
         if error is not None:
             raise ConfigError(
                 f"{error.message}; remove the testbed's namespaces, links and processes by hand",
                 source=str(self.state_file),
             ) from error
         return None
+
+    def _adopt(self, state: TestbedState) -> TestbedState:
+        """Take the instance of the testbed recorded here (a repair's ``up`` keeps it)."""
+        self.names = InstanceNames(state.instance)
+        return state
 
     def _require(self) -> TestbedState:
         state = self._load()
@@ -216,14 +245,7 @@ class Testbed:
         return state
 
     def _save(self, state: TestbedState) -> None:
-        text = state.to_json()
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(self.state_file)
-        sysx.RUN_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        reg_tmp = REGISTRY.with_suffix(".tmp")
-        reg_tmp.write_text(text)
-        reg_tmp.replace(REGISTRY)
+        _write_state(state)
 
     def _dir_flag(self) -> str:
         return "" if self.state_dir == default_state_dir() else f" --state-dir {self.state_dir}"
@@ -236,6 +258,16 @@ class Testbed:
             return []
         return [TestbedHost(h.name, h.address, h.netns, h.veth) for h in state.hosts]
 
+    @property
+    def subnet(self) -> str:
+        """The recorded testbed's subnet (ConfigError when none is up here)."""
+        return self._require().subnet
+
+    @property
+    def bridge(self) -> str:
+        """The recorded testbed's bridge (ConfigError when none is up here)."""
+        return self._require().bridge
+
     def host(self, name: str) -> TestbedHost:
         """The host called ``name`` (ConfigError if the testbed has none such)."""
         h = self._require().host(name)
@@ -243,28 +275,31 @@ class Testbed:
 
     # ------------------------------------------------------------------ up
 
-    def up(self, n: int, *, subnet: str = DEFAULT_SUBNET, slots: int = 1) -> UpResult:
-        """Create hosts ``tb1..tbN``; a no-op when the same testbed is already healthy.
+    def up(self, n: int, *, subnet: str | None = None, slots: int = 1) -> UpResult:
+        """Create hosts ``tb1..tbN`` (on ``subnet``, by default the instance's
+        ``10.77.I.0/24``); a no-op when the same testbed is already healthy.
 
         Raises LaunchError when requirements are missing or a previous testbed
         is half up, ConfigError for bad arguments or a conflicting testbed.
         """
         if slots < 1:
             raise ConfigError(f"slots must be at least 1, not {slots}", option="--slots")
-        plan = plan_network(subnet, n)
+        plan = plan_network(subnet if subnet is not None else self.names.subnet, n)
         sysx.check_requirements()
         started = time.monotonic()
         with sysx.locked():
             existing = self._load()
             if existing is not None:
-                return self._reuse(existing, n, str(plan.subnet), slots, started)
-            other = read_registry()
+                wanted = str(plan.subnet) if subnet is not None else existing.subnet
+                return self._reuse(existing, n, wanted, slots, started)
+            other = read_registry(self.instance)
             if other is not None:
                 raise LaunchError(
-                    f"a testbed is already up with state dir {other.state_dir}; run "
-                    f"`corral testbed down --state-dir {other.state_dir}` first"
+                    f"a testbed{self._instance_words()} is already up with state dir "
+                    f"{other.state_dir}; run `corral testbed down --state-dir "
+                    f"{other.state_dir}` first"
                 )
-            state = new_state(self.state_dir, plan, slots)
+            state = new_state(self.state_dir, plan, slots, self.instance)
             check_free(state)
             try:
                 self._create(state)
@@ -335,8 +370,10 @@ class Testbed:
                 )
             )
 
-        # The neighbour table is shared by every namespace: size it for the full mesh.
-        state.sysctls = sysx.raise_sysctls(neighbour_limits(len(state.hosts)))
+        # The neighbour table is shared by every namespace: size it for the full mesh of
+        # this testbed and of every other one up on the machine.
+        others = [len(o.hosts) for o in registered() if o.instance != state.instance]
+        state.sysctls = sysx.raise_sysctls(neighbour_limits(len(state.hosts), *others))
         self._save(state)
 
         # Network: bridge, namespaces and veth pairs in one `ip -batch`.
@@ -515,7 +552,7 @@ class Testbed:
         if lines:
             sysx.run([sysx.tool("ip"), "-force", "-batch", "-"], input="\n".join(lines) + "\n")
 
-        removed += [f"sysctl {name} restored" for name in sysx.restore_sysctls(state.sysctls)]
+        removed += self._release_sysctls(state)
         for path in state.created_paths:
             with contextlib.suppress(OSError):
                 Path(path).rmdir()
@@ -532,12 +569,30 @@ class Testbed:
             (sd / name).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             sd.rmdir()
-        rec = read_registry()
+        rec = read_registry(state.instance)
         if rec is not None and rec.state_dir == state.state_dir:
-            REGISTRY.unlink(missing_ok=True)
+            registry_path(state.instance).unlink(missing_ok=True)
         if stuck is not None:
             raise stuck
         return removed
+
+    @staticmethod
+    def _release_sysctls(state: TestbedState) -> list[str]:
+        """Put back the kernel settings ``state``'s ``up`` raised, unless another testbed is
+        still up: that one takes the record over (the last one down restores)."""
+        others = [o for o in registered() if o.state_dir != state.state_dir]
+        if not others:
+            return [f"sysctl {name} restored" for name in sysx.restore_sysctls(state.sysctls)]
+        heir = others[0]
+        now = sysx.read_sysctls([*state.sysctls, *heir.sysctls])
+        merged = hand_over_sysctls(state.sysctls, heir.sysctls, now)
+        if merged != heir.sysctls:
+            heir.sysctls = merged
+            _write_state(heir)
+        return [f"sysctl {name} left to the testbed in {heir.state_dir}" for name in state.sysctls]
+
+    def _instance_words(self) -> str:
+        return f" (instance {self.instance})" if self.instance else ""
 
     # ------------------------------------------------------------------ status
 
@@ -545,7 +600,7 @@ class Testbed:
         """Each host's namespace, processes, link and whether its sshd answers."""
         state = self._load()
         if state is None:
-            other = read_registry()
+            other = read_registry(self.instance) or next(iter(registered()), None)
             return TestbedStatus(
                 str(self.state_dir),
                 exists=False,
@@ -707,6 +762,21 @@ class Testbed:
     def ssh_argv(self, host: str, *command: str) -> list[str]:
         """An OpenSSH client command line for ``host`` (BatchMode, this testbed's config)."""
         return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, *command]
+
+
+def _write_state(state: TestbedState) -> None:
+    """Write ``state`` to its state dir (when that still exists) and its registry."""
+    text = state.to_json()
+    target = Path(state.state_dir) / "state.json"
+    if target.parent.is_dir():
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(target)
+    sysx.RUN_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    registry = registry_path(state.instance)
+    reg_tmp = registry.with_suffix(".tmp")
+    reg_tmp.write_text(text)
+    reg_tmp.replace(registry)
 
 
 __all__ = ["Testbed", "default_state_dir"]

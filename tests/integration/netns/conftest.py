@@ -1,7 +1,11 @@
 """Fixtures for tests on the netns testbed (3 simulated hosts with real sshd).
 
 ``testbed`` is session-scoped: one ``up`` for the whole run, one ``down`` at the
-end. Tests that break a host (cut link, stopped sshd) must put it back, e.g.
+end. Each pytest-xdist worker has a testbed of its own: instance ``N`` on worker
+``gwN`` (tests/parallel.py ``worker_instance``; 0 in a run without xdist), with its
+own namespaces, bridge and subnet (``10.77.N.0/24``) but the same host names tb1..tb3,
+so a test asks the testbed for an address (``testbed.host("tb2").address``) rather
+than writing one. Tests that break a host (cut link, stopped sshd) must put it back, e.g.
 with ``testbed.repair()`` in a ``finally``. Without root or sshd the fixture
 skips, except under ``CI=true`` where it fails: CI must never skip these.
 
@@ -13,6 +17,7 @@ differ per host goes to ``/srv/corral/...`` (seen from here via ``host_path``).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import tempfile
@@ -23,6 +28,7 @@ import pytest
 
 from corral.testbed import Testbed, exclusive, missing_requirements
 from tests.conftest import missing_dependency
+from tests.parallel import worker_instance
 
 TESTBED_HOSTS = 3
 
@@ -37,17 +43,18 @@ def require_testbed_support() -> None:
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
-    """A healthy 3-host testbed (tb1..tb3) for the whole session, removed at the end.
+    """A healthy 3-host testbed (tb1..tb3) of this worker's instance for the whole
+    session, removed at the end.
 
-    A testbed left over by a crashed earlier run is taken down first.
+    Testbeds left over by a crashed earlier run are taken down first: this
+    instance's, and any other instance's that no session holds now.
     """
     require_testbed_support()
-    # One testbed per machine: a second pytest session (or a benchmark) waits here.
-    with exclusive():
-        leftover = Testbed.running()
-        if leftover is not None:
-            leftover.down()
-        tb = Testbed(tmp_path_factory.mktemp("testbed"))
+    instance = worker_instance()
+    # One testbed per instance: a second pytest session (or a benchmark) waits here.
+    with exclusive(instance):
+        take_down_leftovers(instance)
+        tb = Testbed(tmp_path_factory.mktemp("testbed"), instance=instance)
         tb.up(TESTBED_HOSTS)
         try:
             yield tb
@@ -56,6 +63,24 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
                 tb.down()
             finally:
                 shutil.rmtree(shared_root(tb), ignore_errors=True)
+
+
+def take_down_leftovers(instance: int) -> None:
+    """Take down the testbed of ``instance`` (whose lock the caller holds) and every
+    other instance's whose lock is free (left by a killed run; a live session or a
+    benchmark holds its instance's lock)."""
+    for leftover in Testbed.all_running():
+        if leftover.instance == instance:
+            leftover.down()
+            continue
+        with exclusive(leftover.instance, wait=False) as free:
+            if free:
+                leftover.down()
+
+
+def spare_address(tb: Testbed) -> str:
+    """An address in ``tb``'s subnet that no host has (nothing answers there)."""
+    return str(ipaddress.ip_network(tb.subnet)[250])
 
 
 def shared_root(tb: Testbed) -> Path:

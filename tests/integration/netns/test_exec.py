@@ -15,6 +15,8 @@ import pytest
 
 from corral.testbed import Testbed
 
+from .conftest import spare_address
+
 pytestmark = pytest.mark.netns
 
 HOSTS = ("tb1", "tb2", "tb3")
@@ -133,7 +135,7 @@ def test_unreachable_host_means_nothing_runs(healthy_testbed: Testbed, tmp_path:
 def test_unknown_host_in_list_is_named(testbed: Testbed, tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
     config.write_text(
-        testbed.ssh_config.read_text() + "\nHost ghost\n    HostName 10.77.0.250\n"
+        testbed.ssh_config.read_text() + f"\nHost ghost\n    HostName {spare_address(testbed)}\n"
         "    ConnectTimeout 2\n"
     )
     argv = [sys.executable, "-c", _MAIN, "exec", "--hosts", "tb1,ghost", "--ssh-config"]

@@ -23,7 +23,7 @@ from corral.testbed import Testbed
 from corral.transport.options import SshOptions
 from corral.transport.ssh import EXIT_LOST, SshTransport
 
-from .conftest import require_testbed_support
+from .conftest import require_testbed_support, spare_address
 
 pytestmark = pytest.mark.netns
 
@@ -277,7 +277,7 @@ def test_unknown_host_key_is_refused_with_the_fix(testbed: Testbed, tmp_path: Pa
     config = config_with_known_hosts(testbed, tmp_path, empty)
     error = connect_error(SshOptions(config=str(config)), host(testbed, "tb2"))
     assert error.cause == "unknown host key"
-    assert f"ssh-keyscan 10.77.0.2 >> {empty}" in str(error)
+    assert f"ssh-keyscan {testbed.host('tb2').address} >> {empty}" in str(error)
     assert "--accept-new-host-keys" in str(error)
     assert not empty.exists() or empty.read_text() == ""
 
@@ -293,7 +293,7 @@ def test_accept_new_records_and_then_trusts(testbed: Testbed, tmp_path: Path) ->
 
     assert with_transport(SshOptions(config=str(config), accept_new_host_keys=True), body) == 0
     lines = recorded.read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("10.77.0.2 ssh-")
+    assert len(lines) == 1 and lines[0].startswith(f"{testbed.host('tb2').address} ssh-")
     real_key = lines[0].split(None, 1)[1]
     assert real_key in testbed.known_hosts.read_text()
     # the recorded key is now trusted without accept-new
@@ -303,14 +303,15 @@ def test_accept_new_records_and_then_trusts(testbed: Testbed, tmp_path: Path) ->
 def test_changed_host_key_is_always_refused(testbed: Testbed, tmp_path: Path) -> None:
     forged = tmp_path / "known_hosts"
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode()
-    forged.write_text(f"tb1,10.77.0.1 {other.strip()}\n")
+    tb1 = testbed.host("tb1").address
+    forged.write_text(f"tb1,{tb1} {other.strip()}\n")
     config = config_with_known_hosts(testbed, tmp_path, forged)
     for accept_new in (False, True):
         opts = SshOptions(config=str(config), accept_new_host_keys=accept_new)
         error = connect_error(opts, host(testbed, "tb1"))
         assert error.cause == "host key mismatch"
         assert "man-in-the-middle" in str(error)
-        assert f"ssh-keygen -R 10.77.0.1 -f {forged}" in str(error)
+        assert f"ssh-keygen -R {tb1} -f {forged}" in str(error)
     assert forged.read_text().count("\n") == 1
 
 
@@ -359,7 +360,7 @@ def test_cut_link_before_connect_is_timeout_or_unreachable(healthy_testbed: Test
 def test_unknown_alias_without_config_names_the_host(testbed: Testbed, tmp_path: Path) -> None:
     # an address with no sshd at all on a testbed-private address (never leaves the box)
     config = tmp_path / "ssh_config"
-    config.write_text("Host ghost\n    HostName 10.77.0.250\n    ConnectTimeout 2\n")
+    config.write_text(f"Host ghost\n    HostName {spare_address(testbed)}\n    ConnectTimeout 2\n")
     error = connect_error(SshOptions(config=str(config)), Host(name="ghost"))
     assert error.cause in ("timeout", "unreachable", "connection refused")
 
@@ -416,8 +417,9 @@ def test_proxyjump_from_the_ssh_config(testbed: Testbed, tmp_path: Path) -> None
     config = tmp_path / "ssh_config"
     config.write_text(
         testbed.ssh_config.read_text()
-        + "\nHost tb3-via-tb1\n    HostName 10.77.0.3\n    ProxyJump tb1\n    User root\n"
-        f"    IdentityFile {testbed.key_path}\n    UserKnownHostsFile {testbed.known_hosts}\n"
+        + f"\nHost tb3-via-tb1\n    HostName {testbed.host('tb3').address}\n    ProxyJump tb1\n"
+        f"    User root\n    IdentityFile {testbed.key_path}\n"
+        f"    UserKnownHostsFile {testbed.known_hosts}\n"
     )
     h = Host(name="tb3-via-tb1")
 
@@ -429,7 +431,7 @@ def test_proxyjump_from_the_ssh_config(testbed: Testbed, tmp_path: Path) -> None
     assert code == 0
     name, connection = out.decode().splitlines()
     assert name == "tb3"
-    assert connection.split()[0] == "10.77.0.1"  # the hop, not the coordinator
+    assert connection.split()[0] == testbed.host("tb1").address  # the hop, not the coordinator
 
 
 def test_hostfile_address_is_used_when_the_config_has_no_hostname(
@@ -437,10 +439,10 @@ def test_hostfile_address_is_used_when_the_config_has_no_hostname(
 ) -> None:
     config = tmp_path / "ssh_config"
     config.write_text(
-        f"Host 10.77.0.*\n    User root\n    IdentityFile {testbed.key_path}\n"
-        f"    UserKnownHostsFile {testbed.known_hosts}\n"
+        f"Host {testbed.host('tb2').address.rsplit('.', 1)[0]}.*\n    User root\n"
+        f"    IdentityFile {testbed.key_path}\n    UserKnownHostsFile {testbed.known_hosts}\n"
     )
-    h = Host(name="node-b", address="10.77.0.2")
+    h = Host(name="node-b", address=testbed.host("tb2").address)
 
     async def body(t: SshTransport) -> tuple[int, bytes]:
         code, out, _ = await run_to_end(t, h, ["hostname"])
@@ -547,7 +549,7 @@ def test_ssh_agent_is_used(
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
         config = tmp_path / "ssh_config"  # no IdentityFile: only the agent has the key
         config.write_text(
-            f"Host tb1\n    HostName 10.77.0.1\n    User root\n"
+            f"Host tb1\n    HostName {testbed.host('tb1').address}\n    User root\n"
             f"    UserKnownHostsFile {testbed.known_hosts}\n"
         )
         h = Host(name="tb1")

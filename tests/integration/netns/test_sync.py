@@ -158,7 +158,7 @@ def test_unreachable_host_is_named_and_the_others_sync(
     assert code == 2
     hosts = by_host(doc)
     assert hosts["tb2"]["status"] == "unreachable" and hosts["tb2"]["cause"] == "connection refused"
-    assert "10.77.0.2" in hosts["tb2"]["error"]
+    assert healthy_testbed.host("tb2").address in hosts["tb2"]["error"]
     assert hosts["tb1"]["ok"] and hosts["tb3"]["ok"]
     want = build_manifest(str(src)).files
     assert host_files(healthy_testbed, "tb1", dest) == want
@@ -199,7 +199,7 @@ def test_unknown_host_key_is_refused_unless_accept_new(
     assert code == 2 and doc["hosts"][0]["cause"] == "unknown host key"
     code, doc, err = corral_sync(testbed, tmp_path, *args, "--accept-new-host-keys", config=config)
     assert code == 0, err
-    assert known.read_text().startswith("10.77.0.1 ")
+    assert known.read_text().startswith(f"{testbed.host('tb1').address} ")
 
 
 def test_proxyjump_from_the_ssh_config(testbed: Testbed, tmp_path: Path, dest: str) -> None:
@@ -207,8 +207,9 @@ def test_proxyjump_from_the_ssh_config(testbed: Testbed, tmp_path: Path, dest: s
     config = tmp_path / "ssh_config"
     config.write_text(
         testbed.ssh_config.read_text()
-        + "\nHost tb3-via-tb1\n    HostName 10.77.0.3\n    ProxyJump tb1\n    User root\n"
-        f"    IdentityFile {testbed.key_path}\n    UserKnownHostsFile {testbed.known_hosts}\n"
+        + f"\nHost tb3-via-tb1\n    HostName {testbed.host('tb3').address}\n    ProxyJump tb1\n"
+        f"    User root\n    IdentityFile {testbed.key_path}\n"
+        f"    UserKnownHostsFile {testbed.known_hosts}\n"
     )
     code, _, err = corral_sync(
         testbed, tmp_path, "--hosts", "tb3-via-tb1,", str(src), "--dest", dest, config=config

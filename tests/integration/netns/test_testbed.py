@@ -80,10 +80,11 @@ def daemon_pids(tb: Testbed) -> dict[tuple[str, str], int]:
 def test_status_and_state_files(testbed: Testbed) -> None:
     st = testbed.status()
     assert st.healthy, st.problems()
+    net = f"10.77.{testbed.instance}"  # instance N: 10.77.N.0/24 (0 without xdist)
     assert [(h.name, h.address) for h in st.hosts] == [
-        ("tb1", "10.77.0.1"),
-        ("tb2", "10.77.0.2"),
-        ("tb3", "10.77.0.3"),
+        ("tb1", f"{net}.1"),
+        ("tb2", f"{net}.2"),
+        ("tb3", f"{net}.3"),
     ]
     assert testbed.hostfile.read_text().split("\n")[:3] == [f"{h} slots=1" for h in HOSTS]
     config = testbed.ssh_config.read_text()
@@ -91,9 +92,9 @@ def test_status_and_state_files(testbed: Testbed) -> None:
         assert f"Host {h.name}\n    HostName {h.address}\n" in config
     known = testbed.known_hosts.read_text().splitlines()
     assert [line.split()[0] for line in known] == [
-        "tb1,10.77.0.1",
-        "tb2,10.77.0.2",
-        "tb3,10.77.0.3",
+        f"tb1,{net}.1",
+        f"tb2,{net}.2",
+        f"tb3,{net}.3",
     ]
     assert testbed.key_path.stat().st_mode & 0o077 == 0
     assert {h.netns for h in testbed.hosts} <= netns_names()
@@ -108,9 +109,9 @@ def test_each_host_has_its_own_hostname_over_ssh(testbed: Testbed) -> None:
 
 def test_hosts_resolve_and_reach_each_other_by_name(testbed: Testbed) -> None:
     own = testbed.run_on("tb1", ["getent", "hosts", "tb1"], check=True)
-    assert own.stdout.split()[0] == "10.77.0.1"  # not 127.0.x.x: c10d needs this
+    assert own.stdout.split()[0] == testbed.host("tb1").address  # not 127.0.x.x: c10d needs it
     res = testbed.run_on("tb1", ["getent", "hosts", "tb2"], check=True)
-    assert res.stdout.split()[0] == "10.77.0.2"
+    assert res.stdout.split()[0] == testbed.host("tb2").address
     probe = "import socket; socket.create_connection(('tb2', 22), timeout=3).close(); print('ok')"
     res = testbed.run_on("tb1", ["python3", "-c", probe])
     assert (res.returncode, res.stdout.strip()) == (0, "ok"), res.stderr
@@ -178,7 +179,7 @@ def test_up_again_is_a_noop_and_other_sizes_are_refused(testbed: Testbed) -> Non
     with pytest.raises(ConfigError, match="already up"):
         testbed.up(2)
     with pytest.raises(LaunchError, match="already up with state dir"):
-        Testbed(testbed.state_dir.parent / "another").up(3)
+        Testbed(testbed.state_dir.parent / "another", instance=testbed.instance).up(3)
 
 
 def test_half_up_testbed_is_detected(healthy_testbed: Testbed) -> None:
@@ -187,7 +188,7 @@ def test_half_up_testbed_is_detected(healthy_testbed: Testbed) -> None:
     st = tb.status()
     assert not st.healthy
     assert st.problems() == ["tb2: sshd not running"]
-    assert connect_error("10.77.0.2") is ConnectionRefusedError
+    assert connect_error(tb.host("tb2").address) is ConnectionRefusedError
     with pytest.raises(LaunchError, match=r"half up .*tb2: sshd not running.*testbed down"):
         tb.up(3)
     tb.start_sshd("tb2")
@@ -220,14 +221,15 @@ def test_cut_link_blackholes_the_host_and_restore_brings_it_back(
 ) -> None:
     tb = healthy_testbed
     tb.cut_link("tb3")
-    assert connect_error("10.77.0.3", timeout=1.0) is TimeoutError  # hangs, no refusal
+    tb3 = tb.host("tb3").address
+    assert connect_error(tb3, timeout=1.0) is TimeoutError  # hangs, no refusal
     probe = "import socket; socket.create_connection(('tb3', 22), timeout=1)"
     blocked = tb.run_on("tb1", ["python3", "-c", probe])
     assert blocked.returncode == 1, blocked.stderr  # an uncaught exception
     assert "TimeoutError" in blocked.stderr  # dropped, not refused
     assert not tb.status(timeout=0.5).healthy
     tb.restore_link("tb3")
-    assert connect_error("10.77.0.3", timeout=3.0) is None
+    assert connect_error(tb3, timeout=3.0) is None
     assert ssh(tb, "tb3", "hostname").stdout.strip() == "tb3"
 
 
@@ -239,15 +241,17 @@ def test_down_removes_everything_and_up_restores(testbed: Testbed) -> None:
     assert stray_pid in on_host
     daemons = recorded_pids(testbed)
     assert all(pid_alive(p) for p in daemons)
+    hosts, bridge = testbed.hosts, testbed.bridge  # crlbr0 (crlbrN on xdist worker gwN)
+    assert bridge == f"crlbr{testbed.instance}"
     try:
         result = testbed.down()
-        assert "bridge crlbr0" in result.removed
-        assert not {n for n in netns_names() if n.startswith("corral-")}
-        assert not {n for n in link_names() if n.startswith(("crl-", "crlbr"))}
+        assert f"bridge {bridge}" in result.removed
+        assert not {h.netns for h in hosts} & netns_names()
+        assert not {bridge, *(h.veth for h in hosts)} & link_names()
         assert not [p for p in [*daemons, stray_pid] if pid_alive(p)]
         assert not testbed.state_file.exists()
         assert not (testbed.state_dir / "hosts").exists()  # the hosts' /srv, /tmp, home
-        assert Testbed.running() is None
+        assert Testbed.running(testbed.instance) is None
         assert not testbed.status().exists
         assert testbed.down().removed == ()  # down on nothing is fine
     finally:
@@ -292,7 +296,8 @@ def test_cli_status_up_down(testbed: Testbed, tmp_path: Path) -> None:
     assert "already up" in res.stdout
     assert f"--hosts {testbed.state_dir}/hostfile --ssh-config" in res.stdout
     empty = tmp_path / "none"
-    res = runner.invoke(app, ["testbed", "status", "--state-dir", str(empty)])
+    instance = ("--instance", str(testbed.instance))
+    res = runner.invoke(app, ["testbed", "status", "--state-dir", str(empty), *instance])
     assert res.exit_code == 1
     assert f"a testbed is up in {testbed.state_dir}" in res.stdout
     res = runner.invoke(app, ["testbed", "down", "--state-dir", str(empty)])

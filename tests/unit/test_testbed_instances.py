@@ -1,0 +1,192 @@
+"""Several netns testbeds side by side on one machine (issue 30: one per test worker).
+
+Each *instance* has its own namespaces, links, bridge, subnet, registry and lock, and
+the same host names; instance 0 is the testbed by hand, unchanged. The kernel's
+neighbour table is the machine's one: sized for every testbed up, and put back by the
+last one down. The pure parts, no root needed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+from pathlib import Path
+
+import pytest
+
+from corral.errors import ConfigError
+from corral.testbed import MAX_INSTANCES, Testbed, default_state_dir, default_subnet
+from corral.testbed import _system as sysx
+from corral.testbed._model import (
+    NEIGH_SYSCTLS,
+    InstanceNames,
+    TestbedState,
+    hand_over_sysctls,
+    neighbour_limits,
+    new_state,
+    peer_ifname,
+    plan_network,
+)
+from corral.testbed._registry import EXCLUSIVE_LOCK, REGISTRY, exclusive, lock_path, registry_path
+from tests.parallel import NETNS_COST, netns_groups, worker_instance
+
+IFNAMSIZ = 15  # the kernel's limit on an interface name (16 bytes with the NUL)
+
+
+def _state(tmp_path: Path, instance: int, n: int = 3) -> TestbedState:
+    return new_state(tmp_path, plan_network(default_subnet(instance), n), 1, instance)
+
+
+def test_instance_zero_keeps_the_names_of_the_testbed_by_hand(tmp_path: Path) -> None:
+    state = _state(tmp_path, 0)
+    assert [(h.name, h.address, h.netns, h.veth) for h in state.hosts] == [
+        ("tb1", "10.77.0.1", "corral-tb1", "crl-tb1"),
+        ("tb2", "10.77.0.2", "corral-tb2", "crl-tb2"),
+        ("tb3", "10.77.0.3", "corral-tb3", "crl-tb3"),
+    ]
+    assert (state.bridge, state.bridge_address, state.subnet) == (
+        "crlbr0",
+        "10.77.0.254",
+        "10.77.0.0/24",
+    )
+    assert (registry_path(), lock_path()) == (REGISTRY, EXCLUSIVE_LOCK)
+    assert Path("/run/corral/testbed.json") == REGISTRY
+    assert default_state_dir(0) == default_state_dir()
+    assert Testbed(tmp_path).instance == 0
+
+
+def test_another_instance_has_its_own_names_subnet_registry_and_lock(tmp_path: Path) -> None:
+    state = _state(tmp_path, 1)
+    assert [(h.name, h.address, h.netns, h.veth) for h in state.hosts] == [
+        ("tb1", "10.77.1.1", "corral1-tb1", "crl1-tb1"),
+        ("tb2", "10.77.1.2", "corral1-tb2", "crl1-tb2"),
+        ("tb3", "10.77.1.3", "corral1-tb3", "crl1-tb3"),
+    ]
+    assert (state.bridge, state.bridge_address, state.instance) == ("crlbr1", "10.77.1.254", 1)
+    assert registry_path(1) == REGISTRY.with_name("testbed-1.json")
+    assert lock_path(1) == EXCLUSIVE_LOCK.with_name("corral-testbed-1.lock")
+    assert default_state_dir(1).name == "testbed-1"
+    tb = Testbed(tmp_path, instance=1)
+    assert (tb.instance, repr(tb)) == (1, f"Testbed({str(tmp_path)!r}, instance=1)")
+    assert Testbed(instance=2).state_dir == default_state_dir(2)
+
+
+def test_no_two_instances_share_a_name_route_or_lock(tmp_path: Path) -> None:
+    states = [_state(tmp_path, i, 250) for i in range(MAX_INSTANCES)]
+    kernel_names = [
+        {s.bridge, *(h.netns for h in s.hosts), *(h.veth for h in s.hosts)} for s in states
+    ]
+    assert sum(len(n) for n in kernel_names) == len(set().union(*kernel_names))
+    for a, b in itertools.combinations(states, 2):
+        assert not ipaddress.ip_network(a.subnet).overlaps(ipaddress.ip_network(b.subnet))
+    links = [name for s in states for name in (s.bridge, *(h.veth for h in s.hosts))]
+    links += [peer_ifname(h.name) for h in states[-1].hosts]
+    assert max(len(name) for name in links) <= IFNAMSIZ
+    # the host names are the same in every instance (each host resolves its own)
+    assert {tuple(h.name for h in s.hosts) for s in states} == {
+        tuple(f"tb{k}" for k in range(1, 251))
+    }
+    paths = {registry_path(i) for i in range(MAX_INSTANCES)}
+    paths |= {lock_path(i) for i in range(MAX_INSTANCES)}
+    assert len(paths) == 2 * MAX_INSTANCES
+    # an instance's leftover check looks for its own namespaces only: no prefix is a
+    # prefix of another instance's names
+    prefixes = [InstanceNames(i).netns_prefix for i in range(MAX_INSTANCES)]
+    for i, prefix in enumerate(prefixes):
+        assert [j for j, s in enumerate(states) if s.hosts[0].netns.startswith(prefix)] == [i]
+
+
+@pytest.mark.parametrize("instance", [-1, MAX_INSTANCES])
+def test_an_instance_out_of_range_is_refused(tmp_path: Path, instance: int) -> None:
+    with pytest.raises(ConfigError, match=f"instance must be 0 to {MAX_INSTANCES - 1}"):
+        Testbed(tmp_path, instance=instance)
+    text = _state(tmp_path, 0).to_json().replace('"instance": 0', f'"instance": {instance}')
+    with pytest.raises(ConfigError, match=r"unreadable testbed state.*instance"):
+        TestbedState.from_json(text)
+
+
+def test_the_state_keeps_its_instance(tmp_path: Path) -> None:
+    state = _state(tmp_path, 7)
+    assert TestbedState.from_json(state.to_json()) == state
+    old = _state(tmp_path, 0).to_json().replace('"instance": 0', '"unused": 0')  # from before
+    assert TestbedState.from_json(old).instance == 0
+
+
+def test_neighbour_limits_cover_every_testbed_up() -> None:
+    both = neighbour_limits(3, 64)
+    for name, default in NEIGH_SYSCTLS.items():
+        assert both[name] == default + 3 * 4 + 64 * 65
+    assert neighbour_limits(3) == neighbour_limits(3, *())
+
+
+def _proc(tmp_path: Path) -> Path:
+    for name, value in NEIGH_SYSCTLS.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"{value}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("first_down", ["a", "b"])
+def test_the_last_testbed_down_puts_the_neighbour_table_back(
+    tmp_path: Path, first_down: str
+) -> None:
+    """Two testbeds up, then down in either order: the table stays large enough while
+    one is up, and is back at its defaults when both are down (not at the first's)."""
+    root = _proc(tmp_path)
+    a = sysx.raise_sysctls(neighbour_limits(64), root)
+    b = sysx.raise_sysctls(neighbour_limits(3, 64), root)  # b counts a's hosts too
+    assert a and b
+    records = {"a": a, "b": b}
+    going, staying = first_down, "b" if first_down == "a" else "a"
+    names = [*records[going], *records[staying]]
+    heir = hand_over_sysctls(records[going], records[staying], sysx.read_sysctls(names, root))
+    assert sysx.read_sysctls(NEIGH_SYSCTLS, root) == neighbour_limits(3, 64)  # untouched
+    sysx.restore_sysctls(heir, root)  # the last one down
+    assert sysx.read_sysctls(NEIGH_SYSCTLS, root) == NEIGH_SYSCTLS
+
+
+def test_a_setting_changed_by_someone_else_is_not_handed_over() -> None:
+    name = "net/ipv4/neigh/default/gc_thresh3"
+    mine, theirs = {name: [1024, 5184]}, {name: [1000, 1024]}
+    assert hand_over_sysctls(mine, theirs, {name: 9000}) == theirs
+    assert hand_over_sysctls(mine, {}, {name: 5184}) == mine
+    assert hand_over_sysctls(mine, theirs, {name: 5184}) == {name: [1000, 5184]}
+
+
+def test_an_instance_lock_can_be_tried_without_waiting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("corral.testbed._registry.EXCLUSIVE_LOCK", tmp_path / "corral-testbed.lock")
+    with exclusive(3) as held:
+        assert held
+        with exclusive(3, wait=False) as again:  # a second open file: a second holder
+            assert not again
+        with exclusive(4, wait=False) as other:
+            assert other
+    with exclusive(3, wait=False) as free:
+        assert free
+
+
+# ---------------------------------------------------------------- the test run's groups
+
+
+def test_the_netns_modules_are_split_in_two_groups_of_about_equal_cost() -> None:
+    modules = [f"tests/integration/netns/{m}.py" for m in NETNS_COST]
+    groups = netns_groups(modules)
+    assert set(groups.values()) == {"netns-0", "netns-1"}
+    cost = {
+        g: sum(NETNS_COST[Path(m).stem] for m in groups if groups[m] == g)
+        for g in ("netns-0", "netns-1")
+    }
+    assert abs(cost["netns-0"] - cost["netns-1"]) <= 0.05 * sum(NETNS_COST.values()), cost
+    assert netns_groups(list(reversed(modules))) == groups  # every worker finds the same
+    unknown = netns_groups(["tests/integration/netns/test_new.py", modules[0]])
+    assert set(unknown.values()) == {"netns-0", "netns-1"}
+
+
+@pytest.mark.parametrize(("worker", "instance"), [("gw0", 0), ("gw1", 1), ("gw13", 13), ("", 0)])
+def test_a_worker_brings_up_the_testbed_of_its_own_number(
+    monkeypatch: pytest.MonkeyPatch, worker: str, instance: int
+) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    assert worker_instance() == instance
