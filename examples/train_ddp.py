@@ -29,6 +29,10 @@ window (``--seconds``)::
 
     corral calibrate --hosts local:2 -- examples/train_ddp.py
 
+Under calibration every other step runs a quarter of the batch
+(``sdk.calibration_batch``), so corral separates a step's fixed cost from its
+per-example cost and the split equalises whole step times.
+
 Every step reports the examples it processed (``examples=``) and the seconds of
 its forward pass (``busy=``, compute that waits for no other rank) for
 throughput figures.
@@ -293,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
         ):
             inject_failure(args, me.rank, step)
         x, y = (t.to(device) for t in next(stream))
+        if calibrating:  # the full batch and a quarter in turns: corral tells the step's
+            n = sdk.calibration_batch(step, len(x))  # fixed cost from its per-example one
+            x, y = x[:n], y[:n]
         optimizer.zero_grad(set_to_none=True)
         parts = micro if len(micro) > 1 else [len(x)]  # gradient accumulation above the fit
         busy = value = 0.0

@@ -73,6 +73,7 @@ __all__ = [
     "SERVER_TOKEN_ENV",
     "SHARED_DATA_PATH_ENV",
     "STATE_MISMATCH",
+    "STEP_OVERHEADS_ENV",
     "STREAMS_ENV",
     "TORCHELASTIC_ERROR_FILE_ENV",
     "TORCHFT_LOG_ENV",
@@ -154,6 +155,10 @@ MEM_CAP_ENV = "CORRAL_MEM_CAP_MB"
 #: The largest micro-batch each rank fits (plan order, ``0``: no limit found), from the
 #: calibration: the weighted split gives a rank whose share exceeds it gradient accumulation.
 MICRO_BATCH_FITS_ENV = "CORRAL_MICRO_BATCH_FITS"
+#: Each rank's fixed per-step cost from the calibration, in examples (plan order, ``0``:
+#: none measured): ``r_i * f_i``, the examples the rank could process in the time its
+#: step costs whatever its batch. The split then equalises ``f_i + b_i / r_i``.
+STEP_OVERHEADS_ENV = "CORRAL_STEP_OVERHEADS"
 #: ``--launcher mlx``: the backend, the hosts and the group's init timeout.
 MLX_BACKEND_ENV = "CORRAL_MLX_BACKEND"
 MLX_HOSTS_ENV = "CORRAL_MLX_HOSTS"

@@ -153,6 +153,7 @@ class _Collector:
         self.seconds = seconds
         self.samples: dict[int, list[Sample]] = {r: [] for r in ranks}
         self.fits: dict[int, int] = {}
+        self._last_step: dict[int, int] = {}
         self.window_start: float | None = None
         self.window_end: float | None = None
         self.stopping = False
@@ -169,8 +170,14 @@ class _Collector:
         if not isinstance(examples, int | float) or examples < 0 or self.stopping:
             return
         # ranks run alone here: the time between reports is the real cost of a step
-        # (a ``busy`` figure, part of a step, is for the drift monitor's lockstep runs)
-        self.samples[event.rank].append(Sample(event.time, float(examples)))
+        # (a ``busy`` figure, part of a step, is for the drift monitor's lockstep runs);
+        # the steps a report covers (its step less the previous one) let a script that
+        # varies its batch separate a fixed step cost from the per-example rate
+        previous = self._last_step.get(event.rank)
+        steps = None if event.step is None or previous is None else event.step - previous
+        if event.step is not None:
+            self._last_step[event.rank] = event.step
+        self.samples[event.rank].append(Sample(event.time, float(examples), steps=steps))
         if self.window_start is None and all(self.samples.values()):
             self.window_start = event.time
             loop = asyncio.get_running_loop()

@@ -24,15 +24,17 @@ def _bar(share: float, top: float) -> str:
 
 
 def print_calibration(calibration: Calibration, console: Console) -> None:
-    """The table (host, rank, examples/s, share, the micro-batch it fits, bar), a
-    total row per host with several ranks, then the notes."""
+    """The table (host, rank, examples/s, share, the micro-batch it fits, the step's
+    fixed cost where measured, bar), a total row per host with several ranks, then
+    the notes."""
     what = "script " + " ".join(calibration.script) if calibration.script else "built-in workload"
     table = Table(
         title=f"calibration {calibration.job_id} ({calibration.seconds:g} s, {what})",
         title_justify="left",
     )
     table.add_column("host")
-    for column in ("rank", "ex/s", "share", "fits"):
+    fixed = any(r.step_fixed_s is not None for r in calibration.ranks)  # a step's fixed cost
+    for column in ("rank", "ex/s", "share", "fits", *(("fixed ms",) if fixed else ())):
         table.add_column(column, justify="right")
     table.add_column("", no_wrap=True)
     top = max(r.share for r in calibration.ranks)
@@ -45,6 +47,10 @@ def print_calibration(calibration: Calibration, console: Console) -> None:
                 f"{rank.examples_per_s:.1f}",
                 f"{rank.share:.3f}",
                 "-" if rank.fits is None else str(rank.fits),
+                *(
+                    ("-" if rank.step_fixed_s is None else f"{rank.step_fixed_s * 1000:.1f}",)
+                    * fixed
+                ),
                 _bar(rank.share, top),
             )
         if len(ranks) > 1:
@@ -54,6 +60,7 @@ def print_calibration(calibration: Calibration, console: Console) -> None:
                 f"{calibration.measured_performance.get(host, 0.0):.1f}",
                 f"{calibration.workload_distribution.get(host, 0.0):.3f}",
                 "",
+                *(("",) * fixed),
                 "",
                 style="bold",
             )

@@ -70,7 +70,7 @@ def _weighted(
     from corral.calibrate.launch import AUTO, weigh_now
     from corral.job.build import weigh
     from corral.job.result import EXIT_INTERRUPTED
-    from corral.plan.display import fits_line, weights_line
+    from corral.plan.display import fits_line, overheads_line, weights_line
 
     if calibration != AUTO:
         weighing = weigh(description, calibration)
@@ -100,6 +100,10 @@ def _weighted(
     fits = fits_line((host, local, fit) for (host, local, _), fit in ranks)
     if fits is not None:
         console.print(fits, markup=False)
+    pairs = zip(weighing.ranks, weighing.overheads, strict=True)
+    fixed = overheads_line((host, local, k) for (host, local, _), k in pairs)
+    if fixed is not None:
+        console.print(fixed, markup=False)
     return weighing.description
 
 

@@ -34,6 +34,7 @@ from corral.contract import (
     FT_SYNC_MODES,
     MICRO_BATCH_FITS_ENV,
     QOS_CLASSES,
+    STEP_OVERHEADS_ENV,
 )
 from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
@@ -247,6 +248,8 @@ class Weighing:
     """The calibration in hand it was weighed with (measured now); None: read from a file."""
     fits: tuple[int | None, ...] = ()
     """The largest micro-batch of every rank (None: no limit), in rank order."""
+    overheads: tuple[float, ...] = ()
+    """Every rank's fixed per-step cost in examples (0: none measured), in rank order."""
 
 
 def weigh(
@@ -254,11 +257,19 @@ def weigh(
 ) -> Weighing:
     """``description`` with its ranks' workload weights from a calibration (a file's
     path, or one in hand) and the largest micro-batch each rank fits
-    (``CORRAL_MICRO_BATCH_FITS``) where the calibration has one. ``names``: the
+    (``CORRAL_MICRO_BATCH_FITS``) where the calibration has one, and each rank's fixed
+    per-step cost (``CORRAL_STEP_OVERHEADS``) where it measured one. ``names``: the
     description's hosts as the calibration names them (default: its cluster).
     ConfigError when the calibration does not fit the hosts."""
     from corral.throughput.model import load_calibration
-    from corral.throughput.resolve import fits_env, planned_ranks, resolve_fits, resolve_weights
+    from corral.throughput.resolve import (
+        fits_env,
+        overheads_env,
+        planned_ranks,
+        resolve_fits,
+        resolve_overheads,
+        resolve_weights,
+    )
 
     options, cluster = description.options, description.cluster
     measured = None if isinstance(source, str) else source
@@ -268,9 +279,13 @@ def weigh(
     fits = resolve_fits(calibration, names or cluster, nproc)
     ranks = planned_ranks(cluster, nproc)
     pairs = [(h.name, local, w) for (h, local), w in zip(ranks, weights, strict=True)]
-    env = {k: v for k, v in options.env.items() if k != MICRO_BATCH_FITS_ENV} | fits_env(fits)
+    overheads = resolve_overheads(calibration, names or cluster, nproc)
+    ours = (MICRO_BATCH_FITS_ENV, STEP_OVERHEADS_ENV)
+    env = {k: v for k, v in options.env.items() if k not in ours}
+    env |= fits_env(fits) | overheads_env(overheads)
     weighed = dataclasses.replace(options, workload_weights=tuple(weights), env=env)
-    return Weighing(dataclasses.replace(description, options=weighed), pairs, measured, fits)
+    weighed_description = dataclasses.replace(description, options=weighed)
+    return Weighing(weighed_description, pairs, measured, fits, overheads)
 
 
 def watch_drift(job: Job, *, rebalance: bool = False) -> DriftMonitor | None:

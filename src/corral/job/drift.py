@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from corral.cluster.model import Cluster
-from corral.contract import MICRO_BATCH_FITS_ENV
+from corral.contract import MICRO_BATCH_FITS_ENV, STEP_OVERHEADS_ENV
 from corral.diagnose.stragglers import is_compute_section, is_wait_section
 from corral.errors import ConfigError
 from corral.job.events import (
@@ -390,15 +390,17 @@ class DriftMonitor:
         )
 
     def _remapped_fits(self, env: Mapping[str, str], cluster: Cluster) -> dict[str, str]:
-        """``env`` with the micro-batch fits of the ranks ``cluster`` still plans."""
-        raw = env.get(MICRO_BATCH_FITS_ENV, "")
-        out = {k: v for k, v in env.items() if k != MICRO_BATCH_FITS_ENV}
-        entries = [p.strip() for p in raw.split(",")] if raw else []
-        if len(entries) != len(self.plan):
-            return out  # none, or not this plan's: no limits rather than wrong ones
-        fits = {(h.name, local): e for (h, local), e in zip(self.plan, entries, strict=True)}
+        """``env`` with the micro-batch fits and step overheads of the ranks ``cluster``
+        still plans."""
+        out = dict(env)
         planned = planned_ranks(cluster, self.nproc_per_node)
-        out[MICRO_BATCH_FITS_ENV] = ",".join(fits.get((h.name, local), "0") for h, local in planned)
+        for name in (MICRO_BATCH_FITS_ENV, STEP_OVERHEADS_ENV):
+            raw = out.pop(name, "")
+            entries = [p.strip() for p in raw.split(",")] if raw else []
+            if len(entries) != len(self.plan):
+                continue  # none, or not this plan's: none rather than wrong ones
+            per_rank = dict(zip(((h.name, local) for h, local in self.plan), entries, strict=True))
+            out[name] = ",".join(per_rank.get((h.name, local), "0") for h, local in planned)
         return out
 
     def _busy_measured(self) -> bool:

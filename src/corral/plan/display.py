@@ -132,6 +132,19 @@ def weights_line(weights: Iterable[tuple[str, int, float]]) -> str:
     return f"workload weights (host:local rank): {shown}"
 
 
+def overheads_line(ranks: Iterable[tuple[str, int, float]]) -> str | None:
+    """Each rank's fixed per-step cost in examples, from (host, local rank, examples)
+    in plan order; None when no rank has one (the split is proportional)."""
+    listed = list(ranks)
+    if not any(k for _, _, k in listed):
+        return None
+    shown = ", ".join(f"{host}:{local} {k:.4g}" for host, local, k in listed)
+    return (
+        f"fixed step cost in examples (host:local rank): {shown}; the split makes the "
+        "step times equal (sdk.batch_sizes)"
+    )
+
+
 def fits_line(ranks: Iterable[tuple[str, int, int | None]]) -> str | None:
     """The largest micro-batch of the ranks that have one, from (host, local rank,
     fit) in plan order; None when none has a limit."""

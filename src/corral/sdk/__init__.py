@@ -30,7 +30,7 @@ from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral.sdk._accelerate import get_accelerator
-    from corral.sdk._calibrate import calibrating
+    from corral.sdk._calibrate import calibrating, calibration_batch
     from corral.sdk._checkpoint import (
         CheckpointWriteError,
         is_complete_checkpoint,
@@ -84,6 +84,7 @@ _LAZY = {
     "WeightedDistributedSampler": "corral.sdk._sampler",
     "barrier": "corral.sdk._dist",
     "calibrating": "corral.sdk._calibrate",
+    "calibration_batch": "corral.sdk._calibrate",
     "checkpoint_requested": "corral.sdk._preempt",
     "chunks": "corral.sdk._chunks",
     "cleanup": "corral.sdk._dist",
@@ -144,6 +145,7 @@ __all__ = [
     "WeightedDistributedSampler",
     "barrier",
     "calibrating",
+    "calibration_batch",
     "checkpoint_requested",
     "chunks",
     "cleanup",

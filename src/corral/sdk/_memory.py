@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.contract import MEM_CAP_ENV, MICRO_BATCH_FITS_ENV, REPLICA_GROUP_ENV
-from corral.sdk._weights import apportion, plan_order_list
+from corral.sdk._weights import apportion, equal_time_batches, plan_order_list
 
 __all__ = [
     "MEM_CAP_ENV",
@@ -299,10 +299,13 @@ def memory_split(
     fits: Sequence[int | None] | None = None,
     *,
     accumulate: bool = True,
+    overheads: Sequence[float] | None = None,
 ) -> tuple[MicroSplit, ...]:
     """Every rank's :class:`MicroSplit` of ``global_batch`` (see the module docstring):
-    proportional to ``weights``; ``fits`` (one per rank, None or 0: no limit) cap the
-    micro-batch, with accumulation (default) or by moving the excess to other ranks."""
+    proportional to ``weights`` (equal in step time with ``overheads``, each rank's
+    fixed per-step cost in examples: :func:`~corral.sdk._weights.equal_time_batches`);
+    ``fits`` (one per rank, None or 0: no limit) cap the micro-batch, with
+    accumulation (default) or by moving the excess to other ranks."""
     world = len(weights)
     limits = [None if not f else int(f) for f in (fits or [None] * world)]
     if len(limits) != world:
@@ -314,8 +317,9 @@ def memory_split(
             f"global batch {global_batch} is smaller than the world size {world}: "
             "every rank needs at least one example per step"
         )
+    targets = equal_time_batches(global_batch, weights, overheads)
     sizes = (
-        apportion(global_batch, weights) if accumulate else _capped(global_batch, weights, limits)
+        apportion(global_batch, targets) if accumulate else _capped(global_batch, targets, limits)
     )
     out = []
     for batch, fit in zip(sizes, limits, strict=True):

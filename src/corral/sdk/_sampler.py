@@ -31,7 +31,7 @@ from typing import Any
 
 from corral.sdk._env import info
 from corral.sdk._memory import memory_split, micro_batch_fits, micro_sizes
-from corral.sdk._weights import apportion, batch_sizes, resolve_weights
+from corral.sdk._weights import apportion, batch_sizes, resolve_weights, step_overheads
 
 __all__ = ["WeightedDistributedSampler"]
 
@@ -107,7 +107,10 @@ def _layout(
             raise ValueError(f"a dataset of {n} examples cannot give each of {world} ranks one")
         return _Layout(0, [0] * world, apportion(n, weights))
     if capped:  # no accumulation: batches capped at the fits, the excess moved
-        full = tuple(m.batch for m in memory_split(global_batch, weights, capped, accumulate=False))
+        split = memory_split(
+            global_batch, weights, capped, accumulate=False, overheads=step_overheads()
+        )
+        full = tuple(m.batch for m in split)
     else:
         full = batch_sizes(global_batch, weights, world)
     body, rest = divmod(n, global_batch)

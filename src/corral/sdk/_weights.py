@@ -10,6 +10,13 @@ batches ``b_i`` (summing to the global batch ``B``), rank ``i``'s mean loss
 multiplied by :func:`loss_scale` ``= world * b_i / B`` makes that average
 exactly the gradient of the mean loss over the whole global batch, as with a
 uniform split.
+
+A rank's step also costs a fixed time ``f_i`` whatever its batch (the optimizer
+step, the all-reduce's launch, Python): with ``CORRAL_STEP_OVERHEADS`` (one per
+rank, ``k_i = r_i * f_i`` in examples, measured by ``corral calibrate``) the
+split makes the step times ``f_i + b_i / r_i`` equal instead of the batches
+proportional (:func:`equal_time_batches`); with no overheads it is the
+proportional split exactly.
 """
 
 from __future__ import annotations
@@ -19,19 +26,27 @@ import os
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from corral.contract import PLAN_NODE_ENV, PLAN_NPROCS_ENV, WORKLOAD_WEIGHTS_ENV
+from corral.contract import (
+    PLAN_NODE_ENV,
+    PLAN_NPROCS_ENV,
+    REPLICA_GROUP_ENV,
+    STEP_OVERHEADS_ENV,
+    WORKLOAD_WEIGHTS_ENV,
+)
 from corral.sdk._env import info
 
 __all__ = [
     "WEIGHTS_ENV",
     "apportion",
     "batch_sizes",
+    "equal_time_batches",
     "local_batch_size",
     "loss_scale",
     "parse_weights",
     "plan_order_list",
     "positive_numbers",
     "resolve_weights",
+    "step_overheads",
     "workload_weights",
 ]
 
@@ -176,6 +191,71 @@ def apportion(total: int, weights: Sequence[float], minimum: int = 1) -> tuple[i
     return tuple(parts)
 
 
+def step_overheads(env: Mapping[str, str] | None = None) -> tuple[float, ...] | None:
+    """Every rank's fixed per-step cost in examples (``CORRAL_STEP_OVERHEADS``, rank
+    order), or None when the job has none (nor in an in-place replica group, whose
+    split is per group). ValueError naming the variable for a bad entry or count."""
+    e = os.environ if env is None else env
+    raw = e.get(STEP_OVERHEADS_ENV, "").strip()
+    if not raw or e.get(REPLICA_GROUP_ENV, "").strip():
+        return None
+    values: list[float] = []
+    for position, part in enumerate(p.strip() for p in raw.split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"{STEP_OVERHEADS_ENV}={raw!r}: entry {position} ({part!r}) is not a "
+                "number of examples >= 0"
+            )
+        values.append(value)
+    if not any(values):
+        return None
+    return plan_order_list(values, e, STEP_OVERHEADS_ENV)
+
+
+def equal_time_batches(
+    global_batch: int, weights: Sequence[float], overheads: Sequence[float] | None = None
+) -> tuple[float, ...]:
+    """Every rank's (real) batch ``b_i``, summing to ``global_batch``, that makes the
+    step times ``f_i + b_i / r_i`` equal: ``weights`` are the rates' shares
+    ``r_i / R`` and ``overheads`` the fixed costs in examples ``k_i = r_i f_i``, so
+    ``b_i = w_i (B + K) - k_i`` (``K``: the sum of the ``k_i``). A rank that would
+    get less than one example gets one, and the others share the rest the same way.
+    Without overheads (None, all 0) it returns ``weights`` unchanged: the
+    proportional split, exactly."""
+    world = len(weights)
+    if overheads is None or not any(overheads):
+        return tuple(weights)
+    if len(overheads) != world:
+        raise ValueError(
+            f"{len(overheads)} step overheads for {world} ranks ({STEP_OVERHEADS_ENV}): "
+            "one per rank"
+        )
+    if any(not math.isfinite(k) or k < 0 for k in overheads):
+        raise ValueError(f"step overheads must be numbers >= 0, got {list(overheads)}")
+    if global_batch < world:
+        raise ValueError(
+            f"global batch {global_batch} is smaller than the world size {world}: "
+            "every rank needs at least one example per step"
+        )
+    parts: list[float | None] = [None] * world
+    while True:
+        free = [i for i, part in enumerate(parts) if part is None]
+        left = global_batch - (world - len(free))  # the clamped ranks hold one each
+        share = math.fsum(weights[i] for i in free)
+        pooled = left + math.fsum(overheads[i] for i in free)
+        split = {i: weights[i] / share * pooled - overheads[i] for i in free}
+        low = [i for i in free if split[i] < 1]
+        if not low or len(low) == len(free):
+            out = [split.get(i, 1.0) if part is None else part for i, part in enumerate(parts)]
+            return tuple(max(1.0, b) for b in out)
+        for i in low:
+            parts[i] = 1.0
+
+
 def resolve_weights(weights: Sequence[float] | None, world: int) -> tuple[float, ...]:
     """``weights``, else ``CORRAL_WORKLOAD_WEIGHTS``, else uniform: one positive
     weight per rank of ``world`` (ValueError otherwise), normalised to sum to 1."""
@@ -200,9 +280,12 @@ def batch_sizes(
     global_batch: int,
     weights: Sequence[float] | None = None,
     world_size: int | None = None,
+    overheads: Sequence[float] | None = None,
 ) -> tuple[int, ...]:
     """Every rank's batch size: integers >= 1, summing exactly to ``global_batch``,
-    proportional to the weights (default ``CORRAL_WORKLOAD_WEIGHTS``, else uniform)."""
+    proportional to the weights (default ``CORRAL_WORKLOAD_WEIGHTS``, else uniform)
+    or, with step overheads (default ``CORRAL_STEP_OVERHEADS``), equal in step time
+    (:func:`equal_time_batches`)."""
     world = info().world_size if world_size is None else world_size
     if isinstance(global_batch, bool) or not isinstance(global_batch, int):
         raise ValueError(f"global_batch must be an integer, got {global_batch!r}")
@@ -211,7 +294,9 @@ def batch_sizes(
             f"global batch {global_batch} is smaller than the world size {world}: "
             "every rank needs at least one example per step"
         )
-    return apportion(global_batch, resolve_weights(weights, world))
+    shares = resolve_weights(weights, world)
+    fixed = step_overheads() if overheads is None else overheads
+    return apportion(global_batch, equal_time_batches(global_batch, shares, fixed))
 
 
 def local_batch_size(

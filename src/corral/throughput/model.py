@@ -9,7 +9,8 @@
         "when": "2026-05-01T10:00:00+00:00", "job_id": "...", "seconds": 30.0,
         "hosts": ["tb1", "tb2"], "script": null, "workload": "reference",
         "ranks": [{"rank": 0, "host": "tb1", "local_rank": 0,
-                   "examples_per_s": 412.0, "share": 0.667, "fits": 256, ...}, ...]}}
+                   "examples_per_s": 412.0, "share": 0.667, "fits": 256,
+                   "step_fixed_s": 0.004, ...}, ...]}}
 
 ``measured_performance`` and ``workload_distribution`` are per host (the sum of
 its ranks), as in the seed; ``ranks`` holds the per-rank figures the weights of
@@ -69,6 +70,14 @@ class RankRate(_Model):
     fits: int | None = Field(default=None, ge=1)
     """The largest micro-batch the rank fits, found by probing (None: not probed, or
     no limit found up to the probe's; see ``sdk.probe_fit``)."""
+    step_fixed_s: float | None = Field(default=None, ge=0)
+    """Seconds the rank's step costs whatever its batch (None: not measured, as in
+    files before it): its step takes ``step_fixed_s + b / examples_per_s``."""
+
+    @property
+    def overhead_examples(self) -> float:
+        """The fixed step cost in examples the rank could process meanwhile (0: none)."""
+        return (self.step_fixed_s or 0.0) * self.examples_per_s
 
 
 class Calibration(_Model):

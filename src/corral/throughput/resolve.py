@@ -7,7 +7,9 @@ at its rendezvous, see ``docs/heterogeneous.md``). Hosts are matched by name
 (or address); the weights are renormalised over the planned ranks, so a run on
 some of the measured hosts keeps their relative speeds. :func:`resolve_fits`
 gives, in the same order, the largest micro-batch each rank fits (exported as
-``CORRAL_MICRO_BATCH_FITS`` beside the weights).
+``CORRAL_MICRO_BATCH_FITS`` beside the weights), :func:`resolve_overheads` each
+rank's fixed per-step cost in examples (``CORRAL_STEP_OVERHEADS``: the split then
+equalises step times, see ``sdk.equal_time_batches``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from corral.cluster.model import Cluster, Host
-from corral.contract import MICRO_BATCH_FITS_ENV
+from corral.contract import MICRO_BATCH_FITS_ENV, STEP_OVERHEADS_ENV
 from corral.errors import ConfigError
 from corral.throughput.model import OPTION, Calibration, RankRate, load_calibration
 from corral.throughput.weights import shares
 
-__all__ = ["fits_env", "planned_ranks", "resolve_fits", "resolve_weights", "weights_from_rates"]
+__all__ = [
+    "fits_env",
+    "overheads_env",
+    "planned_ranks",
+    "resolve_fits",
+    "resolve_overheads",
+    "resolve_weights",
+    "weights_from_rates",
+]
 
 
 def planned_ranks(cluster: Cluster, nproc_per_node: int | None) -> list[tuple[Host, int]]:
@@ -126,6 +136,29 @@ def resolve_fits(
     return tuple(
         matched[(host.name, local)].fits for host, local in planned_ranks(cluster, nproc_per_node)
     )
+
+
+def resolve_overheads(
+    calibration_file: str | Path | Calibration,
+    cluster: Cluster,
+    nproc_per_node: int | None,
+) -> tuple[float, ...]:
+    """Every planned rank's fixed per-step cost in examples (``step_fixed_s`` times
+    its rate; 0: not measured), in the order of :func:`resolve_weights`; its
+    ConfigErrors."""
+    matched = _matched(calibration_file, cluster, nproc_per_node)
+    return tuple(
+        round(matched[(host.name, local)].overhead_examples, 3)
+        for host, local in planned_ranks(cluster, nproc_per_node)
+    )
+
+
+def overheads_env(overheads: Sequence[float]) -> dict[str, str]:
+    """``CORRAL_STEP_OVERHEADS`` for ``overheads`` (plan order), or nothing when no
+    rank has one (the proportional split)."""
+    if not any(overheads):
+        return {}
+    return {STEP_OVERHEADS_ENV: ",".join(f"{k:g}" for k in overheads)}
 
 
 def fits_env(fits: Sequence[int | None]) -> dict[str, str]:

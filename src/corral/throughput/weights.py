@@ -9,6 +9,15 @@ first, slow steps, a JIT) is not counted. With ``busy`` seconds in the reports
 per busy second instead, which is what a rank is capable of even while
 collectives make it wait for slower ones.
 
+A rank's step also costs a fixed time whatever its batch (the optimizer step,
+Python, the report). When its reports cover steps of at least two batch sizes
+(``sdk.calibration_batch`` alternates the full batch and a quarter of it) and say
+how many steps they cover (the ``step`` of ``sdk.report``), :func:`step_cost`
+fits ``t(b) = f + b / r`` to the median step time of each batch size: the rate is
+then the per-example rate ``r`` and ``fixed_s`` the fixed cost ``f``, which the
+split uses to make the step times equal (``sdk.equal_time_batches``). With one
+batch size ``f`` is not measured and the rate is examples over time, as always.
+
 Shares are rates over their sum; when the fastest rank is within
 :data:`NOISE_RATIO` of the slowest, the measured difference is noise and the
 split stays even (seed 000: "Equal performance measured across all workers.
@@ -35,6 +44,7 @@ __all__ = [
     "rate_of",
     "shares",
     "speedup",
+    "step_cost",
 ]
 
 #: Fastest / slowest below this is treated as equal performance (an even split).
@@ -43,6 +53,10 @@ NOISE_RATIO = 1.10
 NOISY_VARIATION = 0.25
 #: The window is cut into this many parts to measure the variation.
 _PARTS = 5
+#: Fitting a fixed step cost needs batch sizes at least this far apart ...
+_FIT_SPREAD = 1.5
+#: ... and this many steps of each.
+_FIT_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,8 @@ class Sample:
     time: float
     examples: float
     busy: float | None = None
+    steps: int | None = None
+    """Training steps since the previous report (None: not known)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,9 @@ class Rate:
     seconds: float
     reports: int
     variation: float | None = None
+    fixed_s: float | None = None
+    """Seconds a step costs whatever its batch (None: not measured); then
+    ``examples_per_s`` is the per-example rate of ``t(b) = fixed_s + b / rate``."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +115,36 @@ def _variation(window: Sequence[Sample], start: float) -> float | None:
     return statistics.pstdev(totals) / mean if mean > 0 else None
 
 
+def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | None:
+    """``(f, r)`` of ``t(b) = f + b / r`` fitted to the reports after ``start`` (in
+    time order), or None when they do not tell a fixed cost from a per-example one:
+    fewer than two batch sizes at least :data:`_FIT_SPREAD` apart with
+    :data:`_FIT_STEPS` steps each, reports without ``steps``, or a fit with no
+    positive fixed cost. Each batch size counts with the median time of its steps,
+    so a stall (another process, a page fault) does not move the line."""
+    times: dict[float, list[float]] = {}
+    previous = start
+    for sample in samples:
+        duration, previous = sample.time - previous, sample.time
+        if sample.steps is None:
+            return None
+        if sample.steps <= 0 or sample.examples <= 0 or duration <= 0:
+            continue
+        batch = round(sample.examples / sample.steps, 3)
+        times.setdefault(batch, []).extend([duration / sample.steps] * sample.steps)
+    points = [(b, statistics.median(t)) for b, t in times.items() if len(t) >= _FIT_STEPS]
+    if len(points) < 2 or max(p[0] for p in points) < _FIT_SPREAD * min(p[0] for p in points):
+        return None
+    mean_b = statistics.fmean(b for b, _ in points)
+    mean_t = statistics.fmean(t for _, t in points)
+    spread = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / spread
+    fixed = mean_t - slope * mean_b
+    if slope <= 0 or fixed <= 0:
+        return None
+    return fixed, 1.0 / slope
+
+
 def rate_of(samples: Sequence[Sample], warmup_until: float) -> Rate | None:
     """The rate after the warm-up: the anchor is the last report at or before
     ``warmup_until`` (the first report when none is); None with no report after it."""
@@ -114,16 +163,18 @@ def rate_of(samples: Sequence[Sample], warmup_until: float) -> Rate | None:
         return None
     busy = [s.busy for s in window]
     denominator = seconds
-    if all(b is not None for b in busy):
-        total_busy = sum(b for b in busy if b is not None)
-        if total_busy > 0:
-            denominator = total_busy
+    cost = None
+    if all(b is not None for b in busy) and sum(b for b in busy if b is not None) > 0:
+        denominator = sum(b for b in busy if b is not None)
+    else:  # whole steps timed: a fixed cost per step is measurable
+        cost = step_cost(window, start)
     return Rate(
-        examples_per_s=examples / denominator,
+        examples_per_s=examples / denominator if cost is None else cost[1],
         examples=examples,
         seconds=seconds,
         reports=len(window),
         variation=_variation(window, start),
+        fixed_s=None if cost is None else cost[0],
     )
 
 
@@ -177,6 +228,15 @@ def describe(measured: Sequence[MeasuredRank], equal: bool) -> str:
             f" Unsteady throughput on {', '.join(noisy)}: something else ran there, or "
             "the steps differ in cost; a longer --seconds gives steadier figures."
         )
+    fixed = [
+        f"{m.label} {m.rate.fixed_s * 1000:.3g} ms" for m in measured if m.rate.fixed_s is not None
+    ]
+    if fixed:
+        text += (
+            f" A step costs a fixed time whatever its batch ({', '.join(fixed)}; the rates "
+            "are per example beyond it): the split makes the ranks' whole step times "
+            "equal, so a rank with a larger fixed cost gets fewer examples than its share."
+        )
     capped = [f"{m.label} at {m.fits}" for m in measured if m.fits is not None]
     if capped:
         text += (
@@ -221,6 +281,7 @@ def build_calibration(
                 reports=m.rate.reports,
                 variation=None if m.rate.variation is None else round(m.rate.variation, 4),
                 fits=m.fits,
+                step_fixed_s=None if m.rate.fixed_s is None else round(m.rate.fixed_s, 6),
             )
         )
     return Calibration(
