@@ -1,6 +1,6 @@
 """What a real local launch (``corral run --hosts local:2``) has loaded when it sends
-the nodes their plan (with the probe: the ranks start held at their gates) and their
-start message: neither pydantic nor typer's pydantic adapters,
+the nodes their plan (the head start's, then with the probe: the ranks start held at
+their gates) and their start message: neither pydantic nor typer's pydantic adapters,
 whose import would delay every launch (they load once the nodes are started), nor
 the checkpoint machinery a job on one filesystem never uses; and what it has loaded
 when it starts the nodes' agents: none of the engine (corral.job.headstart)."""
@@ -66,9 +66,10 @@ def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Pat
     )
     assert code == 0, out
     assert "hello from 0" in out and "hello from 1" in out
-    # each node's processes start (held) at its probe's plan and run at its start message;
-    # nothing of pydantic is loaded by either
-    assert [op for op, _ in seen] == ["probe", "probe", "start", "start"], seen
+    # each node's processes start (held) at the head start's plan, the probes carry the
+    # engine's (the same) and they run at the start message; nothing of pydantic is
+    # loaded by any
+    assert [op for op, _ in seen] == ["prestart"] * 2 + ["probe"] * 2 + ["start"] * 2, seen
     assert all(loaded == [] for _, loaded in seen), seen
     assert pydantic_later  # the agents' events are validated with it after the start
 

@@ -7,9 +7,11 @@ and ``time`` requests until the start), so the probe round trip costs as little
 as possible. At the start message the node's processes are started first, still
 with the standard library (:func:`corral.agent.spawn.spawn_node`); the agent's
 heavier machinery (asyncio, psutil: :mod:`corral.agent.node`) is imported while
-the launcher imports its own. When the probe (or a ``prestart`` op after it)
+the launcher imports its own. When a ``prestart`` op before the probe (a head
+start's, :mod:`corral.job.headstart`), the probe or a ``prestart`` op after it
 carries the node's plan, its processes start then, held at their gates while the
-checklist runs, and the start message releases them
+checklist runs (a later plan they cannot run replaces them), and the start message
+releases them
 (:mod:`corral.agent.prestart`); the agent loads its machinery once they have
 imported torch (at most one heartbeat interval later); an ``abort`` kills them
 before anything of the job ran.
@@ -52,20 +54,19 @@ def main() -> int:
         print(f"corral agent: expected a probe or start op: {exc}", file=sys.stderr)
         return 2
     held = None  # the node's processes started while the checks run (at their gates)
+    if message["op"] == "prestart":  # a head start's plan, ahead of the probe
+        held = _prestart(message.get("node"), None)
+        message, first = _next_op(stdin_fd)
     if message["op"] == "probe":
         if message.get("prestart"):  # before the host's facts: they take a while
-            held = _prestart(message["prestart"], None)
+            held = _prestart(message["prestart"], held)  # kept when they can run it
         info = probe_info(message.get("workdir") or "", message.get("port"))
         checks = host_checks(message.get("facts"))  # the checklist's host facts, if asked
         answer = {**info, **(checks.reply() if checks else {}), "event": "probe"}
         out.write(encode_event({**answer, "time": time.time()}))
         out.flush()
         while True:
-            first = _read_line(stdin_fd)
-            try:
-                message = decode_op(first) if first else {"op": "abort"}
-            except ValueError:
-                message = {"op": "abort"}
+            message, first = _next_op(stdin_fd)
             if message["op"] == "prestart":  # a plan the probe's answer corrected
                 held = _prestart(message.get("node"), held)
                 continue
@@ -79,13 +80,15 @@ def main() -> int:
         if checks is not None:
             checks.close()  # the master port is free before anything is launched
         if message["op"] != "start":
-            if held is not None:  # nothing of the job ran: nothing is left behind
-                from corral.agent.prestart import cancel
-
-                cancel(held)
+            _cancel(held)
             return 0 if first else 2  # the launch was called off before anything started
     elif message["op"] != "start":
-        print(f"corral agent: expected a probe or start op, got {message['op']!r}", file=sys.stderr)
+        _cancel(held)
+        if first:  # else: a head start never asked for (end of stdin)
+            print(
+                f"corral agent: expected a probe or start op, got {message['op']!r}",
+                file=sys.stderr,
+            )
         return 2
     pending = b""  # coordinator ops read while the released processes finished importing
     if held is not None:
@@ -102,6 +105,24 @@ def main() -> int:
     from corral.agent.node import run_agent
 
     return run_agent(message, out, stdin_fd, spawned, pending)
+
+
+def _next_op(stdin_fd: int) -> tuple[dict[str, Any], bytes]:
+    """The coordinator's next op and its line; ``abort`` at the end of stdin or for a
+    line that is not an op."""
+    line = _read_line(stdin_fd)
+    try:
+        return (decode_op(line) if line else {"op": "abort"}), line
+    except ValueError:
+        return {"op": "abort"}, line
+
+
+def _cancel(held: Any) -> None:
+    """Kill the node's held processes (nothing of the job ran): nothing is left behind."""
+    if held is not None:
+        from corral.agent.prestart import cancel
+
+        cancel(held)
 
 
 def _wait_limit(start: dict[str, Any]) -> float:

@@ -168,6 +168,8 @@ async def _supervise(description: JobDescription, transport: HeadStart | None = 
     from corral.job.output import TerminalOutput
 
     job = ready_job(description, transport=transport)  # trackers, drift monitor first
+    if transport is not None:  # the agents started ahead start their nodes' processes now
+        transport.prestart(job.held_plans())
     hosts = [h.name for h in description.cluster.hosts]
     output = TerminalOutput(hosts, on_finish=_print_finished, on_checked=_show_checked)
     job.subscribe(output.on_event)

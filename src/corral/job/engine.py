@@ -38,7 +38,6 @@ from corral.job.resolve import Prepared, plan_attempt, resolve
 from corral.job.result import EXIT_INTERRUPTED, JobResult
 from corral.job.states import JobState
 from corral.plan.spec import JobSpec
-from corral.recovery.restart import AttemptLog
 from corral.transport.base import Transport
 from corral.transport.choose import transport_for
 
@@ -98,11 +97,8 @@ class Job(Attempting):
 
     async def _run(self, transport: Transport) -> JobResult:
         try:
-            prepared = plan_attempt(resolve(self.spec, self.cluster), self.cluster)
+            prepared, history = self.first_plan()  # the plan a head start started
             self.spec = prepared.spec
-            history = AttemptLog.load(prepared.job_dir)
-            if history.records:
-                prepared = plan_attempt(prepared.spec, self.cluster, history.next_number)
             self.attempt = prepared.attempt
             self.machine.to(JobState.PREPARING)
             self._preparing = asyncio.ensure_future(self._prepare(prepared, transport))

@@ -6,23 +6,38 @@ engine's modules (the job, its policies, the checklist, tracking, the output) ar
 imported: the agents' interpreters start meanwhile. :class:`HeadStart` is then the
 job's transport: when the engine starts exactly such an agent (the same host,
 command, environment and working directory) it is handed the one already running;
-anything else is started as it asks. An agent runs nothing of the job before its
-probe carries a plan, so one that is never asked for (a refused option, a run
-without the pre-flight) runs no user code: it exits at the end of its stdin and is
-killed at :meth:`HeadStart.close`.
+anything else is started as it asks.
+
+Once the job is built, :meth:`HeadStart.prestart` sends each agent its node's plan
+(the job's first plan, :meth:`~corral.job.prepare.Preparing.held_plans`) as its
+first line: the agent starts the node's launcher or ranks at once, held at their
+gates (:mod:`corral.agent.prestart`), where the engine's probe would otherwise
+start them only after the engine is imported and planned. The probe carries the
+engine's plan again and the agent verifies it against the one its processes were
+started with: processes that cannot run it are killed and the plan's own started
+(:func:`corral.agent.prestart.prestart`). Nothing of the job runs before the
+checklist passed: an agent never asked for (a refused option, a run without the
+pre-flight) or told to abort kills its held processes, leaves nothing behind and
+exits at the end of its stdin; it is killed at :meth:`HeadStart.close`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from corral.agent.protocol import encode_op
 from corral.cluster.model import Cluster, Host
 from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError
 from corral.transport.base import NodeProcess
 from corral.transport.local import LocalTransport
+
+#: How long :meth:`HeadStart.close` waits for the agents never asked for to end (s).
+END_WAIT = 10.0
 
 _Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
 
@@ -55,6 +70,14 @@ class HeadStart:
                 proc = await self._transport.start(host, argv, env=env)
                 self._ready[_key(host, argv, env, None)] = proc
 
+    def prestart(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+        """Send each agent started ahead its node's plan (by host name) to start its
+        processes with, held at their gates until the start message."""
+        for (host, *_), proc in self._ready.items():
+            node = nodes.get(host)
+            if node is not None:
+                proc.write(encode_op({"op": "prestart", "node": dict(node)}))
+
     @property
     def waiting(self) -> int:
         """How many agents started ahead are not asked for yet."""
@@ -75,8 +98,13 @@ class HeadStart:
         return await self._transport.start(host, argv, env=env, cwd=cwd)
 
     async def close(self) -> None:
-        """End the agents never asked for, and kill any process still running."""
-        for proc in self._ready.values():
-            proc.close_stdin()
+        """End the agents never asked for (at the end of their stdin each kills what
+        it started and removes the node's directory it made; waited for, at most
+        :data:`END_WAIT` s), and kill any process still running."""
+        unused = list(self._ready.values())
         self._ready.clear()
+        for proc in unused:
+            proc.close_stdin()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in unused)), END_WAIT)
         await self._transport.close()
