@@ -4,12 +4,42 @@ below ``cli/`` knows about the command line."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
+
+import pytest
 
 import corral
 from corral.states import JobState, NodeState
 
 SRC = Path(corral.__file__).parent
+
+
+@cache
+def _parsed(text: str) -> tuple[ast.Module, tuple[ast.AST, ...]]:
+    """A source's tree and its nodes in ``ast.walk`` order: the checks below read every
+    source file several times, and parsing and walking were most of their CPU (issue 30)."""
+    tree = ast.parse(text)
+    return tree, tuple(ast.walk(tree))
+
+
+def _tree(path: Path) -> ast.Module:
+    """``path`` parsed (once per text, see :func:`_parsed`)."""
+    return _parsed(path.read_text(encoding="utf-8"))[0]
+
+
+def _walk(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of ``path``'s tree, as ``ast.walk`` gives them."""
+    return _parsed(path.read_text(encoding="utf-8"))[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parse_once() -> Iterator[None]:
+    """The parse cache lives for this module (one worker runs it), not the session:
+    ~100 MB of trees would slow every later garbage collection of the worker."""
+    yield
+    _parsed.cache_clear()
 
 
 def _module_name(path: Path) -> str:
@@ -21,7 +51,7 @@ def _module_level_imports(path: Path) -> set[str]:
     """corral modules imported at module level by ``path`` (``if TYPE_CHECKING:``
     blocks included: a circle there is still a circle; imports inside functions,
     made lazily on purpose, are not)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     found: set[str] = set()
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -102,9 +132,7 @@ def test_nothing_below_the_cli_imports_it_or_typer() -> None:
         name = _module_name(path)
         if name == "corral.cli" or name.startswith("corral.cli.") or name == "corral.__main__":
             continue
-        text = path.read_text(encoding="utf-8")
-        tree = ast.parse(text)
-        for node in ast.walk(tree):
+        for node in _walk(path):
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -117,7 +145,7 @@ def test_nothing_below_the_cli_imports_it_or_typer() -> None:
 
 def _imports(path: Path) -> list[str]:
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _walk(path):
         if isinstance(node, ast.Import):
             names.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -152,7 +180,7 @@ def _all_imports(path: Path) -> set[str]:
     name = _module_name(path) if path.is_relative_to(SRC) else path.stem
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _walk(path):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("corral"))
         elif isinstance(node, ast.ImportFrom):
@@ -259,14 +287,14 @@ def _contract_literals(path: Path) -> list[str]:
     (``envvar=`` of a CLI option excepted: DESIGN §3, variables that mirror options)."""
     from corral.contract import NAMES
 
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = _walk(path)
     mirrors = {
-        id(kw.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+        id(kw.value) for node in nodes if isinstance(node, ast.Call)
         for kw in node.keywords if kw.arg == "envvar"
     }  # fmt: skip
     return [
         f"{path.stem}:{node.lineno} {node.value}"
-        for node in ast.walk(tree)
+        for node in nodes
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
         and node.value in NAMES
@@ -391,7 +419,7 @@ IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "iterdir",
 def _io_uses(path: Path) -> list[str]:
     """Where ``path`` imports an I/O module or calls something that does I/O."""
     hits: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _walk(path):
         where = f"{path.name}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Import):
             hits += [
@@ -480,9 +508,8 @@ def _face_loads(init: Path, graph: dict[str, set[str]]) -> set[str]:
     """What importing the package of ``init`` loads: its module-level imports, and the
     modules its lazy name map (``_LAZY = {"Name": "corral.x.y"}``) resolves to, each with
     its parent packages, to the end."""
-    tree = ast.parse(init.read_text(encoding="utf-8"))
     lazy = {
-        node.value for node in ast.walk(tree)
+        node.value for node in _walk(init)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in graph
     }  # fmt: skip
     todo = [*graph[_module_name(init)], *lazy]
@@ -582,9 +609,9 @@ def _state_literals(path: Path) -> list[str]:
     nothing but state names, or a module constant named after its state (``QUEUED =
     "queued"``). Other vocabularies that share a word (a replica's ``failed`` pull, an
     enum of its own) are not states."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     hits: list[ast.AST] = []
-    for node in ast.walk(tree):
+    for node in _walk(path):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_stately(side) for side in sides):
@@ -657,10 +684,10 @@ BUILT_ELSEWHERE: dict[str, str] = {}
 def _constructions(path: Path) -> list[str]:
     """Where ``path`` calls a class of :data:`BUILT` (imported by name, under any alias,
     or through its module), as ``module.Class:line``; lazy imports included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = _walk(path)
     names: dict[str, str] = {}  # local name -> the class's full name
     modules: dict[str, str] = {}  # local name -> the module it stands for
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
@@ -676,7 +703,7 @@ def _constructions(path: Path) -> list[str]:
                     top = alias.name.split(".")[0]
                     modules[top] = top
     hits = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, ast.Call):
             continue
         func, full = node.func, None
