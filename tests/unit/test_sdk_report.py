@@ -109,14 +109,40 @@ def expand(line: str) -> list[dict[str, Any]]:
     return reports
 
 
+def forget_earlier_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drop the reports an earlier test left in this process's reporter.
+
+    The SDK has one reporter per process: it sends what is buffered to the
+    ``CORRAL_CONTROL`` of the moment it sends (every :data:`~corral.sdk._report.FLUSH_INTERVAL`
+    s, on its own thread). A test that ends before its reports went out (one whose
+    agent never listened, or on a busy machine where that thread runs late) would
+    otherwise hand them to the next test's server. Flushed without ``CORRAL_CONTROL``,
+    they are dropped (after a send already under way ends) and reporting stops until
+    the next :func:`corral.sdk.report` starts it again for the new address.
+    """
+    monkeypatch.delenv("CORRAL_CONTROL", raising=False)
+    _report.flush_reports()
+
+
+@pytest.fixture(autouse=True)
+def _no_reports_across_tests(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test here (also those that set ``CORRAL_CONTROL`` themselves) starts and
+    ends with nothing buffered."""
+    forget_earlier_reports(monkeypatch)
+    yield
+    forget_earlier_reports(monkeypatch)
+
+
 @pytest.fixture
 def control_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ControlServer]:
+    forget_earlier_reports(monkeypatch)
     server = ControlServer(str(tmp_path / "ctl"))
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
     monkeypatch.setenv("CORRAL_CONTROL_TOKEN", TOKEN)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     yield server
+    forget_earlier_reports(monkeypatch)  # nothing of this test's goes to the next one
     server.close()
 
 
@@ -266,6 +292,30 @@ def test_concurrent_reports_are_whole_lines(control_server: ControlServer) -> No
     for k in range(4):  # each thread's reports in its order
         mine = [r["step"] for r in reports if k * 1000 <= r["step"] < k * 1000 + 50]
         assert mine == sorted(mine)
+
+
+def test_a_report_an_earlier_test_left_unsent_never_reaches_the_next_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cause of one report seen twice above on a busy machine: the process's one
+    reporter sends its buffer to the ``CORRAL_CONTROL`` of the moment it sends, so a
+    report an earlier test made (its sender thread late) went to this test's server."""
+    real, quiet = _report._reporter, _report._Reporter()
+    quiet._thread = threading.current_thread()  # no sender thread: it sends when flushed
+    with real._flush_lock:  # the process's sender thread (it shares the buffer) waits
+        monkeypatch.setattr(_report, "_reporter", quiet)
+        monkeypatch.setenv("CORRAL_CONTROL", "unix:@corral-an-earlier-test-agent")
+        sdk.report(1)  # the earlier test ends before this went out
+        forget_earlier_reports(monkeypatch)  # what control_server does first
+        server = ControlServer(str(tmp_path / "ctl"))
+        monkeypatch.setenv("CORRAL_CONTROL", f"unix:{tmp_path / 'ctl'}")
+        try:
+            sdk.report(2)
+            _report.flush_reports()
+            steps = [r["step"] for r in server.wait_reports(1)]  # one line: every report
+        finally:
+            server.close()
+    assert steps == [2]
 
 
 def test_forked_child_opens_its_own_connection(control_server: ControlServer) -> None:
