@@ -190,3 +190,41 @@ def test_a_worker_brings_up_the_testbed_of_its_own_number(
 ) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
     assert worker_instance() == instance
+
+
+NETNS_MODULE = """
+import os
+from pathlib import Path
+import pytest
+from tests.parallel import worker_instance
+
+pytestmark = pytest.mark.netns
+
+@pytest.mark.parametrize("n", range(3))
+def test_on_a_testbed(n):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+    out = Path(os.environ["HARNESS_OUT"]) / f"{__name__}-{n}"
+    out.write_text(f"{worker} {worker_instance()}")
+"""
+
+
+def test_two_workers_run_the_netns_modules_each_on_its_own_testbed_instance(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = pytester.mkdir("records")
+    monkeypatch.setenv("HARNESS_OUT", str(out))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    pytester.makepyfile(test_net_a=NETNS_MODULE, test_net_b=NETNS_MODULE)
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.parallel", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+    )
+    assert result.ret == 0, result.stdout.str()
+    ran = {p.name: p.read_text().split() for p in out.iterdir()}
+    assert len(ran) == 6, ran
+    workers = {
+        m: {w for name, (w, _) in ran.items() if name.startswith(m)}
+        for m in ("test_net_a", "test_net_b")
+    }
+    assert all(len(w) == 1 for w in workers.values()), workers  # a module stays on its worker
+    assert workers["test_net_a"] != workers["test_net_b"], workers  # the two groups: two workers
+    assert all(instance == worker.removeprefix("gw") for worker, instance in ran.values()), ran
