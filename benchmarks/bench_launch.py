@@ -11,20 +11,28 @@ Workload ``workloads/first_step.py``: init the gloo process group, one allreduce
   --rdzv-conf=is_host=1|0 --max-restarts=0 --monitor-interval=0.1
   --local-addr=127.0.0.1 first_step.py STAMP``), the flags corral's plan uses.
 
+* **baseline** (``--baseline SRC``): ``corral run`` as above with the corral of
+  ``SRC`` first on ``PYTHONPATH`` (the ``src`` folder of a checkout of the code to
+  compare with, e.g. ``git worktree add /tmp/before COMMIT``: ``/tmp/before/src``),
+  a third run in every round: each change is measured against the code before it
+  in the same rounds, at the same load.
+
 Time to first step = recorded timestamp - this parent's ``time.time()`` just
 before starting. The CPU time of every process of the job (``RUSAGE_CHILDREN``)
 is recorded too: unlike wall time it barely depends on the machine's load.
-The methods alternate (ABBA order) for ``--rounds`` rounds
-each; the headline is the median of the rounds' ratios corral / by hand (the two
-runs of a round are adjacent in time, so load drift moves both), with the
-medians, their ratio and the time until everything has exited.
+The methods alternate (ABBA order; with a baseline each round rotates the three)
+for ``--rounds`` rounds each; the headline is the median of the rounds' ratios
+corral / by hand (the runs of a round are adjacent in time, so load drift moves
+them alike), with the medians, their ratio and the time until everything has
+exited. The load average is logged before and after.
 
-    python benchmarks/bench_launch.py [--rounds 10] [--nproc-per-node 1]
+    python benchmarks/bench_launch.py [--rounds 10] [--nproc-per-node 1] [--baseline SRC]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import subprocess
@@ -36,6 +44,7 @@ from typing import Any
 
 from benchlib import (
     PYTHON,
+    ROOT,
     WORKLOADS,
     Runs,
     bench_env,
@@ -115,8 +124,8 @@ def by_hand(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
     return _result(launched, stepped, ended, codes, work / "out.log", children_cpu() - cpu0, argv)
 
 
-def with_corral(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
-    """One ``corral run --launcher torchrun``."""
+def with_corral(work: Path, nproc: int, round_no: int, src: Path | None = None) -> dict[str, Any]:
+    """One ``corral run --launcher torchrun`` (``src``: with that corral source tree)."""
     work.mkdir(parents=True)
     stamp = work / "first-step"
     cli, _ = corral_cli()
@@ -138,10 +147,11 @@ def with_corral(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
         str(stamp),
     ]
     cpu0 = children_cpu()
+    env = bench_env() if src is None else source_env(src)
     with open(work / "out.log", "wb") as sink:
         launched = time.time()
         proc = subprocess.Popen(
-            argv, stdout=sink, stderr=sink, env=bench_env(), cwd=work, start_new_session=True
+            argv, stdout=sink, stderr=sink, env=env, cwd=work, start_new_session=True
         )
         try:
             code: int | None = proc.wait(timeout=TIMEOUT)
@@ -152,6 +162,41 @@ def with_corral(work: Path, nproc: int, round_no: int) -> dict[str, Any]:
             kill_popen(proc)
     cpu = children_cpu() - cpu0
     return _result(launched, read_stamp(stamp), ended, [code], work / "out.log", cpu, argv)
+
+
+def source_env(src: Path) -> dict[str, str]:
+    """The environment with the corral of ``src`` first on ``PYTHONPATH``, not ours."""
+    env = bench_env()
+    ours = str(ROOT / "src")
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != ours]
+    env["PYTHONPATH"] = os.pathsep.join([str(src), *rest])
+    return env
+
+
+def baseline_source(value: str) -> Path:
+    """``--baseline``: a corral source folder (``SRC/corral/__init__.py`` exists, or
+    ``SRC/src/corral``: a checkout's root), compiled as :func:`corral_cli` compiles
+    ours."""
+    src = Path(value).resolve()
+    if not (src / "corral" / "__init__.py").is_file() and (src / "src" / "corral").is_dir():
+        src = src / "src"
+    if not (src / "corral" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{value}: no corral package in it (give its src)")
+    subprocess.run(
+        [PYTHON, "-m", "compileall", "-q", "-j", "0", str(src)],
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
+    return src
+
+
+def _order(round_no: int, baseline: bool) -> tuple[str, ...]:
+    """The methods of round ``round_no``: ABBA, or the three rotated."""
+    if not baseline:
+        return ("hand", "corral") if round_no % 2 == 0 else ("corral", "hand")
+    methods = ("hand", "corral", "base")
+    shift = round_no % 3
+    return methods[shift:] + methods[:shift]
 
 
 def children_cpu() -> float:
@@ -182,29 +227,44 @@ def _result(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Alternate the two methods, write ``results/launch.json``."""
+    """Alternate the methods, write ``results/launch.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument(
+        "--baseline",
+        type=baseline_source,
+        metavar="SRC",
+        help="corral source folder of the code to compare with, a third run each round",
+    )
     args = parser.parse_args(argv)
     exit_on_sigterm()
     nproc = args.nproc_per_node
-    log(f"launch: local:{NODES} x {nproc}, {args.rounds} rounds; corral via {corral_cli()[1]}")
+    base: Path | None = args.baseline
+    load_before = os.getloadavg()
+    log(
+        f"launch: local:{NODES} x {nproc}, {args.rounds} rounds; corral via {corral_cli()[1]}"
+        + (f"; baseline {base}" if base else "")
+        + f"; load {_load(load_before)}"
+    )
     top = Path(tempfile.mkdtemp(prefix="corral-bench-launch-"))
     hand_runs: list[dict[str, Any]] = []
     corral_runs: list[dict[str, Any]] = []
+    base_runs: list[dict[str, Any]] = []
     runs = Runs()
     try:
         for round_no in range(args.rounds):
-            order = ("hand", "corral") if round_no % 2 == 0 else ("corral", "hand")
-            for method in order:
+            for method in _order(round_no, base is not None):
                 work = top / f"{method}-{round_no}"
                 if method == "hand":
                     res = by_hand(work, nproc, round_no)
                     hand_runs.append(res)
-                else:
+                elif method == "corral":
                     res = with_corral(work, nproc, round_no)
                     corral_runs.append(res)
+                else:
+                    res = with_corral(work, nproc, round_no, base)
+                    base_runs.append(res)
                 shutil.rmtree(work, ignore_errors=True)
                 log(
                     f"round {round_no + 1} {method}: "
@@ -214,9 +274,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         shutil.rmtree(top, ignore_errors=True)
+    load_after = os.getloadavg()
+    log(f"launch: load {_load(load_after)} at the end")
     # every run must have ended with 0 and rank 0 must have stamped its first step
     runs.check_records("corral round", corral_runs, timing="first_step_s")
     runs.check_records("by hand round", hand_runs, timing="first_step_s")
+    runs.check_records("baseline round", base_runs, timing="first_step_s")
 
     corral_s = median(r["first_step_s"] for r in corral_runs)
     hand_s = median(r["first_step_s"] for r in hand_runs)
@@ -269,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         f"per-round median ratio {_x(paired_ratio)} (ratio of the medians {_x(step_ratio)}; "
         f"target <= {TARGET_RATIO:.2f})"
     )
+    compared = _against_baseline(corral_runs, hand_runs, base_runs, f"local:{NODES}x{nproc}")
+    metrics += compared.pop("metrics", [])
     return finish(
         NAME,
         {
@@ -279,9 +344,15 @@ def main(argv: list[str] | None = None) -> int:
                 "nproc_per_node": nproc,
                 "launcher": "torchrun",
                 "rounds": args.rounds,
-                "order": "ABBA (by hand first in even rounds)",
+                "order": "rotating (by hand, corral, baseline)"
+                if base
+                else "ABBA (by hand first in even rounds)",
                 "by_hand_argv": [*torchrun_argv(0, nproc, 0, "ID"), str(SCRIPT), "STAMP"],
+                "baseline_src": str(base) if base else None,
+                "load_before": _load(load_before),
+                "load_after": _load(load_after),
             },
+            "baseline": compared or None,
             "samples": {"corral": corral_runs, "by_hand": hand_runs, "paired_ratios": paired},
             "medians": {
                 "corral_first_step_s": corral_s,
@@ -301,6 +372,59 @@ def main(argv: list[str] | None = None) -> int:
         },
         runs,
     )
+
+
+def _against_baseline(
+    corral_runs: list[dict[str, Any]],
+    hand_runs: list[dict[str, Any]],
+    base_runs: list[dict[str, Any]],
+    what: str,
+) -> dict[str, Any]:
+    """The baseline's figures (empty without one): its per-round ratio to the runs by
+    hand, this corral's to it, and their metrics (info rows); printed."""
+    if not base_runs:
+        return {}
+    first = "first_step_s"
+    base_s = median(r[first] for r in base_runs)
+    to_hand = median(ratio(b[first], h[first]) for b, h in zip(base_runs, hand_runs, strict=True))
+    to_base = median(ratio(c[first], b[first]) for c, b in zip(corral_runs, base_runs, strict=True))
+    print(
+        f"launch: baseline first step {seconds_text(base_s)}, per-round median ratio to by "
+        f"hand {_x(to_hand)}; this corral / the baseline, per-round median {_x(to_base)}"
+    )
+    return {
+        "samples": base_runs,
+        "first_step_s": base_s,
+        "cpu_s": median(r["cpu_s"] for r in base_runs),
+        "paired_ratio": to_hand,
+        "corral_to_baseline": to_base,
+        "metrics": [
+            metric(
+                f"time to first step, baseline corral, torchrun {what} (info)",
+                base_s,
+                "s",
+                "-",
+                None,
+                baseline=median(r[first] for r in hand_runs),
+                baseline_desc="same torchrun commands started by hand, in the same rounds",
+                ratio_value=to_hand,
+            ),
+            metric(
+                f"time to first step, corral / baseline corral, torchrun {what} (info)",
+                median(r[first] for r in corral_runs),
+                "s",
+                "-",
+                None,
+                baseline=base_s,
+                baseline_desc="the baseline's corral run in the same rounds",
+                ratio_value=to_base,
+            ),
+        ],
+    }
+
+
+def _load(values: tuple[float, float, float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
 
 
 def _x(value: float | None) -> str:

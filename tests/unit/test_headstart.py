@@ -1,5 +1,6 @@
 """The agents ``corral run`` starts ahead on ``local:N`` (:mod:`corral.job.headstart`):
-the engine gets the one started for exactly its command; any other is ended."""
+the engine gets the one started for exactly its command; any other is ended (at once
+when the engine starts another for its host)."""
 
 from __future__ import annotations
 
@@ -28,25 +29,28 @@ def test_the_engine_gets_the_agent_started_for_its_command(
         return procs[-1]
 
     monkeypatch.setattr(LocalTransport, "start", counting)
-    cluster = local_cluster(2)
+    cluster = local_cluster(3)
     agent = [sys.executable, "-m", "corral.agent"]
 
-    async def scenario() -> tuple[int, int, int, int]:
+    async def scenario() -> tuple[list[int], int, int, int]:
         head = HeadStart()
         await head.spawn(cluster, None, "job-1")
-        assert head.waiting == 2 and started == [agent, agent]
-        local0, local1 = cluster.hosts
+        assert head.waiting == 3 and started == [agent] * 3
+        local0, local1, _ = cluster.hosts
         same = await head.start(local0, agent, env={JOB_ID_ENV: "job-1"})
         other = await head.start(local1, agent, env={JOB_ID_ENV: "job-2"})  # not that one
-        assert len(started) == 3 and head.waiting == 1
-        assert same is procs[0] and other is procs[2]
+        assert len(started) == 4 and head.waiting == 1
+        assert same is procs[0] and other is procs[3]
+        # local-1's agent started ahead is not the job's: ended at once (its EOF)
+        replaced = await asyncio.wait_for(procs[1].wait(), 30)
         for proc in (same, other):
             proc.close_stdin()  # an agent without a probe: ends
         codes = await asyncio.gather(same.wait(), other.wait())
         await head.close()  # the one never asked for ends too
-        unused = await asyncio.wait_for(procs[1].wait(), 5)
-        return codes[0], codes[1], unused, head.waiting
+        unused = await asyncio.wait_for(procs[2].wait(), 5)
+        return codes, replaced, unused, head.waiting
 
-    same, other, unused, waiting = asyncio.run(scenario())
-    assert (same, other, waiting) == (2, 2, 0)  # both asked for ran (and ended on EOF)
+    codes, replaced, unused, waiting = asyncio.run(scenario())
+    assert (codes, waiting) == ([2, 2], 0)  # both asked for ran (and ended on EOF)
+    assert replaced == 2  # ended at its EOF
     assert unused in (2, -9)  # ended at its EOF, else killed

@@ -91,10 +91,14 @@ class HeadStart:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> NodeProcess:
-        """The agent started ahead for exactly this command, else ``argv`` started now."""
+        """The agent started ahead for exactly this command, else ``argv`` started now
+        (and the host's agent started ahead for another command is ended: the
+        processes it may have started for the node are not the job's)."""
         ready = self._ready.pop(_key(host, argv, env, cwd), None)
         if ready is not None:
             return ready
+        for key in [k for k in self._ready if k[0] == host.name]:
+            self._ready.pop(key).close_stdin()
         return await self._transport.start(host, argv, env=env, cwd=cwd)
 
     async def close(self) -> None:
