@@ -79,8 +79,9 @@ test-fast: setup
 		tests/unit tests/integration
 
 # Tests run on TEST_WORKERS pytest-xdist workers (most of them wait on processes, servers
-# and browsers, so more workers than cores pays); the netns testbed's tests share one
-# worker and one testbed (tests/parallel.py). The end of the run lists the 25 tests
+# and browsers, so more workers than cores pays); the netns testbed's tests are split in
+# two groups, each run by one worker on a testbed of its own (worker gwN: testbed
+# instance N, tests/parallel.py). The end of the run lists the 25 tests
 # that cost the most CPU (their processes included, tests/cpumeter.py) and the total,
 # after the 25 slowest by wall time.
 test: setup system-deps lint
