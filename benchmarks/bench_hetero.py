@@ -14,13 +14,21 @@ step on one core against a 1 MB all-reduce: compute dominates). Each repetition
 * **calibration cost**: wall time of ``corral calibrate --hosts FILE --seconds S
   -o FILE -- examples/train_ddp.py <same args, more steps>`` (``--seconds`` 12),
   the whole command (SSH, start-up, the window, teardown);
-* **training time**, uniform split (no weights) and calibrated split (the
-  calibration's ``resolve_weights``, i.e. ``corral run --calibration FILE``), in
-  turn (ABBA order across repetitions), through ``corral.job.engine.Job`` in this
-  process: every rank's ``Progress`` events (its ``sdk.report`` per step: loss,
-  examples, busy) timestamped as they arrive. Training time = from the moment
-  both ranks reported step 1 to the last rank's last step (59 steps; start-up and
-  gloo's first step excluded);
+* **training time** of three arms in turn (the order rotated per repetition),
+  through ``corral.job.engine.Job`` in this process: the uniform split (no
+  weights); the *proportional* split (the calibration's weights alone: batches in
+  proportion to the per-example rates, the split before issue 33 item 6); the
+  *calibrated* split (``corral run --calibration FILE``: the weights and the step
+  overheads, ``CORRAL_STEP_OVERHEADS``, so that whole step times are equal). Every
+  rank's ``Progress`` events (its ``sdk.report`` per step: loss, examples, busy)
+  are timestamped where they were made. Training time = from the moment both ranks
+  reported step 1 to the last rank's last step (59 steps; start-up and gloo's
+  first step excluded); also each run's median step (less blurred by this
+  machine's load) and its *stalls* (training time - 59 median steps);
+* **tb2's CPU by process**: every 0.2 s the CPU seconds of each process in tb2's
+  half-CPU cgroup (sshd, corral's agent, the rank) and the group's throttled time
+  (``cpu.stat``), over each run's training window: whether corral's own agent takes
+  the rank's CPU inside the quota;
 * **loss**: the global batch loss per step (the ranks' losses weighted by their
   examples) and rank 0's final full-dataset loss (``final loss X``) of both runs.
 
@@ -32,6 +40,7 @@ calibrated, and the loss curves, goes to ``docs/hetero-split.png`` and
 ``results/hetero.png``.
 
     python benchmarks/bench_hetero.py [--runs 3] [--steps 60] [--seconds 12] [--period-us N]
+        [--instance N]   # the testbed instance (its own lock: beside the tests' instance 0)
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,6 +85,7 @@ HIDDEN = 512  # the MLP's width: ~0.13 s of compute per step on one core against
 PERIOD_US = 20_000  # the quota's period: throttling spread over the ~20-30 ms steps
 SMOOTH = 5  # the plot's step time and throughput: means over this many steps
 SPEEDUP_TARGET = 1.4
+ARMS = ("uniform", "proportional", "calibrated")
 LOSS_TARGET = 0.05  # relative difference of the final loss
 CAL_TIMEOUT = 240.0
 RUN_TIMEOUT = 300.0
@@ -142,13 +153,89 @@ def calibrate(tb: Any, work: Path, hostfile: Path, rep: int, seconds: float) -> 
         "rates": cal["measured_performance"],
         "shares": cal["workload_distribution"],
         "notes": cal["calibration_notes"],
+        "fixed_s": {r["host"]: r.get("step_fixed_s") for r in cal["ranks"]},
+        "per_example_rates": {r["host"]: r["examples_per_s"] for r in cal["ranks"]},
     }
+
+
+# -- what runs in tb2's half-CPU cgroup --------------------------------------------------
+
+
+def _kind(cmdline: Sequence[str], name: str) -> str:
+    """What a process of the cgroup is: the rank, corral's agent, sshd, or other."""
+    line = " ".join(cmdline)
+    if EXAMPLE in line:
+        return "rank"
+    if "corral.agent" in line:
+        return "agent"
+    return "sshd" if name.startswith("sshd") else "other"
+
+
+class CgroupMeter:
+    """Samples, every ``every`` seconds, the CPU seconds of each process in a CPU-quota
+    cgroup (tb2's: its sshd and all it starts: agent, rank) and the group's throttling
+    (``cpu.stat``), so a run's CPU inside the quota splits into the rank's and corral's."""
+
+    def __init__(self, group: Any, every: float = 0.2) -> None:
+        self.group, self.every = group, every
+        self.samples: list[tuple[float, dict[int, tuple[str, float]], dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CgroupMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _stat(self) -> dict[str, int]:
+        try:
+            text = (self.group.path / "cpu.stat").read_text()
+        except OSError:
+            return {}
+        return {k: int(v) for k, v in (line.split() for line in text.splitlines() if line)}
+
+    def _loop(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            procs: dict[int, tuple[str, float]] = {}
+            for pid in self.group.pids():
+                try:
+                    proc = psutil.Process(pid)
+                    cpu = proc.cpu_times()
+                    procs[pid] = (_kind(proc.cmdline(), proc.name()), cpu.user + cpu.system)
+                except psutil.Error:
+                    continue
+            self.samples.append((time.time(), procs, self._stat()))
+            self._stop.wait(self.every)
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds by kind from ``start`` to ``end`` (wall clock), and the group's
+        throttled periods and seconds (v2 ``cpu.stat``) over the same samples."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {}
+        first, last = inside[0], inside[-1]
+        out: dict[str, float] = {"seconds": last[0] - first[0]}
+        for pid, (kind, cpu) in last[1].items():
+            out[kind] = out.get(kind, 0.0) + cpu - first[1].get(pid, (kind, 0.0))[1]
+        # cgroup v2's throttled_usec, v1's throttled_time (ns): seconds the quota held it
+        for key, scale in (("nr_throttled", 1), ("throttled_usec", 1e6), ("throttled_time", 1e9)):
+            if key in first[2] and key in last[2]:
+                name = "nr_throttled" if key == "nr_throttled" else "throttled_s"
+                out[f"cgroup_{name}"] = (last[2][key] - first[2][key]) / scale
+        return out
 
 
 # -- one training run -------------------------------------------------------------------
 
 
-async def _run_job(tb: Any, work: Path, job_id: str, steps: int, weights: Sequence[float]) -> Any:
+async def _run_job(
+    tb: Any, work: Path, job_id: str, steps: int, weights: Sequence[float], env: dict[str, str]
+) -> Any:
     from corral.cluster import load_cluster
     from corral.job.engine import Job
     from corral.job.events import JobEvent, Progress
@@ -168,6 +255,7 @@ async def _run_job(tb: Any, work: Path, job_id: str, steps: int, weights: Sequen
         timeout=RUN_TIMEOUT,
         run_dir=str(work / "runs"),
         workload_weights=tuple(weights),
+        env=env,
     )
     job = Job(
         spec,
@@ -190,9 +278,21 @@ async def _run_job(tb: Any, work: Path, job_id: str, steps: int, weights: Sequen
     return result, progress, time.time() - began
 
 
-def train(tb: Any, work: Path, job_id: str, steps: int, weights: Sequence[float]) -> dict[str, Any]:
-    """One run of the example; its per-rank step series and summary figures."""
-    result, progress, wall = asyncio.run(_run_job(tb, work, job_id, steps, weights))
+def train(
+    tb: Any,
+    work: Path,
+    job_id: str,
+    steps: int,
+    split: tuple[Sequence[float], dict[str, str]],
+    meters: dict[str, CgroupMeter],
+) -> dict[str, Any]:
+    """One run of the example (``split``: its weights and the env of their step
+    overheads); its per-rank step series, summary figures and tb2's CPU by process."""
+    from corral.contract import STEP_OVERHEADS_ENV
+
+    weights, env = split
+    load = os.getloadavg()[0]
+    result, progress, wall = asyncio.run(_run_job(tb, work, job_id, steps, weights, env))
     state = str(getattr(result.state, "value", result.state))
     if result.exit_code != 0:
         raise RuntimeError(f"{job_id} ended {state} (exit {result.exit_code})")
@@ -207,10 +307,19 @@ def train(tb: Any, work: Path, job_id: str, steps: int, weights: Sequence[float]
     last_done = max(i["t"] for i in last.values())
     log_file = work / "runs" / job_id / "logs" / f"{HOSTS[0]}.0.log"  # rank 0's output
     found = FINAL_RE.search(log_file.read_bytes())
+    medians = [median(step_times({"t": [i["t"] for i in s], "examples": [0] * len(s)})[1])
+               for s in series.values()]  # fmt: skip
+    step_s = max(m for m in medians if m is not None)
+    train_s = last_done - first_done
     return {
         "job_id": job_id,
         "weights": list(weights),
-        "train_s": last_done - first_done,
+        "overheads": env.get(STEP_OVERHEADS_ENV),
+        "load": [load, os.getloadavg()[0]],
+        "train_s": train_s,
+        "median_step_s": step_s,
+        "stall_s": train_s - (len(series[0]) - 1) * step_s,
+        "cpu": {host: m.between(first_done, last_done) for host, m in meters.items()},
         "job_wall_s": wall,
         "final_loss": float(found.group(1)) if found else None,
         "global_loss": _global_loss(series),
@@ -343,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--period-us", type=int, default=PERIOD_US, help="the CPU quota's period (microseconds)"
     )
+    parser.add_argument(
+        "--instance", type=int, default=0, help="the testbed instance (its own lock and names)"
+    )
     args = parser.parse_args(argv)
     exit_on_sigterm()
     try:
@@ -354,22 +466,32 @@ def main(argv: list[str] | None = None) -> int:
     problems = missing_requirements()
     if problems:
         return _skip("; ".join(problems))
-    with exclusive():  # waits while tests (or another benchmark) use the testbed
+    with exclusive(args.instance):  # waits while tests (or a benchmark) use that testbed
         return _measure(args)
 
 
-def _measure(args: argparse.Namespace) -> int:
+def _splits(cal_file: str, hostfile: Path) -> dict[str, tuple[tuple[float, ...], dict[str, str]]]:
+    """The arms: uniform, the calibration's proportional weights alone (the split
+    before issue 33 item 6), and with its step overheads (``corral run --calibration``)."""
     from corral.cluster import load_cluster
-    from corral.testbed import CpuQuota, Testbed
-    from corral.throughput.resolve import resolve_weights
+    from corral.throughput.resolve import overheads_env, resolve_overheads, resolve_weights
 
-    leftover = Testbed.running()
+    cluster = load_cluster(str(hostfile))
+    weights = resolve_weights(cal_file, cluster, 1)
+    overheads = overheads_env(resolve_overheads(cal_file, cluster, 1))
+    return {"uniform": ((), {}), "proportional": (weights, {}), "calibrated": (weights, overheads)}
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from corral.testbed import CpuQuota, Testbed
+
+    leftover = Testbed.running(args.instance)
     if leftover is not None:
         leftover.down()
     top = shared_tmpdir("corral-bench-hetero-")
     hostfile = top / "hosts"
     hostfile.write_text("".join(f"{h} slots=1\n" for h in HOSTS))
-    tb = Testbed(top / "testbed")
+    tb = Testbed(top / "testbed", instance=args.instance)
     tb.up(len(HOSTS))
     groups: list[CpuQuota] = []
     runs: list[dict[str, Any]] = []
@@ -381,27 +503,55 @@ def _measure(args: argparse.Namespace) -> int:
                 groups[-1].add(tb.sshd_pid(host))
         except OSError as exc:
             return _skip(f"cannot make a CPU-quota cgroup (needs root, cgroup cpu): {exc}")
-        for rep in range(args.runs):
-            cal = calibrate(tb, top, hostfile, rep, args.seconds)
-            log(f"run {rep + 1}: calibration {cal['wall_s']:.1f} s, shares {cal['shares']}")
-            weights = resolve_weights(cal["file"], load_cluster(str(hostfile)), 1)
-            order = ("uniform", "calibrated") if rep % 2 == 0 else ("calibrated", "uniform")
-            done: dict[str, Any] = {"calibration": cal}
-            for kind in order:
-                split = weights if kind == "calibrated" else ()
-                done[kind] = train(tb, top, f"hetero-{kind}-{rep}", args.steps, split)
-                log(
-                    f"run {rep + 1} {kind}: {done[kind]['train_s']:.2f} s, final loss "
-                    f"{done[kind]['final_loss']}"
-                )
-            done["speedup"] = done["uniform"]["train_s"] / done["calibrated"]["train_s"]
-            runs.append(done)
+        meters = {host: CgroupMeter(group) for host, group in zip(HOSTS, groups, strict=True)}
+        with meters["tb1"], meters["tb2"]:
+            for rep in range(args.runs):
+                runs.append(_repetition(tb, top, hostfile, rep, args, meters))
     finally:
         for group in groups:
             group.close()
         tb.down()
         shutil.rmtree(top, ignore_errors=True)
     return _report(args, runs)
+
+
+def _repetition(
+    tb: Any,
+    top: Path,
+    hostfile: Path,
+    rep: int,
+    args: argparse.Namespace,
+    meters: dict[str, CgroupMeter],
+) -> dict[str, Any]:
+    """One calibration and a run of every arm, in an order rotated per repetition."""
+    cal = calibrate(tb, top, hostfile, rep, args.seconds)
+    log(
+        f"run {rep + 1}: calibration {cal['wall_s']:.1f} s, shares {cal['shares']}, "
+        f"fixed step cost {cal['fixed_s']}"
+    )
+    splits = _splits(cal["file"], hostfile)
+    order = [*ARMS[rep % len(ARMS) :], *ARMS[: rep % len(ARMS)]]
+    done: dict[str, Any] = {"calibration": cal}
+    for kind in order:
+        done[kind] = run = train(tb, top, f"hetero-{kind}-{rep}", args.steps, splits[kind], meters)
+        log(
+            f"run {rep + 1} {kind}: {run['train_s']:.2f} s, median step "
+            f"{run['median_step_s'] * 1000:.1f} ms, stalls {run['stall_s']:.2f} s, final loss "
+            f"{run['final_loss']}, CPU s {_cpu_text(run['cpu'])}, load {run['load']}"
+        )
+    for kind in ARMS[1:]:
+        done[f"speedup_{kind}"] = done["uniform"]["train_s"] / done[kind]["train_s"]
+        done[f"step_speedup_{kind}"] = (
+            done["uniform"]["median_step_s"] / done[kind]["median_step_s"]
+        )
+    done["speedup"] = done["speedup_calibrated"]
+    return done
+
+
+def _cpu_text(cpu: dict[str, dict[str, float]]) -> str:
+    return "; ".join(
+        f"{host}: " + ", ".join(f"{k} {v:.2f}" for k, v in by.items()) for host, by in cpu.items()
+    )
 
 
 def _loss_diff(run: dict[str, Any], tail: int = 10) -> dict[str, float | None]:
@@ -416,12 +566,97 @@ def _loss_diff(run: dict[str, Any], tail: int = 10) -> dict[str, float | None]:
     return {"final_loss_rel": final, "last_steps_mean_rel": abs(mean_c - mean_u) / mean_u}
 
 
+def _per_step(cpu: dict[str, float], kind: str, steps: int) -> float | None:
+    value = cpu.get(kind)
+    return None if value is None else value / steps
+
+
+def _detail_metrics(runs: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """Where the time goes (info rows): the split before item 6, per-step medians (less
+    blurred by this machine's load than whole runs), stalls, and the CPU inside tb2's
+    half-CPU quota by process (is corral's agent taking the rank's CPU?)."""
+    rows = [
+        metric(
+            f"training time of {steps} steps, proportional split (rates only, before the "
+            "fixed step cost; info)",
+            median(r["proportional"]["train_s"] for r in runs),
+            "s",
+            "-",
+            None,
+            baseline=median(r["uniform"]["train_s"] for r in runs),
+            baseline_desc="uniform split (ratio: median of the paired speedups)",
+            ratio_value=median(r["speedup_proportional"] for r in runs),
+        )
+    ]
+    for kind in ARMS[1:]:
+        rows.append(
+            metric(
+                f"median step, {kind} split (info)",
+                median(r[kind]["median_step_s"] for r in runs),
+                "s",
+                "-",
+                None,
+                baseline=median(r["uniform"]["median_step_s"] for r in runs),
+                baseline_desc="uniform split's median step (ratio: median of the paired "
+                "per-step speedups)",
+                ratio_value=median(r[f"step_speedup_{kind}"] for r in runs),
+            )
+        )
+    for kind in ARMS:
+        rows.append(
+            metric(
+                f"stalls, {kind} split: training time - {steps} median steps (info)",
+                median(r[kind]["stall_s"] for r in runs),
+                "s",
+                "-",
+                None,
+            )
+        )
+    for host in HOSTS:
+        cpu = "half a CPU" if QUOTA[host] else "one CPU"
+        for who in ("agent", "sshd", "rank", "cgroup_throttled_s"):
+            values = [_per_step(r[k]["cpu"][host], who, steps) for r in runs for k in ARMS]
+            if all(v is None for v in values):
+                continue
+            what = "time its cgroup was throttled" if who.startswith("cgroup") else f"{who} CPU"
+            rows.append(
+                metric(
+                    f"{host} ({cpu}): {what} per step, all arms (info)",
+                    median(values),
+                    "s",
+                    "-",
+                    None,
+                )
+            )
+        busy = [
+            r[k]["cpu"][host].get("rank", 0.0) / r[k]["cpu"][host]["seconds"]
+            for r in runs
+            for k in ARMS
+            if r[k]["cpu"][host].get("seconds")
+        ]
+        rows.append(
+            metric(
+                f"{host} ({cpu}): the rank's CPU per second of training, all arms (info)",
+                median(busy),
+                "CPU-s/s",
+                "-",
+                None,
+            )
+        )
+    return rows
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> int:
     uni_s = median(r["uniform"]["train_s"] for r in runs)
     cal_s = median(r["calibrated"]["train_s"] for r in runs)
-    # paired: each repetition runs its uniform and calibrated jobs back to back (ABBA
-    # order), so the median of the pairs' speedups is less blurred by this machine's load
-    # changing between repetitions than the ratio of the two medians
+    # paired: each repetition runs its arms back to back (order rotated), so the median
+    # of the pairs' speedups is less blurred by this machine's load changing between
+    # repetitions than the ratio of the two medians
     speedup = median(r["speedup"] for r in runs)
     cal_cost = median(r["calibration"]["wall_s"] for r in runs)
     diffs = [_loss_diff(r) for r in runs]
@@ -429,7 +664,7 @@ def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> int:
         (d["final_loss_rel"] for d in diffs if d["final_loss_rel"] is not None), default=None
     )
     tail_diff = max(d["last_steps_mean_rel"] for d in diffs if d["last_steps_mean_rel"] is not None)
-    left = sum(r[k]["left_processes"] for r in runs for k in ("uniform", "calibrated"))
+    left = sum(r[k]["left_processes"] for r in runs for k in ARMS)
     speed_met = speedup is not None and speedup >= SPEEDUP_TARGET
     loss_met = loss_diff is not None and loss_diff <= LOSS_TARGET
     shares = [r["calibration"]["shares"]["tb2"] for r in runs]
@@ -471,9 +706,10 @@ def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> int:
             None,
         ),
         metric("job processes left on any host", left, "count", "0", left == 0),
+        *_detail_metrics(runs, per_step),
     ]
     for r in runs:  # the plot has the series; keep the JSON readable
-        for kind in ("uniform", "calibrated"):
+        for kind in ARMS:
             for rank in r[kind]["ranks"].values():
                 _, times, _ = step_times(rank)
                 rank["median_step_s"] = median(times)
@@ -495,10 +731,14 @@ def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> int:
                 "calibration_seconds": args.seconds,
                 "quota_period_us": args.period_us,
                 "script": ["examples/train_ddp.py", *_train_args(args.steps)],
-                "plot": [str(PLOT_DOC.relative_to(ROOT)), str(PLOT_RESULT.relative_to(ROOT))],
+                "plot": [_shown(PLOT_DOC), _shown(PLOT_RESULT)],
             },
             "samples": {"runs": runs, "loss_differences": diffs},
             "medians": {
+                "proportional_train_s": median(r["proportional"]["train_s"] for r in runs),
+                "proportional_speedup": median(r["speedup_proportional"] for r in runs),
+                "step_speedup_calibrated": median(r["step_speedup_calibrated"] for r in runs),
+                "step_speedup_proportional": median(r["step_speedup_proportional"] for r in runs),
                 "uniform_train_s": uni_s,
                 "calibrated_train_s": cal_s,
                 "speedup": speedup,

@@ -154,6 +154,20 @@ def test_two_batch_sizes_separate_the_fixed_cost_even_with_stalls() -> None:
     assert rate.examples_per_s == pytest.approx(500.0)
 
 
+def test_no_fixed_cost_within_the_noise_is_zero_and_slower_small_batches_are_no_fit() -> None:
+    # per step: 100 examples in 0.099 s, 25 in 0.024 s: the line's intercept is below 0
+    samples, now = [], 0.0
+    for step in range(1, 21):
+        b, t = (100, 0.099) if step % 2 == 0 else (25, 0.024)
+        now += t
+        samples.append(Sample(now, float(b), steps=1))
+    fit = step_cost(samples[1:], samples[0].time)
+    assert fit is not None and fit[0] == 0.0
+    assert fit[1] == pytest.approx((100**2 + 25**2) / (100 * 0.099 + 25 * 0.024))
+    backwards = [Sample(s.time, 125 - s.examples, steps=1) for s in samples]
+    assert step_cost(backwards[1:], backwards[0].time) is None
+
+
 def test_one_batch_size_measures_no_fixed_cost_as_before() -> None:
     samples = [Sample(0.1 * i, 50.0, steps=1) for i in range(1, 30)]
     assert step_cost(samples[1:], samples[0].time) is None

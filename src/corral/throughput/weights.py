@@ -119,8 +119,9 @@ def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | 
     """``(f, r)`` of ``t(b) = f + b / r`` fitted to the reports after ``start`` (in
     time order), or None when they do not tell a fixed cost from a per-example one:
     fewer than two batch sizes at least :data:`_FIT_SPREAD` apart with
-    :data:`_FIT_STEPS` steps each, reports without ``steps``, or a fit with no
-    positive fixed cost. Each batch size counts with the median time of its steps,
+    :data:`_FIT_STEPS` steps each, reports without ``steps``, or smaller batches
+    that were not faster. A fixed cost below 0 (noise) is 0, with the rate of the
+    line through the origin. Each batch size counts with the median time of its steps,
     so a stall (another process, a page fault) does not move the line."""
     times: dict[float, list[float]] = {}
     previous = start
@@ -139,9 +140,11 @@ def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | 
     mean_t = statistics.fmean(t for _, t in points)
     spread = sum((b - mean_b) ** 2 for b, _ in points)
     slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / spread
+    if slope <= 0:
+        return None  # smaller batches no faster: not a cost per example
     fixed = mean_t - slope * mean_b
-    if slope <= 0 or fixed <= 0:
-        return None
+    if fixed <= 0:  # no fixed cost within the noise: the line through the origin
+        return 0.0, sum(b * b for b, _ in points) / sum(b * t for b, t in points)
     return fixed, 1.0 / slope
 
 
