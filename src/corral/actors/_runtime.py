@@ -323,17 +323,16 @@ class WorkerSupervisor:
             return self._died(f"could not start: {exc}", None), False
         self.started = time.time()
         self.mailbox.renew()
+        self.hello = {}  # the pid of a dead process is no longer the worker's
         with self._write_lock:  # nothing is sent to the new process before init
             self.proc = proc
             self.alive = True
             self._pipes = LocalPipes.of(proc)
             self._write(fr.INIT, fr.encode_json(spec.init))
-        if self._notice is not None:  # told once the new process takes messages
-            self.mailbox.put("raise", self._notice)
-            self._notice = None
         pump = asyncio.ensure_future(self._pump_stderr(proc))
         beat = asyncio.ensure_future(self._heartbeat(float(spec.init.get("heartbeat_every", 0))))
         problem = await self._read_until_gone(proc)
+        self._tell_restart()  # it ended before its first frame: told before its end
         with self._write_lock:
             self.alive = False
             if self._pipes is not None:
@@ -462,6 +461,11 @@ class WorkerSupervisor:
                     stream = io.BufferedReader(raw, _CHUNK)
                     while (frame := fr.read_frame(stream)) is not None:
                         kind, body = frame
+                        if kind == fr.HELLO:  # here: before its messages, as it sent it
+                            self._hello(body)
+                            continue
+                        if self._notice is not None:
+                            self._tell_restart()
                         if kind == fr.MSG:
                             self.mailbox.put_msg(body)
                         elif kind in _LOOP_FRAMES:
@@ -481,10 +485,13 @@ class WorkerSupervisor:
 
     def _frame(self, kind: int, body: bytes | bytearray) -> None:
         """One frame from the worker (on the loop)."""
+        if kind == fr.HELLO:
+            self._hello(body)
+            return
+        if self._notice is not None:
+            self._tell_restart()
         if kind == fr.MSG:
             self.mailbox.put_msg(body)
-        elif kind == fr.HELLO:
-            self.hello = fr.decode_json(body)
         elif kind == fr.READY:
             if self.machine.state == JobState.STARTING:
                 self.machine.to(JobState.RUNNING, "ready")
@@ -498,6 +505,20 @@ class WorkerSupervisor:
             self._report(body)
         else:
             raise fr.ProtocolError(f"unexpected frame kind {kind} from the worker")
+
+    def _hello(self, body: bytes | bytearray) -> None:
+        """The process's first frame (its pid, interface...); then its restart is told,
+        so a handle that raised WorkerRestarted already shows the new process."""
+        self.hello = fr.decode_json(body)
+        self._tell_restart()
+
+    def _tell_restart(self) -> None:
+        """Put the pending WorkerRestarted in the mailbox, once: before anything the
+        new process sent (from its reader thread or the loop)."""
+        with self.mailbox.cond:  # a reentrant lock (put takes it too)
+            notice, self._notice = self._notice, None
+            if notice is not None:
+                self.mailbox.put("raise", notice)
 
     def _remote_error(self, info: Mapping[str, Any]) -> None:
         error = RemoteError(

@@ -65,7 +65,9 @@ class WorkerDied(ActorError):
 
 class WorkerRestarted(WorkerDied):
     """The worker died and was started again (``restarts`` times so far): raised once
-    by ``recv``; messages sent before are lost, so set the new worker up again."""
+    by ``recv``, before anything the new process sends and after its hello (the
+    handle's ``pid`` is then the new process's; None if it failed before saying it);
+    messages sent before are lost, so set the new worker up again."""
 
     def __init__(self, died: WorkerDied, restarts: int) -> None:
         self.restarts = restarts
