@@ -738,6 +738,29 @@ def test_every_job_is_built_by_the_one_builder() -> None:
     assert [m for m in BUILT_ELSEWHERE if not made.get(m)] == [], "fixed: drop it"
 
 
+#: What the actors runtime may import of the engine's layer (job/, plan/): the one
+#: builder (its workers are a JobDescription made ready by ``job.build.ready_ranks``)
+#: and the value modules. Never the planner, the resolver or the engine themselves.
+ACTORS_REACH: tuple[str, ...] = (
+    *("corral.job.build", "corral.job.describe", "corral.job.schema"),
+    *("corral.job.states", "corral.job.result", "corral.job.logfiles"),
+)
+
+
+def test_the_actors_build_their_workers_through_the_builder() -> None:
+    """Issue 31: the actors runtime plans its workers with job/build.py (an option
+    means the same there as for corral run), not a launch path of its own."""
+    reached = {
+        dep
+        for module, deps in _full_graph().items()
+        if _package(module) == "corral.actors"
+        for dep in deps
+        if _package(dep) in ("corral.job", "corral.plan")
+    }
+    assert sorted(reached - set(ACTORS_REACH)) == []
+    assert "corral.job.build" in reached
+
+
 def test_the_builder_check_sees_a_job_made(tmp_path: Path) -> None:
     sample = tmp_path / "x.py"
     sample.write_text(

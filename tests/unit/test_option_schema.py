@@ -16,6 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from corral.cli.main import _register, app
+from corral.errors import ConfigError
 from corral.job.schema import ENTRIES, JobOptions, Option, default_of, options_of
 from corral.service.models import OWN, JobRequest
 
@@ -53,6 +54,48 @@ def _form_inputs() -> set[str]:
     return generated | set(re.findall(r'id="([a-z_]+)"', NEW_JOB_PAGE))
 
 
+ACTOR_SAMPLES: dict[str, Any] = {
+    "python": "/opt/py/bin/python3",
+    "master_addr": "10.0.0.9",
+    "master_port": 1234,
+    "workdir": "/srv/work",
+    "env": {"K": "v", "FOO": "1"},
+    "secret_env": ("K",),
+    "nccl_interface": "eth9",
+    "gloo_interface": "eth8",
+    "collective_timeout": 42.0,
+    "checkpoint_dir": "/ckpt",
+    "run_dir": "/elsewhere",
+    "job_id": "other-id",
+    "qos": "utility",
+    "workload_weights": (1.0, 3.0),
+    "max_restarts": 2,
+    "restart_backoff": 3.0,
+    "host_timeout": 7.0,
+    "grace": 1.0,
+}
+"""A value for each field the actors runtime takes: the finder sees the field there when
+it changes what the builder readies for the workers (their spec, env, policies)."""
+
+
+def _actors_take(name: str) -> bool:
+    """Field ``name`` set on an actors job (two SSH hosts) changes its ready workers."""
+    from corral.cluster.model import Cluster, Host
+    from corral.job.build import ready_ranks
+    from corral.job.describe import JobDescription
+
+    if name not in ACTOR_SAMPLES:
+        return False
+    base = JobOptions(job_id="j", env={"K": "v"})
+    cluster = Cluster(hosts=(Host(name="a"), Host(name="b")))
+
+    def ready(options: JobOptions) -> str:
+        made = ready_ranks(JobDescription(options, cluster), "/w.py")
+        return repr((made.spec, made.policies, made.ranks, made.master_addr))
+
+    return ready(dataclasses.replace(base, **{name: ACTOR_SAMPLES[name]})) != ready(base)
+
+
 def _finders() -> dict[str, Callable[[str, Option], bool]]:
     def verb(entry: str) -> Callable[[str, Option], bool]:
         def found(name: str, opt: Option) -> bool:
@@ -66,6 +109,7 @@ def _finders() -> dict[str, Callable[[str, Option], bool]]:
         **{entry: verb(entry) for entry in VERB_OF},
         "api": lambda name, opt: opt.name_at("api", name) in JobRequest.model_fields,
         "web": lambda name, opt: opt.name_at("web", name) in inputs,
+        "actors": lambda name, opt: _actors_take(name),
     }
 
 
@@ -181,3 +225,34 @@ def test_collective_timeout_from_the_api_and_the_form() -> None:
     fields = {f.name: f for s in option_sections() for f in s.fields}
     assert fields["collective_timeout"].default == 1800.0
     assert fields["collective_timeout"].kind == "number"
+
+
+def _out_of_bounds(opt: Option) -> Any:
+    """A value outside ``opt``'s bounds (the first one that has such a value)."""
+    bounds = opt.bounds
+    if "pattern" in bounds:
+        return "a b"
+    if "min_length" in bounds:
+        return ""
+    if "max_length" in bounds:
+        return "x" * (bounds["max_length"] + 1)
+    if "gt" in bounds:
+        return bounds["gt"]
+    if "ge" in bounds:
+        return bounds["ge"] - 1
+    return bounds.get("le", bounds.get("lt")) + 1
+
+
+@pytest.mark.parametrize("item", [f for f, o in options_of() if o.bounds], ids=lambda f: f.name)
+def test_the_builder_refuses_what_the_api_refuses(item: dataclasses.Field[Any]) -> None:
+    """A value the API's JobRequest refuses (the schema's bounds) is refused by the one
+    builder too, naming the flag: corral run, plan, the renders and the actors alike."""
+    from corral.job.build import job_spec, policies
+
+    opt: Option = item.metadata["option"]
+    base = JobOptions(command=("t.py",), launcher="python", env={"K": "v"})
+    bad = dataclasses.replace(base, **{item.name: _out_of_bounds(opt)})
+    with pytest.raises(ConfigError) as caught:
+        policies(bad)
+        job_spec(bad)
+    assert caught.value.option == (opt.flag or item.name)

@@ -9,7 +9,6 @@ import atexit
 import contextlib
 import os
 import secrets
-import socket
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -35,9 +34,9 @@ from corral.actors.errors import (
 from corral.actors.nccl import NCCLConfig, create_nccl_configs
 from corral.cluster import Cluster as HostCluster
 from corral.cluster import Host, load_cluster
-from corral.contract import ACTOR_ENV, JOB_ID_ENV
-from corral.defaults import DEFAULT_MASTER_PORT
+from corral.contract import ACTOR_ENV
 from corral.errors import ConfigError
+from corral.job.schema import JobOptions
 from corral.job.states import JobState
 from corral.recovery.restart import RestartPolicy
 from corral.remote.python import candidates
@@ -46,6 +45,11 @@ from corral.transport.choose import transport_for
 from corral.transport.options import SshOptions
 
 WorkFn = Callable[..., Any] | str
+
+#: The file every worker runs (the job's script, as the builder plans it).
+WORKER_FILE = str(Path(__file__).with_name("worker.py"))
+#: ``Cluster(run_dir=...)`` not given: the options' ``run_dir``.
+_OPTIONS_RUN_DIR = ""
 
 #: Seconds the other workers of a group operation get once one has failed.
 GROUP_GRACE = 5.0
@@ -88,8 +92,9 @@ class _StopsOnExit(ABC):
     """``with``: :meth:`stop` on the way out."""
 
     @abstractmethod
-    def stop(self, grace: float = 5.0) -> None:
-        """Ask the worker(s) to finish, wait up to ``grace`` seconds, then kill."""
+    def stop(self, grace: float | None = None) -> None:
+        """Ask the worker(s) to finish, wait up to ``grace`` seconds (None: the job's
+        ``grace``), then kill."""
 
     def __enter__(self: _S) -> _S:
         return self
@@ -320,25 +325,24 @@ def _gather(
     return [results[h.rank] for h in handles]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Cluster(_StopsOnExit):
     """Workers on every node, driven from this process.
 
     ``Cluster(nodes=[NodeConfig(host, num_workers, ...)], ssh=SshOptions(...))`` or
     :meth:`from_hosts` (a corral hostfile, ``h1,h2`` or ``local:N``). ``local=True``
-    runs every node as local processes. ``master_addr`` defaults to the first
-    node's address, ``master_port`` 0 to a free port (local) or 29500 (SSH). A host
-    that stops answering is declared lost after ``host_timeout`` seconds (its
-    workers' ``recv`` raise WorkerDied), and workers that hear no heartbeat from
-    this process for twice that exit, with everything they started. Worker
-    stderr goes to this process's stderr as ``[host:rank]`` lines (``echo``) and to
-    ``<run_dir>/actors-<id>/logs/<host>.<rank>.log`` (``run_dir=None``: no files);
-    ``on_report(rank, report)`` is called (on the loop thread) for every
+    runs every node as local processes. ``options``: the job's options, as ``corral
+    run`` takes them (:class:`~corral.job.schema.JobOptions`: ``env``,
+    ``collective_timeout``, ``checkpoint_dir``, ``max_restarts``, ``grace``... see
+    docs/actors.md); the workers are planned from them by the one builder
+    (:func:`corral.job.build.ready_ranks`). ``master_addr``, ``master_port``,
+    ``host_timeout`` and ``run_dir``, when given, set those options: ``master_addr``
+    defaults to the first node's address, ``master_port`` 0 to a free port (local) or
+    29500 (SSH). A host that stops answering is declared lost after ``host_timeout``
+    seconds (its workers' ``recv`` raise WorkerDied), and workers that hear no
+    heartbeat from this process for twice that exit, with everything they started.
+    Worker stderr goes to this process's stderr as ``[host:rank]`` lines (``echo``)
+    and to ``<run_dir>/actors-<id>/logs/<host>.<rank>.log`` (``run_dir=None``: no
+    files); ``on_report(rank, report)`` is called (on the loop thread) for every
     ``corral.sdk.report`` of a worker.
     """
 
@@ -349,11 +353,12 @@ class Cluster(_StopsOnExit):
         *,
         local: bool = False,
         master_addr: str | None = None,
-        master_port: int = 0,
-        host_timeout: float = 15.0,
-        run_dir: str | Path | None = "runs",
+        master_port: int | None = None,
+        host_timeout: float | None = None,
+        run_dir: str | Path | None = _OPTIONS_RUN_DIR,
         echo: bool = True,
         on_report: Callable[[int, dict[str, Any]], None] | None = None,
+        options: JobOptions | None = None,
     ) -> None:
         if not nodes:
             raise ConfigError("no nodes: expected at least one NodeConfig")
@@ -363,13 +368,21 @@ class Cluster(_StopsOnExit):
         self.nodes = list(nodes)
         self.ssh = ssh or SshOptions()
         self.local = local
-        self.master_addr = master_addr
-        self.master_port = master_port
-        self.host_timeout = host_timeout
-        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+        given: dict[str, Any] = {
+            "master_addr": master_addr,
+            "master_port": master_port,
+            "host_timeout": host_timeout,
+            "run_dir": None if run_dir in (None, _OPTIONS_RUN_DIR) else str(run_dir),
+        }
+        options = replace(
+            options or JobOptions(), **{k: v for k, v in given.items() if v is not None}
+        )
+        #: The job's options (the builder's input): what ``start`` plans the workers from.
+        self.options = replace(options, job_id=options.job_id or f"actors-{self.id}")
+        self.run_dir = None if run_dir is None else Path(self.options.run_dir)
         self.echo = echo
         self.on_report = on_report
-        self.id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
         self.workers: list[WorkerHandle] = []
         self._base_hosts: dict[str, Host] = {}
         self._runtime: LoopThread | None = None
@@ -389,7 +402,7 @@ class Cluster(_StopsOnExit):
         python: str | None = None,
         env: dict[str, str] | None = None,
         workdir: str | None = None,
-        **options: Any,
+        **kwargs: Any,
     ) -> Cluster:
         """A cluster from a hostfile (any corral format), ``h1,h2,...`` or ``local:N``;
         each host runs ``workers_per_host`` workers (default: its slots)."""
@@ -406,7 +419,7 @@ class Cluster(_StopsOnExit):
             )
             for h in found.hosts
         ]
-        cluster = cls(nodes, ssh, local=found.is_local, **options)
+        cluster = cls(nodes, ssh, local=found.is_local, **kwargs)
         cluster._base_hosts = {h.name: h for h in found.hosts}
         return cluster
 
@@ -416,9 +429,22 @@ class Cluster(_StopsOnExit):
 
     @property
     def job_id(self) -> str:
-        """``actors-<id>``: every worker's ``CORRAL_JOB_ID`` (so ``corral check`` knows
-        its processes as a corral job's)."""
-        return f"actors-{self.id}"
+        """The options' ``job_id``, else ``actors-<id>``: every worker's ``CORRAL_JOB_ID``
+        (so ``corral check`` knows its processes as a corral job's)."""
+        return str(self.options.job_id)
+
+    @property
+    def master_addr(self) -> str | None:
+        return self.options.master_addr
+
+    @property
+    def master_port(self) -> int:
+        """The master port asked for (0: chosen at start, see :meth:`nccl_configs`)."""
+        return self.options.master_port
+
+    @property
+    def host_timeout(self) -> float:
+        return self.options.host_timeout
 
     @property
     def world_size(self) -> int:
@@ -439,7 +465,7 @@ class Cluster(_StopsOnExit):
                     slots=node.num_workers,
                     python=node.python or base.python,
                     interface=node.interface or base.interface,
-                    env={},
+                    env=dict(node.env),  # planned after the job's --env (the node's wins)
                 )
             )
         return hosts
@@ -473,40 +499,41 @@ class Cluster(_StopsOnExit):
 
     # -- start and stop -----------------------------------------------------------------
 
-    def _specs(self, work_fn: WorkFn) -> list[WorkerSpec]:
+    def _specs(self, work_fn: WorkFn) -> tuple[list[WorkerSpec], RestartPolicy]:
+        """Every worker, planned from the options by the one builder (each one's env
+        is the one ``corral run`` gives a rank), and the options' restart policy."""
+        from corral.job.build import ready_ranks
+        from corral.job.describe import JobDescription
+
         spec = describe(work_fn)
         hosts = self._hosts()
-        master_addr = self.master_addr or hosts[0].address
-        port = self.master_port or (_free_port() if self.local else DEFAULT_MASTER_PORT)
+        description = JobDescription(self.options, HostCluster(hosts=tuple(hosts)), self.ssh)
+        ready = ready_ranks(description, WORKER_FILE)
         self._configs = create_nccl_configs(
-            master_addr,
+            ready.master_addr,
             [(n.host, n.num_workers) for n in self.nodes],
-            port,
+            ready.spec.master_port,
             interfaces=[h.interface for h in hosts],
         )
         specs = []
-        by_node = [h for h, n in zip(hosts, self.nodes, strict=True) for _ in range(n.num_workers)]
-        nodes = [n for n in self.nodes for _ in range(n.num_workers)]
-        for config, host, node in zip(self._configs, by_node, nodes, strict=True):
-            env = {
-                **node.env,
-                **config.env(),
-                ACTOR_ENV: "1",
-                JOB_ID_ENV: self.job_id,
-                "PYTHONUNBUFFERED": "1",
-            }
+        for rank, config, node in zip(
+            ready.ranks,
+            self._configs,
+            [n for n in self.nodes for _ in range(n.num_workers)],
+            strict=True,
+        ):
             init = {
                 "version": corral.__version__,
-                "host": host.name,
-                "rank": config.rank,
-                "local_rank": config.local_rank,
+                "host": rank.host.name,
+                "rank": rank.rank,
+                "local_rank": rank.local_rank,
                 "world_size": config.world_size,
                 "local_world_size": config.local_world_size,
-                "node_rank": config.node_rank,
+                "node_rank": rank.node_rank,
                 "work_fn": spec.to_json(),
-                "workdir": node.workdir,
+                "workdir": node.workdir or ready.spec.workdir,
                 "default_workdir": os.getcwd(),
-                "master_addr": master_addr,
+                "master_addr": ready.master_addr,
                 "interface": config.interface,
                 # SSH: pings every host_timeout/3; a worker silent-for 2x host_timeout exits
                 "heartbeat_every": 0 if self.local else self.host_timeout / 3,
@@ -514,19 +541,23 @@ class Cluster(_StopsOnExit):
             }
             specs.append(
                 WorkerSpec(
-                    host=host,
-                    rank=config.rank,
-                    local_rank=config.local_rank,
-                    node_rank=config.node_rank,
-                    argv=worker_argv(host.python),
-                    env=env,
+                    host=rank.host,
+                    rank=rank.rank,
+                    local_rank=rank.local_rank,
+                    node_rank=rank.node_rank,
+                    argv=worker_argv(rank.python),
+                    env={**rank.env, ACTOR_ENV: "1", "PYTHONUNBUFFERED": "1"},
                     init=init,
                 )
             )
-        return specs
+        return specs, ready.policies.restarts
 
     def start(
-        self, work_fn: WorkFn, wait_time: float = 60.0, *, max_restarts: int | RestartPolicy = 0
+        self,
+        work_fn: WorkFn,
+        wait_time: float = 60.0,
+        *,
+        max_restarts: int | RestartPolicy | None = None,
     ) -> list[WorkerHandle]:
         """Start every worker running ``work_fn(handle)`` and wait (at most
         ``wait_time`` s) until each is about to run it; the handles in rank order.
@@ -537,20 +568,22 @@ class Cluster(_StopsOnExit):
         running its ``__main__`` block). A worker that dies is started again up to
         ``max_restarts`` times (its next ``recv`` raises WorkerRestarted once): an
         int restarts at once, a :class:`~corral.recovery.restart.RestartPolicy`
-        (the job engine's, ``--max-restarts``/``--restart-backoff``) waits its backoff.
+        (the job engine's, ``--max-restarts``/``--restart-backoff``) waits its backoff;
+        None: the options' ``max_restarts`` and ``restart_backoff``.
         Raises ActorStartError naming every worker that did not start (all are
         stopped then).
         """
         with self._lock:
             if self._runtime is not None:
                 raise ConfigError("this cluster is already started: stop() it first")
-            specs = self._specs(work_fn)
+            specs, policy = self._specs(work_fn)
             runtime = LoopThread(f"corral-actors-{self.id}")
             output = Output(echo=self.echo, log_dir=self.log_dir)
             self._runtime, self._output = runtime, output
         cond = threading.Condition()
         hosts = [s.host for s in specs]
-        policy = restart_policy(max_restarts)
+        if max_restarts is not None:
+            policy = restart_policy(max_restarts)
 
         async def boot() -> dict[int, ActorError]:
             self._transport = self._make_transport(hosts)
@@ -579,10 +612,12 @@ class Cluster(_StopsOnExit):
         atexit.register(self.stop)
         return list(self.workers)
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """Send every worker a stop frame (its ``recv`` raises ``Stopped``), wait up to
-        ``grace`` seconds, then SIGKILL each one's process group; closes the
-        connections. Safe to call twice."""
+        ``grace`` seconds (None: the options' ``grace``), then SIGKILL each one's process
+        group; closes the connections. Safe to call twice."""
+        if grace is None:
+            grace = self.options.grace
         with self._lock:
             runtime, self._runtime = self._runtime, None
         if runtime is None:
@@ -672,14 +707,15 @@ class Worker(WorkerHandle, _StopsOnExit):
         python: str | None = None,
         echo: bool = True,
         run_dir: str | Path | None = None,
-        max_restarts: int | RestartPolicy = 0,
+        max_restarts: int | RestartPolicy | None = None,
+        options: JobOptions | None = None,
     ) -> None:
         node = NodeConfig("local", 1, python=python, env=dict(env or {}), workdir=workdir)
-        self.cluster = Cluster([node], local=True, run_dir=run_dir, echo=echo)
+        self.cluster = Cluster([node], local=True, run_dir=run_dir, echo=echo, options=options)
         (handle,) = self.cluster.start(work_fn, wait_time, max_restarts=max_restarts)
         super().__init__(handle._sup, handle._runtime)
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """Stop the worker (see :meth:`Cluster.stop`)."""
         self.cluster.stop(grace)
 

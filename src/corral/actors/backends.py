@@ -61,6 +61,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from corral.contract import DIST_TIMEOUT_ENV
 from corral.errors import ConfigError
 from corral.sdk import info, init_distributed
 from corral.sdk.runtime import collect_garbage_at_exit
@@ -106,8 +107,9 @@ class BackendConfig:
     min_lr_ratio: float = 0.0
     device: str | None = None
     """``"cpu"``, ``"cuda"`` (``cuda:LOCAL_RANK``) or ``"cuda:N"``; None: CUDA if usable."""
-    timeout: float = 300.0
-    """Seconds for process-group setup and collectives when the backend creates the group."""
+    timeout: float | None = None
+    """Seconds for process-group setup and collectives when the backend creates the group;
+    None: the job's ``collective_timeout`` (``CORRAL_DIST_TIMEOUT``), else 300."""
     checkpoint_layout: CheckpointLayout = "per_rank"
     sync_module_states: bool = True
     """Broadcast rank 0's parameters and buffers before wrapping, so every rank starts equal."""
@@ -124,7 +126,7 @@ class BackendConfig:
             ("total_steps", self.total_steps is None or self.total_steps > self.warmup_steps,
              "> warmup_steps"),
             ("min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0, "between 0 and 1"),
-            ("timeout", self.timeout > 0, "> 0 seconds"),
+            ("timeout", self.timeout is None or self.timeout > 0, "> 0 seconds"),
             ("checkpoint_layout", self.checkpoint_layout in ("per_rank", "global"),
              "per_rank or global"),
         ]  # fmt: skip
@@ -193,6 +195,16 @@ def _bf16_support(device: torch.device) -> tuple[bool, str]:
     return False, f"bf16 is not known to work on {device.type}"
 
 
+def _group_timeout(config: BackendConfig) -> float:
+    """The process group's timeout: the config's, else the job's, else 300 s."""
+    if config.timeout is not None:
+        return config.timeout
+    with contextlib.suppress(ValueError):
+        if (seconds := float(os.environ.get(DIST_TIMEOUT_ENV, ""))) > 0:
+            return seconds
+    return 300.0
+
+
 def _ensure_process_group(config: BackendConfig) -> bool:
     """Initialise the default group from the environment unless one is up; True if we did."""
     if dist.is_initialized():
@@ -206,7 +218,7 @@ def _ensure_process_group(config: BackendConfig) -> bool:
     else:  # one process: an in-memory store, no port
         dist.init_process_group(
             backend, store=HashStore(), rank=0, world_size=1,
-            timeout=timedelta(seconds=config.timeout),
+            timeout=timedelta(seconds=_group_timeout(config)),
         )  # fmt: skip
     return True
 

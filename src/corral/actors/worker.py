@@ -42,7 +42,7 @@ from typing import Any
 from corral.actors import _framing as fr
 from corral.actors._workfn import WorkFnSpec, load
 from corral.actors.errors import ActorTimeout
-from corral.contract import CONTROL_ENV, CONTROL_TOKEN_ENV
+from corral.contract import CONTROL_ENV, CONTROL_TOKEN_ENV, QOS_ENV
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -303,6 +303,10 @@ def _apply_init(info: Mapping[str, Any]) -> str | None:
         env.setdefault("NCCL_SOCKET_IFNAME", interface)
         env.setdefault("GLOO_SOCKET_IFNAME", interface)
     os.environ.update(env)
+    if os.environ.get(QOS_ENV):  # the job's --qos (macOS), before work_fn's threads
+        from corral.sdk.runtime import apply_qos_from_env
+
+        apply_qos_from_env()
     return interface
 
 

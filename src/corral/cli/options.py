@@ -25,6 +25,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 import typer
 
 from corral.errors import ConfigError
+from corral.job.option import parse_nproc as parse_nproc_text
 from corral.job.schema import JobOptions, Option, default_of, options_of
 
 if typing.TYPE_CHECKING:
@@ -167,17 +168,8 @@ def _nproc(value: str | None, cluster: Cluster | None) -> int | None:
         from corral.job.resolve import parse_nproc
 
         return parse_nproc(value, cluster)
-    if value is None or value == "auto":
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
-        ) from None
-    if number < 1:
-        raise ConfigError(f"must be at least 1 (got {number})", option="--nproc-per-node")
-    return number
+    number = parse_nproc_text(value)
+    return None if number == "auto" else number
 
 
 def parse_weights(text: str | None) -> tuple[float, ...]:

@@ -17,6 +17,7 @@ from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError, LaunchError
 from corral.job.describe import JobDescription
+from corral.job.option import parse_nproc
 from corral.job.resolve import new_job_id
 from corral.private import private_dir, write_private
 from corral.slurm.render import (
@@ -117,16 +118,9 @@ SignalLeadOpt = Annotated[
 
 
 def _nproc(value: str | None, gpus: int) -> int | None:
-    if value is None:
-        return None
-    if value == "auto":
-        return gpus or 1
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
-        ) from None
+    """``--nproc-per-node N|auto``: 'auto' is the GPUs asked per node (else 1)."""
+    number = parse_nproc(value)
+    return (gpus or 1) if number == "auto" else number
 
 
 def _job(

@@ -16,18 +16,25 @@ it needs attached (its trackers; for a weighted job the drift monitor, which
 re-weighs its restarts with ``rebalance``); :func:`drive` runs it with Ctrl-C and
 SIGTERM mapped to its stop. The callers only subscribe to its events and render them.
 :func:`new_job` is the one place a Job is made.
+
+:func:`ready_ranks` is the same description for a caller that starts and watches
+each rank itself, with no engine Job: the actors runtime (:mod:`corral.actors`),
+whose long-lived workers the coordinator program drives by messages. It is validated
+and planned as above, so an option means the same there (or is refused, with the
+schema's reason, where that entry point does not offer it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from corral.agent.flight import trace_wait
-from corral.cluster.model import Cluster
+from corral.cluster.model import Cluster, Host
 from corral.contract import (
     FT_SYNC_ENV,
     FT_SYNC_EVERY_ENV,
@@ -36,12 +43,13 @@ from corral.contract import (
     QOS_CLASSES,
     STEP_OVERHEADS_ENV,
 )
+from corral.defaults import DEFAULT_MASTER_PORT
 from corral.diagnose.gpu import job_backend
 from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
 from corral.job.describe import JobDescription
 from corral.job.describe import JobOptions as JobOptions  # re-exported: builders name it
-from corral.job.engine import Job
+from corral.job.option import default_of
 from corral.job.options import (
     CheckpointPolicy,
     CheckPolicy,
@@ -50,9 +58,9 @@ from corral.job.options import (
     SupervisionPolicy,
     SyncPolicy,
 )
-from corral.job.resolve import check_launch, new_job_id
+from corral.job.resolve import check_launch, new_job_id, plan_attempt, resolve
 from corral.job.result import JobResult
-from corral.job.tracking import attach_tracking
+from corral.job.schema import options_of
 from corral.plan.launchers import launcher_options, validate_launcher
 from corral.plan.launchers.mlx import check_backend
 from corral.plan.spec import HarnessMode, JobSpec, Launcher
@@ -64,6 +72,7 @@ from corral.transport.options import SshOptions
 if TYPE_CHECKING:
     # loaded for a weighted job only (pydantic): a launch's start is on every job's path
     from corral.job.drift import DriftMonitor
+    from corral.job.engine import Job  # loaded by new_job: ready_ranks runs no engine
     from corral.throughput.model import Calibration
 
 
@@ -109,6 +118,37 @@ def ft_sync_env(options: JobOptions) -> dict[str, str]:
             option="--ft-sync-every",
         )
     return env
+
+
+_LIMITS: dict[str, tuple[Callable[[float, float], bool], str]] = {
+    "gt": (lambda value, limit: value > limit, "more than"),
+    "ge": (lambda value, limit: value >= limit, "at least"),
+    "lt": (lambda value, limit: value < limit, "less than"),
+    "le": (lambda value, limit: value <= limit, "at most"),
+}
+
+
+def check_bounds(options: JobOptions) -> None:
+    """Every option within its schema's bounds (:attr:`~corral.job.option.Option.bounds`,
+    the API's constraints), so every entry point refuses the same values: ConfigError
+    naming the option."""
+    for item, opt in options_of():
+        value = getattr(options, item.name)
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            continue
+        for key, limit in opt.bounds.items():
+            why = None
+            if isinstance(value, str):
+                if key == "min_length" and len(value) < limit:
+                    why = f"must have at least {limit} characters"
+                elif key == "max_length" and len(value) > limit:
+                    why = f"must have at most {limit} characters (got {len(value)})"
+                elif key == "pattern" and not re.search(limit, value):
+                    why = f"{value!r} does not match {limit}"
+            elif key in _LIMITS and not _LIMITS[key][0](value, limit):
+                why = f"must be {_LIMITS[key][1]} {limit:g} (got {value:g})"
+            if why is not None:
+                raise ConfigError(why, option=opt.flag or item.name)
 
 
 def job_spec(options: JobOptions) -> JobSpec:
@@ -174,6 +214,7 @@ def job_spec(options: JobOptions) -> JobSpec:
     validate_launcher(spec)  # before resolve() rewrites the script's path
     # in-place recovery's launcher check needs no cluster: the same error everywhere
     RecoveryPolicy(options.recovery).check(spec.launcher, hosts=2, min_nodes=None)
+    check_bounds(options)  # last: what the checks above do not name more precisely
     return spec
 
 
@@ -217,6 +258,9 @@ def new_job(
 ) -> Job:
     """The engine's Job of a built spec and its policies on ``cluster`` (its trackers,
     if any, subscribed first)."""
+    from corral.job.engine import Job
+    from corral.job.tracking import attach_tracking
+
     job = Job(
         spec,
         cluster,
@@ -328,3 +372,72 @@ async def drive(job: Job, stop: Callable[[], None] | None = None) -> JobResult:
     second signal kills); its result."""
     with stop_on_signals(stop or job.stop):
         return await job.run()
+
+
+def refuse_unoffered(options: JobOptions, entry: str) -> None:
+    """ConfigError naming the first option set (to other than its default) that the
+    entry point ``entry`` does not offer, with the schema's reason
+    (:attr:`~corral.job.option.Option.not_at`)."""
+    for item, opt in options_of():
+        if entry in opt.not_at and getattr(options, item.name) != default_of(item):
+            raise ConfigError(
+                f"not for the {entry} runtime: {opt.not_at[entry]}", option=opt.flag or item.name
+            )
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """One rank that its caller starts and watches itself: where it runs, its place in
+    the job, the interpreter to run it with (None: the host's usual ones) and its
+    environment, as ``corral run`` plans it (the job's ``--env``, the rank layout,
+    ``CORRAL_DIST_TIMEOUT``, the interfaces, the checkpoint dir...)."""
+
+    host: Host
+    rank: int
+    local_rank: int
+    node_rank: int
+    python: str | None
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ReadyRanks:
+    """A description ready for a caller that starts its ranks itself: the resolved
+    spec, the policies (its restart policy: ``policies.restarts``) and every rank."""
+
+    spec: JobSpec
+    policies: Policies
+    ranks: tuple[RankStart, ...]
+    master_addr: str
+
+
+def ready_ranks(description: JobDescription, worker: str, *, entry: str = "actors") -> ReadyRanks:
+    """``description``'s ranks for a caller that starts and watches each one itself
+    (the actors runtime: workers a coordinator program drives, no torchrun, no node
+    agent). Refused as every entry point refuses a job (:func:`build_job`), and the
+    options ``entry`` does not offer refused with their reason; resolved for this
+    machine (a free master port on ``local:N``; on SSH hosts a port of 0 is the default
+    port, as no node agent probes the first host) and planned as ``--launcher python``
+    plans its ranks, one per slot. ``worker``: the file every rank runs."""
+    options = description.complete().options
+    refuse_unoffered(options, entry)
+    options = dataclasses.replace(options, command=(worker,), launcher="python")
+    spec, made = build_job(options)
+    cluster = description.cluster
+    spec = resolve(spec, cluster)
+    if spec.master_port == 0:
+        spec = dataclasses.replace(spec, master_port=DEFAULT_MASTER_PORT)
+    commands = plan_attempt(spec, cluster).commands
+    ranks = tuple(
+        RankStart(
+            host=command.host,
+            rank=rank.rank,
+            local_rank=rank.local_rank,
+            node_rank=command.node_rank,
+            python=command.host.python or spec.python,
+            env={**command.env, **rank.env},
+        )
+        for command in commands
+        for rank in command.ranks
+    )
+    return ReadyRanks(spec, made, ranks, commands[0].master_addr)

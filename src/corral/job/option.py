@@ -1,7 +1,8 @@
 """How a job option is offered (:class:`Option`), and the field helpers the options'
 one schema (:class:`corral.job.schema.JobOptions`) declares its fields with: a
 field's type and default are the dataclass field's, the rest its ``Option`` in the
-field's metadata. A leaf: the standard library only."""
+field's metadata, and the parsing of the flags whose text is not their value
+(:func:`parse_nproc`). A leaf: the standard library and :mod:`corral.errors` only."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from corral.errors import ConfigError
+
 T = TypeVar("T")
 
-Entry = Literal["run", "plan", "submit", "api", "web", "k8s", "slurm"]
+Entry = Literal["run", "plan", "submit", "api", "web", "k8s", "slurm", "actors"]
 """An entry point a job is described at: the verbs ``corral run``, ``corral plan``,
-``corral job submit``, the API's ``JobRequest``, the web page's new-job form, and the
-renders ``corral k8s render|apply`` and ``corral slurm render|submit``."""
-ENTRIES: tuple[Entry, ...] = ("run", "plan", "submit", "api", "web", "k8s", "slurm")
+``corral job submit``, the API's ``JobRequest``, the web page's new-job form, the
+renders ``corral k8s render|apply`` and ``corral slurm render|submit``, and the actors
+runtime (``corral.actors.Cluster(options=...)``, built by ``job.build.ready_ranks``)."""
+ENTRIES: tuple[Entry, ...] = ("run", "plan", "submit", "api", "web", "k8s", "slurm", "actors")
 VERBS: tuple[Entry, ...] = ("run", "plan", "submit", "k8s", "slurm")
 """The entry points that are command-line verbs (their flags come from the schema)."""
 
@@ -88,6 +92,24 @@ def option_list(help: str, not_at: Mapping[str, str] | None = None, **spec: Any)
     return field(default_factory=factory, metadata={"option": found})
 
 
+def parse_nproc(text: str | None) -> int | Literal["auto"] | None:
+    """``--nproc-per-node N|auto`` as given: a number >= 1, ``"auto"`` (what it means,
+    GPUs or slots, is the caller's), or None (not given). ConfigError naming the flag."""
+    if text is None:
+        return None
+    if text == "auto":
+        return "auto"
+    try:
+        number = int(text)
+    except ValueError:
+        raise ConfigError(
+            f"{text!r} is not a number or 'auto'", option="--nproc-per-node"
+        ) from None
+    if number < 1:
+        raise ConfigError(f"must be at least 1 (got {number})", option="--nproc-per-node")
+    return number
+
+
 def default_of(item: dataclasses.Field[Any]) -> Any:
     """A field's default (its factory's value for the empty collections)."""
     if item.default is not dataclasses.MISSING:
@@ -96,4 +118,13 @@ def default_of(item: dataclasses.Field[Any]) -> Any:
     return factory()
 
 
-__all__ = ["ENTRIES", "VERBS", "Entry", "Option", "default_of", "option", "option_list"]
+__all__ = [
+    "ENTRIES",
+    "VERBS",
+    "Entry",
+    "Option",
+    "default_of",
+    "option",
+    "option_list",
+    "parse_nproc",
+]

@@ -25,6 +25,7 @@ from corral.agent.probe import try_bind
 from corral.cluster.model import Cluster
 from corral.contract import is_env_name
 from corral.errors import ConfigError, LaunchError
+from corral.job.option import parse_nproc as parse_nproc_text
 from corral.plan.render import plan_job
 from corral.plan.spec import LAUNCHERS, NODE_LAUNCHERS, JobSpec, NodeCommand
 
@@ -80,20 +81,12 @@ def _count_local_gpus() -> int:
 
 
 def parse_nproc(value: str | None, cluster: Cluster) -> int | None:
-    """``--nproc-per-node``: an int >= 1, 'auto' (GPUs or slots), or None (slots)."""
-    if value is None:
-        return None
-    if value == "auto":
+    """``--nproc-per-node``: an int >= 1, 'auto' (this machine's GPUs on ``local:N``,
+    else the slots: None), or None (slots)."""
+    number = parse_nproc_text(value)
+    if number == "auto":
         gpus = _count_local_gpus() if cluster.is_local else 0
         return gpus or None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{value!r} is not a number or 'auto'", option="--nproc-per-node"
-        ) from None
-    if number < 1:
-        raise ConfigError(f"must be at least 1 (got {number})", option="--nproc-per-node")
     return number
 
 

@@ -55,12 +55,17 @@ _NO_PREFLIGHT = "no corral pre-flight there: the pods / the allocation start at 
 _RENDERS = {"k8s": _NO_SUPERVISOR, "slurm": _NO_SUPERVISOR}
 _SUPERVISED = {"plan": _DRY, **_RENDERS}
 """Not at the dry run and the renders: what corral's supervisor or pre-flight does."""
-_CHECKED = {"plan": _DRY, "k8s": _NO_PREFLIGHT, "slurm": _NO_PREFLIGHT}
+_NO_ACTOR_CHECKS = "no pre-flight in the actors runtime: the coordinator starts its workers at once"
+_CHECKED = {"plan": _DRY, "k8s": _NO_PREFLIGHT, "slurm": _NO_PREFLIGHT, "actors": _NO_ACTOR_CHECKS}
 _SERVED_MASTER = "the server makes its first chosen machine the master"
+_NO_ACTORS_IN_PLACE = "an actors worker restarts alone (max_restarts); no in-place recovery yet"
 _IN_PLACE_ONLY = {
-    e: "no in-place recovery there (no Lighthouse, no replica groups)" for e in _RENDERS
+    **{e: "no in-place recovery there (no Lighthouse, no replica groups)" for e in _RENDERS},
+    "actors": _NO_ACTORS_IN_PLACE,
 }
-"""Not at the renders: what only ``--recovery in-place`` (not offered there) uses."""
+"""Not at the renders and the actors: what only ``--recovery in-place`` uses."""
+_WORK_FN = "every actors worker runs the coordinator's work_fn (Cluster.start), one per rank"
+_COORDINATED = "the coordinator program watches its workers itself (recv/call timeouts, on_report)"
 
 
 def _not_served(why: str) -> dict[str, str]:
@@ -99,12 +104,14 @@ class JobOptions:
         (),
         "The script and its arguments, after `--` (none for the launchers that run "
         "their own command).",
+        {"actors": _WORK_FN},
         names={"api": "script", "web": "script"},
     )
     launcher: str | None = option(
         None,
         f"How ranks are started: {'|'.join(LAUNCHERS)}. Default: torchrun (accelerate "
         "with --harness). See docs/launchers.md.",
+        {"actors": _WORK_FN},
         flag="--launcher",
         choices=LAUNCHERS,
         what="launcher",
@@ -131,6 +138,7 @@ class JobOptions:
     nproc_per_node: int | None = option(
         None,
         "Ranks per node: N, or 'auto' (GPUs, else the host's slots). Default: the host's slots.",
+        {"actors": "a node's workers: NodeConfig.num_workers (from_hosts: workers_per_host)"},
         flag="--nproc-per-node",
         metavar="N|auto",
         envvar="CORRAL_NPROC_PER_NODE",
@@ -219,7 +227,11 @@ class JobOptions:
     timeout: float | None = option(
         None,
         "Stop the whole job after this many seconds (exit 124).",
-        {"plan": _DRY, "slurm": "Slurm's own --time limit ends the allocation"},
+        {
+            "plan": _DRY,
+            "slurm": "Slurm's own --time limit ends the allocation",
+            "actors": "the coordinator program ends the job (Cluster.stop)",
+        },
         flag="--timeout",
         metavar="SECONDS",
         envvar="CORRAL_TIMEOUT",
@@ -264,6 +276,7 @@ class JobOptions:
     rdzv_timeout: float = option(
         DEFAULT_RDZV_TIMEOUT,
         "Seconds to wait for every node to join and the master to accept connections.",
+        {"actors": "no rendezvous: Cluster.start(wait_time=) bounds the workers' start"},
         flag="--rdzv-timeout",
         metavar="SECONDS",
         envvar="CORRAL_RDZV_TIMEOUT",
@@ -287,6 +300,7 @@ class JobOptions:
             "plan": "a dry run records nothing",
             "k8s": "the Job is named by --job-id",
             "slurm": "the batch job is named by --job-name",
+            "actors": "nothing records an actors job (no store, no tracker)",
         },
         flag="--name",
         metavar="NAME",
@@ -300,7 +314,10 @@ class JobOptions:
     mlx_backend: str = option(
         "ring",
         "MLX's distributed backend (--launcher mlx).",
-        {e: "Kubernetes and Slurm run torchrun or python, not MLX" for e in ("k8s", "slurm")},
+        {
+            **{e: "Kubernetes and Slurm run torchrun or python, not MLX" for e in ("k8s", "slurm")},
+            "actors": _WORK_FN,
+        },
         flag="--mlx-backend",
         choices=MLX_BACKENDS,
         what="MLX backend",
@@ -313,7 +330,7 @@ class JobOptions:
         None,
         "A path every host must see as the same filesystem (checked before the launch; "
         "exported to ranks as CORRAL_SHARED_DATA_PATH).",
-        {"k8s": _NO_PREFLIGHT, "slurm": _NO_PREFLIGHT},
+        {"k8s": _NO_PREFLIGHT, "slurm": _NO_PREFLIGHT, "actors": _NO_ACTOR_CHECKS},
         flag="--shared-data-path",
         metavar="PATH",
         envvar="CORRAL_SHARED_DATA_PATH",
@@ -326,7 +343,10 @@ class JobOptions:
         "--launcher command: the command every node runs (through bash -c), with "
         "{node_rank} {nnodes} {nproc_per_node} {world_size} {master_addr} {master_port} "
         "{host} {job_id} {nccl_interface} {gloo_interface} filled in, shell-quoted.",
-        {e: "Kubernetes and Slurm run torchrun or python" for e in ("k8s", "slurm")},
+        {
+            **{e: "Kubernetes and Slurm run torchrun or python" for e in ("k8s", "slurm")},
+            "actors": _WORK_FN,
+        },
         flag="--command-template",
         metavar="TEMPLATE",
         envvar="CORRAL_COMMAND_TEMPLATE",
@@ -338,6 +358,7 @@ class JobOptions:
         {
             **_not_served("madengine is not a launcher of served jobs"),
             **{e: "Kubernetes and Slurm run torchrun or python" for e in ("k8s", "slurm")},
+            "actors": _WORK_FN,
         },
         flag="--tags",
         metavar="MODEL",
@@ -348,6 +369,7 @@ class JobOptions:
         {
             **_not_served("madengine is not a launcher of served jobs"),
             **{e: "Kubernetes and Slurm run torchrun or python" for e in ("k8s", "slurm")},
+            "actors": _WORK_FN,
         },
         flag="--additional-args",
         metavar="ARGS",
@@ -360,6 +382,7 @@ class JobOptions:
         {
             **_not_served("a served job's config is adjusted by adjust_config (--adjust-config)"),
             **{e: "the harness's Accelerator runs under corral's launch" for e in ("k8s", "slurm")},
+            "actors": _WORK_FN,
         },
         flag="--harness",
     )
@@ -373,6 +396,7 @@ class JobOptions:
                 "(job submit --lr-scaling, with --adjust-config)"
             ),
             **{e: "the harness runs under corral's launch only" for e in ("k8s", "slurm")},
+            "actors": _WORK_FN,
         },
         flag="--lr-scaling",
         choices=LR_SCALING,
@@ -579,6 +603,7 @@ class JobOptions:
         {
             **_not_served("a served job restarts on the machines it was planned on"),
             **_RENDERS,
+            "actors": "a worker is one rank bound to its host: a lost host is reconnected",
         },
         flag="--min-nodes",
         metavar="N",
@@ -603,7 +628,7 @@ class JobOptions:
         "Seconds without progress (sdk.report) on any rank, or one rank behind the "
         "others, before every rank's stack is dumped and the job stopped (or restarted). "
         "Counted once a rank has reported progress. Default: 300 s.",
-        _SUPERVISED,
+        {**_SUPERVISED, "actors": _COORDINATED},
         flag="--hang-timeout",
         metavar="SECONDS",
         envvar="CORRAL_HANG_TIMEOUT",
@@ -615,7 +640,7 @@ class JobOptions:
         "Copy each new rank-0 checkpoint to this machine (runs/<job>/checkpoints; a "
         "served job: the server) before the save returns, so a restart resumes from it "
         "even when the host that wrote it is lost.",
-        _SUPERVISED,
+        {**_SUPERVISED, "actors": "the coordinator serves no checkpoint replica"},
         flag="--replicate-checkpoints",
         panel=_FAULTS,
         section="fault",
@@ -637,7 +662,7 @@ class JobOptions:
         "restart: a failure restarts every node from the last checkpoint. in-place "
         "(torchft): only the failed node's replica group is torn down and restarted; the "
         "others train on and it rejoins by healing from a live peer.",
-        _RENDERS,
+        {**_RENDERS, "actors": _NO_ACTORS_IN_PLACE},
         flag="--recovery",
         choices=RECOVERY_MODES,
         what="recovery",
@@ -648,7 +673,7 @@ class JobOptions:
     spares: int = option(
         0,
         "With --recovery in-place: hold the last N hosts in reserve for a lost node's group.",
-        _RENDERS,
+        {**_RENDERS, "actors": _NO_ACTORS_IN_PLACE},
         flag="--spares",
         metavar="N",
         envvar="CORRAL_SPARES",
@@ -692,7 +717,7 @@ class JobOptions:
         "the coordinator does it, the script is unchanged. Repeatable. Each backend is an "
         "extra: pip install 'corral[mlflow]' / '[tensorboard]' / '[wandb]' (W&B runs "
         "offline, under the run dir, unless WANDB_MODE says otherwise).",
-        _SUPERVISED,
+        {**_SUPERVISED, "actors": _COORDINATED},
         flag="--track",
         metavar="mlflow:URI|tensorboard:DIR|wandb:PROJECT",
         panel=_TRACK,
@@ -702,7 +727,7 @@ class JobOptions:
         "With --calibration: at each restart, re-weigh the ranks from their live "
         "throughput (sdk.report(step, examples=N)) instead of the calibration, or move "
         "work away from a node with a compute straggler (sdk.section).",
-        _SUPERVISED,
+        {**_SUPERVISED, "actors": "no calibration in the actors runtime"},
         flag="--rebalance",
         panel=_HETERO,
     )
