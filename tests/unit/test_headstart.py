@@ -48,7 +48,7 @@ def test_the_engine_gets_the_agent_started_for_its_command(
         codes = await asyncio.gather(same.wait(), other.wait())
         await head.close()  # the one never asked for ends too
         unused = await asyncio.wait_for(procs[2].wait(), 5)
-        return codes, replaced, unused, head.waiting
+        return list(codes), replaced, unused, head.waiting
 
     codes, replaced, unused, waiting = asyncio.run(scenario())
     assert (codes, waiting) == ([2, 2], 0)  # both asked for ran (and ended on EOF)

@@ -17,7 +17,8 @@ is left at EOF is sent as is; both get a ``\\n`` added in the frame only. The
 coordinator shows, per rank, the latest ``\\r`` segment of an unfinished line.
 The host-side log files get every byte exactly once, in order, nothing added.
 
-Coordinator -> agent (the agent's stdin) is JSON lines: the first is
+Coordinator -> agent (the agent's stdin) is JSON lines: the first is (after a
+``{"op": "prestart", "node": ...}`` of a head start, :mod:`corral.job.headstart`)
 ``{"op": "probe", ...}`` (answered with a ``probe`` event; it may carry the
 node's plan as ``"prestart"``, or a ``{"op": "prestart", "node": ...}`` follows
 it: the node's processes start held at their gates, :mod:`corral.agent.prestart`)
