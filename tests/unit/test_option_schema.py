@@ -256,3 +256,35 @@ def test_the_builder_refuses_what_the_api_refuses(item: dataclasses.Field[Any]) 
         policies(bad)
         job_spec(bad)
     assert caught.value.option == (opt.flag or item.name)
+
+
+def test_no_verb_writes_a_job_flags_default_again() -> None:
+    """The verbs that take a few job flags (``check``, ``calibrate``: a parameter
+    annotated with one of cli.options' ``flag_of`` aliases) take its default from the
+    schema (``FLAG_DEFAULTS``), never as a literal of their own (None: not given)."""
+    import ast
+
+    cli = Path(__file__).parents[2] / "src" / "corral" / "cli"
+    face = ast.parse((cli / "options.py").read_text(encoding="utf-8"))
+    aliases = {
+        target.id
+        for node in face.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", "") == "flag_of"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    assert {"RunDirOpt", "MasterPortOpt", "ThresholdOpt"} <= aliases
+    copies = []
+    for path in sorted(cli.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            args = [*node.args.args, *node.args.kwonlyargs]
+            defaults = [*node.args.defaults, *node.args.kw_defaults]
+            for arg, default in zip(args[len(args) - len(defaults) :], defaults, strict=True):
+                literal = isinstance(default, ast.Constant) and default.value is not None
+                if getattr(arg.annotation, "id", None) in aliases and literal:
+                    copies.append(f"{path.name}:{default.lineno} {arg.arg}")
+    assert copies == []

@@ -14,6 +14,7 @@ from corral.calibrate.measure import DEFAULT_SECONDS, CalibrateOptions, Calibrat
 from corral.cli.calibration_view import CalibrationTerminal, print_calibration
 from corral.cli.common import HostsOpt, load_hosts, ssh_flags
 from corral.cli.options import (
+    FLAG_DEFAULTS,
     EnvOpt,
     JobIdOpt,
     NprocOpt,
@@ -84,7 +85,7 @@ def calibrate(
     env: EnvOpt = None,
     threads: ThreadsOpt = None,
     mem_cap: MemCapOpt = None,
-    run_dir: RunDirOpt = "runs",
+    run_dir: RunDirOpt = FLAG_DEFAULTS["run_dir"],
     job_id: JobIdOpt = None,
     as_json: JsonOpt = False,
     output: OutputOpt = None,

@@ -85,6 +85,11 @@ def _default(name: str) -> Any:
     return None if isinstance(value, tuple | dict) else value
 
 
+FLAG_DEFAULTS: Mapping[str, Any] = {item.name: _default(item.name) for item, _ in options_of()}
+"""Each field's flag default, for the parameters of the verbs that take a few job flags
+(``check``, ``calibrate``): the schema's, never written again in a verb."""
+
+
 def flag_params(entry: str, skip: Sequence[str] = ()) -> list[inspect.Parameter]:
     """The verb parameters of every flag ``entry`` offers (``command``, the script
     after ``--``, is the verb's own argument)."""
