@@ -1,9 +1,10 @@
 """An in-place job's output is not drowned in torchft's logs: its INFO quorum lines
 and the flight recorder warning of a CPU build are off by default (its quorum
-changes still show) and on with ``--env CORRAL_TORCHFT_LOG=info`` (real torchrun
-groups on ``local:2``, torchft over gloo, a real Lighthouse, examples/train_ft.py
-through ``sdk.fault_tolerant``; a few steps: the second group joins late and heals,
-so there is at least one reconfiguration)."""
+changes still show) and on with ``--env CORRAL_TORCHFT_LOG=info`` (real groups on
+``local:2`` under ``--launcher python``: the rank's worker quiets torchft under either
+launcher, and a torchrun per group imports torch once more; torchft over gloo, a real
+Lighthouse, examples/train_ft.py through ``sdk.fault_tolerant``; a few steps: the
+second group joins late and heals, so there is at least one reconfiguration)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _run(tmp_path: Path, job: str, *options: str) -> str:
     result = run_corral(
         "run", "--hosts", "local:2", "--recovery", "in-place", "--no-preflight",
         "--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job,
-        "--grace", "3", *options, "--", EXAMPLE, "--steps", "4",
+        "--grace", "3", "--launcher", "python", *options, "--", EXAMPLE, "--steps", "4",
         cwd=tmp_path, timeout=300,
     )  # fmt: skip
     out = result.stdout + result.stderr
