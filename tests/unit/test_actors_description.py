@@ -59,3 +59,10 @@ def test_a_launcher_or_a_script_of_ones_own_is_refused() -> None:
         with pytest.raises(ConfigError, match="work_fn") as caught:
             ready_ranks(JobDescription(options, cluster), "/w.py")
         assert caught.value.option == flag
+
+
+def test_an_empty_list_is_the_default_of_a_tuple_field() -> None:
+    """``track=[]`` (a list where the schema's default is ``()``) is not an option set."""
+    cluster = Cluster(hosts=(Host(name="a"),))
+    options = JobOptions(command=[], track=[], job_id="j")
+    assert len(ready_ranks(JobDescription(options, cluster), "/w.py").ranks) == 1

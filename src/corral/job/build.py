@@ -379,7 +379,8 @@ def refuse_unoffered(options: JobOptions, entry: str) -> None:
     entry point ``entry`` does not offer, with the schema's reason
     (:attr:`~corral.job.option.Option.not_at`)."""
     for item, opt in options_of():
-        if entry in opt.not_at and getattr(options, item.name) != default_of(item):
+        value, default = getattr(options, item.name), default_of(item)
+        if entry in opt.not_at and value != default and (value or default):  # [] is ()
             raise ConfigError(
                 f"not for the {entry} runtime: {opt.not_at[entry]}", option=opt.flag or item.name
             )
