@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import re
 import shutil
@@ -190,12 +191,24 @@ class CgroupMeter:
         self._stop.set()
         self._thread.join()
 
-    def _stat(self) -> dict[str, int]:
+    def _stat(self, pid: int | None) -> dict[str, int]:
+        """The group's ``cpu.stat`` and its network namespace's TCP retransmissions and
+        retransmission timeouts (``/proc/PID/net`` is the namespace of ``pid``)."""
+        out: dict[str, int] = {}
         try:
             text = (self.group.path / "cpu.stat").read_text()
-        except OSError:
-            return {}
-        return {k: int(v) for k, v in (line.split() for line in text.splitlines() if line)}
+            out = {k: int(v) for k, v in (line.split() for line in text.splitlines() if line)}
+        except (OSError, ValueError):
+            pass
+        for name, keys in (("snmp", ("RetransSegs",)), ("netstat", ("TCPTimeouts",))):
+            try:
+                lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()
+            except OSError:
+                continue
+            for head, values in zip(lines[::2], lines[1::2], strict=False):
+                table = dict(zip(head.split()[1:], values.split()[1:], strict=False))
+                out |= {k: int(table[k]) for k in keys if k in table}
+        return out
 
     def _loop(self) -> None:
         import psutil
@@ -209,7 +222,7 @@ class CgroupMeter:
                     procs[pid] = (_kind(proc.cmdline(), proc.name()), cpu.user + cpu.system)
                 except psutil.Error:
                     continue
-            self.samples.append((time.time(), procs, self._stat()))
+            self.samples.append((time.time(), procs, self._stat(next(iter(procs), None))))
             self._stop.wait(self.every)
 
     def between(self, start: float, end: float) -> dict[str, float]:
@@ -223,10 +236,16 @@ class CgroupMeter:
         for pid, (kind, cpu) in last[1].items():
             out[kind] = out.get(kind, 0.0) + cpu - first[1].get(pid, (kind, 0.0))[1]
         # cgroup v2's throttled_usec, v1's throttled_time (ns): seconds the quota held it
-        for key, scale in (("nr_throttled", 1), ("throttled_usec", 1e6), ("throttled_time", 1e9)):
+        scales = (
+            ("nr_throttled", "cgroup_nr_throttled", 1),
+            ("throttled_usec", "cgroup_throttled_s", 1e6),
+            ("throttled_time", "cgroup_throttled_s", 1e9),
+            ("RetransSegs", "tcp_retransmits", 1),
+            ("TCPTimeouts", "tcp_timeouts", 1),
+        )
+        for key, name, scale in scales:
             if key in first[2] and key in last[2]:
-                name = "nr_throttled" if key == "nr_throttled" else "throttled_s"
-                out[f"cgroup_{name}"] = (last[2][key] - first[2][key]) / scale
+                out[name] = (last[2][key] - first[2][key]) / scale
         return out
 
 
@@ -307,9 +326,18 @@ def train(
     last_done = max(i["t"] for i in last.values())
     log_file = work / "runs" / job_id / "logs" / f"{HOSTS[0]}.0.log"  # rank 0's output
     found = FINAL_RE.search(log_file.read_bytes())
-    medians = [median(step_times({"t": [i["t"] for i in s], "examples": [0] * len(s)})[1])
-               for s in series.values()]  # fmt: skip
-    step_s = max(m for m in medians if m is not None)
+    # the step (both ranks done) each time: the later rank's report of it
+    ends = [max(s[k]["t"] for s in series.values()) for k in range(len(series[0]))]
+    steps_s = [b - a for a, b in itertools.pairwise(ends)]
+    step_s = median(steps_s) or 0.0
+    busy = {r: median(i["busy"] for i in s) or 1.0 for r, s in series.items()}
+    # a spike: (step, how long, each rank's forward pass then over its median: a rank
+    # descheduled while computing shows there, a wait in the all-reduce does not)
+    spikes = [
+        (series[0][k + 1]["step"], round(d, 3),
+         [round((s[k + 1]["busy"] or 0.0) / busy[r], 1) for r, s in sorted(series.items())])
+        for k, d in enumerate(steps_s) if d > 2 * step_s
+    ]  # fmt: skip
     train_s = last_done - first_done
     return {
         "job_id": job_id,
@@ -319,6 +347,7 @@ def train(
         "train_s": train_s,
         "median_step_s": step_s,
         "stall_s": train_s - (len(series[0]) - 1) * step_s,
+        "spikes": spikes,  # (when, how long): steps over twice the median
         "cpu": {host: m.between(first_done, last_done) for host, m in meters.items()},
         "job_wall_s": wall,
         "final_loss": float(found.group(1)) if found else None,
@@ -437,6 +466,7 @@ def plot(uniform: dict[str, Any], calibrated: dict[str, Any], runs: list[dict[st
     PLOT_DOC.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(PLOT_DOC, dpi=90)
     plt.close(fig)
+    PLOT_RESULT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PLOT_DOC, PLOT_RESULT)
 
 
@@ -536,7 +566,8 @@ def _repetition(
         done[kind] = run = train(tb, top, f"hetero-{kind}-{rep}", args.steps, splits[kind], meters)
         log(
             f"run {rep + 1} {kind}: {run['train_s']:.2f} s, median step "
-            f"{run['median_step_s'] * 1000:.1f} ms, stalls {run['stall_s']:.2f} s, final loss "
+            f"{run['median_step_s'] * 1000:.1f} ms, stalls {run['stall_s']:.2f} s "
+            f"(spikes {run['spikes']}), final loss "
             f"{run['final_loss']}, CPU s {_cpu_text(run['cpu'])}, load {run['load']}"
         )
     for kind in ARMS[1:]:
