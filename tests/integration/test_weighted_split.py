@@ -67,9 +67,12 @@ def test_both_ranks_ran_the_same_steps_with_proportional_batches(
 
 
 def test_the_example_uses_the_weights_under_corral(run_dir: Path, tmp_path: Path) -> None:
-    """Under corral the ranks get the weights, train with them and report what they processed."""
+    """Under corral the ranks get the weights, train with them and report what they processed
+    (the python launcher: test_weighted_run_local covers the weights under torchrun, and a
+    torchrun per node imports torch once more)."""
     proc = run_corral(
-        "run", "--hosts", "local:2", "--master-port", "0", "--run-dir", str(run_dir),
+        "run", "--hosts", "local:2", "--launcher", "python", "--master-port", "0",
+        "--run-dir", str(run_dir),
         "--job-id", "weighted", "--env", "CORRAL_WORKLOAD_WEIGHTS=0.25,0.75",
         "--", str(EXAMPLE), "--steps", "40",
         cwd=tmp_path,
