@@ -53,19 +53,18 @@ __all__ = [
 WEIGHTS_ENV = WORKLOAD_WEIGHTS_ENV
 
 
-def positive_numbers(raw: str, source: str) -> list[float]:
+def positive_numbers(raw: str, source: str, *, zero: bool = False) -> list[float]:
     """The entries of the comma-separated ``raw``; ValueError naming ``source`` and
-    the entry when one is not a finite positive number."""
+    the entry when one is not a finite positive number (``zero``: or 0)."""
     values: list[float] = []
     for position, part in enumerate(p.strip() for p in raw.split(",")):
         try:
             value = float(part)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"{source}={raw!r}: entry {position} ({part!r}) is not a positive number"
-            )
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            what = "a number >= 0" if zero else "a positive number"
+            raise ValueError(f"{source}={raw!r}: entry {position} ({part!r}) is not {what}")
         values.append(value)
     return values
 
@@ -199,18 +198,7 @@ def step_overheads(env: Mapping[str, str] | None = None) -> tuple[float, ...] | 
     raw = e.get(STEP_OVERHEADS_ENV, "").strip()
     if not raw or e.get(REPLICA_GROUP_ENV, "").strip():
         return None
-    values: list[float] = []
-    for position, part in enumerate(p.strip() for p in raw.split(",")):
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(
-                f"{STEP_OVERHEADS_ENV}={raw!r}: entry {position} ({part!r}) is not a "
-                "number of examples >= 0"
-            )
-        values.append(value)
+    values = positive_numbers(raw, STEP_OVERHEADS_ENV, zero=True)
     if not any(values):
         return None
     return plan_order_list(values, e, STEP_OVERHEADS_ENV)
