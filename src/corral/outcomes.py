@@ -69,6 +69,9 @@ class Cause(Protocol):
     @property
     def message(self) -> str: ...
 
+    @property
+    def could_not_start(self) -> bool: ...
+
 
 class AttemptOutcome(Protocol):
     """How one attempt ended (:class:`corral.job.result.JobResult` is one)."""

@@ -92,6 +92,18 @@ def test_what_is_never_restarted() -> None:
     assert with_supervisor(policy, never_ready) == JobState.FAILED  # start() reports it
 
 
+def test_a_worker_exiting_with_code_3_is_restarted() -> None:
+    """3 is corral's launch exit code too; a worker that exits with it did start."""
+    three = WorkerDied("exited with code 3", host="n0", rank=0, exit_code=3)
+
+    def body(sup: WorkerSupervisor) -> JobState:
+        return running(sup)._settle(three, True)
+
+    assert with_supervisor(RestartPolicy(max_restarts=1, backoff=0.0), body) == (
+        JobState.RESTARTING
+    )
+
+
 def test_a_lost_host_is_reconnected_once_budget_allows() -> None:
     def body(sup: WorkerSupervisor) -> JobState:
         return running(sup)._settle(LOST, True)

@@ -27,9 +27,10 @@ def result(
     exit_code: int = 1,
     lost: tuple[str, ...] = (),
     hosts: tuple[str, ...] = ("a", "b", "c"),
+    cause: Failure | None = None,
 ) -> JobResult:
     nodes = [node(h, NodeState.LOST if h in lost else NodeState.TERMINATED) for h in hosts]
-    failures = [Failure("b", 1, -9, 10.0, "rank 1 on b killed by SIGKILL", [])]
+    failures = [cause or Failure("b", 1, -9, 10.0, "rank 1 on b killed by SIGKILL", [])]
     now = time.time()
     return JobResult("job", state, exit_code, nodes, failures, now, now + 12.5, "failure")
 
@@ -56,15 +57,30 @@ def test_no_restart_without_a_budget_or_for_non_failures() -> None:
             policy, result(state), restarts_done=0, hosts=hosts, unreachable=[], initial_hosts=3
         )
         assert not decision.restart
+    never = Failure("b", None, None, 10.0, "could not start the node", [], could_not_start=True)
     launch = decide(
         policy,
-        result(exit_code=EXIT_LAUNCH),
+        result(exit_code=EXIT_LAUNCH, cause=never),
         restarts_done=0,
         hosts=hosts,
         unreachable=[],
         initial_hosts=3,
     )
     assert not launch.restart and "could not start" in launch.reason
+
+
+def test_a_ranks_own_exit_code_3_is_a_failure_to_restart_not_a_launch_failure() -> None:
+    """3 is corral's launch exit code too; a rank that exits with it did start."""
+    rank = Failure("b", 1, 3, 10.0, "rank 1 on b exited with code 3", [], exit_code=EXIT_LAUNCH)
+    decision = decide(
+        RestartPolicy(max_restarts=1),
+        result(exit_code=EXIT_LAUNCH, cause=rank),
+        restarts_done=0,
+        hosts=["a", "b", "c"],
+        unreachable=[],
+        initial_hosts=3,
+    )
+    assert decision.restart, decision.reason
 
 
 def test_lost_and_unreachable_hosts_are_dropped_down_to_min_nodes() -> None:

@@ -44,7 +44,7 @@ from corral.actors._loop import Output
 from corral.actors.errors import ActorError, RemoteError, WorkerDied, WorkerRestarted
 from corral.cluster.model import Host
 from corral.errors import CorralError
-from corral.job.result import EXIT_LAUNCH, EXIT_LOST, EXIT_SIGNAL_BASE, JobResult
+from corral.job.result import EXIT_LAUNCH, EXIT_LOST, EXIT_SIGNAL_BASE, Failure, JobResult
 from corral.job.states import JobMachine, JobState
 from corral.recovery.restart import RestartPolicy, decide
 from corral.transport.base import NodeProcess, Transport, kill_and_wait
@@ -291,12 +291,21 @@ class WorkerSupervisor:
             machine.to(JobState.STOPPING, died.message)
             code = policy_exit_code(died, launched)
             now = time.time()
+            cause = Failure(
+                self.host,
+                self.rank,
+                died.exit_code,
+                now,
+                died.message,
+                [],
+                could_not_start=not launched,
+            )
             result = JobResult(
                 job_id=f"{self.host}:{self.rank}",
                 state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
                 exit_code=code,
                 nodes=[],
-                failures=[],
+                failures=[cause],
                 started=self.started,
                 ended=now,
                 reason=died.message,

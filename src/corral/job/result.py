@@ -145,6 +145,9 @@ class Failure:
     rank's stack); empty: its last lines of stderr."""
     by_teardown: bool = False
     """Killed by a signal the node agent's teardown had sent (never a root cause)."""
+    could_not_start: bool = False
+    """Corral could not start the node (or the worker): a restart would fail the same
+    way. A rank's own exit code never says this, even when it is corral's launch code 3."""
 
     @property
     def signal(self) -> str | None:

@@ -205,7 +205,13 @@ class AttemptSupervisor:
             node.ended = time.time()
             self._fail(
                 Failure(
-                    cmd.host.name, None, None, time.time(), f"could not start the node: {exc}", []
+                    cmd.host.name,
+                    None,
+                    None,
+                    time.time(),
+                    f"could not start the node: {exc}",
+                    [],
+                    could_not_start=True,
                 ),
                 EXIT_LAUNCH,
             )
@@ -368,7 +374,13 @@ class AttemptSupervisor:
             if self.require_master:
                 self._fail(
                     Failure(
-                        node.host.name, None, None, node.to_local(float(event["time"])), text, []
+                        node.host.name,
+                        None,
+                        None,
+                        node.to_local(float(event["time"])),
+                        text,
+                        [],
+                        could_not_start=True,
                     ),
                     EXIT_LAUNCH,
                 )
@@ -384,6 +396,7 @@ class AttemptSupervisor:
                 node.to_local(float(event["time"])),
                 f"could not start the node: {node.detail}",
                 [],
+                could_not_start=True,
             )
             node.fault = node.fault or failure
             self._fail(failure, EXIT_LAUNCH)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import ConfigError
-from corral.outcomes import EXIT_LAUNCH, AttemptOutcome
+from corral.outcomes import AttemptOutcome
 from corral.private import write_private
 from corral.states import JobState, NodeState
 
@@ -167,7 +167,8 @@ def decide(
     the connectivity check afterwards (hosts the attempt lost are dropped too)."""
     if result.state != JobState.FAILED:
         return Decision(False, f"the job {result.state.value.replace('_', ' ')}")
-    if result.exit_code == EXIT_LAUNCH:
+    cause = result.root_cause
+    if cause is not None and cause.could_not_start:
         return Decision(False, "the job could not start; a restart would fail the same way")
     if restarts_done >= policy.max_restarts:
         if policy.max_restarts == 0:
