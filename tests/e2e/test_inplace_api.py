@@ -94,7 +94,7 @@ def test_a_plan_without_them_keeps_restart(api: tuple[TestClient, Any]) -> None:
     [
         ({"recovery": "elastic"}, "recovery", "in-place"),
         ({"spares": -1}, "spares", "greater than or equal"),
-        ({"spares": 1}, "spares", "needs recovery in-place"),
+        ({"spares": 1}, "spares", "needs --recovery in-place"),  # the builder's rule
         ({"recovery": "in-place", "launcher": "accelerate"}, "recovery", "launcher"),
         ({"recovery": "in-place", "spares": 2}, "recovery", "at least 2 nodes"),
         ({"recovery": "in-place", "spares": 3}, "spares", "leave no host"),

@@ -415,15 +415,6 @@ class JobRequest(_OptionsBody):
         "naming the job, when one of them fails, is cancelled, times out or is lost.",
     )
 
-    @field_validator("spares")
-    @classmethod
-    def _spares_need_in_place(cls, value: int, info: ValidationInfo) -> int:
-        if value and info.data.get("recovery") != "in-place":
-            raise ValueError(
-                "spare machines replace a lost machine's replica group: needs recovery in-place"
-            )
-        return value
-
     @field_validator("env")
     @classmethod
     def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
