@@ -1,5 +1,6 @@
 """``--recovery in-place`` (torchft) on the netns testbed: real sshd, one replica group
-per host (torchrun over SSH), a real Lighthouse child on the coordinator.
+per host (torchrun over SSH, or ``--launcher python`` where torchrun is not the
+subject), a real Lighthouse child on the coordinator.
 
 Each test runs examples/train_ft.py on tb1..tb3, injects one fault once the three
 groups train together, and asserts on what the job printed and kept (never on how
@@ -40,6 +41,9 @@ STEPS = 60
 SLEEP = "0.2"  # seconds per step: the job is still training when the fault lands
 FAULT_AT = 10  # the fault follows the first step all three groups took at or past this
 STEP = re.compile(r"\[(?P<host>tb\d):0\] step (?P<step>\d+)/\d+ participants (?P<p>\d+)")
+#: Where torchrun is not the subject (the Lighthouse, a cut link): one torch import per
+#: group and attempt instead of two (issue 30); a lost host and a hang keep torchrun.
+PYTHON = ("--launcher", "python")
 
 
 def inplace_args(tb: Testbed, tmp_path: Path, job: str, *extra: str) -> list[str]:
@@ -125,7 +129,7 @@ def test_lost_lighthouse_is_restarted_and_the_groups_reconnect(
     # they reconnect to the Lighthouse corral starts again at the same address, and
     # the job goes on in the same attempt, nothing restarted from disk
     tb, job = healthy_testbed, "ip-lighthouse-back"
-    w = start_inplace(tb, tmp_path, job)
+    w = start_inplace(tb, tmp_path, job, *PYTHON)
     old = _lighthouse(job)
     old.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
@@ -159,6 +163,7 @@ def test_lost_lighthouse_falls_back_to_a_restart_from_disk_saying_why(
         job,
         *("--max-restarts", "1", "--checkpoint-dir", str(ckpt)),
         *("--env", "TORCHFT_QUORUM_RETRIES=0"),
+        *PYTHON,
         script=("--checkpoint-every", "5"),
     )
     _lighthouse(job).send_signal(signal.SIGKILL)
@@ -185,7 +190,7 @@ def test_cut_link_costs_its_group_only(healthy_testbed: Testbed, tmp_path: Path)
     # heartbeats, cannot reach it to restart its group, and the survivors go on; tb3's
     # agent tears its own ranks down once the coordinator's heartbeats stop
     tb, job = healthy_testbed, "ip-link"
-    w = start_inplace(tb, tmp_path, job, "--host-timeout", "6")
+    w = start_inplace(tb, tmp_path, job, "--host-timeout", "6", *PYTHON)
     at_fault = max(s for h, s, _ in steps_of(w) if h == "tb1")
     tb.cut_link("tb3")
     cut_at = time.monotonic()
