@@ -382,10 +382,14 @@ def test_restart_after_a_worker_death(work: ModuleType) -> None:
     with Worker(work.echo, max_restarts=1) as worker:
         first = worker.pid
         assert first is not None
+        worker.send(("getenv", "CORRAL_ATTEMPT"))
+        assert worker.recv(timeout=30) == "0"
         os.kill(first, signal.SIGKILL)
         with pytest.raises(WorkerRestarted) as info:
             worker.recv(timeout=30)
         assert info.value.restarts == 1 and info.value.signal_name == "SIGKILL"
+        worker.send(("getenv", "CORRAL_ATTEMPT"))  # the next attempt, as the engine counts
+        assert worker.recv(timeout=30) == "1"
         assert worker.restarted and worker.restarts == 1
         # told once the new process said hello: the handle already shows it (it showed
         # the dead one's pid until the hello came, a race lost on a busy machine)

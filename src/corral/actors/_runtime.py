@@ -43,6 +43,7 @@ from corral.actors._channel import LocalPipes, Mailbox
 from corral.actors._loop import Output
 from corral.actors.errors import ActorError, RemoteError, WorkerDied, WorkerRestarted
 from corral.cluster.model import Host
+from corral.contract import ATTEMPT_ENV
 from corral.errors import CorralError
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, EXIT_SIGNAL_BASE, Failure, JobResult
 from corral.job.states import JobMachine, JobState
@@ -327,7 +328,9 @@ class WorkerSupervisor:
         spec = self.spec
         self.tail.clear()
         try:
-            proc = await self.transport.start(spec.host, spec.argv, env=spec.env)
+            # each restart is the next attempt, as the engine numbers a job's restarts
+            env = {**spec.env, ATTEMPT_ENV: str(self.restarts)}
+            proc = await self.transport.start(spec.host, spec.argv, env=env)
         except CorralError as exc:
             return self._died(f"could not start: {exc}", None), False
         self.started = time.time()
