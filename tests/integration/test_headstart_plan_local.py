@@ -1,11 +1,12 @@
 """``corral run --hosts local:N`` sends each agent it started ahead its node's plan
-(:meth:`corral.job.headstart.HeadStart.prestart`) before the engine probes it: the
-node's processes start held at their gates from then on. Real agents and ranks
-(``--launcher python``, stdlib scripts); the checklist replaced at its seam.
+(:func:`corral.job.headstart.head_plans`, :meth:`~corral.job.headstart.HeadStart.prestart`)
+before the engine is imported: the node's processes start held at their gates from
+then on. Real agents and ranks (``--launcher python``, stdlib scripts); the job
+built as ``corral run`` builds it, its checklist replaced at its seam.
 
-* the plan sent ahead is the job's own (its master port too: the job is planned
-  once): the processes held before the engine even ran are the ones that run the
-  script;
+* the plan sent ahead is the one the engine makes (but what is read after the
+  gates: the master port each picked): the processes held before the job was even
+  built are the ones that run the script, with the engine's port;
 * a plan sent ahead that the engine's does not match (a variable the processes
   read at their start): they are killed and the engine's plan is started, and runs;
 * the checklist fails, or the job is never run: nothing ran, nothing is left.
@@ -25,11 +26,11 @@ import pytest
 
 from corral.cluster import load_cluster
 from corral.errors import CheckFailed
+from corral.job.build import job_spec, ready_job
+from corral.job.describe import JobOptions, describe
 from corral.job.engine import Job
-from corral.job.headstart import HeadStart
-from corral.job.options import SupervisionPolicy
+from corral.job.headstart import HeadStart, head_plans
 from corral.job.states import JobState
-from corral.plan.spec import JobSpec
 from tests.integration.test_prestart_local import held_processes
 
 WAIT = 90.0  # a bound for a busy machine, never reached when it works
@@ -61,12 +62,14 @@ def _run(
     fail: bool = False,
     run: bool = True,
 ) -> dict[str, Any]:
-    """A ``local:2`` job whose agents were started ahead and sent the job's plan (its
-    nodes' variables updated with ``ahead``) before the job runs (``run``; ``fail``:
-    its checklist fails). What was held before the engine ran, and the outcome."""
+    """A ``local:2`` job whose agents were started ahead and sent the head start's
+    plan (its nodes' variables updated with ``ahead``) before the job is built and runs
+    (``run``; ``fail``: its checklist fails). What was held before the engine was
+    imported, and the outcome."""
     seen: dict[str, Any] = {}
 
     async def checklist(self: Job, prepared: Any, transport: Any, sync: Any) -> Any:
+        seen["port"] = str(prepared.spec.master_port)  # the engine's plan's
         if fail:
             raise CheckFailed([])
         return SimpleNamespace(cluster=self.cluster, interfaces={})
@@ -74,9 +77,8 @@ def _run(
     monkeypatch.setattr(Job, "_checklist", checklist)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    spec = JobSpec(
-        script=str(script),
-        args=(str(tmp_path),),
+    options = JobOptions(
+        command=(str(script), str(tmp_path)),
         launcher="python",
         job_id=job_id,
         master_port=0,
@@ -88,13 +90,12 @@ def _run(
         head = HeadStart()
         try:
             await head.spawn(cluster, None, job_id)
-            job = Job(spec, cluster, supervision=SupervisionPolicy(grace=5.0), transport=head)
-            plans = job.held_plans()
-            seen["ports"] = sorted(node["env"]["MASTER_PORT"] for node in plans.values())
+            plans = head_plans(job_spec(options), cluster)
             for node in plans.values():
                 node["env"].update(ahead or {})
             head.prestart(plans)
-            seen["held"] = await _held(job_id, 2)  # before the engine ran at all
+            seen["held"] = await _held(job_id, 2)  # before the job was built
+            job = ready_job(describe(options, cluster), transport=head)
             if run:
                 try:
                     seen["result"] = await asyncio.wait_for(job.run(), 2 * WAIT)
@@ -125,8 +126,8 @@ def test_the_processes_started_with_the_plan_sent_ahead_run_the_job(
     assert len(seen["held"]) == 2  # held at their gates before the engine probed
     assert seen["result"].state == JobState.SUCCEEDED, seen["result"].reason
     assert sorted(pid for pid, _, _ in seen["ran"].values()) == seen["held"]
-    # one plan: the master port picked for the plan sent ahead is the one the job used
-    assert sorted(port for _, _, port in seen["ran"].values()) == seen["ports"]
+    # the plan that runs is the engine's (the one its checklist confirmed)
+    assert [port for _, _, port in seen["ran"].values()] == [seen["port"]] * 2
 
 
 def test_a_plan_sent_ahead_that_is_not_the_jobs_is_replaced_by_the_jobs(

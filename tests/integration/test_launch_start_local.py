@@ -25,6 +25,8 @@ def recording(op):
     starts = op.get("op") == "prestart" or (op.get("op") == "probe" and op.get("prestart"))
     if starts or op.get("op") == "start":
         late = ("pydantic", "typer._adapters", "corral.recovery.checkpoints")
+        if op.get("op") == "prestart":  # the head start's plan: before the engine loads
+            late += ("corral.job.engine", "corral.job.supervisor", "corral.job.output")
         seen.append([op["op"], sorted(m for m in late if m in sys.modules)])
     return encode(op)
 
@@ -66,9 +68,9 @@ def test_a_local_launch_starts_its_nodes_before_importing_pydantic(tmp_path: Pat
     )
     assert code == 0, out
     assert "hello from 0" in out and "hello from 1" in out
-    # each node's processes start (held) at the head start's plan, the probes carry the
-    # engine's (the same) and they run at the start message; nothing of pydantic is
-    # loaded by any
+    # each node's processes start (held) at the head start's plan, sent before the
+    # engine is imported; the probes carry the engine's and they run at the start
+    # message; nothing of pydantic is loaded by any
     assert [op for op, _ in seen] == ["prestart"] * 2 + ["probe"] * 2 + ["start"] * 2, seen
     assert all(loaded == [] for _, loaded in seen), seen
     assert pydantic_later  # the agents' events are validated with it after the start

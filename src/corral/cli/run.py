@@ -30,9 +30,11 @@ from corral.transport.options import SshOptions
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from corral.job.build import Policies
     from corral.job.events import Checked, Finished
     from corral.job.headstart import HeadStart
     from corral.job.resolve import Prepared
+    from corral.plan.spec import JobSpec
 
 # What only `corral plan`, a calibration or a pre-flight report print is imported
 # where it is used. `corral run` on local:N starts its nodes' agents before it
@@ -138,25 +140,29 @@ def run(
     raise typer.Exit(asyncio.run(_supervise(description)))
 
 
-def _validated(options: JobOptions, calibration: str | None) -> None:
-    """ConfigError for what the job's options refuse (the engine is imported here)."""
+def _validated(options: JobOptions, calibration: str | None) -> tuple[JobSpec, Policies]:
+    """The job's spec and policies; ConfigError for what its options refuse."""
     from corral.job.build import build_job
 
-    build_job(options)
+    built = build_job(options)
     if options.rebalance and not calibration:
         raise ConfigError("needs --calibration FILE|auto", option="--rebalance")
+    return built
 
 
 async def _head_started(options: JobOptions, cluster: Cluster, ssh: SshOptions) -> int:
     """Run the job of ``options`` on ``local:N`` with every node's agent started
-    before the engine is imported (:mod:`corral.job.headstart`); its exit code. An
-    agent the job does not use, the job refused or ended, is ended."""
-    from corral.job.headstart import HeadStart
+    before the engine is imported and sent its node's plan once the options are
+    validated (:mod:`corral.job.headstart`); its exit code. An agent the job does not
+    use, the job refused or ended, is ended."""
+    from corral.job.headstart import HeadStart, head_plans
 
     head = HeadStart()
     try:
         await head.spawn(cluster, options.python, str(options.job_id))
-        _validated(options, None)
+        spec, made = _validated(options, None)
+        if not made.recovery.in_place:  # in place, each node is planned as its own group
+            head.prestart(head_plans(spec, cluster))  # their launchers start, held at gates
         return await _supervise(describe(options, cluster, ssh), head)
     finally:
         await head.close()
@@ -168,8 +174,6 @@ async def _supervise(description: JobDescription, transport: HeadStart | None = 
     from corral.job.output import TerminalOutput
 
     job = ready_job(description, transport=transport)  # trackers, drift monitor first
-    if transport is not None:  # the agents started ahead start their nodes' processes now
-        transport.prestart(job.held_plans())
     hosts = [h.name for h in description.cluster.hosts]
     output = TerminalOutput(hosts, on_finish=_print_finished, on_checked=_show_checked)
     job.subscribe(output.on_event)

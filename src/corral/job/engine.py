@@ -33,6 +33,7 @@ from corral.cluster.model import Cluster
 from corral.errors import CorralError
 from corral.job.agents import abort_all as _abort_all
 from corral.job.attempts import Attempting
+from corral.job.headstart import first_plan
 from corral.job.records import job_json, redact_words, result_json
 from corral.job.resolve import Prepared, plan_attempt, resolve
 from corral.job.result import EXIT_INTERRUPTED, JobResult
@@ -97,7 +98,7 @@ class Job(Attempting):
 
     async def _run(self, transport: Transport) -> JobResult:
         try:
-            prepared, history = self.first_plan()  # the plan a head start started
+            prepared, history = first_plan(self.spec, self.cluster)
             self.spec = prepared.spec
             self.attempt = prepared.attempt
             self.machine.to(JobState.PREPARING)

@@ -8,17 +8,20 @@ job's transport: when the engine starts exactly such an agent (the same host,
 command, environment and working directory) it is handed the one already running;
 anything else is started as it asks.
 
-Once the job is built, :meth:`HeadStart.prestart` sends each agent its node's plan
-(the job's first plan, :meth:`~corral.job.prepare.Preparing.held_plans`) as its
-first line: the agent starts the node's launcher or ranks at once, held at their
-gates (:mod:`corral.agent.prestart`), where the engine's probe would otherwise
-start them only after the engine is imported and planned. The probe carries the
-engine's plan again and the agent verifies it against the one its processes were
-started with: processes that cannot run it are killed and the plan's own started
-(:func:`corral.agent.prestart.prestart`). Nothing of the job runs before the
-checklist passed: an agent never asked for (a refused option, a run without the
-pre-flight) or told to abort kills its held processes, leaves nothing behind and
-exits at the end of its stdin; it is killed at :meth:`HeadStart.close`.
+Once the options are validated, :meth:`HeadStart.prestart` sends each agent its
+node's plan (:func:`head_plans`: the job's spec planned as the engine plans its
+first attempt, :func:`first_plan`, still without the engine) as its first line: the
+agent starts the node's launcher or ranks at once, held at their gates
+(:mod:`corral.agent.prestart`), where the engine's probe would start them only
+after the engine is imported, the job built and planned. The probe carries the
+engine's own plan, which the agent verifies against the one its processes were
+started with: processes that cannot run it are killed and the engine's plan is
+started (:func:`corral.agent.prestart.prestart`); only what the processes read
+after their gate may differ (the master port each plan picked, for one), and the
+start message gives them the engine's. Nothing of the job runs before the checklist
+passed: an agent never asked for (a refused option, a run without the pre-flight)
+or told to abort kills its held processes, leaves nothing behind and exits at the
+end of its stdin; it is killed at :meth:`HeadStart.close`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Cluster, Host
@@ -35,6 +38,11 @@ from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError
 from corral.transport.base import NodeProcess
 from corral.transport.local import LocalTransport
+
+if TYPE_CHECKING:
+    from corral.job.resolve import Prepared
+    from corral.plan.spec import JobSpec
+    from corral.recovery.restart import AttemptLog
 
 #: How long :meth:`HeadStart.close` waits for the agents never asked for to end (s).
 END_WAIT = 10.0
@@ -46,6 +54,31 @@ def node_agent_argv(host: Host, python: str | None) -> list[str]:
     """How ``host`` starts its node agent: its own interpreter, else the job's
     (``--python``), else ``python3``."""
     return [host.python or python or "python3", "-m", "corral.agent"]
+
+
+def first_plan(spec: JobSpec, cluster: Cluster) -> tuple[Prepared, AttemptLog]:
+    """The first attempt's plan of ``spec`` on ``cluster`` as the engine plans it
+    (resolved for this machine: on ``local:N`` a free master port picked), numbered
+    after the job's attempts so far (a job id used before), and those attempts."""
+    from corral.job.resolve import plan_attempt, resolve
+    from corral.recovery.restart import AttemptLog
+
+    prepared = plan_attempt(resolve(spec, cluster), cluster)
+    history = AttemptLog.load(prepared.job_dir)
+    if history.records:
+        prepared = plan_attempt(prepared.spec, cluster, history.next_number)
+    return prepared, history
+
+
+def head_plans(spec: JobSpec, cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """Each node's plan (by host) to start its processes ahead with: the job's built
+    ``spec`` (:func:`~corral.job.build.build_job`, no engine) planned by
+    :func:`first_plan`; empty when it cannot be planned (the engine says why)."""
+    try:
+        prepared, _ = first_plan(spec, cluster)
+    except CorralError:
+        return {}
+    return {c.host.name: c.to_json() for c in prepared.commands}
 
 
 def _key(host: Host, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> _Key:

@@ -9,12 +9,10 @@ from typing import Any
 
 from corral.checks.gather import AgentSessions
 from corral.cluster.model import Cluster
-from corral.errors import CorralError
 from corral.job.agents import abort_all as _abort_all
 from corral.job.agents import alongside, start_local_agents, start_remote
 from corral.job.base import JobBase, agent_argv
-from corral.job.resolve import Prepared, plan_attempt, resolve
-from corral.recovery.restart import AttemptLog
+from corral.job.resolve import Prepared, plan_attempt
 from corral.transport.base import NodeProcess, Transport
 
 __all__ = ["Preparing"]
@@ -22,33 +20,6 @@ __all__ = ["Preparing"]
 
 class Preparing(JobBase):
     """A job's preparation before its first launch (and a restart's agents)."""
-
-    _first: tuple[Prepared, AttemptLog] | None = None
-
-    def first_plan(self) -> tuple[Prepared, AttemptLog]:
-        """The first attempt's plan (the spec resolved: on ``local:N`` a free master
-        port picked) and the job's attempt history; planned once, so that the plan the
-        nodes were started with ahead (:meth:`held_plans`) is the one that runs."""
-        if self._first is None:
-            prepared = plan_attempt(resolve(self.spec, self.cluster), self.cluster)
-            history = AttemptLog.load(prepared.job_dir)
-            if history.records:
-                prepared = plan_attempt(prepared.spec, self.cluster, history.next_number)
-            self._first = prepared, history
-        return self._first
-
-    def held_plans(self) -> dict[str, dict[str, Any]]:
-        """Each ``local:N`` node's plan, as its probe will carry it (its launcher or
-        ranks start held at their gates with it: :mod:`corral.job.headstart`); empty
-        without the pre-flight, on SSH hosts (planned after their probe) or when the
-        plan fails (the run reports why)."""
-        if not (self.cluster.is_local and self.checks.enabled):
-            return {}
-        try:
-            prepared, _ = self.first_plan()
-        except CorralError:
-            return {}
-        return _held(prepared)
 
     async def _prepare(
         self, prepared: Prepared, transport: Transport
@@ -148,7 +119,7 @@ class Preparing(JobBase):
 
         hosts = [c.host for c in prepared.commands]
         agents = AgentSessions(h.name for h in hosts)
-        held = _held(prepared)  # started with the probe
+        held = {c.host.name: c.to_json() for c in prepared.commands}  # started with the probe
 
         async def warm() -> tuple[None, dict[str, NodeProcess]]:
             argv = agent_argv(prepared.spec)
@@ -203,8 +174,3 @@ class Preparing(JobBase):
     ) -> tuple[Prepared, dict[str, NodeProcess]]:
         """:func:`~corral.job.agents.start_remote` with this job's interpreter."""
         return await start_remote(transport, prepared, cluster, python=self.python, **how)
-
-
-def _held(prepared: Prepared) -> dict[str, dict[str, Any]]:
-    """Each node's plan as its probe carries it (:mod:`corral.agent.prestart`)."""
-    return {c.host.name: c.to_json() for c in prepared.commands}
