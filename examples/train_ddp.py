@@ -29,6 +29,10 @@ window (``--seconds``)::
 
     corral calibrate --hosts local:2 -- examples/train_ddp.py
 
+Before the loop the long-lived objects (torch's) are frozen out of Python's
+garbage collector (``gc.freeze()``): a full collection walks them otherwise,
+every few steps, and stalls every rank at the next all-reduce.
+
 Under calibration every other step runs a quarter of the batch
 (``sdk.calibration_batch``), so corral separates a step's fixed cost from its
 per-example cost and the split equalises whole step times.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -288,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
 
     ballast = torch.zeros(int(args.ballast_mb * (1 << 20)) // 4, dtype=torch.float32)
     stream = batches(loader, sampler, start)
+    # torch's ~280k long-lived objects out of the garbage collector's way: the loader's
+    # per-example tuples set off a full collection every few steps, which otherwise walks
+    # them all (0.4-0.6 s on a busy core; a stall of every rank at the next all-reduce)
+    gc.collect()
+    gc.freeze()
     window: list[float] = []  # losses since the last printed line
     for step in range(start + 1, args.steps + 1):
         if (
