@@ -90,6 +90,7 @@ __all__ = [
     "fsync_dir",
     "is_complete_checkpoint",
     "is_env_name",
+    "positive_numbers",
     "read_error_file",
     "scale",
     "stack_file",
@@ -489,3 +490,20 @@ def adjust_config(
     meta.update(output_dir_key=output_dir_key, rank0_only_output=output_dir_key in out)
     out["distributed"] = meta
     return out
+
+
+def positive_numbers(raw: str, source: str, *, zero: bool = False) -> list[float]:
+    """The entries of the comma-separated ``raw`` (a weight list: ``--workload-weights``,
+    the SDK's env variables); ValueError naming ``source`` and the entry when one is not
+    a finite positive number (``zero``: or 0)."""
+    values: list[float] = []
+    for position, part in enumerate(p.strip() for p in raw.split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            what = "a number >= 0" if zero else "a positive number"
+            raise ValueError(f"{source}={raw!r}: entry {position} ({part!r}) is not {what}")
+        values.append(value)
+    return values

@@ -24,6 +24,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
+from corral.contract import positive_numbers
 from corral.errors import ConfigError
 from corral.job.option import parse_nproc as parse_nproc_text
 from corral.job.schema import JobOptions, Option, default_of, options_of
@@ -181,18 +182,12 @@ def parse_weights(text: str | None) -> tuple[float, ...]:
     """The numbers of ``--workload-weights W,W,...`` (ConfigError naming it)."""
     if not text:
         return ()
+    flag = "--workload-weights"
     try:
-        weights = tuple(float(word) for word in text.split(","))
-    except ValueError:
-        raise ConfigError(
-            f"expected positive numbers separated by commas (got {text!r})",
-            option="--workload-weights",
-        ) from None
-    if not all(0 < w < float("inf") for w in weights):
-        raise ConfigError(
-            f"every weight must be above 0 (got {text!r})", option="--workload-weights"
-        )
-    return weights
+        return tuple(positive_numbers(text, flag))
+    except ValueError as exc:
+        what = str(exc).removeprefix(f"{flag}=")  # '1,x': entry 1 ('x') is not ...
+        raise ConfigError(f"{what}; one per rank, separated by commas", option=flag) from None
 
 
 def job_flags(entry: str, skip: Sequence[str] = ()) -> Callable[[Callable[P, R]], Callable[..., R]]:

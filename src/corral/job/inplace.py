@@ -158,10 +158,7 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
             if late:
                 message = never_joined(late, self.joins.timeout, "--rdzv-timeout")
                 self._falling_back = True  # the whole job stops; a restart fails the same way
-                never = Failure(
-                    late[0][1], None, None, time.time(), message, [], could_not_start=True
-                )
-                self._fail(never, EXIT_LAUNCH)
+                self._fail(Failure.not_started(late[0][1], time.time(), message), EXIT_LAUNCH)
                 return
 
     # -- a group fails -----------------------------------------------------------------

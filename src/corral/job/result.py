@@ -154,6 +154,11 @@ class Failure:
         """Signal name when the process was killed by a signal."""
         return signal_name(self.code)
 
+    @classmethod
+    def not_started(cls, host: str, when: float, message: str) -> Failure:
+        """Corral could not start ``host``'s node: a failure no restart would mend."""
+        return cls(host, None, None, when, message, [], could_not_start=True)
+
 
 @dataclass
 class JobResult:

@@ -204,15 +204,7 @@ class AttemptSupervisor:
             node.set_state(NodeState.FAILED)
             node.ended = time.time()
             self._fail(
-                Failure(
-                    cmd.host.name,
-                    None,
-                    None,
-                    time.time(),
-                    f"could not start the node: {exc}",
-                    [],
-                    could_not_start=True,
-                ),
+                Failure.not_started(cmd.host.name, time.time(), f"could not start the node: {exc}"),
                 EXIT_LAUNCH,
             )
             return
@@ -373,15 +365,7 @@ class AttemptSupervisor:
             )
             if self.require_master:
                 self._fail(
-                    Failure(
-                        node.host.name,
-                        None,
-                        None,
-                        node.to_local(float(event["time"])),
-                        text,
-                        [],
-                        could_not_start=True,
-                    ),
+                    Failure.not_started(node.host.name, node.to_local(float(event["time"])), text),
                     EXIT_LAUNCH,
                 )
             else:
@@ -389,14 +373,10 @@ class AttemptSupervisor:
         elif name == "start_failed":
             node.detail = str(event.get("error"))
             node.report = NodeReport(started=False)
-            failure = Failure(
+            failure = Failure.not_started(
                 node.host.name,
-                None,
-                None,
                 node.to_local(float(event["time"])),
                 f"could not start the node: {node.detail}",
-                [],
-                could_not_start=True,
             )
             node.fault = node.fault or failure
             self._fail(failure, EXIT_LAUNCH)

@@ -32,6 +32,7 @@ from corral.contract import (
     REPLICA_GROUP_ENV,
     STEP_OVERHEADS_ENV,
     WORKLOAD_WEIGHTS_ENV,
+    positive_numbers,
 )
 from corral.sdk._env import info
 
@@ -51,22 +52,6 @@ __all__ = [
 ]
 
 WEIGHTS_ENV = WORKLOAD_WEIGHTS_ENV
-
-
-def positive_numbers(raw: str, source: str, *, zero: bool = False) -> list[float]:
-    """The entries of the comma-separated ``raw``; ValueError naming ``source`` and
-    the entry when one is not a finite positive number (``zero``: or 0)."""
-    values: list[float] = []
-    for position, part in enumerate(p.strip() for p in raw.split(",")):
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-            what = "a number >= 0" if zero else "a positive number"
-            raise ValueError(f"{source}={raw!r}: entry {position} ({part!r}) is not {what}")
-        values.append(value)
-    return values
 
 
 def parse_weights(raw: str, world_size: int | None = None) -> tuple[float, ...]:
