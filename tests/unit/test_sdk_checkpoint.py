@@ -18,7 +18,7 @@ from corral import sdk
 from corral.sdk import _checkpoint
 from tests.conftest import require_torch
 
-from .test_sdk_report import ControlServer
+from .test_sdk_report import ControlServer, forget_earlier_reports
 
 pytestmark = pytest.mark.torch
 
@@ -206,10 +206,12 @@ def test_clear_error_without_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 @pytest.fixture
 def control(monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlServer]:
+    forget_earlier_reports(monkeypatch)  # an earlier test's unsent reports are not ours
     name = f"corral-test-{uuid.uuid4().hex}"
     server = ControlServer("\0" + name)
     monkeypatch.setenv("CORRAL_CONTROL", f"unix:@{name}")
     yield server
+    forget_earlier_reports(monkeypatch)
     server.close()
 
 
