@@ -157,6 +157,13 @@ def batches(
         epoch, skip = epoch + 1, 0
 
 
+def endless(loader: DataLoader[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The loader's batches, epoch after epoch."""
+    while True:
+        for batch in loader:
+            yield batch[0], batch[1]
+
+
 @torch.no_grad()
 def full_loss(model: nn.Module, data: TensorDataset) -> float:
     device = next(model.parameters()).device
@@ -293,6 +300,10 @@ def main(argv: list[str] | None = None) -> None:
 
     ballast = torch.zeros(int(args.ballast_mb * (1 << 20)) // 4, dtype=torch.float32)
     stream = batches(loader, sampler, start)
+    # under calibration every other step loads and runs a quarter of the batch, so corral
+    # tells the step's fixed cost from its per-example one (data loading included)
+    quarter = sdk.calibration_batch(1, cfg["batch_size"])
+    small = endless(DataLoader(data, batch_size=quarter, shuffle=True)) if calibrating else stream
     # torch's ~280k long-lived objects out of the garbage collector's way: the loader's
     # per-example tuples set off a full collection every few steps, which otherwise walks
     # them all (0.4-0.6 s on a busy core; a stall of every rank at the next all-reduce)
@@ -306,10 +317,8 @@ def main(argv: list[str] | None = None) -> None:
             and args.fail_on_attempt in (-1, me.attempt)
         ):
             inject_failure(args, me.rank, step)
-        x, y = (t.to(device) for t in next(stream))
-        if calibrating:  # the full batch and a quarter in turns: corral tells the step's
-            n = sdk.calibration_batch(step, len(x))  # fixed cost from its per-example one
-            x, y = x[:n], y[:n]
+        odd = sdk.calibration_batch(step, cfg["batch_size"]) != cfg["batch_size"]
+        x, y = (t.to(device) for t in next(small if odd else stream))
         optimizer.zero_grad(set_to_none=True)
         parts = micro if len(micro) > 1 else [len(x)]  # gradient accumulation above the fit
         busy = value = 0.0

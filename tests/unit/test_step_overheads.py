@@ -168,6 +168,25 @@ def test_no_fixed_cost_within_the_noise_is_zero_and_slower_small_batches_are_no_
     assert step_cost(backwards[1:], backwards[0].time) is None
 
 
+def test_a_step_that_is_nearly_all_fixed_cost_gives_no_fit() -> None:
+    # 0.1 us per example against 1 ms per step: 1 / a slope that small is noise
+    samples = _alternating(1e7, 0.001, 128, 40)
+    assert step_cost(samples[1:], samples[0].time) is None
+
+
+def test_the_fixed_cost_is_used_only_when_every_rank_has_one() -> None:
+    fitted = rate_of(_alternating(500.0, 0.06, 400, 30), 0.0)
+    plain = rate_of([Sample(0.1 * i, 50.0, steps=1) for i in range(1, 30)], 0.0)
+    assert fitted is not None and plain is not None and fitted.fixed_s is not None
+    cal = build_calibration(
+        [MeasuredRank("a", 0, 0, fitted), MeasuredRank("b", 1, 0, plain)],
+        hosts=["a", "b"], job_id="c", seconds=30, script=None, workload="script",
+    )  # fmt: skip
+    # one rank without a fit: every rate is examples over time, no fixed costs
+    assert [r.step_fixed_s for r in cal.ranks] == [None, None]
+    assert cal.ranks[0].examples_per_s == pytest.approx(fitted.examples / fitted.seconds)
+
+
 def test_one_batch_size_measures_no_fixed_cost_as_before() -> None:
     samples = [Sample(0.1 * i, 50.0, steps=1) for i in range(1, 30)]
     assert step_cost(samples[1:], samples[0].time) is None

@@ -13,7 +13,8 @@ A rank's step also costs a fixed time whatever its batch (the optimizer step,
 Python, the report). When its reports cover steps of at least two batch sizes
 (``sdk.calibration_batch`` alternates the full batch and a quarter of it) and say
 how many steps they cover (the ``step`` of ``sdk.report``), :func:`step_cost`
-fits ``t(b) = f + b / r`` to the median step time of each batch size: the rate is
+fits ``t(b) = f + b / r`` to the step time of each batch size (the mean of its
+fastest 80%: stalls dropped, and finer than the reports' millisecond): the rate is
 then the per-example rate ``r`` and ``fixed_s`` the fixed cost ``f``, which the
 split uses to make the step times equal (``sdk.equal_time_batches``). With one
 batch size ``f`` is not measured and the rate is examples over time, as always.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from corral.throughput.model import Calibration, RankRate, Workload
@@ -57,6 +58,11 @@ _PARTS = 5
 _FIT_SPREAD = 1.5
 #: ... and this many steps of each.
 _FIT_STEPS = 3
+#: The fraction of each batch size's step times kept (the fastest): stalls are dropped.
+_FIT_KEEP = 0.8
+#: The per-example part must be at least this share of the largest batch's step, or
+#: its rate (1 / a slope near 0) is noise: then no fit.
+_FIT_MIN_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -115,14 +121,23 @@ def _variation(window: Sequence[Sample], start: float) -> float | None:
     return statistics.pstdev(totals) / mean if mean > 0 else None
 
 
+def _low_mean(times: list[float]) -> float:
+    """The mean of the lower :data:`_FIT_KEEP` of ``times``: a stall (another process, a
+    page fault) is dropped, and unlike a median it resolves steps shorter than the
+    reports' clock (a millisecond: the mean of its ticks)."""
+    ordered = sorted(times)
+    return statistics.fmean(ordered[: max(1, round(len(ordered) * _FIT_KEEP))])
+
+
 def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | None:
     """``(f, r)`` of ``t(b) = f + b / r`` fitted to the reports after ``start`` (in
     time order), or None when they do not tell a fixed cost from a per-example one:
     fewer than two batch sizes at least :data:`_FIT_SPREAD` apart with
     :data:`_FIT_STEPS` steps each, reports without ``steps``, or smaller batches
-    that were not faster. A fixed cost below 0 (noise) is 0, with the rate of the
-    line through the origin. Each batch size counts with the median time of its steps,
-    so a stall (another process, a page fault) does not move the line."""
+    that were not faster (or barely: the per-example part under
+    :data:`_FIT_MIN_SHARE` of the largest batch's step). A fixed cost below 0 is 0,
+    with the rate of the line through the origin. Each batch size counts with the mean of its faster
+    steps (:func:`_low_mean`), so a stall does not move the line."""
     times: dict[float, list[float]] = {}
     previous = start
     for sample in samples:
@@ -133,7 +148,7 @@ def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | 
             continue
         batch = round(sample.examples / sample.steps, 3)
         times.setdefault(batch, []).extend([duration / sample.steps] * sample.steps)
-    points = [(b, statistics.median(t)) for b, t in times.items() if len(t) >= _FIT_STEPS]
+    points = [(b, _low_mean(t)) for b, t in times.items() if len(t) >= _FIT_STEPS]
     if len(points) < 2 or max(p[0] for p in points) < _FIT_SPREAD * min(p[0] for p in points):
         return None
     mean_b = statistics.fmean(b for b, _ in points)
@@ -142,6 +157,9 @@ def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | 
     slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / spread
     if slope <= 0:
         return None  # smaller batches no faster: not a cost per example
+    top = max(points)
+    if slope * top[0] < _FIT_MIN_SHARE * top[1]:
+        return None  # the step is nearly all fixed cost: its per-example rate is noise
     fixed = mean_t - slope * mean_b
     if fixed <= 0:  # no fixed cost within the noise: the line through the origin
         return 0.0, sum(b * b for b, _ in points) / sum(b * t for b, t in points)
@@ -252,6 +270,14 @@ def describe(measured: Sequence[MeasuredRank], equal: bool) -> str:
     return text
 
 
+def _without_fit(m: MeasuredRank) -> MeasuredRank:
+    """``m`` with its rate as examples over time and no fixed cost."""
+    if m.rate.fixed_s is None:
+        return m
+    rate = replace(m.rate, examples_per_s=m.rate.examples / m.rate.seconds, fixed_s=None)
+    return replace(m, rate=rate)
+
+
 def build_calibration(
     measured: Sequence[MeasuredRank],
     *,
@@ -265,6 +291,8 @@ def build_calibration(
 ) -> Calibration:
     """The :class:`Calibration` of ``measured`` (every rank of the job, any order)."""
     ordered = sorted(measured, key=lambda m: m.rank)
+    if any(m.rate.fixed_s is None for m in ordered):  # all or none: one meaning of a rate
+        ordered = [_without_fit(m) for m in ordered]
     split, equal = shares([m.rate.examples_per_s for m in ordered], noise)
     performance = {h: 0.0 for h in hosts}
     distribution = {h: 0.0 for h in hosts}
