@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,17 @@ def test_no_fixed_cost_within_the_noise_is_zero_and_slower_small_batches_are_no_
     assert fit[1] == pytest.approx((100**2 + 25**2) / (100 * 0.099 + 25 * 0.024))
     backwards = [Sample(s.time, 125 - s.examples, steps=1) for s in samples]
     assert step_cost(backwards[1:], backwards[0].time) is None
+
+
+def test_steps_shorter_than_the_reports_clock_tick_are_still_fitted() -> None:
+    # 0.8 ms and 0.35 ms steps, reported on a millisecond clock: 0 or 1 ms apart
+    samples, now = [], 0.0
+    for step in range(1, 401):
+        b = 128 if step % 2 == 0 else 32
+        now += _step_time(b, 1 / 4.6875e-6, 0.0002)
+        samples.append(Sample(math.floor(now * 1000) / 1000, float(b), steps=1))
+    fit = step_cost(samples[1:], samples[0].time)
+    assert fit is not None and fit[1] > 0
 
 
 def test_a_step_that_is_nearly_all_fixed_cost_gives_no_fit() -> None:

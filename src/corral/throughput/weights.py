@@ -136,16 +136,16 @@ def step_cost(samples: Sequence[Sample], start: float) -> tuple[float, float] | 
     :data:`_FIT_STEPS` steps each, reports without ``steps``, or smaller batches
     that were not faster (or barely: the per-example part under
     :data:`_FIT_MIN_SHARE` of the largest batch's step). A fixed cost below 0 is 0,
-    with the rate of the line through the origin. Each batch size counts with the mean of its faster
-    steps (:func:`_low_mean`), so a stall does not move the line."""
+    with the rate of the line through the origin. Each batch size counts with the
+    mean of its faster steps (:func:`_low_mean`), so a stall does not move the line."""
     times: dict[float, list[float]] = {}
     previous = start
     for sample in samples:
         duration, previous = sample.time - previous, sample.time
         if sample.steps is None:
             return None
-        if sample.steps <= 0 or sample.examples <= 0 or duration <= 0:
-            continue
+        if sample.steps <= 0 or sample.examples <= 0 or duration < 0:
+            continue  # (0 s: a step within one tick of the reports' clock, kept)
         batch = round(sample.examples / sample.steps, 3)
         times.setdefault(batch, []).extend([duration / sample.steps] * sample.steps)
     points = [(b, _low_mean(t)) for b, t in times.items() if len(t) >= _FIT_STEPS]
