@@ -473,6 +473,10 @@ def test_run_uses_the_detected_interface_of_each_host(
         str(src),
         "--run-dir",
         str(run_dir),
+        # the interface is the plan's, whatever the launcher: torchrun imported torch
+        # on each host for a standard-library script (issue 30)
+        "--launcher",
+        "python",
         "--",
         "train.py",
         cwd=tmp_path,
