@@ -228,3 +228,25 @@ def test_two_workers_run_the_netns_modules_each_on_its_own_testbed_instance(
     assert all(len(w) == 1 for w in workers.values()), workers  # a module stays on its worker
     assert workers["test_net_a"] != workers["test_net_b"], workers  # the two groups: two workers
     assert all(instance == worker.removeprefix("gw") for worker, instance in ran.values()), ran
+
+
+class _Leftover:
+    def __init__(self, instance: int, downed: list[int]) -> None:
+        self.instance, self._downed = instance, downed
+
+    def down(self) -> None:
+        self._downed.append(self.instance)
+
+
+def test_a_session_takes_down_what_a_killed_run_left_in_any_instance_nobody_holds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.integration.netns.conftest import take_down_leftovers
+
+    monkeypatch.setattr("corral.testbed._registry.EXCLUSIVE_LOCK", tmp_path / "corral-testbed.lock")
+    downed: list[int] = []
+    left = [_Leftover(i, downed) for i in (0, 1, 2)]
+    monkeypatch.setattr(Testbed, "all_running", classmethod(lambda cls: left))
+    with exclusive(1), exclusive(2):  # ours (1), and another live session's (2)
+        take_down_leftovers(1)
+    assert downed == [0, 1]
