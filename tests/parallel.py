@@ -6,7 +6,8 @@ loaded by tests/conftest.py).
   (``NETNS_COST``), so two workers each bring up a testbed of their own, once, and
   run their half in turn; a module with a module- or class-scoped fixture (a live
   server, a browser, a trained model) is one group, so that fixture is set up once;
-  every other test is scheduled on its own. xdist starts the largest groups first.
+  every other test is scheduled on its own. The netns groups start first, one per
+  worker (:class:`GroupScheduling`), then the largest groups.
   The workers find the groups at collection (fixture scopes and markers are known
   there) and hand them to the controller's scheduler in a file: pytest 9's node ids
   no longer take the ``@group`` suffix that xdist's own ``xdist_group`` relies on.
@@ -145,7 +146,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
-    """xdist's ``loadgroup``, with the groups the workers found at collection."""
+    """xdist's ``loadgroup``, with the groups the workers found at collection, the
+    netns groups handed out first: their chains are the run's longest, and each must
+    start at once on a worker of its own (xdist would order them by test count, and
+    could give a worker that ran out of work both)."""
 
     def __init__(self, config: pytest.Config, log: Any = None) -> None:
         super().__init__(config, log)
@@ -158,6 +162,12 @@ class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
             found = sorted(Path(os.environ[_GROUPS_ENV]).glob("*.json"))
             self._groups = json.loads(found[0].read_text()) if found else {}
         return self._groups.get(nodeid, nodeid)
+
+    def _assign_work_unit(self, node: Any) -> None:
+        netns = next((s for s in self.workqueue if s.startswith(f"{NETNS_GROUP}-")), None)
+        if netns is not None:
+            self.workqueue.move_to_end(netns, last=False)
+        super()._assign_work_unit(node)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # an xdist hook: absent with -p no:xdist

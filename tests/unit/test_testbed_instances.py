@@ -250,3 +250,49 @@ def test_a_session_takes_down_what_a_killed_run_left_in_any_instance_nobody_hold
     with exclusive(1), exclusive(2):  # ours (1), and another live session's (2)
         take_down_leftovers(1)
     assert downed == [0, 1]
+
+
+BUSY_MODULE = """
+import os, time
+from pathlib import Path
+import pytest
+
+@pytest.fixture(scope="module")
+def shared():
+    return None
+
+@pytest.mark.parametrize("n", range({count}))
+def test_busy(n, shared):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+    (Path(os.environ["HARNESS_OUT"]) / f"{{__name__}}-{{n}}").write_text(f"{{worker}} -")
+    time.sleep({sleep})
+"""
+
+
+def test_the_netns_groups_start_first_each_on_a_worker_of_its_own(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """xdist alone hands out the groups with the most tests first: here the two busy
+    modules, after which the worker done first (test_quick's) would take both netns
+    modules while the other still sleeps through test_slow."""
+    out = pytester.mkdir("records")
+    monkeypatch.setenv("HARNESS_OUT", str(out))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    pytester.makepyfile(
+        test_net_a=NETNS_MODULE,
+        test_net_b=NETNS_MODULE,
+        test_slow=BUSY_MODULE.format(count=8, sleep=0.5),
+        test_quick=BUSY_MODULE.format(count=4, sleep=0.0),
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.parallel", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+    )
+    assert result.ret == 0, result.stdout.str()
+    ran = {p.name: p.read_text().split()[0] for p in out.iterdir()}
+    assert len(ran) == 3 + 3 + 8 + 4, ran
+    workers = {
+        m: {w for name, w in ran.items() if name.startswith(m)}
+        for m in ("test_net_a", "test_net_b")
+    }
+    assert all(len(w) == 1 for w in workers.values()), workers
+    assert workers["test_net_a"] != workers["test_net_b"], ran
