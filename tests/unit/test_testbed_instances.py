@@ -296,3 +296,40 @@ def test_the_netns_groups_start_first_each_on_a_worker_of_its_own(
     }
     assert all(len(w) == 1 for w in workers.values()), workers
     assert workers["test_net_a"] != workers["test_net_b"], ran
+
+
+def test_a_testbed_down_while_another_is_up_leaves_it_the_machine_wide_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The neighbour table limits and the mount point directories ``up`` made are the
+    machine's: the first testbed down hands them to the one still up (whose hosts use
+    them), and the last one down puts them all back."""
+    import functools
+
+    from corral.testbed import _registry
+    from corral.testbed._testbed import _write_state
+
+    monkeypatch.setattr(_registry, "REGISTRY", tmp_path / "run" / "testbed.json")
+    monkeypatch.setattr(sysx, "RUN_DIR", tmp_path / "run")
+    root = _proc(tmp_path / "proc")
+    for name in ("read_sysctls", "restore_sysctls"):
+        monkeypatch.setattr(sysx, name, functools.partial(getattr(sysx, name), root=root))
+    made = tmp_path / "srv"
+    made.mkdir()
+    first, second = _state(tmp_path / "a", 0), _state(tmp_path / "b", 1)
+    first.sysctls = sysx.raise_sysctls(neighbour_limits(3), root)
+    first.created_paths = [str(made)]
+    second.sysctls = sysx.raise_sysctls(neighbour_limits(3, 3), root)
+    for state in (first, second):
+        _write_state(state)
+
+    left = Testbed._release_shared(first)
+    assert left and all("left to the testbed in" in line for line in left), left
+    registry_path(0).unlink()  # what the rest of down does
+    assert made.is_dir() and sysx.read_sysctls(NEIGH_SYSCTLS) == neighbour_limits(3, 3)
+    heir = _registry.read_registry(1)
+    assert heir is not None and heir.created_paths == [str(made)]
+
+    done = Testbed._release_shared(heir)
+    assert str(made) in done and not made.exists()
+    assert sysx.read_sysctls(NEIGH_SYSCTLS) == NEIGH_SYSCTLS

@@ -552,11 +552,7 @@ class Testbed:
         if lines:
             sysx.run([sysx.tool("ip"), "-force", "-batch", "-"], input="\n".join(lines) + "\n")
 
-        removed += self._release_sysctls(state)
-        for path in state.created_paths:
-            with contextlib.suppress(OSError):
-                Path(path).rmdir()
-                removed.append(path)
+        removed += self._release_shared(state)
         sd = Path(state.state_dir)
         mounted = sysx.mounts_under(sd / "hosts")
         if mounted:  # never delete through a mount into the hosts' files
@@ -577,19 +573,27 @@ class Testbed:
         return removed
 
     @staticmethod
-    def _release_sysctls(state: TestbedState) -> list[str]:
-        """Put back the kernel settings ``state``'s ``up`` raised, unless another testbed is
-        still up: that one takes the record over (the last one down restores)."""
+    def _release_shared(state: TestbedState) -> list[str]:
+        """Put back what ``state``'s ``up`` changed on the machine (kernel settings, mount
+        point directories it made), unless another testbed is still up: that one takes
+        the record over (its hosts use them; the last one down puts them back)."""
         others = [o for o in registered() if o.state_dir != state.state_dir]
         if not others:
-            return [f"sysctl {name} restored" for name in sysx.restore_sysctls(state.sysctls)]
+            removed = [f"sysctl {name} restored" for name in sysx.restore_sysctls(state.sysctls)]
+            for path in state.created_paths:
+                with contextlib.suppress(OSError):
+                    Path(path).rmdir()
+                    removed.append(path)
+            return removed
         heir = others[0]
         now = sysx.read_sysctls([*state.sysctls, *heir.sysctls])
         merged = hand_over_sysctls(state.sysctls, heir.sysctls, now)
-        if merged != heir.sysctls:
-            heir.sysctls = merged
+        paths = list(dict.fromkeys([*heir.created_paths, *state.created_paths]))
+        if merged != heir.sysctls or paths != heir.created_paths:
+            heir.sysctls, heir.created_paths = merged, paths
             _write_state(heir)
-        return [f"sysctl {name} left to the testbed in {heir.state_dir}" for name in state.sysctls]
+        left = [f"sysctl {name}" for name in state.sysctls] + state.created_paths
+        return [f"{what} left to the testbed in {heir.state_dir}" for what in left]
 
     def _instance_words(self) -> str:
         return f" (instance {self.instance})" if self.instance else ""
