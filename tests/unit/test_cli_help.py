@@ -33,9 +33,6 @@ from typer.testing import CliRunner
 from corral import __version__
 from corral.cli.main import _register, app, prepare_tree
 
-# one worker runs the module, so each help is rendered once (render() is cached)
-pytestmark = pytest.mark.xdist_group("cli_help")
-
 WIDE = 2000  # wider than any help paragraph plus the option columns
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _BORDERS = re.compile(r"[│╭╮╰╯─]")
@@ -82,6 +79,14 @@ def render(path: tuple[str, ...], columns: int) -> str:
     result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": str(columns)})
     assert result.exit_code == 0, result.output
     return result.output
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _render_once() -> Iterator[None]:
+    """A module-scoped fixture: one worker runs the module (tests/parallel.py), so each
+    help is rendered once; the cache goes with the module."""
+    yield
+    render.cache_clear()
 
 
 _register()
