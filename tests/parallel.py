@@ -49,32 +49,33 @@ NETNS_GROUP = "netns"
 NETNS_GROUPS = 2
 """How many workers share the netns tests, each with a testbed of its own."""
 NETNS_COST = {
-    "test_inplace_netns": 236,
-    "test_faults": 171,
-    "test_run_ssh": 104,
-    "test_check": 69,
-    "test_serve_netns": 65,
-    "test_launchers_netns": 49,
-    "test_actors_netns": 36,
+    "test_inplace_netns": 321,
+    "test_faults": 166,
+    "test_run_ssh": 71,
+    "test_calibrate_netns": 60,
+    "test_serve_netns": 49,
+    "test_actors_netns": 46,
+    "test_check": 43,
+    "test_actors_example_netns": 35,
     "test_web_netns": 31,
-    "test_actors_example_netns": 29,
-    "test_ping": 28,
-    "test_links_netns": 24,
+    "test_launchers_netns": 28,
     "test_ssh_transport": 24,
-    "test_smoke_testbed": 19,
-    "test_exec": 17,
-    "test_checkpoints": 17,
-    "test_calibrate_netns": 13,
-    "test_capabilities_netns": 13,
-    "test_shared_data_netns": 11,
+    "test_exec": 21,
+    "test_ping": 21,
+    "test_smoke_testbed": 21,
+    "test_links_netns": 20,
+    "test_capabilities_netns": 12,
+    "test_checkpoints": 9,
+    "test_links_api_netns": 7,
     "test_sync": 7,
-    "test_mlx_netns": 6,
-    "test_links_api_netns": 6,
+    "test_shared_data_netns": 6,
     "test_testbed": 6,
+    "test_mlx_netns": 4,
     "test_remote_python": 1,
 }
-"""Wall seconds of each netns test module in a full run (``make test``'s CPU report,
-tests/integration/netns); a module not listed counts ``_NETNS_DEFAULT_COST``."""
+"""Wall seconds of each netns test module (``--cpu-report-file`` of ``pytest -n 2 --dist
+loadgroup tests/integration/netns``, 2026-11-28); a module not listed counts
+``_NETNS_DEFAULT_COST``."""
 _NETNS_DEFAULT_COST = 20
 _WIDE_SCOPES = ("module", "class", "package")
 _GROUPS_ENV = "CORRAL_TEST_GROUPS"
