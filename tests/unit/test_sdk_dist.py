@@ -334,6 +334,8 @@ def test_public_api_is_pinned() -> None:
             "section", "straggler_hook",
             # a split that knows memory: the micro-batch a rank fits, accumulation
             "memory_split", "micro_batch_fits", "probe_fit",
+            # a split that knows each rank's fixed step cost: steps at two batch sizes
+            "calibration_batch",
         ]
     )  # fmt: skip
     for name in sdk.__all__:
