@@ -25,6 +25,7 @@ import uvicorn
 from corral.api.app import create_app
 from corral.api.services import Services
 from corral.fleet.capabilities import MachineHealth
+from corral.service.eventlog import EVENTS_FILE
 from corral.service.settings import ServerSettings
 from corral.store import open_store
 from tests.serverlib import follow_events, free_port, live_server, wait_status
@@ -671,7 +672,7 @@ def read_some_events(api: Api, job_id: str, count: int) -> list[tuple[str, str, 
                 current[key] = value[1:] if value.startswith(" ") else value
                 continue
             if "data" in current:
-                events.append((current["id"], current["event"], current["data"]))
+                events.append((current.get("id", ""), current["event"], current["data"]))
                 if len(events) == count:
                     break
             current = {}
@@ -987,3 +988,46 @@ def test_serve_with_a_db_it_cannot_write_exits_with_one_line(tmp_path: Path) -> 
     assert len(out.splitlines()) == 1, out
     assert str(db) in out
     assert "--db" in out
+
+
+def test_a_folded_teardowns_notes_never_send_one_id_twice(api: Api) -> None:
+    """The teardown is folded into one note per node, all resuming at the event that
+    ended it: only the last note carries that id (an id sent twice failed a netns run)."""
+    for name in ("sim1", "sim2"):
+        api.add_machine(name)
+    status = api.run(
+        script=api.script(lines=1),
+        nproc_per_node=1,
+        machine_selection="manual",
+        selected_machines=["sim1", "sim2"],
+        resource_requirements={"num_machines": 2},
+    )
+    job_id = status["job_id"]
+    now = time.time()
+    noise = "Traceback (most recent call last):\nSignalException: Process 7 got signal: 15\n"
+    written = [
+        {"kind": "attempt_started", "time": now, "number": 0, "hosts": ["sim1", "sim2"],
+         "world_size": 2},
+        {"kind": "log", "time": now, "host": "sim1", "rank": 0, "text": "step 1\n"},
+        {"kind": "state", "time": now, "old": "running", "state": "stopping", "attempt": 0},
+        {"kind": "log", "time": now, "host": "sim1", "rank": -1, "text": noise},
+        {"kind": "log", "time": now, "host": "sim2", "rank": -1, "text": noise},
+        {"kind": "state", "time": now, "old": "stopping", "state": "failed", "attempt": 0},
+        {"kind": "finished", "time": now, "state": "failed", "exit_code": 1,
+         "result": {"ended": now, "failures": []}},
+    ]  # fmt: skip
+    events_file = Path(api.svc.jobs.row(job_id).run_dir) / EVENTS_FILE
+    events_file.write_text("".join(json.dumps(e) + "\n" for e in written))
+    events = follow_events(api.client, job_id, timeout=60)
+    notes = [(i, json.loads(d)["text"]) for i, kind, d in events if kind == "message"]
+    assert [text.split(":")[0] for _, text in notes] == ["sim1", "sim2"], notes
+    assert notes[0][0] == "" and notes[1][0] != ""  # the last note carries the id
+    ids = [int(i) for i, _, _ in events if i]
+    assert ids == sorted(set(ids))  # increasing byte offsets, none twice
+    with httpx.Client(
+        base_url=api.url, headers={**AUTH, "Last-Event-ID": notes[1][0]}, timeout=60
+    ) as resumed:  # from the last note: nothing repeated
+        assert [k for _, k, _ in follow_events(resumed, job_id, timeout=60)] == [
+            "state",
+            "finished",
+        ]

@@ -17,6 +17,7 @@ from corral.api.routers.network import ERRORS
 from corral.api.services import Services, services
 from corral.api.streams import REVOKED_EVENT, revocable
 from corral.service.chain import resubmitted, stored_request
+from corral.service.eventlog import LoggedEvent
 from corral.service.models import (
     MAX_AFTER,
     DistributedJobStatus,
@@ -150,7 +151,8 @@ def job_files(job_id: str, svc: Svc, who: Caller) -> list[str]:
     summary="Live events (SSE): state, node, progress, log, message, attempts, finished",
     description="Each event's `id` is the byte offset after it in the job's events file: "
     "reconnect with `Last-Event-ID` (or `?from=`) to resume without losing or repeating "
-    "anything. The stream ends after the job's `finished` (or `error`) event, or with a "
+    "anything (a folded teardown's notes, one per node, resume at the same event: only the "
+    "last of them carries the id, so no id is sent twice). The stream ends after the job's `finished` (or `error`) event, or with a "
     "`revoked` event within seconds of its token or web session being revoked. The `log` "
     "events (the job's output) go to the job's owner and admins only.",
 )
@@ -176,7 +178,16 @@ async def job_events(
         # the line as the supervisor wrote it (no re-encoding); a client that goes away
         # ends the stream through sse-starlette's own disconnect watch, a revoked token
         # or session through the re-check of revocable()
+        # a note of the stream's own (the folded teardown: one per node, all resuming
+        # at the event that ended it) is held until the next event shows whether the
+        # next note shares its id: only the last of them carries it, so no id is sent
+        # twice and a resume from it repeats none of them
+        held: LoggedEvent | None = None
         async for ev in revocable(request, svc.jobs.events(job_id, pos)):
+            if held is not None:
+                shared = ev is not None and not ev.raw and ev.next_pos == held.next_pos
+                yield _note(held, with_id=not shared)
+                held = None
             if ev is None:
                 yield REVOKED_EVENT
                 return
@@ -185,8 +196,10 @@ async def job_events(
                 continue
             if ev.raw:
                 yield _frame(ev.next_pos, kind, ev.raw)
-            else:  # a note of the stream's own (the folded teardown)
-                yield {"id": str(ev.next_pos), "event": kind, "data": json.dumps(ev.data)}
+            else:
+                held = ev
+        if held is not None:
+            yield _note(held, with_id=True)
 
     return EventSourceResponse(stream(), ping=15)
 
@@ -199,6 +212,15 @@ def withheld_note(job_id: str, owner: str | None, pos: int) -> dict[str, Any]:
     )
     data = {"kind": "message", "job_id": job_id, "time": time.time(), "text": text}
     return {"id": str(pos), "event": "message", "data": json.dumps({**data, "level": "info"})}
+
+
+def _note(ev: LoggedEvent, *, with_id: bool) -> dict[str, Any]:
+    """A note of the stream's own as an SSE event (``with_id``: it carries its resume
+    position)."""
+    note: dict[str, Any] = {"event": str(ev.data.get("kind", "message"))}
+    if with_id:
+        note["id"] = str(ev.next_pos)
+    return note | {"data": json.dumps(ev.data)}
 
 
 @functools.lru_cache(maxsize=512)
