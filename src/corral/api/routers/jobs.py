@@ -152,7 +152,8 @@ def job_files(job_id: str, svc: Svc, who: Caller) -> list[str]:
     description="Each event's `id` is the byte offset after it in the job's events file: "
     "reconnect with `Last-Event-ID` (or `?from=`) to resume without losing or repeating "
     "anything (a folded teardown's notes, one per node, resume at the same event: only the "
-    "last of them carries the id, so no id is sent twice). The stream ends after the job's `finished` (or `error`) event, or with a "
+    "last of them carries the id, so no id is sent twice). The stream ends after the job's "
+    "`finished` (or `error`) event, or with a "
     "`revoked` event within seconds of its token or web session being revoked. The `log` "
     "events (the job's output) go to the job's owner and admins only.",
 )
