@@ -50,6 +50,7 @@ import asyncio
 import itertools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -146,7 +147,10 @@ def calibrate(tb: Any, work: Path, hostfile: Path, rep: int, seconds: float) -> 
     )
     wall = time.monotonic() - began
     if done.returncode != 0:
-        raise RuntimeError(f"corral calibrate failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"corral calibrate failed ({done.returncode}): {shlex.join(argv)}\n"
+            f"{done.stderr[-2000:]}"
+        )
     cal = json.loads(out.read_text())["hardware_calibration"]
     return {
         "wall_s": wall,
@@ -314,7 +318,9 @@ def train(
     result, progress, wall = asyncio.run(_run_job(tb, work, job_id, steps, weights, env))
     state = str(getattr(result.state, "value", result.state))
     if result.exit_code != 0:
-        raise RuntimeError(f"{job_id} ended {state} (exit {result.exit_code})")
+        cause = result.root_cause
+        why = f": {cause.message}" if cause is not None else ""
+        raise RuntimeError(f"{job_id} ended {state} (exit {result.exit_code}){why}")
     ranks: dict[int, list[dict[str, Any]]] = {}
     for item in progress:
         ranks.setdefault(int(item["rank"]), []).append(item)
