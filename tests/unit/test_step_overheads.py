@@ -244,18 +244,18 @@ def test_the_collector_counts_steps_and_the_calibration_records_the_fixed_cost()
     assert overheads_env((20.0, 20.0)) == {STEP_OVERHEADS_ENV: "20,20"}
 
 
-def _old_file() -> Calibration:
-    """A calibration file written before the fixed cost was measured."""
-    return parse_calibration(
-        """{"hardware_calibration": {"measured_performance": {"a": 300, "b": 150},
+OLD_FILE = """{"hardware_calibration": {"measured_performance": {"a": 300, "b": 150},
         "workload_distribution": {"a": 0.666667, "b": 0.333333}, "calibration_notes": "",
         "when": "2026-11-01T10:00:00Z", "job_id": "c", "seconds": 10, "hosts": ["a", "b"],
         "ranks": [{"rank": 0, "host": "a", "local_rank": 0, "examples_per_s": 300,
                    "share": 0.666667},
                   {"rank": 1, "host": "b", "local_rank": 0, "examples_per_s": 150,
-                   "share": 0.333333}]}}""",
-        "old.json",
-    )
+                   "share": 0.333333}]}}"""
+"""A calibration file written before the fixed cost was measured."""
+
+
+def _old_file() -> Calibration:
+    return parse_calibration(OLD_FILE, "old.json")
 
 
 def test_an_old_calibration_file_keeps_todays_split(tmp_path: Path) -> None:
@@ -313,3 +313,17 @@ def test_calibration_batch_alternates_only_under_calibration(
     assert calibration_batch(1, 2) == 1
     with pytest.raises(ValueError, match="at least 1"):
         calibration_batch(1, 0)
+
+
+def test_a_file_whose_fixed_cost_is_not_finite_is_refused_naming_the_file() -> None:
+    """A calibration file is read from a path a job request names: ``Infinity`` (which
+    JSON readers accept) would make every other rank's share zero, not an error."""
+    from corral.errors import ConfigError
+
+    text = OLD_FILE.replace(
+        '"examples_per_s": 150,', '"examples_per_s": 150, "step_fixed_s": Infinity,'
+    )
+    assert "Infinity" in text
+    parse_calibration(text.replace("Infinity", "0.02"), "good.json")  # a finite one is read
+    with pytest.raises(ConfigError, match=r"bad\.json"):
+        parse_calibration(text, "bad.json")

@@ -70,7 +70,7 @@ class RankRate(_Model):
     fits: int | None = Field(default=None, ge=1)
     """The largest micro-batch the rank fits, found by probing (None: not probed, or
     no limit found up to the probe's; see ``sdk.probe_fit``)."""
-    step_fixed_s: float | None = Field(default=None, ge=0)
+    step_fixed_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """Seconds the rank's step costs whatever its batch (None: not measured, as in
     files before it): its step takes ``step_fixed_s + b / examples_per_s``."""
 
