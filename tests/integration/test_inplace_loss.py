@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 EXAMPLE = str(REPO / "examples" / "train_ft.py")
 STEPS, KILL_AT = 90, 15  # the survivors' degraded steps outlast group 2's restart
 FINAL = re.compile(r"\[local-(\d):0\] final loss ([0-9.]+)")
+LAST = re.compile(rf"\[local-(\d):0\] step {STEPS}/{STEPS} participants (\d+)\b")
 
 
 def _wait_full_step(proc: subprocess.Popen[str], at: int) -> str:
@@ -36,10 +37,12 @@ def _wait_full_step(proc: subprocess.Popen[str], at: int) -> str:
     raise AssertionError(f"group 2 never trained with all 3 past step {at}:\n{seen[-3000:]}")
 
 
-def _train(tmp_path: Path, job: str, seed: int, kill_at: int | None = None) -> dict[int, float]:
+def _train(
+    tmp_path: Path, job: str, seed: int, kill_at: int | None = None
+) -> tuple[dict[int, float], dict[int, int]]:
     """Run the example in place on local:3 (``kill_at``: SIGKILL group 2's rank once
     it committed that step or a later one with all 3 groups); each group's final loss
-    on the whole data set."""
+    on the whole data set, and how many groups took part in its last step."""
     argv = corral_argv(
         *("run", "--hosts", "local:3", "--recovery", "in-place", "--no-preflight"),
         *("--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job),
@@ -79,20 +82,31 @@ def _train(tmp_path: Path, job: str, seed: int, kill_at: int | None = None) -> d
     if kill_at is not None:
         assert "in-place recovery tears down only group 2 (local-2)" in text
         assert re.search(r"group 2 \(local-2\) rejoined at step \d+, healed from", text), text
-    return {int(g): float(v) for g, v in FINAL.findall(text)}
+    losses = {int(g): float(v) for g, v in FINAL.findall(text)}
+    return losses, {int(g): int(n) for g, n in LAST.findall(text)}
+
+
+def _together(losses: dict[int, float], last: dict[int, int]) -> float:
+    """The loss of the groups that committed the last step in one quorum, which must
+    be the same on each of them. On a busy machine the Lighthouse may leave a group
+    that is 500 ms late out of a step (JOIN_TIMEOUT_MS); it heals at the next one,
+    but left out of the last step it trains that step alone once the others are done."""
+    assert len(losses) == 3 and set(last) == set(losses), (losses, last)
+    widest = max(last.values())
+    together = {g: losses[g] for g, n in last.items() if n == widest}
+    assert widest >= 2 and len(together) == widest, (losses, last)
+    assert len(set(together.values())) == 1, (losses, last)
+    return next(iter(together.values()))
 
 
 def test_in_place_training_ends_within_the_noise_of_undisturbed_runs(tmp_path: Path) -> None:
-    first = _train(tmp_path, "lossA", seed=0)
-    other = _train(tmp_path, "lossB", seed=1)
-    killed = _train(tmp_path, "lossK", seed=0, kill_at=KILL_AT)
-    # every replica of an undisturbed run ends with the same weights
-    assert len(first) == 3 and len(set(first.values())) == 1, first
-    assert len(other) == 3 and len(set(other.values())) == 1, other
-    noise = abs(first[0] - other[0])
-    print(f"final losses: seed 0 {first[0]}, seed 1 {other[0]}, seed 0 killed {killed}")
+    first = _together(*_train(tmp_path, "lossA", seed=0))
+    other = _together(*_train(tmp_path, "lossB", seed=1))
+    killed, _ = _train(tmp_path, "lossK", seed=0, kill_at=KILL_AT)
+    noise = abs(first - other)
+    print(f"final losses: seed 0 {first}, seed 1 {other}, seed 0 killed {killed}")
     assert noise > 0  # two seeds never train to the very same loss
     # the groups that were never killed, and the healed one, end within that noise
     assert set(killed) >= {0, 1, 2}, killed
     for group, loss in killed.items():
-        assert abs(loss - first[0]) <= noise, (group, loss, first[0], other[0])
+        assert abs(loss - first) <= noise, (group, loss, first, other)
