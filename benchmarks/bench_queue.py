@@ -70,7 +70,7 @@ def idle_percent(server: LiveServer, seconds: float) -> float:
 def fill(db_url: str, count: int, seed: int = 11) -> list[str]:
     """``count`` queued jobs written straight to the server's store, as an enqueue
     writes them (the request stored, owners and priorities mixed); their ids."""
-    from corral.job.resolve import new_job_id
+    from corral.job.ids import new_job_id
     from corral.service.models import JobRequest
     from corral.service.planner import stored_request
     from corral.store import open_store

@@ -1,5 +1,5 @@
 """``python -m corral`` is the ``corral`` command."""
 
-from corral.cli.main import main
+from corral.cli.entry import main
 
 main()

@@ -37,7 +37,7 @@ from corral.job.build import ready_job
 from corral.job.describe import JobDescription, JobOptions
 from corral.job.engine import Job
 from corral.job.events import JobEvent, Progress, Subscriber
-from corral.job.resolve import new_job_id
+from corral.job.ids import new_job_id
 from corral.job.result import JobResult
 from corral.job.states import JobState
 from corral.plan.spec import JobSpec

@@ -17,7 +17,7 @@ from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError
 from corral.job.describe import JobDescription
-from corral.job.resolve import new_job_id
+from corral.job.ids import new_job_id
 from corral.k8s.render import (
     K8sTarget,
     k8s_spec,

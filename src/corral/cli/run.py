@@ -129,9 +129,14 @@ def run(
     cluster = load_hosts(hosts, ssh)
     options = flags.options(command, cluster)
     if cluster.is_local and options.preflight and not calibration:
-        from corral.job.resolve import new_job_id
+        from corral.cli.entry import run_on, take
+        from corral.job.ids import new_job_id
 
-        options = dataclasses.replace(options, job_id=options.job_id or new_job_id())
+        early = take(len(cluster.hosts), options.python, options.job_id)
+        job_id = options.job_id or (early.job_id if early else new_job_id())
+        options = dataclasses.replace(options, job_id=job_id)
+        if early is not None:  # the agents the entry point started: on the loop they run on
+            raise typer.Exit(run_on(early, _head_started(options, cluster, ssh, early.head)))
         raise typer.Exit(asyncio.run(_head_started(options, cluster, ssh)))
     _validated(options, calibration)  # its errors before a calibration is measured for it
     console = make_console(stderr=False)
@@ -150,16 +155,21 @@ def _validated(options: JobOptions, calibration: str | None) -> tuple[JobSpec, P
     return built
 
 
-async def _head_started(options: JobOptions, cluster: Cluster, ssh: SshOptions) -> int:
+async def _head_started(
+    options: JobOptions, cluster: Cluster, ssh: SshOptions, head: HeadStart | None = None
+) -> int:
     """Run the job of ``options`` on ``local:N`` with every node's agent started
-    before the engine is imported and sent its node's plan once the options are
+    before the engine is imported (``head``: started by the entry point, before the
+    CLI loaded, :mod:`corral.cli.entry`) and sent its node's plan once the options are
     validated (:mod:`corral.job.headstart`); its exit code. An agent the job does not
     use, the job refused or ended, is ended."""
     from corral.job.headstart import HeadStart, head_plans
 
-    head = HeadStart()
+    spawn_now = head is None
+    head = HeadStart() if head is None else head
     try:
-        await head.spawn(cluster, options.python, str(options.job_id))
+        if spawn_now:
+            await head.spawn(cluster, options.python, str(options.job_id))
         spec, made = _validated(options, None)
         if not made.recovery.in_place:  # in place, each node is planned as its own group
             head.prestart(head_plans(spec, cluster))  # their launchers start, held at gates

@@ -17,8 +17,8 @@ from corral.cluster.model import Cluster
 from corral.console import make_console
 from corral.errors import ConfigError, LaunchError
 from corral.job.describe import JobDescription
+from corral.job.ids import new_job_id
 from corral.job.option import parse_nproc
-from corral.job.resolve import new_job_id
 from corral.private import private_dir, write_private
 from corral.slurm.render import (
     DEFAULT_SIGNAL_LEAD,

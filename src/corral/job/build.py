@@ -49,6 +49,7 @@ from corral.errors import ConfigError
 from corral.harness.config import harness_target, read_config
 from corral.job.describe import JobDescription
 from corral.job.describe import JobOptions as JobOptions  # re-exported: builders name it
+from corral.job.ids import new_job_id
 from corral.job.option import default_of
 from corral.job.options import (
     CheckpointPolicy,
@@ -58,7 +59,7 @@ from corral.job.options import (
     SupervisionPolicy,
     SyncPolicy,
 )
-from corral.job.resolve import check_launch, new_job_id, plan_attempt, resolve
+from corral.job.resolve import check_launch, plan_attempt, resolve
 from corral.job.result import JobResult
 from corral.job.schema import options_of
 from corral.plan.launchers import launcher_options, validate_launcher

@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import secrets
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +41,6 @@ class Prepared:
     def world_size(self) -> int:
         """Ranks across every node."""
         return sum(c.nproc for c in self.commands)
-
-
-def new_job_id() -> str:
-    """A sortable, unique job id such as ``20261122-031502-7f3a``."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
 def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:

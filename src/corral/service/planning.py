@@ -21,7 +21,7 @@ from sqlalchemy import select
 from corral.cluster.model import Host
 from corral.errors import Conflict, Invalid
 from corral.job.describe import JobDescription
-from corral.job.resolve import new_job_id
+from corral.job.ids import new_job_id
 from corral.job.states import JobState, job_sources
 from corral.service.audit import record_change
 from corral.service.launch import job_dir

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, and_, func, or_, select
 
 from corral.errors import Conflict, CorralError, Invalid, NotFound, TooMany
-from corral.job.resolve import new_job_id
+from corral.job.ids import new_job_id
 from corral.job.states import JobState
 from corral.service.audit import record_change
 from corral.service.chain import after_of

@@ -1,0 +1,61 @@
+"""What the entry point reads from a command line before the CLI loads
+(:func:`corral.cli.entry.sniff`): only a ``corral run`` on ``local:N`` with the
+pre-flight, no calibration and the script after ``--``; anything else starts nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.cli.entry import Sniffed, sniff
+
+SCRIPT = ("--", "train.py", "--hosts", "h1,h2", "--python", "ignored", "--job-id", "no")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (("run", "--hosts", "local:2", *SCRIPT), {}, Sniffed(2, None, None)),
+        (("run", "--hosts=local:3", *SCRIPT), {}, Sniffed(3, None, None)),
+        (("-v", "run", "--hosts", "local:1", *SCRIPT), {}, Sniffed(1, None, None)),
+        (
+            ("run", "--python", "/opt/py", "--hosts", "local:2", "--job-id=j1", *SCRIPT),
+            {},
+            Sniffed(2, "/opt/py", "j1"),
+        ),
+        (("run", *SCRIPT), {"CORRAL_HOSTS": "local:4"}, Sniffed(4, None, None)),
+        (
+            ("run", "--hosts", "local:2", *SCRIPT),
+            {"CORRAL_HOSTS": "h1", "CORRAL_PYTHON": "/p"},
+            Sniffed(2, "/p", None),
+        ),
+        # the last of a repeated option wins, as in click
+        (("run", "--hosts", "h1", "--hosts", "local:2", *SCRIPT), {}, Sniffed(2, None, None)),
+    ],
+)
+def test_a_local_run_is_read(argv: tuple[str, ...], env: dict[str, str], expected: Sniffed) -> None:
+    assert sniff(argv, env) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (("run", "--hosts", "local:2", "train.py"), {}),  # no --: the script's words are unsure
+        (("run", "--hosts", "h1,h2", *SCRIPT), {}),
+        (("run", "--hosts", "hosts.txt", *SCRIPT), {}),
+        (("run", "--hosts", "local:x", *SCRIPT), {}),
+        (("run", "--hosts", "local:-1", *SCRIPT), {}),
+        (("run", *SCRIPT), {}),  # no hosts at all
+        (("plan", "--hosts", "local:2", *SCRIPT), {}),
+        (("check", "--hosts", "local:2"), {}),
+        (("run", "--hosts", "local:2", "--no-preflight", *SCRIPT), {}),
+        (("run", "--hosts", "local:2", *SCRIPT), {"CORRAL_NO_PREFLIGHT": "1"}),
+        (("run", "--hosts", "local:2", "--calibration", "auto", *SCRIPT), {}),
+        (("run", "--hosts", "local:2", "--calibration=cal.json", *SCRIPT), {}),
+        (("run", "--hosts", "local:2", "--help", *SCRIPT), {}),
+        (("run", "--hosts", "local:2", "-h", *SCRIPT), {}),
+        (("--version",), {}),
+        ((), {}),
+    ],
+)
+def test_anything_else_starts_nothing(argv: tuple[str, ...], env: dict[str, str]) -> None:
+    assert sniff(argv, env) is None
