@@ -46,7 +46,7 @@ class Agent:
         self.frames: queue.Queue[tuple[bytes, int, bytes] | None] = queue.Queue()
         self.events: list[dict[str, Any]] = []
         self.output: dict[tuple[bytes, int], list[bytes]] = {}
-        self.stderr_lines: queue.Queue[bytes] = queue.Queue()
+        self.stderr_lines: queue.Queue[bytes | None] = queue.Queue()
         assert self.proc.stdout is not None and self.proc.stderr is not None
         threading.Thread(target=self._read_frames, args=(self.proc.stdout,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True).start()
@@ -60,6 +60,7 @@ class Agent:
     def _read_stderr(self, err: IO[bytes]) -> None:
         for line in err:
             self.stderr_lines.put(line)
+        self.stderr_lines.put(None)
 
     def send(self, op: dict[str, Any] | bytes) -> None:
         assert self.proc.stdin is not None
@@ -102,11 +103,23 @@ class Agent:
     def stderr_line(self, containing: str) -> str:
         while True:
             try:
-                line = self.stderr_lines.get(timeout=DEADLINE).decode()
+                raw = self.stderr_lines.get(timeout=DEADLINE)
             except queue.Empty:
                 raise AssertionError(f"no agent stderr line with {containing!r}") from None
+            if raw is None:
+                self.stderr_lines.put(None)
+                raise AssertionError(f"agent stderr ended before a line with {containing!r}")
+            line = raw.decode()
             if containing in line:
                 return line
+
+    def stderr_rest(self) -> list[str]:
+        """The stderr lines not read yet, to the end of the agent's stderr."""
+        rest = []
+        while (raw := self.stderr_lines.get(timeout=DEADLINE)) is not None:
+            rest.append(raw.decode())
+        self.stderr_lines.put(None)
+        return rest
 
     def finish(self) -> int:
         """Wait for the agent to exit (its last event is node_exit)."""
@@ -190,7 +203,7 @@ def test_garbage_first_line_is_refused_without_traceback(agents: Any) -> None:
     assert agent.finish() == 2
     line = agent.stderr_line("corral agent:")
     assert "expected a probe or start op" in line
-    assert agent.stderr_lines.empty()  # one line, no traceback
+    assert agent.stderr_rest() == []  # one line, no traceback
 
 
 RUN = """
@@ -395,25 +408,24 @@ runpy.run_module("corral.agent", run_name="__main__", alter_sys=True)
 
 def test_the_node_starts_before_the_agent_loads_its_machinery(agents: Any, tmp_path: Path) -> None:
     """The ranks (or torchrun) start at the start message, not after the agent's
-    asyncio and psutil imports: they import their framework meanwhile."""
+    asyncio import: they import their framework meanwhile. The agent walks its own
+    process tree in /proc: psutil is never imported, not even for the teardown."""
     agent = agents([sys.executable, "-c", WATCHED])
     start, _ = _start_op(tmp_path, BLOCK)
     agent.send(start)
     pids = _ready(agent)
     said = []
-    while len(said) < 5:  # two starts, three imports
+    while len(said) < 4:  # two starts, two imports
         said.append(agent.stderr_line(""))
     first_import = next(i for i, line in enumerate(said) if line.startswith("import"))
     assert [line.split()[0] for line in said[:first_import]] == ["start", "start"], said
-    assert {line.split()[1] for line in said[first_import:]} == {
-        "asyncio",
-        "psutil",
-        "corral.agent.node",
-    }
+    assert {line.split()[1] for line in said[first_import:]} == {"asyncio", "corral.agent.node"}
     agent.send({"op": "kill"})
     assert agent.event("node_exit")["ranks"] == {"0": -9, "1": -9}
     assert agent.finish() == 0
     assert _gone(pids)
+    rest = agent.stderr_rest()  # what the agent said after its first four lines
+    assert not any(line.startswith("import psutil") for line in rest), rest
 
 
 # The agent's start with a SIGTERM that arrives after the node was spawned and

@@ -6,7 +6,7 @@ it asks for them, :mod:`corral.agent.hostcheck`, then the checklist's ``connect`
 and ``time`` requests until the start), so the probe round trip costs as little
 as possible. At the start message the node's processes are started first, still
 with the standard library (:func:`corral.agent.spawn.spawn_node`); the agent's
-heavier machinery (asyncio, psutil: :mod:`corral.agent.node`) is imported while
+heavier machinery (asyncio: :mod:`corral.agent.node`) is imported while
 the launcher imports its own. When a ``prestart`` op before the probe (a head
 start's, :mod:`corral.job.headstart`), the probe or a ``prestart`` op after it
 carries the node's plan, its processes start then, held at their gates while the
@@ -29,14 +29,25 @@ from corral.agent.probe import probe_info
 from corral.agent.protocol import decode_op, encode_event
 
 
-def _read_line(fd: int) -> bytes:
-    line = b""
-    while not line.endswith(b"\n"):
-        byte = os.read(fd, 1)
-        if not byte:
-            break
-        line += byte
-    return line
+class _Stdin:
+    """The coordinator's ops on the agent's stdin, read a block at a time: what
+    follows the line asked for stays in ``buffer``, for the next line or for the
+    agent's own reader once the node runs."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+
+    def line(self) -> bytes:
+        """The next line, with its newline (without one at the end of stdin; b"" there)."""
+        while b"\n" not in self.buffer:
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                line, self.buffer = self.buffer, b""
+                return line
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line + b"\n"
 
 
 def main() -> int:
@@ -45,7 +56,8 @@ def main() -> int:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     stdin_fd = os.dup(0)
-    first = _read_line(stdin_fd)
+    stdin = _Stdin(stdin_fd)
+    first = stdin.line()
     if not first:
         return 2
     try:
@@ -56,7 +68,7 @@ def main() -> int:
     held = None  # the node's processes started while the checks run (at their gates)
     if message["op"] == "prestart":  # a head start's plan, ahead of the probe
         held = _prestart(message.get("node"), None)
-        message, first = _next_op(stdin_fd)
+        message, first = _next_op(stdin)
     if message["op"] == "probe":
         if message.get("prestart"):  # before the host's facts: they take a while
             held = _prestart(message["prestart"], held)  # kept when they can run it
@@ -66,7 +78,7 @@ def main() -> int:
         out.write(encode_event({**answer, "time": time.time()}))
         out.flush()
         while True:
-            message, first = _next_op(stdin_fd)
+            message, first = _next_op(stdin)
             if message["op"] == "prestart":  # a plan the probe's answer corrected
                 held = _prestart(message.get("node"), held)
                 continue
@@ -90,14 +102,14 @@ def main() -> int:
                 file=sys.stderr,
             )
         return 2
-    pending = b""  # coordinator ops read while the released processes finished importing
+    pending = stdin.buffer  # coordinator ops read after the start message, for the agent
     if held is not None:
         from corral.agent.prestart import release, wait_preloaded
 
         spawned, _ = release(held, message["node"])
         # the launcher's import of torch first: this agent's machinery and the
         # coordinator's handling of its events would share the CPUs with it
-        pending = wait_preloaded(spawned, stdin_fd, _wait_limit(message))
+        pending = wait_preloaded(spawned, stdin_fd, _wait_limit(message), pending)
     else:
         from corral.agent.spawn import spawn_node
 
@@ -107,10 +119,10 @@ def main() -> int:
     return run_agent(message, out, stdin_fd, spawned, pending)
 
 
-def _next_op(stdin_fd: int) -> tuple[dict[str, Any], bytes]:
+def _next_op(stdin: _Stdin) -> tuple[dict[str, Any], bytes]:
     """The coordinator's next op and its line; ``abort`` at the end of stdin or for a
     line that is not an op."""
-    line = _read_line(stdin_fd)
+    line = stdin.line()
     try:
         return (decode_op(line) if line else {"op": "abort"}), line
     except ValueError:

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
-
+from corral.agent import procs
 from corral.agent.control import ControlServer
 from corral.agent.protocol import (
     EVENT,
@@ -224,11 +223,10 @@ class NodeAgent:
     def _record_pgid(self, pid: int) -> None:
         record_pgid(self.pgids, self.node_dir, pid)
 
-    def _descendants(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process().children(recursive=True)
-        except psutil.Error:
-            return []
+    def _descendants(self) -> list[int]:
+        """The pids of the agent's descendants (:mod:`corral.agent.procs`: its own
+        subtree, not every process of the host)."""
+        return procs.descendants()
 
     def _reap(self) -> None:
         """Collect exit statuses of children and adopted orphans."""
@@ -559,8 +557,8 @@ class NodeAgent:
 
     async def _track_groups(self) -> None:
         while not self.stopping:
-            for proc in self._descendants():
-                self._record_pgid(proc.pid)
+            for pid in self._descendants():
+                self._record_pgid(pid)
             await asyncio.sleep(1.0)
 
     async def _sample_gpus(self) -> None:
@@ -601,9 +599,9 @@ class NodeAgent:
         # only groups that still hold one of our processes: a long-gone group id
         # may have been reused by an unrelated process
         live = set()
-        for proc in self._descendants():
+        for pid in self._descendants():
             with contextlib.suppress(OSError):
-                live.add(os.getpgid(proc.pid))
+                live.add(os.getpgid(pid))
         for pgid in self.pgids & live:
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signum)
@@ -611,16 +609,16 @@ class NodeAgent:
     def _kill_all(self, signum: int) -> None:
         """Signal every recorded process group once, and any descendant outside them."""
         self._sent.setdefault(signum, time.time())
-        for proc in self._descendants():
-            self._record_pgid(proc.pid)
+        for pid in self._descendants():
+            self._record_pgid(pid)
         self._signal_groups(signum)
-        for proc in self._descendants():
-            with contextlib.suppress(psutil.Error, OSError):
-                if os.getpgid(proc.pid) not in self.pgids:
-                    proc.send_signal(signum)
+        for pid in self._descendants():
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) not in self.pgids:
+                    os.kill(pid, signum)
 
     def _alive(self) -> bool:
-        return any(_running(p) for p in self._descendants())
+        return any(procs.running(pid) for pid in self._descendants())
 
     async def _teardown(self, grace: float) -> None:
         if self._alive() and grace > 0:  # no grace (kill): SIGKILL only
@@ -723,14 +721,6 @@ def exit_code(line: bytes) -> int | None:
         return None
     code = data["code"]
     return code if type(code) is int and -255 <= code <= 255 else None
-
-
-def _running(proc: psutil.Process) -> bool:
-    """True unless the process is gone or a zombie."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def run_agent(

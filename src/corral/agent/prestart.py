@@ -202,16 +202,19 @@ def _only_heartbeats(pending: bytes) -> bool:
     return True
 
 
-def wait_preloaded(spawned: SpawnedNode, stdin_fd: int, limit: float) -> bytes:
+def wait_preloaded(
+    spawned: SpawnedNode, stdin_fd: int, limit: float, pending: bytes = b""
+) -> bytes:
     """Wait until every released process has finished its imports (its ``ready``
     line, or its exit), for at most ``limit`` seconds (one heartbeat interval: the
     coordinator hears from the agent that late at worst). A coordinator op other than
     a heartbeat (stop, kill...), its disconnection or a stop signal ends the wait at
-    once. Returns what was read from ``stdin_fd`` meanwhile, for the agent's reader."""
-    pending = b""
+    once. Returns ``pending`` (what was read from ``stdin_fd`` before: it ends the wait
+    as well when it holds such an op) with what was read meanwhile, for the agent's
+    reader."""
     deadline = time.monotonic() + limit
     try:
-        while spawned.ready and not spawned.signals:
+        while spawned.ready and not spawned.signals and _only_heartbeats(pending):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
