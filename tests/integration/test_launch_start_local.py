@@ -125,7 +125,7 @@ def test_a_local_launch_starts_its_agents_before_the_checklist_loads(tmp_path: P
     before the engine is imported, let alone the checklist's machinery; the job uses
     them (no node's agent is started twice)."""
     out, (code, seen, checked, facts) = _launch(
-        tmp_path, SPAWN_HOOK, '[code, seen, "corral.checks.timeouts" in sys.modules, facts]'
+        tmp_path, SPAWN_HOOK, '[code, seen, "corral.checks.stale" in sys.modules, facts]'
     )
     assert code == 0, out
     assert sorted(host for host, _ in seen) == ["local-0", "local-1"], seen

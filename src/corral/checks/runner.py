@@ -244,13 +244,11 @@ async def run_checklist(
                 consistency,
                 gpu,
                 hardware,
-                links,
                 network,
                 shared_data,
                 spares,
                 stale,
                 sync_status,
-                timeouts,
             )
         except BaseException:
             asking.cancel()
@@ -286,6 +284,8 @@ async def run_checklist(
             results.append(_timed(shared_data.check, ctx))
         results += [_timed(m.check, ctx) for m in (clock, stale, gpu)]
         if opts.torchft:
+            from corral.checks import timeouts  # the Lighthouse's (only in place)
+
             results.append(_timed(timeouts.check, ctx))
         if spare_hosts:
             results.append(_timed(lambda c: spares.check(c, spare_hosts), ctx))
@@ -298,6 +298,8 @@ async def run_checklist(
             smoke = _skipped("collective", ctx.cluster, "smoke test not requested")
         results.append(smoke)
         if opts.links:
+            from corral.checks import links  # the link matrix's (only when asked)
+
             t2 = time.perf_counter()
             linked = await links.check(ctx, tp, port=port_for(ctx), collective=smoke)
             linked.duration_s = phases["links"] = time.perf_counter() - t2

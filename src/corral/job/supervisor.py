@@ -30,7 +30,6 @@ from corral.agent.protocol import EVENT, NODE, STDERR, encode_op, read_frame
 from corral.cluster.model import Host
 from corral.contract import NODE_DIR_ENV
 from corral.defaults import DEFAULT_GRACE
-from corral.diagnose.hangreport import write_hang_report
 from corral.diagnose.stragglers import StragglerScores
 from corral.errors import CorralError
 from corral.job.events import (
@@ -659,6 +658,8 @@ class AttemptSupervisor:
                 for rank in node.ranks
             }
         )
+        from corral.diagnose.hangreport import write_hang_report  # only once a rank hangs
+
         report, report_path = write_hang_report(
             self.hang.directory, verdict.message(), stacks, paths, traces, trace_errors
         )

@@ -27,7 +27,6 @@ import re
 import signal
 import socket
 import sys
-import urllib.request
 from typing import Any
 
 from corral.contract import JOB_ID_ENV
@@ -160,6 +159,8 @@ class Lighthouse:
     async def members(self) -> set[str] | None:
         """The replica ids of every torchft Manager that has heartbeated this
         Lighthouse (its ``/status`` page); None when the page cannot be read."""
+        import urllib.request  # here: the pre-flight's timeouts check imports this module
+
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
         def read() -> str:
