@@ -1,6 +1,6 @@
-"""Diagnosis on ``local:N`` (real gloo): a straggler is named while the job trains,
-and a rank that skipped an all-reduce is named in the hang report (by its stack,
-and by torch's flight recorder)."""
+"""Diagnosis on ``local:N``: a straggler is named while the job trains (ranks in
+lockstep over a standard-library barrier), and a rank that skipped a real gloo
+all-reduce is named in the hang report (by its stack, and by torch's flight recorder)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import pytest
 
 from .conftest import REPO, SCRIPTS, run_corral, wait_no_job_processes
 
-pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
-
-
 _WORKLOAD = REPO / "benchmarks" / "workloads" / "diagnose_job.py"  # the benchmark's
+_LOCKSTEP = SCRIPTS / "lockstep.py"  # its straggler case, standard library only
 
 
 def _run(
@@ -50,9 +48,12 @@ def _run(
 
 
 def test_a_delayed_rank_is_named_with_its_host_and_equal_ranks_are_not(tmp_path: Path) -> None:
+    # the detector reads the ranks' sections: a standard-library rank in lockstep shows
+    # it (a rank importing torch costs ~2 CPU-s); the hangs below need gloo's
     code, out = _run(
-        tmp_path, "strag1", "local:2", "--steps", "40", "--slow-rank", "1", "--slow-from", "10"
-    )
+        tmp_path, "strag1", "local:2", "--steps", "40", "--slow-rank", "1", "--slow-from", "10",
+        workload=_LOCKSTEP,
+    )  # fmt: skip
     assert code == 0, out[-4000:]
     found = re.search(
         r"straggler: rank 1 on local-1, compute ([\d.]+)x the median for (\d+) steps", out
@@ -61,11 +62,12 @@ def test_a_delayed_rank_is_named_with_its_host_and_equal_ranks_are_not(tmp_path:
     assert float(found[1]) >= 1.5 and int(found[2]) <= 20
     assert "straggler: rank 0" not in out
     assert "stragglers: rank 1 on local-1 (compute" in out  # the summary
-    code, out = _run(tmp_path, "strag2", "local:2", "--steps", "30")
+    code, out = _run(tmp_path, "strag2", "local:2", "--steps", "30", workload=_LOCKSTEP)
     assert code == 0, out[-4000:]
     assert "straggler:" not in out
 
 
+@pytest.mark.torch  # the ranks import torch (checked before the test)
 def test_a_rank_that_skips_an_all_reduce_is_the_odd_one_out(tmp_path: Path) -> None:
     code, out = _run(
         tmp_path,
@@ -93,6 +95,7 @@ def test_a_rank_that_skips_an_all_reduce_is_the_odd_one_out(tmp_path: Path) -> N
     assert not wait_no_job_processes("skip1", within=30)
 
 
+@pytest.mark.torch  # the ranks import torch (checked before the test)
 def test_a_gloo_hang_report_names_the_collective_from_the_flight_recorder(
     tmp_path: Path,
 ) -> None:
