@@ -6,6 +6,7 @@ added to the schema and not wired somewhere fails here."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,15 @@ NEW_JOB_PAGE = (
 ).read_text(encoding="utf-8")
 
 
+@functools.cache
+def _root() -> Any:
+    """The CLI's click command tree, built once (typer builds it anew on each call:
+    a fifth of a second, for each of a few hundred look-ups)."""
+    return typer.main.get_command(app)
+
+
 def _command(*path: str) -> Any:
-    command: Any = typer.main.get_command(app)
+    command: Any = _root()
     for name in path:
         command = command.commands[name]
     return command
