@@ -6,8 +6,11 @@ machines only: no testbed).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -15,6 +18,7 @@ import httpx
 import pytest
 
 from tests import webkit
+from tests.conftest import missing_dependency
 from tests.serverlib import LiveServer, live_server, wait_status
 from tests.webkit import PHONE, Shots, login, open_page
 
@@ -359,6 +363,15 @@ def test_phone_width_has_no_horizontal_scroll(
                                        + '.' + e.className)"""
         )
         assert width <= PHONE["width"] + 2, (target, width, wide)
+
+
+def test_the_pages_are_driven_by_debians_headless_shell() -> None:
+    """When Debian's chromium-headless-shell is installed (``make test`` installs it),
+    it is the browser: about a quarter of the CPU of ``chromium --headless`` per page."""
+    shell = Path(webkit.HEADLESS_SHELL)
+    if not os.access(shell, os.X_OK) and shutil.which(shell.name) is None:
+        missing_dependency(f"needs Debian's {shell.name} (apt-get install {shell.name})")
+    assert Path(webkit.chromium_path() or "").name == shell.name, webkit.chromium_path()
 
 
 def test_the_login_page_asks_for_the_users_own_token(server: LiveServer) -> None:
