@@ -1,4 +1,6 @@
-"""Hang detection and restarts on ``local:N`` (real torch.distributed, gloo on CPU)."""
+"""Hang detection and restarts on ``local:N``: the DDP example (real torch.distributed,
+gloo on CPU) hangs and is restarted; a hang without restarts ends the job (ranks in
+lockstep over a standard-library barrier: importing torch costs each rank ~2 CPU-s)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_corral, wait_no_job_processes
-
-pytestmark = pytest.mark.torch  # the ranks import torch (checked before each test)
+from .conftest import REPO, SCRIPTS, run_corral, wait_no_job_processes
 
 EXAMPLE = str(REPO / "examples" / "train_ddp.py")
+TRAIN = (EXAMPLE, "--steps", "40", "--checkpoint-every", "10", "--sleep-per-step", "0.05")
 
 
-def _run(tmp_path: Path, job: str, *extra: str, script: tuple[str, ...]) -> tuple[int, str, str]:
+def _run(
+    tmp_path: Path,
+    job: str,
+    *extra: str,
+    script: tuple[str, ...],
+    program: tuple[str, ...] = TRAIN,
+) -> tuple[int, str, str]:
+    """``program`` (default: the DDP example) and ``script`` (more arguments) under
+    corral run on local:2 with ``extra`` options."""
     result = run_corral(
         "run",
         "--hosts",
@@ -34,19 +43,14 @@ def _run(tmp_path: Path, job: str, *extra: str, script: tuple[str, ...]) -> tupl
         "3",
         *extra,
         "--",
-        EXAMPLE,
-        "--steps",
-        "40",
-        "--checkpoint-every",
-        "10",
-        "--sleep-per-step",
-        "0.05",
+        *program,
         *script,
         cwd=tmp_path,
     )
     return result.returncode, result.stdout, result.stderr
 
 
+@pytest.mark.torch  # the ranks import torch (checked before the test)
 def test_hang_is_dumped_named_and_restarted(tmp_path: Path) -> None:
     hang = ("--fail-at-step", "25", "--fail-rank", "1", "--fail-mode", "hang")
     code, out, err = _run(
@@ -81,8 +85,9 @@ def test_hang_is_dumped_named_and_restarted(tmp_path: Path) -> None:
 
 
 def test_without_restarts_a_hang_ends_the_job_with_125(tmp_path: Path) -> None:
-    hang = ("--fail-at-step", "15", "--fail-rank", "0", "--fail-mode", "hang")
-    code, _, err = _run(tmp_path, "hang2", "--hang-timeout", "4", script=hang)
+    hang = ("--hang-rank", "0", "--hang-at", "15")
+    lockstep = (str(SCRIPTS / "lockstep.py"), "--steps", "40")
+    code, _, err = _run(tmp_path, "hang2", "--hang-timeout", "4", script=hang, program=lockstep)
     assert code == 125, err[-4000:]
     assert "root cause: hang: no rank made progress" in err
     assert "rank 0 on local-0 is stuck in hang_forever" in err

@@ -3,11 +3,13 @@ sleeps ``--base`` s inside ``sdk.section("compute")``, then waits for every rank
 barrier over TCP on MASTER_ADDR:MASTER_PORT (a stand-in for gloo's all-reduce, rank 0
 the hub) inside ``sdk.section("wait")``, then reports the step. Rank ``--slow-rank``
 sleeps ``--delay`` s more from step ``--slow-from`` on, in the first attempt only, and
-with ``--fail-at K`` exits 7 after step K (so corral restarts the job). Rank 0 prints
-the workload weights each attempt started with.
+with ``--fail-at K`` exits 7 after step K (so corral restarts the job). Rank
+``--hang-rank`` hangs in ``hang_forever`` at step ``--hang-at`` (its peers then wait
+at the barrier, as in a collective). Rank 0 prints the workload weights each attempt
+started with.
 
 usage: lockstep.py [--steps N] [--base S] [--slow-rank R] [--slow-from K] [--delay S]
-                   [--fail-at K]
+                   [--fail-at K] [--hang-rank R --hang-at K]
 """
 
 import argparse
@@ -24,6 +26,8 @@ parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--slow-from", type=int, default=0)
 parser.add_argument("--delay", type=float, default=0.2)
 parser.add_argument("--fail-at", type=int, default=0, help="0: the slow rank never fails")
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--hang-at", type=int, default=1, help="the step that hangs")
 args = parser.parse_args()
 
 me = sdk.info()
@@ -79,12 +83,21 @@ def barrier(peers: list[socket.socket]) -> None:
             sys.exit("RuntimeError: Connection closed by peer")
 
 
+def hang_forever() -> None:
+    """Stuck inside a step (what hang detection must find)."""
+    while True:
+        time.sleep(3600)
+
+
 peers = connect_peers()
 if rank == 0:
     weights = sdk.workload_weights() or ()
     print(f"attempt {me.attempt} weights " + ",".join(f"{w:.3f}" for w in weights), flush=True)
 slow = me.attempt == 0 and rank == args.slow_rank
 for step in range(args.steps):
+    if rank == args.hang_rank and step + 1 == args.hang_at:
+        print(f"rank {rank} hangs at step {step + 1}", flush=True)
+        hang_forever()
     with sdk.section("compute"):
         time.sleep(args.base)
         if slow and step >= args.slow_from:
