@@ -254,7 +254,11 @@ def test_ranks_agree_on_the_lowest_unfinished_chunk(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch_mp.spawn(_agreeing_rank, args=(str(tmp_path), port), nprocs=2, join=True)
+    # forked: the ranks start with the torch this process imported (spawned ones import it
+    # again, ~1.5 CPU-s each); nothing of torch ran here before, no thread of its forks
+    torch_mp.start_processes(
+        _agreeing_rank, args=(str(tmp_path), port), nprocs=2, join=True, start_method="fork"
+    )
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     assert [r["first"] for r in results] == [[1, 2, 3, 4], [1, 2, 3, 4]]
     for r in results:  # both ranks raise, naming the rank whose state file is wrong
