@@ -49,17 +49,35 @@ def _inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: st
     return out
 
 
-def _figures(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, object]]:
+Figures = tuple[dict[str, dict[str, float]], dict[str, object]]
+
+
+def _figures(path: Path) -> Figures:
     data = json.loads(path.read_text())
     tests = {nodeid.split("::")[-1].split("@")[0]: v for nodeid, v in data["tests"].items()}
     return tests, data
 
 
+@pytest.fixture(scope="module")
+def cpu_runs() -> dict[str, Figures]:
+    """The inner run of CPU_TESTS, made by the first test that needs it and read by
+    both (it burns ~2 CPU-s; each test asserts on its own figures of it)."""
+    return {}
+
+
+def _cpu_figures(
+    runs: dict[str, Figures], pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> Figures:
+    if "cpu" not in runs:
+        pytester.makepyfile(test_cpu=CPU_TESTS)
+        runs["cpu"] = _figures(_inner(pytester, monkeypatch))
+    return runs["cpu"]
+
+
 def test_cpu_of_each_test_counts_its_child_processes(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, cpu_runs: dict[str, Figures]
 ) -> None:
-    pytester.makepyfile(test_cpu=CPU_TESTS)
-    tests, data = _figures(_inner(pytester, monkeypatch))
+    tests, data = _cpu_figures(cpu_runs, pytester, monkeypatch)
     assert tests["test_burns_in_a_child"]["cpu"] >= 0.5, data
     assert tests["test_waits"]["cpu"] < 0.3 and tests["test_waits"]["wall"] >= 0.4, data
     total = data["total_cpu"]
@@ -68,10 +86,9 @@ def test_cpu_of_each_test_counts_its_child_processes(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup of its own needs root")
 def test_cpu_of_processes_nobody_waits_for_is_counted_as_root(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, cpu_runs: dict[str, Figures]
 ) -> None:
-    pytester.makepyfile(test_cpu=CPU_TESTS)
-    tests, data = _figures(_inner(pytester, monkeypatch))
+    tests, data = _cpu_figures(cpu_runs, pytester, monkeypatch)
     assert data["method"] == "cgroup", data
     assert tests["test_burns_in_an_orphan"]["cpu"] >= 0.5, data
     # the inner run's group is removed at its end: every group left is a live run's
