@@ -8,6 +8,7 @@ import pytest
 
 from tests import conftest as root_conftest
 from tests.conftest import require
+from tests.unit.test_test_harness import UNUSED
 
 MISSING = "corral_no_such_module_xyz"
 
@@ -87,7 +88,9 @@ def test_marked():
     assert "torch" not in sys.modules
 """
     )
-    result = pytester.runpytest_subprocess("-p", "tests.conftest", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.conftest", "-p", "no:cacheprovider", *UNUSED
+    )  # fmt: skip
     result.assert_outcomes(passed=1)
 
 

@@ -11,6 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+# The installed plugins the inner runs' tests do not use: hypothesis's and
+# schemathesis's load ~0.7 CPU-s of imports into each of an inner run's processes.
+UNUSED = ("-p", "no:hypothesispytest", "-p", "no:schemathesis")
+
 # A busy loop of ``seconds`` CPU seconds, as a program for ``python -c``.
 BURN = "import time\nwhile time.process_time() < {seconds}: pass\n"
 
@@ -39,7 +43,7 @@ def _inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: st
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = pytester.path / "cpu.json"
     result = pytester.runpytest_subprocess(
-        "-p", "tests.cpumeter", "-p", "tests.parallel", "-p", "no:cacheprovider",
+        "-p", "tests.cpumeter", "-p", "tests.parallel", "-p", "no:cacheprovider", *UNUSED,
         "--cpu-report=3", f"--cpu-report-file={out}", *args,
     )  # fmt: skip
     assert result.ret == 0, result.stdout.str()

@@ -29,6 +29,7 @@ from corral.testbed._model import (
 )
 from corral.testbed._registry import EXCLUSIVE_LOCK, REGISTRY, exclusive, lock_path, registry_path
 from tests.parallel import NETNS_COST, netns_groups, worker_instance
+from tests.unit.test_test_harness import UNUSED
 
 IFNAMSIZ = 15  # the kernel's limit on an interface name (16 bytes with the NUL)
 
@@ -216,7 +217,7 @@ def test_two_workers_run_the_netns_modules_each_on_its_own_testbed_instance(
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
     pytester.makepyfile(test_net_a=NETNS_MODULE, test_net_b=NETNS_MODULE)
     result = pytester.runpytest_subprocess(
-        "-p", "tests.parallel", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+        "-p", "tests.parallel", "-p", "no:cacheprovider", *UNUSED, "-n", "2", "--dist", "loadgroup"
     )
     assert result.ret == 0, result.stdout.str()
     ran = {p.name: p.read_text().split() for p in out.iterdir()}
@@ -285,7 +286,7 @@ def test_the_netns_groups_start_first_each_on_a_worker_of_its_own(
         test_quick=BUSY_MODULE.format(count=4, sleep=0.0),
     )
     result = pytester.runpytest_subprocess(
-        "-p", "tests.parallel", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+        "-p", "tests.parallel", "-p", "no:cacheprovider", *UNUSED, "-n", "2", "--dist", "loadgroup"
     )
     assert result.ret == 0, result.stdout.str()
     ran = {p.name: p.read_text().split()[0] for p in out.iterdir()}
