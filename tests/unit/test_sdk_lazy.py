@@ -60,6 +60,7 @@ def test_the_rank_wrapper_imports_only_what_it_uses() -> None:
     modules = _modules("import corral.agent.worker")
     assert "corral.sdk._report" in modules  # its streams and exit go to the agent
     assert sorted(m for m in modules if m.startswith(NOT_FOR_THE_WRAPPER)) == []
+    assert "traceback" not in modules  # a failed script's alone (with linecache, tokenize)
 
 
 def test_importing_the_sdk_loads_no_private_module() -> None:

@@ -36,8 +36,6 @@ import os
 import runpy
 import signal
 import sys
-import threading
-import traceback
 
 from corral.contract import (
     ACCELERATE_ENV,
@@ -173,6 +171,8 @@ def _report_exception(exc: BaseException) -> int:
     if isinstance(exc, SetupError):
         print(f"corral: {exc}", file=sys.stderr)
     else:
+        import traceback  # only for a failed script: a rank's start imports no more than it needs
+
         traceback.print_exception(exc)
     with contextlib.suppress(Exception):
         from corral.sdk import write_error_file
@@ -256,6 +256,8 @@ def _exit_without_static_destructors(code: int) -> None:
     library's threads are still around at exit; the script has finished and its
     status is known, so that teardown is skipped rather than reported as a crash.
     """
+    import threading  # loaded already: torch or MLX is
+
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
