@@ -38,6 +38,9 @@ class Group:
             PYTHONPATH=str(REPO / "src"),
             PYTHONUNBUFFERED="1",
             RUST_LOG="warn",  # torchft's per-step INFO lines
+            # one intra-op thread: between a small model's steps torch's idle OpenMP
+            # workers spin, most of a step's CPU on a shared machine
+            OMP_NUM_THREADS="1",
             MASTER_ADDR="127.0.0.1",  # what the other groups dial to heal from this one
             **{LIGHTHOUSE_ENV: lighthouse, REPLICA_GROUP_ENV: str(group), REPLICA_GROUPS_ENV: "3"},
         )

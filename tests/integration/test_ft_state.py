@@ -22,7 +22,7 @@ def _run(tmp_path: Path, job: str, *script: str) -> tuple[int, str]:
     result = run_corral(
         *("run", "--hosts", "local:2", "--recovery", "in-place", "--launcher", "python"),
         *("--no-preflight", "--master-port", "0", "--run-dir", str(tmp_path / "runs")),
-        *("--job-id", job),
+        *("--job-id", job, "--env", "OMP_NUM_THREADS=1"),  # no idle OpenMP workers spinning
         *("--grace", "3", "--", SCRIPT, "--kill-group", "1", "--kill-at", "4", *script),
         cwd=tmp_path,
         timeout=400,

@@ -25,7 +25,9 @@ def _run(tmp_path: Path, job: str, *script: str) -> str:
     result = run_corral(
         *("run", "--hosts", "local:2", "--recovery", "in-place", "--launcher", "python"),
         *("--no-preflight", "--master-port", "0", "--run-dir", str(tmp_path / "runs")),
-        *("--job-id", job, "--grace", "3", "--", SCRIPT, *script),
+        *("--job-id", job, "--grace", "3"),
+        *("--env", "OMP_NUM_THREADS=1"),  # no idle OpenMP workers spinning between steps
+        *("--", SCRIPT, *script),
         cwd=tmp_path,
         timeout=400,
     )

@@ -22,10 +22,12 @@ FR_WARNING = "Unable to reset NCCL flight recorder recording so traces will be i
 
 
 def _run(tmp_path: Path, job: str, *options: str) -> str:
+    # one intra-op thread per rank: no idle OpenMP workers spinning between steps
     result = run_corral(
         "run", "--hosts", "local:2", "--recovery", "in-place", "--no-preflight",
         "--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job,
-        "--grace", "3", "--launcher", "python", *options, "--", EXAMPLE, "--steps", "4",
+        "--grace", "3", "--launcher", "python", "--env", "OMP_NUM_THREADS=1", *options,
+        "--", EXAMPLE, "--steps", "4",
         cwd=tmp_path, timeout=300,
     )  # fmt: skip
     out = result.stdout + result.stderr

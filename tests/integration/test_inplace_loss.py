@@ -48,6 +48,9 @@ def _train(
         *("--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job),
         # the python launcher: torchrun is not the subject, and each one imports torch
         *("--grace", "3", "--launcher", "python"),
+        # one intra-op thread per rank: between a small model's steps torch's idle
+        # OpenMP workers spin, most of a step's CPU on a shared machine
+        *("--env", "OMP_NUM_THREADS=1"),
         *("--", EXAMPLE, "--steps", str(STEPS), "--batch-size", "96"),
         *("--examples", "1024", "--seed", str(seed), "--data-seed", "0"),
         # slow degraded steps (sleeps, no CPU): the survivors are still training when
