@@ -1,8 +1,8 @@
 """What each rank of tests/integration/test_actors_backends.py runs (torch; imported lazily).
 
-``mp.spawn`` pickles ``rank_main`` by name, so it lives at module level here, out of
-the test module: importing the test module (every xdist worker collects it) does not
-import torch.
+``spawn_ranks`` (``torch.multiprocessing``) pickles ``rank_main`` by name, so it
+lives at module level here, out of the test module: importing the test module (every
+xdist worker collects it) does not import torch.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from corral.actors import backends
@@ -29,6 +28,7 @@ from corral.actors.backends import (
     TrainingBackend,
 )
 from corral.errors import ConfigError
+from tests.integration.conftest import spawn_ranks
 
 STEPS = 30
 K = 12  # the checkpoint step
@@ -221,5 +221,5 @@ def rank_main(rank: int, phase: str, tmp: str, world: int, port: int) -> None:
 
 def spawn(phase: str, tmp: Path, world: int, port: int) -> list[dict[str, Any]]:
     """Run ``phase`` on ``world`` spawned ranks; their results, by rank."""
-    mp.spawn(rank_main, args=(phase, str(tmp), world, port), nprocs=world, join=True)
+    spawn_ranks(rank_main, (phase, str(tmp), world, port), world)
     return [json.loads((tmp / f"{phase}.{r}.json").read_text()) for r in range(world)]

@@ -1,8 +1,8 @@
 """What each rank of tests/integration/test_krum.py runs (torch; imported by the test lazily).
 
-``mp.spawn`` pickles ``rank_main`` by name, so it lives at module level here, out of
-the test module: importing the test module (every xdist worker collects it) does not
-import torch.
+``spawn_ranks`` (``torch.multiprocessing``) pickles ``rank_main`` by name, so it
+lives at module level here, out of the test module: importing the test module (every
+xdist worker collects it) does not import torch.
 No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 """
 

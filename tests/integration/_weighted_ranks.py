@@ -1,8 +1,8 @@
 """The DDP side of tests/integration/test_weighted_split.py (torch; imported by the test lazily).
 
-``mp.spawn`` pickles ``rank_main`` by name, so it lives at module level here, out of
-the test module: importing the test module (every xdist worker collects it) does not
-import torch.
+``spawn_ranks`` (``torch.multiprocessing``) pickles ``rank_main`` by name, so it
+lives at module level here, out of the test module: importing the test module (every
+xdist worker collects it) does not import torch.
 """
 
 from __future__ import annotations

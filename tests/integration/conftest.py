@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -28,6 +29,34 @@ def free_port() -> int:
 def corral_argv(*args: str) -> list[str]:
     """The corral command line, run with this interpreter."""
     return [sys.executable, "-m", "corral", *args]
+
+
+def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)``, with each rank forked from a
+    server that imported torch once for this pytest process (a forkserver with those
+    modules preloaded): a spawned rank imports torch itself (~1.5 CPU-s) and
+    ``torch._dynamo`` at its first optimizer step (~1.2 more). As a spawned rank, each
+    starts with this process's environment and working directory of now. ``fn`` lives
+    at module level (pickled by name), in a module that the test imports lazily."""
+    import importlib
+    import multiprocessing
+
+    mp = importlib.import_module("torch.multiprocessing")  # untyped: start_processes
+    multiprocessing.set_forkserver_preload(
+        ["torch", "torch._dynamo", "torch.nn.parallel", __name__, fn.__module__]
+    )  # the first call in this process starts the server: later ones reuse it
+    context = (fn, dict(os.environ), os.getcwd(), args)
+    mp.start_processes(_rank, args=context, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def _rank(
+    rank: int, fn: Callable[..., None], env: dict[str, str], cwd: str, args: tuple[Any, ...]
+) -> None:
+    """One rank of :func:`spawn_ranks`, in the caller's environment and directory."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    fn(rank, *args)
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:

@@ -14,7 +14,7 @@ import pytest
 from corral.sdk._krum import check_krum, krum_aggregate, krum_select
 from tests.conftest import require_torch
 
-from .conftest import free_port
+from .conftest import free_port, spawn_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -25,12 +25,10 @@ STEPS = 60
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp  # torch only where a test runs (collection stays light)
-
-    from tests.integration._krum_ranks import rank_main
+    from tests.integration._krum_ranks import rank_main  # torch only where a test runs
 
     tmp = tmp_path_factory.mktemp("krum")
-    mp.spawn(rank_main, args=(str(tmp), free_port(), WORLD, BAD, STEPS), nprocs=WORLD, join=True)
+    spawn_ranks(rank_main, (str(tmp), free_port(), WORLD, BAD, STEPS), WORLD)
     return [json.loads((tmp / f"{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import require_torch
 
-from .conftest import REPO, free_port, run_corral
+from .conftest import REPO, free_port, run_corral, spawn_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -21,12 +21,10 @@ EXAMPLE = REPO / "examples" / "train_ddp.py"
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp  # torch only where a test runs (collection stays light)
-
-    from tests.integration._weighted_ranks import rank_main
+    from tests.integration._weighted_ranks import rank_main  # torch only where a test runs
 
     tmp = tmp_path_factory.mktemp("weighted")
-    mp.spawn(rank_main, args=(str(tmp), free_port()), nprocs=2, join=True)
+    spawn_ranks(rank_main, (str(tmp), free_port()), 2)
     return [json.loads((tmp / f"{r}.json").read_text()) for r in range(2)]
 
 
