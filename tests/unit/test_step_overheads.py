@@ -327,3 +327,17 @@ def test_a_file_whose_fixed_cost_is_not_finite_is_refused_naming_the_file() -> N
     parse_calibration(text.replace("Infinity", "0.02"), "good.json")  # a finite one is read
     with pytest.raises(ConfigError, match=r"bad\.json"):
         parse_calibration(text, "bad.json")
+
+
+@pytest.mark.parametrize("field", ['"examples_per_s": 150', '"share": 0.333333'])
+@pytest.mark.parametrize("bad", ["Infinity", "NaN"])
+def test_a_rate_that_is_not_finite_is_refused_naming_the_file(field: str, bad: str) -> None:
+    """``Infinity`` or ``NaN`` for a rank's measured rate or share (JSON readers
+    accept both) made its share 1 and every other rank's 0, or no split at all."""
+    from corral.errors import ConfigError
+
+    assert field in OLD_FILE, field
+    parse_calibration(OLD_FILE, "good.json")
+    name = field.partition(":")[0]
+    with pytest.raises(ConfigError, match=r"bad\.json"):
+        parse_calibration(OLD_FILE.replace(field, f"{name}: {bad}", 1), "bad.json")

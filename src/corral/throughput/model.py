@@ -58,11 +58,11 @@ class RankRate(_Model):
     rank: int = Field(ge=0)
     host: str
     local_rank: int = Field(ge=0)
-    examples_per_s: float = Field(gt=0)
-    share: float = Field(gt=0, le=1)
-    examples: float = Field(default=0.0, ge=0)
+    examples_per_s: float = Field(gt=0, allow_inf_nan=False)
+    share: float = Field(gt=0, le=1, allow_inf_nan=False)
+    examples: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Examples counted in the measurement window (after the warm-up)."""
-    seconds: float = Field(default=0.0, ge=0)
+    seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Length of the rank's measurement window."""
     reports: int = Field(default=0, ge=0)
     variation: float | None = None
@@ -88,7 +88,7 @@ class Calibration(_Model):
     calibration_notes: str
     when: datetime
     job_id: str
-    seconds: float = Field(gt=0)
+    seconds: float = Field(gt=0, allow_inf_nan=False)
     hosts: list[str]
     ranks: list[RankRate] = Field(min_length=1)
     script: list[str] | None = None
