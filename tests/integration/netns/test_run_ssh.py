@@ -273,8 +273,11 @@ def test_interrupt_over_ssh(healthy_testbed: Testbed, run_dir: Path, tmp_path: P
     proc = subprocess.Popen(
         corral_argv(
             *_run_args(healthy_testbed, tmp_path, run_dir, job, ["tb1", "tb2"]),
+            # the python launcher: torchrun's own teardown on a Ctrl-C is the subject of
+            # test_local_jobs' test_sigint_to_corral_tears_down_once[torchrun], and each
+            # torchrun imports torch (1.7 CPU-s a host; issue 30)
             "--launcher",
-            "torchrun",
+            "python",
             "--",
             str(SCRIPTS / "steps.py"),
         ),

@@ -5,13 +5,20 @@ health, plans, dispatches, follows, stops and queues jobs on them; one test kill
 the server mid-job and starts it again (the job must go on and be re-attached),
 another kills a job's supervisor process (the job must be ``lost`` and nothing may
 be left on the hosts).
+
+The module shares one server, with tb1 and tb2 registered and health-checked once
+(each start costs ~1.7 CPU-s, a health check ~0.2; issue 30): every test begins with
+both machines online and free, and after each test the jobs it started are torn down
+and the machines free again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +32,14 @@ from corral.testbed import Testbed
 from tests.serverlib import LiveServer, follow_events, live_server, wait_status
 
 from ..conftest import REPO, job_processes
+from .conftest import shared_root
 
 pytestmark = pytest.mark.netns
 
 HOSTS = ("tb1", "tb2")
 ALL_HOSTS = ("tb1", "tb2", "tb3")
 TRAIN = str(REPO / "examples" / "train_ddp.py")
+FINAL = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 
 #: A rank that prints and reports a step every PAUSE seconds (no torch: quick to start).
 PROGRESS_SCRIPT = """\
@@ -50,26 +59,63 @@ print(f"rank {{rank}} done", flush=True)
 # -- helpers ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def server(testbed: Testbed, tmp_path: Path) -> Iterator[LiveServer]:
-    """A ``corral serve`` reaching the testbed; every job it started is torn down after."""
-    with live_server(tmp_path / "srv", args=["--ssh-config", str(testbed.ssh_config)]) as srv:
-        try:
+@pytest.fixture(scope="module")
+def module_server(testbed: Testbed) -> Iterator[LiveServer]:
+    """The module's ``corral serve`` reaching the testbed, tb1 and tb2 registered and
+    checked online (in a directory every host sees, removed after)."""
+    root = shared_root(testbed)
+    root.mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="serve-", dir=root))
+    try:
+        with live_server(path / "srv", args=["--ssh-config", str(testbed.ssh_config)]) as srv:
+            _register(srv)
             yield srv
-        finally:
-            _teardown_jobs(srv)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def _teardown_jobs(srv: LiveServer) -> None:
-    """Kill what a failed test may have left: supervisors and their jobs' processes."""
-    if not srv.run_dir.is_dir():
-        return
-    for job in srv.run_dir.iterdir():
-        sup = _supervisor(srv, job.name)
+@pytest.fixture
+def server(module_server: LiveServer) -> Iterator[LiveServer]:
+    """The module's server (started again if a test left it killed) with tb1 and tb2
+    online and free; every job the test started is torn down after, and the machines
+    are free again before the next test."""
+    srv = module_server
+    if srv.proc is None or srv.proc.poll() is not None:
+        srv.start()
+    before = _jobs(srv)
+    try:
+        yield srv
+    finally:
+        _teardown_jobs(srv, _jobs(srv) - before)
+
+
+def _jobs(srv: LiveServer) -> set[str]:
+    """The ids of the jobs in the server's run dir."""
+    return {p.name for p in srv.run_dir.iterdir()} if srv.run_dir.is_dir() else set()
+
+
+def _teardown_jobs(srv: LiveServer, jobs: set[str]) -> None:
+    """Take down what a failed test may have left: its queued and running jobs
+    (cancelled), supervisors and their jobs' processes (killed); then wait until the
+    server has freed the machines."""
+    alive = srv.proc is not None and srv.proc.poll() is None  # a test may have killed it
+    if alive:
+        with srv.client() as client:
+            for job in client.get("/api/jobs").json()["jobs"]:
+                if job["status"] not in FINAL:
+                    stop = f"/api/network/distributed/stop/{job['job_id']}"
+                    client.post(stop, params={"force": "true"})
+    for job_id in jobs:
+        sup = _supervisor(srv, job_id)
         if sup is not None:
             sup.kill()
-        for proc in job_processes(job.name):
+        for proc in job_processes(job_id):
             proc.kill()
+    if alive:
+        with srv.client() as client:
+            deadline = time.monotonic() + 60
+            while _ok(client.get("/api/network/status"))["busy"] and time.monotonic() < deadline:
+                time.sleep(0.2)
 
 
 def _supervisor(srv: LiveServer, job_id: str) -> psutil.Process | None:
@@ -89,15 +135,28 @@ def _ok(resp: httpx.Response, status: int = 200) -> Any:
     return resp.json()
 
 
-def _registered(srv: LiveServer, names: tuple[str, ...] = HOSTS) -> httpx.Client:
-    """A client of ``srv`` with ``names`` registered and health-checked (online)."""
-    client = srv.client()
-    for name in names:
-        _ok(client.post("/api/network/machines", json={"name": name, "slots": 1}), 201)
-    status = _ok(client.post("/api/network/health-check"))
-    assert {m["name"]: m["status"] for m in status["machines"]} == dict.fromkeys(names, "online"), (
+def _register(srv: LiveServer) -> None:
+    """Register tb1 and tb2 with ``srv`` and health-check them (online)."""
+    with srv.client() as client:
+        for name in HOSTS:
+            _ok(client.post("/api/network/machines", json={"name": name, "slots": 1}), 201)
+        _health_check(client)
+
+
+def _health_check(client: httpx.Client) -> dict[str, Any]:
+    """Check the machines' health now; every one must be online."""
+    status: dict[str, Any] = _ok(client.post("/api/network/health-check"))
+    assert {m["name"]: m["status"] for m in status["machines"]} == dict.fromkeys(HOSTS, "online"), (
         status
     )
+    return status
+
+
+def _registered(srv: LiveServer) -> httpx.Client:
+    """A client of ``srv``, whose machines tb1 and tb2 are online and run no job."""
+    client = srv.client()
+    status = _ok(client.get("/api/network/status"))
+    assert (status["total"], status["online"], status["busy"]) == (2, 2, 0), status
     return client
 
 
@@ -176,6 +235,7 @@ def _on_hosts(tb: Testbed, job_id: str, within: float = 0.0) -> dict[str, list[i
 
 def test_machines_health_and_errors(server: LiveServer) -> None:
     client = _registered(server)
+    _health_check(client)
     machines = _ok(client.get("/api/network/machines"))
     assert [m["name"] for m in machines] == list(HOSTS)
     for m in machines:

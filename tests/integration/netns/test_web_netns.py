@@ -8,11 +8,17 @@ as its root cause; "Stop all" cancels a long job and leaves no process on any
 host (asked over SSH). Screenshots of each step go to the test's ``shots`` dir;
 with ``CORRAL_UPDATE_SCREENSHOTS=1`` the README's ``docs/screenshots/machines.png``
 and ``job.png`` are taken anew.
+
+The job tests share one server with tb1 and tb2 registered and checked once (each
+start costs ~1.7 CPU-s; issue 30), freed between tests; the machines test adds them
+through the form, to a server of its own.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +35,7 @@ from tests.serverlib import LiveServer, live_server
 from tests.webkit import Shots, doc_screenshot, login, open_page
 
 from ..conftest import REPO
+from .conftest import shared_root
 
 pytestmark = pytest.mark.netns
 
@@ -61,7 +68,8 @@ print(f"{{me}} done", flush=True)
 
 @contextmanager
 def _force_stop_after(srv: LiveServer) -> Iterator[None]:
-    """On the way out: every job of ``srv`` not yet final is force-stopped."""
+    """On the way out: every job of ``srv`` not yet final is force-stopped, and the
+    machines are free again (within a minute)."""
     try:
         yield
     finally:
@@ -73,14 +81,52 @@ def _force_stop_after(srv: LiveServer) -> Iterator[None]:
             ]
             for job_id in left:
                 client.post(f"/api/network/distributed/stop/{job_id}", params={"force": "true"})
+            deadline = time.monotonic() + 60
+            while client.get("/api/network/status").json()["busy"]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
 
 
 @pytest.fixture
-def server(testbed: Testbed, tmp_path: Path) -> Iterator[LiveServer]:
-    """A ``corral serve`` reaching the testbed (its ssh_config)."""
+def fresh_server(testbed: Testbed, tmp_path: Path) -> Iterator[LiveServer]:
+    """A ``corral serve`` of the test's own reaching the testbed (its ssh_config), with
+    no machine registered."""
     ssh = ["--ssh-config", str(testbed.ssh_config)]
     with live_server(tmp_path / "srv", args=ssh) as srv, _force_stop_after(srv):
         yield srv
+
+
+@pytest.fixture(scope="module")
+def module_server(testbed: Testbed) -> Iterator[LiveServer]:
+    """The job tests' ``corral serve`` reaching the testbed, tb1 and tb2 registered
+    and checked online through the API (the form is tested once), in a directory
+    every host sees (removed after)."""
+    root = shared_root(testbed)
+    root.mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="web-", dir=root))
+    ssh = ["--ssh-config", str(testbed.ssh_config)]
+    try:
+        with live_server(path / "srv", args=ssh) as srv:
+            with srv.client() as client:
+                for name in HOSTS:
+                    added = client.post("/api/network/machines", json={"name": name})
+                    assert added.status_code == 201, added.text
+                online = client.post("/api/network/health-check").json()["online"]
+                assert online == len(HOSTS), client.get("/api/network/status").text
+            yield srv
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def server(module_server: LiveServer) -> Iterator[LiveServer]:
+    """The module's server, tb1 and tb2 online and free; the test's jobs stopped after."""
+    with module_server.client() as client:
+        status = client.get("/api/network/status").json()
+    assert (status["total"], status["online"], status["busy"]) == (2, 2, 0), status
+    with _force_stop_after(module_server):
+        yield module_server
 
 
 @pytest.fixture
@@ -89,15 +135,6 @@ def script(tmp_path: Path) -> str:
     path = tmp_path / "ranks.py"
     path.write_text(SCRIPT.format(src=str(REPO / "src")))
     return str(path)
-
-
-def _registered(server: LiveServer) -> None:
-    """tb1 and tb2 registered and checked through the API (the form is tested once)."""
-    with server.client() as client:
-        for name in HOSTS:
-            assert client.post("/api/network/machines", json={"name": name}).status_code == 201
-        online = client.post("/api/network/health-check").json()["online"]
-        assert online == len(HOSTS), client.get("/api/network/status").text
 
 
 def _launch_from_form(page: Any, server: LiveServer, script: str, *args: str) -> str:
@@ -129,8 +166,7 @@ def _launch_from_form(page: Any, server: LiveServer, script: str, *args: str) ->
 def _launched(
     browser: Any, shots: Shots, server: LiveServer, script: str, *args: str
 ) -> Iterator[tuple[Any, str]]:
-    """tb1 and tb2 registered, logged in, a job launched from the form: (page, job id)."""
-    _registered(server)
+    """Logged in (tb1 and tb2 registered), a job launched from the form: (page, job id)."""
     with open_page(browser, shots) as page:
         login(page, server)
         yield page, _launch_from_form(page, server, script, *args)
@@ -194,8 +230,9 @@ def _left_on(testbed: Testbed, marker: str, within: float) -> dict[str, str]:
 
 
 def test_login_add_machines_and_health_check(
-    browser: Any, shots: Shots, server: LiveServer
+    browser: Any, shots: Shots, fresh_server: LiveServer
 ) -> None:
+    server = fresh_server
     with open_page(browser, shots) as page:
         page.goto(server.url + "/")
         assert urlsplit(page.url).path == "/login", page.url  # no session: the login page
