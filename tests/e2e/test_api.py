@@ -28,7 +28,7 @@ from corral.fleet.capabilities import MachineHealth
 from corral.service.eventlog import EVENTS_FILE
 from corral.service.settings import ServerSettings
 from corral.store import open_store
-from tests.serverlib import follow_events, free_port, live_server, wait_status
+from tests.serverlib import follow_events, free_port, live_server, tls_context, wait_status
 from tests.unit.test_service_planner import calibration_file
 
 TOKEN = "api-test-token-" + "y" * 24
@@ -110,7 +110,7 @@ def served(root: Path) -> Iterator[Api]:
         time.sleep(0.02)
     url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(base_url=url, headers=AUTH, timeout=60) as client:
+        with httpx.Client(base_url=url, headers=AUTH, timeout=60, verify=tls_context()) as client:
             yield Api(root, url, client, svc)
     finally:
         server.should_exit = True
