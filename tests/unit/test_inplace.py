@@ -407,6 +407,56 @@ def test_a_rejoin_names_its_peer_when_the_heal_line_comes_after_the_first_step(
     assert [(e.step, e.healed_from) for e in rejoins] == [(8, "a")]
 
 
+def test_a_rejoin_names_its_peer_when_the_peers_finished_before_its_heal_line(
+    tmp_path: Path,
+) -> None:
+    # the peers that served the heal may have finished training by the time its line
+    # is read: torchft's source index still counts them among the quorum's groups
+    lives = {"c": 0}
+    back, done = asyncio.Event(), {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    def survivor(name: str) -> Any:
+        async def run(node: FakeNode) -> int:
+            node.event("started", pid=1, pgids=[1])
+            node.event("rank_start", rank=0, local_rank=0, pid=1)
+            node.event("report", rank=0, type="progress", step=5)
+            await back.wait()
+            node.event("report", rank=0, type="progress", step=8)
+            node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+            node.event("node_exit", ranks={})
+            done[name].set()
+            return 0
+
+        return run
+
+    async def victim(node: FakeNode) -> int:
+        lives["c"] += 1
+        node.event("started", pid=1, pgids=[1])
+        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        if lives["c"] == 1:
+            node.event("report", rank=0, type="progress", step=5)
+            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
+            node.event("node_exit", ranks={})
+            return 0
+        back.set()
+        await done["a"].wait()
+        await done["b"].wait()
+        sup = kw_state["sup"]
+        await _until(lambda: sum(n.state.terminal for n in sup.nodes) >= 3)
+        node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=1\n")
+        node.event("report", rank=0, type="progress", step=8)
+        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
+        node.event("node_exit", ranks={})
+        return 0
+
+    result, events, _ = asyncio.run(
+        _supervise({"a": survivor("a"), "b": survivor("b"), "c": victim}, tmp_path)
+    )
+    assert result.state == JobState.SUCCEEDED
+    rejoins = [e for e in events if isinstance(e, GroupChanged) and e.change == "rejoined"]
+    assert [(e.step, e.healed_from) for e in rejoins] == [(8, "b")]
+
+
 def test_below_min_nodes_the_attempt_falls_back_to_a_restart(tmp_path: Path) -> None:
     async def survivor(node: FakeNode) -> int:
         node.event("started", pid=1, pgids=[1])

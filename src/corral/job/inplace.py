@@ -389,8 +389,16 @@ class ReplicaGroupSupervisor(AttemptSupervisor):
         if episode is None:
             return
         # torchft's source replica rank indexes the quorum's members by replica id: the
-        # groups, in order, that train now
-        members = sorted({self._group_of(n) for n in self._live()})
+        # groups, in order, that trained when it healed (a peer that served the heal
+        # may have finished since: it still counts)
+        members = sorted(
+            {
+                self._group_of(n)
+                for n in self.nodes
+                if id(n) not in self._retired
+                and (not n.state.terminal or n.state is NodeState.EXITED)
+            }
+        )
         if 0 <= source < len(members):
             peer = next(
                 (n for n in reversed(self.nodes) if self._group_of(n) == members[source]), None
