@@ -40,7 +40,7 @@ from corral.client.token import is_loopback
 from corral.console import make_console
 from corral.errors import ConfigError, Conflict, NotFound
 from corral.job.output import say
-from corral.service.models import ServiceLauncher
+from corral.plan.spec import ServiceLauncher
 
 _C = "Server"
 _L = "Launch"

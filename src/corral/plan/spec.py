@@ -13,6 +13,9 @@ from corral.redact import redact_env
 
 Launcher = Literal["torchrun", "python", "accelerate", "mlx", "command", "madengine"]
 LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "accelerate", "mlx", "command", "madengine")
+ServiceLauncher = Literal["torchrun", "python", "accelerate", "mlx", "command"]
+"""The launchers a served job can use (see docs/launchers.md); ``command`` runs
+``command_template`` on every machine instead of a script."""
 NODE_LAUNCHERS: tuple[str, ...] = ("command", "madengine")
 """Launchers whose one process per node is the whole command (no SCRIPT): it starts
 the ranks itself, like torchrun."""

@@ -31,6 +31,7 @@ from pydantic_core import PydanticCustomError
 from corral.contract import is_env_name
 from corral.errors import ConfigError
 from corral.job.schema import JobOptions, default_of, options_of
+from corral.plan.spec import ServiceLauncher
 from corral.redact import is_secret, looks_secret
 from corral.service.statusparts import GroupChange, HangOut, NodeStatus, StragglerOut
 from corral.track.targets import MAX_TARGETS, parse_targets
@@ -49,9 +50,6 @@ Ref = Annotated[str, Field(min_length=1, max_length=255)]
 Arg = Annotated[str, Field(max_length=65536)]
 Interface = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\s\x00]+$")]
 """A network interface (or NCCL's ``^docker,lo`` / ``=eth0`` forms): no blank."""
-ServiceLauncher = Literal["torchrun", "python", "accelerate", "mlx", "command"]
-"""The launchers a served job can use (see docs/launchers.md); ``command`` runs
-``command_template`` on every machine instead of a script."""
 
 
 class _Body(BaseModel):
