@@ -60,7 +60,8 @@ def test_a_host_at_half_cpu_measures_about_half_as_fast(
         "--ssh-config",
         str(healthy_testbed.ssh_config),
         "--seconds",
-        "5",  # the ranks compute flat out for the window: the quota shows in 5 s as in 10
+        "3",  # the ranks compute flat out for the window: the quota (enforced every
+        # 100 ms) shows in 3 s as in 10
         "--threads",
         "1",  # one thread per rank: the quota caps it at half its speed
         "--run-dir",
