@@ -9,8 +9,9 @@ says otherwise, so nothing relies on a shared filesystem.
 
 Each test runs the smallest world that shows its fault: two hosts (``PAIR``), one
 rank each, with ``--launcher python`` unless torchrun's own handling is the subject;
-the three hosts of the testbed only where the job must go on without the master's
-host (two survivors: the new world is still distributed, with a new master).
+one host where one agent or rank 0's own checkpoints show it; the three hosts of the
+testbed only where the job must go on without the master's host (two survivors: the
+new world is still distributed, with a new master).
 """
 
 from __future__ import annotations
@@ -452,8 +453,16 @@ def test_hung_rank_is_named_dumped_and_restarted(healthy_testbed: Testbed, tmp_p
 
 def test_corral_killed_then_rerun_resumes(healthy_testbed: Testbed, tmp_path: Path) -> None:
     tb, job = healthy_testbed, "ft-corral"
+    # one host: its agent sees the coordinator gone as any host's would (resuming a
+    # world from rank 0's private checkpoints is the hung-rank test's)
     args = (
-        run_args(tb, tmp_path, job, "--launcher", "python", "--checkpoint-dir", host_ckpt(job))
+        run_args(
+            tb,
+            tmp_path,
+            job,
+            *("--launcher", "python", "--checkpoint-dir", host_ckpt(job)),
+            hosts=("tb1",),
+        )
         + train()
     )
     w = Watched(args, tmp_path)
@@ -491,6 +500,7 @@ def test_kill_during_checkpoint_write_uses_the_previous_one(
             "1",
             "--checkpoint-dir",
             host_ckpt(job),
+            hosts=("tb1",),  # rank 0 writes the checkpoints and is killed: one host shows it
         )
         + train("--ballast-mb", "80"),
         tmp_path,
@@ -522,7 +532,13 @@ def test_full_checkpoint_disk_names_host_and_path(healthy_testbed: Testbed, tmp_
     tb.run_on("tb1", ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", directory], check=True)
     try:
         w = Watched(
-            run_args(tb, tmp_path, job, "--launcher", "python", "--checkpoint-dir", directory)
+            run_args(
+                tb,
+                tmp_path,
+                job,
+                *("--launcher", "python", "--checkpoint-dir", directory),
+                hosts=("tb1",),  # rank 0 writes the checkpoints: one host shows it
+            )
             + train("--ballast-mb", "1.6", steps=30),
             tmp_path,
         )
