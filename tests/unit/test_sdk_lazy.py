@@ -91,3 +91,19 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         with pytest.raises(AttributeError, match="no_such_name"):
             vars(package)["__getattr__"]("no_such_name")
         assert not hasattr(package, "no_such_name")
+
+
+def test_chunks_and_resume_in_a_script_without_torch_never_import_it(tmp_path: Path) -> None:
+    """A standard-library rank's ``sdk.chunks()`` and ``sdk.resume()`` have no process
+    group to agree through: they never import torch (1.5 CPU-s and seconds a rank)."""
+    where = str(tmp_path)
+    code = (
+        "import contextlib, io\n"
+        "from corral import sdk\n"
+        "with contextlib.redirect_stdout(io.StringIO()):  # its progress lines\n"
+        f"    done = [c.index for c in sdk.chunks(60000, 30000, checkpoint_dir={where!r})]\n"
+        "assert done == [0, 1], done\n"
+        f"assert sdk.resume({str(tmp_path / 'ckpt')!r}) is None\n"
+    )
+    (tmp_path / "ckpt").mkdir()
+    assert "torch" not in _modules(code)

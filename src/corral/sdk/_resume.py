@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ __all__ = ["resume"]
 
 
 def _group() -> Any:
-    """``torch.distributed`` when a process group of more than one rank is up, else None."""
+    """``torch.distributed`` when a process group of more than one rank is up, else None
+    (without importing torch in a script that never did: none can be up there)."""
+    if "torch.distributed" not in sys.modules:
+        return None
     try:
         import torch.distributed as dist
     except ImportError:
