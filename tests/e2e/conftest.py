@@ -12,9 +12,11 @@ from tests import pgserver
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """URL of ``corral_test`` on a PostgreSQL server started for this test session."""
-    with pgserver.postgres_or_skip() as url:
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of ``corral_test`` on a PostgreSQL server started for this test session (its
+    data dir copied from the first one's in the run's temp root, which every
+    pytest-xdist worker of the run shares)."""
+    with pgserver.postgres_or_skip(tmp_path_factory.getbasetemp().parent) as url:
         yield url
 
 

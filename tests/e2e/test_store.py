@@ -387,3 +387,27 @@ def test_a_missing_postgres_database_is_a_config_error(postgres_url: str) -> Non
     pgserver.drop_database(postgres_url, "corral_gone")
     with pytest.raises(ConfigError, match='database "corral_gone" does not exist'):
         open_store(url)
+
+
+def test_a_later_postgres_cluster_of_the_run_starts_from_the_first_ones_initdb(
+    postgres_url: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's cluster left its fresh data dir in the run's temp root; another
+    one (another xdist worker's) copies it instead of running initdb (issue 30)."""
+    shared = tmp_path_factory.getbasetemp().parent
+    assert [p.name for p in shared.glob("pg-*-data") if (p / "PG_VERSION").is_file()]
+    ran: list[str] = []
+    run_pg = pgserver._Cluster._pg
+
+    def recorded(cluster: pgserver._Cluster, tool: str, *args: str) -> None:
+        ran.append(tool)
+        run_pg(cluster, tool, *args)
+
+    monkeypatch.setattr(pgserver._Cluster, "_pg", recorded)
+    with (
+        pgserver.postgres_or_skip(shared) as url,
+        open_store(url) as store,
+        store.session() as session,
+    ):
+        assert session.execute(text("select 1")).scalar() == 1
+    assert ran == ["pg_ctl", "pg_ctl"], ran  # start, stop: no initdb
