@@ -291,7 +291,7 @@ def serve(
 
 def _server_token(token_file: str | None) -> tuple[Path, str]:
     """The token file's path and the server's token (made when missing)."""
-    from corral.api.auth import load_or_create_token
+    from corral.service.tokenfile import load_or_create_token
 
     path = token_path(token_file)
     return path, load_or_create_token(path)
