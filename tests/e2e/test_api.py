@@ -991,9 +991,9 @@ def test_serve_with_a_db_it_cannot_write_exits_with_one_line(tmp_path: Path) -> 
     assert "--db" in out
 
 
-def test_a_folded_teardowns_notes_never_send_one_id_twice(api: Api) -> None:
-    """The teardown is folded into one note per node, all resuming at the event that
-    ended it: only the last note carries that id (an id sent twice failed a netns run)."""
+def _folded_job(api: Api, between: list[dict[str, Any]]) -> str:
+    """A job whose events are a two-node teardown (its noise folded), ``between`` the
+    noise and the state that ended it; its id."""
     for name in ("sim1", "sim2"):
         api.add_machine(name)
     status = api.run(
@@ -1003,7 +1003,7 @@ def test_a_folded_teardowns_notes_never_send_one_id_twice(api: Api) -> None:
         selected_machines=["sim1", "sim2"],
         resource_requirements={"num_machines": 2},
     )
-    job_id = status["job_id"]
+    job_id = str(status["job_id"])
     now = time.time()
     noise = "Traceback (most recent call last):\nSignalException: Process 7 got signal: 15\n"
     written = [
@@ -1013,12 +1013,36 @@ def test_a_folded_teardowns_notes_never_send_one_id_twice(api: Api) -> None:
         {"kind": "state", "time": now, "old": "running", "state": "stopping", "attempt": 0},
         {"kind": "log", "time": now, "host": "sim1", "rank": -1, "text": noise},
         {"kind": "log", "time": now, "host": "sim2", "rank": -1, "text": noise},
+        *between,
         {"kind": "state", "time": now, "old": "stopping", "state": "failed", "attempt": 0},
         {"kind": "finished", "time": now, "state": "failed", "exit_code": 1,
          "result": {"ended": now, "failures": []}},
     ]  # fmt: skip
     events_file = Path(api.svc.jobs.row(job_id).run_dir) / EVENTS_FILE
     events_file.write_text("".join(json.dumps(e) + "\n" for e in written))
+    return job_id
+
+
+def test_notes_after_a_line_that_ends_where_they_resume_send_no_id_of_it_again(
+    api: Api,
+) -> None:
+    """A rank's line between the teardown's noise and the state that ended it ends
+    where the notes resume: the notes carry no id then (one id twice failed a netns
+    run beside a CPU hog)."""
+    bye = {"kind": "log", "time": time.time(), "host": "sim2", "rank": 0, "text": "bye\n"}
+    job_id = _folded_job(api, [bye])
+    events = follow_events(api.client, job_id, timeout=60)
+    kinds = [kind for _, kind, _ in events]
+    assert kinds[-4:] == ["message", "message", "state", "finished"], kinds
+    assert "log" in kinds
+    ids = [int(i) for i, _, _ in events if i]
+    assert ids == sorted(set(ids))  # increasing byte offsets, none twice
+
+
+def test_a_folded_teardowns_notes_never_send_one_id_twice(api: Api) -> None:
+    """The teardown is folded into one note per node, all resuming at the event that
+    ended it: only the last note carries that id (an id sent twice failed a netns run)."""
+    job_id = _folded_job(api, [])
     events = follow_events(api.client, job_id, timeout=60)
     notes = [(i, json.loads(d)["text"]) for i, kind, d in events if kind == "message"]
     assert [text.split(":")[0] for _, text in notes] == ["sim1", "sim2"], notes

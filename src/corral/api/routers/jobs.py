@@ -183,11 +183,16 @@ async def job_events(
         # at the event that ended it) is held until the next event shows whether the
         # next note shares its id: only the last of them carries it, so no id is sent
         # twice and a resume from it repeats none of them
+        # (nor one the event just before them sent: a line between the teardown's
+        # noise and the event that ended it ends where the notes resume)
         held: LoggedEvent | None = None
+        sent = pos
         async for ev in revocable(request, svc.jobs.events(job_id, pos)):
             if held is not None:
                 shared = ev is not None and not ev.raw and ev.next_pos == held.next_pos
-                yield _note(held, with_id=not shared)
+                with_id = not shared and held.next_pos != sent
+                yield _note(held, with_id=with_id)
+                sent = held.next_pos if with_id else sent
                 held = None
             if ev is None:
                 yield REVOKED_EVENT
@@ -197,10 +202,11 @@ async def job_events(
                 continue
             if ev.raw:
                 yield _frame(ev.next_pos, kind, ev.raw)
+                sent = ev.next_pos
             else:
                 held = ev
         if held is not None:
-            yield _note(held, with_id=True)
+            yield _note(held, with_id=held.next_pos != sent)
 
     return EventSourceResponse(stream(), ping=15)
 
