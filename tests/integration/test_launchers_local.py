@@ -73,6 +73,10 @@ def test_a_script_under_the_harness_gets_the_accelerator_and_config(
         "print('seen', acc.process_index, acc.num_processes, cfg['batch_size'],\n"
         "      round(cfg['learning_rate'], 4), cfg['output_dir'], cfg['is_main_process'], a.x,\n"
         "      os.environ['DISTRIBUTED_TRAINING'], os.environ['IS_MAIN_PROCESS'], flush=True)\n"
+        # both ranks leave together: a rank that exits right after the process group
+        # formed can reset its peer's gloo connections still being made (seen on a
+        # loaded machine: "Connection reset by peer" in connectFullMesh)
+        "acc.wait_for_everyone()\n"
     )
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"batch_size": 32, "learning_rate": 0.5, "output_dir": "out"}))
