@@ -276,10 +276,21 @@ def _commands() -> list[Any]:
     return plan_groups(spec, cluster, ports=[1, 1, 1], lighthouse="http://x:1", min_replicas=1)
 
 
+def _begin(node: FakeNode) -> None:
+    """The node's agent started and its one rank with it."""
+    node.event("started", pid=1, pgids=[1])
+    node.event("rank_start", rank=0, local_rank=0, pid=1)
+
+
+def _end(node: FakeNode, code: int) -> None:
+    """The node's one rank exited with ``code``, and its agent with it."""
+    node.event("rank_exit", rank=0, code=code, eof_time=time.time())
+    node.event("node_exit", ranks={})
+
+
 async def _stop_on_request(node: FakeNode) -> int:
     await node.next_op("stop")
-    node.event("rank_exit", rank=0, code=-15, eof_time=time.time())
-    node.event("node_exit", ranks={})
+    _end(node, -15)
     return 0
 
 
@@ -320,30 +331,25 @@ def test_a_killed_group_is_restarted_alone_and_rejoins(tmp_path: Path) -> None:
     lives = {"c": 0}
 
     async def survivor(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         node.event("report", rank=0, type="progress", step=5)
         await rejoined.wait()  # they never stop while c is away
         node.event("report", rank=0, type="progress", step=6)
         node.event("report", rank=0, type="progress", step=8)
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     async def victim(node: FakeNode) -> int:
         lives["c"] += 1
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         if lives["c"] == 1:
             node.event("report", rank=0, type="progress", step=5)
-            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
-            node.event("node_exit", ranks={})
+            _end(node, -9)
             return 0
         node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=0\n")
         node.event("report", rank=0, type="progress", step=8)
         rejoined.set()
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     result, events, _ = asyncio.run(
@@ -372,31 +378,26 @@ def test_a_rejoin_names_its_peer_when_the_heal_line_comes_after_the_first_step(
     lives = {"c": 0}
 
     async def survivor(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         node.event("report", rank=0, type="progress", step=5)
         await rejoined.wait()
         node.event("report", rank=0, type="progress", step=9)
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     async def victim(node: FakeNode) -> int:
         lives["c"] += 1
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         if lives["c"] == 1:
             node.event("report", rank=0, type="progress", step=5)
-            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
-            node.event("node_exit", ranks={})
+            _end(node, -9)
             return 0
         node.event("report", rank=0, type="progress", step=8)
         await asyncio.sleep(0.2)
         node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=0\n")
         node.event("report", rank=0, type="progress", step=9)
         rejoined.set()
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     result, events, _ = asyncio.run(
@@ -417,13 +418,11 @@ def test_a_rejoin_names_its_peer_when_the_peers_finished_before_its_heal_line(
 
     def survivor(name: str) -> Any:
         async def run(node: FakeNode) -> int:
-            node.event("started", pid=1, pgids=[1])
-            node.event("rank_start", rank=0, local_rank=0, pid=1)
+            _begin(node)
             node.event("report", rank=0, type="progress", step=5)
             await back.wait()
             node.event("report", rank=0, type="progress", step=8)
-            node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-            node.event("node_exit", ranks={})
+            _end(node, 0)
             done[name].set()
             return 0
 
@@ -431,12 +430,10 @@ def test_a_rejoin_names_its_peer_when_the_peers_finished_before_its_heal_line(
 
     async def victim(node: FakeNode) -> int:
         lives["c"] += 1
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         if lives["c"] == 1:
             node.event("report", rank=0, type="progress", step=5)
-            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
-            node.event("node_exit", ranks={})
+            _end(node, -9)
             return 0
         back.set()
         await done["a"].wait()
@@ -445,8 +442,7 @@ def test_a_rejoin_names_its_peer_when_the_peers_finished_before_its_heal_line(
         await _until(lambda: sum(n.state.terminal for n in sup.nodes) >= 3)
         node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=1\n")
         node.event("report", rank=0, type="progress", step=8)
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     result, events, _ = asyncio.run(
@@ -459,15 +455,12 @@ def test_a_rejoin_names_its_peer_when_the_peers_finished_before_its_heal_line(
 
 def test_below_min_nodes_the_attempt_falls_back_to_a_restart(tmp_path: Path) -> None:
     async def survivor(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         return await _stop_on_request(node)
 
     async def victim(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
-        node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _begin(node)
+        _end(node, -9)
         return 0
 
     result, events, transport = asyncio.run(
@@ -485,13 +478,11 @@ def test_groups_whose_states_differ_after_a_heal_end_the_attempt(tmp_path: Path)
     # a StateMismatch (sdk.fault_tolerant's digest check) would recur on every heal:
     # the attempt ends, named, instead of restarting the group to heal the same way
     async def survivor(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         return await _stop_on_request(node)
 
     async def mismatched(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         error = {"traceback": "corral.sdk._ftstate.StateMismatch: ... 'sampler' (group 0: 1)"}
         node.event("rank_exit", rank=0, code=1, eof_time=time.time(), error=error)
         return await _stop_on_request(node)
@@ -510,8 +501,7 @@ def test_a_dead_lighthouse_that_cannot_be_restarted_falls_back_saying_why(
     tmp_path: Path,
 ) -> None:
     async def survivor(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         return await _stop_on_request(node)
 
     async def main() -> Any:
@@ -532,14 +522,12 @@ def test_a_dead_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path) 
     lighthouse: FakeLighthouse | None = None
 
     async def trains_on(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         node.event("report", rank=0, type="progress", step=5)
         assert lighthouse is not None
         await _until(lambda: lighthouse.restarts == 2)  # it died twice, came back twice
         node.event("report", rank=0, type="progress", step=6)
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     async def main() -> Any:
@@ -569,13 +557,11 @@ def test_groups_that_never_join_the_quorum_are_named_with_the_fix(tmp_path: Path
     from corral.recovery.inplace import JOIN_FIX
 
     async def silent(node: FakeNode) -> int:  # runs, never joins, never reports
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         return await _stop_on_request(node)
 
     async def reporter(node: FakeNode) -> int:  # its ranks report: it is training
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         node.event("report", rank=0, type="progress", step=1)
         return await _stop_on_request(node)
 
@@ -603,12 +589,10 @@ def test_groups_that_never_join_the_quorum_are_named_with_the_fix(tmp_path: Path
 
 def test_a_scripts_own_manager_ids_count_as_joined(tmp_path: Path) -> None:
     async def own_manager(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         sup = kw_state["sup"]
         await _until(lambda: not sup.joins.pending)
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     async def main() -> Any:
@@ -878,32 +862,27 @@ def test_a_restarting_group_is_not_judged_on_its_predecessors_progress(tmp_path:
     lives = {"c": 0}
 
     async def survivor(node: FakeNode) -> int:
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         step = 5
         while not done.is_set():
             node.event("report", rank=0, type="progress", step=step)
             step += 1
             await asyncio.sleep(0.1)
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     async def victim(node: FakeNode) -> int:
         lives["c"] += 1
-        node.event("started", pid=1, pgids=[1])
-        node.event("rank_start", rank=0, local_rank=0, pid=1)
+        _begin(node)
         if lives["c"] == 1:
             node.event("report", rank=0, type="progress", step=5)
-            node.event("rank_exit", rank=0, code=-9, eof_time=time.time())
-            node.event("node_exit", ranks={})
+            _end(node, -9)
             return 0
         await asyncio.sleep(3.5)  # silent for over three hang timeouts
         node.err(0, "healing is required step=0, max_step=7, recover_src_replica_rank=0\n")
         node.event("report", rank=0, type="progress", step=40)
         done.set()
-        node.event("rank_exit", rank=0, code=0, eof_time=time.time())
-        node.event("node_exit", ranks={})
+        _end(node, 0)
         return 0
 
     result, events, _ = asyncio.run(
