@@ -59,3 +59,19 @@ def test_a_local_run_is_read(argv: tuple[str, ...], env: dict[str, str], expecte
 )
 def test_anything_else_starts_nothing(argv: tuple[str, ...], env: dict[str, str]) -> None:
     assert sniff(argv, env) is None
+
+
+def test_the_words_read_early_are_the_schemas_and_the_clis() -> None:
+    """The entry point reads flags before the schema loads (it must not import it):
+    the flags and variables it reads are those the schema and `corral run` declare."""
+    from corral.cli.common import HostsOpt
+    from corral.cli.options import CalibrationOpt
+    from corral.job.schema import options_of
+
+    declared = {f.name: (o.flag, o.envvar) for f, o in options_of()}
+    assert declared["python"] == ("--python", "CORRAL_PYTHON")
+    assert declared["job_id"][0] == "--job-id"
+    assert declared["preflight"] == ("--no-preflight", "CORRAL_NO_PREFLIGHT")
+    hosts = HostsOpt.__metadata__[0]
+    assert hosts.default == "--hosts" and hosts.envvar == "CORRAL_HOSTS"
+    assert CalibrationOpt.__metadata__[0].default == "--calibration"
