@@ -232,9 +232,6 @@ class AttemptSupervisor:
             self._lines(node.host.name, NODE, line)
 
     async def _read_frames(self, node: NodeRun) -> None:
-        # the validators are built on first use, not at `corral run`'s start-up
-        from corral.agent.events import parse_event
-
         assert node.proc is not None
         reader = node.proc.stdout
         host = node.host.name
@@ -244,7 +241,7 @@ class AttemptSupervisor:
                 kind, rank, payload = frame
                 if kind == EVENT:
                     try:
-                        event = parse_event(payload)
+                        event = _parse_event(payload)
                     except ValueError as exc:  # never let a bad event end the reader
                         self._complain(node, str(exc))
                         continue
@@ -781,3 +778,13 @@ def _exit_code_for(code: int | None) -> int:
     if code < 0:
         return EXIT_SIGNAL_BASE - code
     return code
+
+
+def _parse_event(payload: bytes) -> dict[str, Any]:
+    """An agent's event frame, validated (:func:`corral.agent.events.parse_event`).
+    Its validators (pydantic) are built at the first event, not at the start: an
+    agent sends none before its launcher has imported torch, so building them then
+    does not slow that import down."""
+    from corral.agent.events import parse_event
+
+    return parse_event(payload)

@@ -1,0 +1,71 @@
+"""The coordinator builds its agent-event validators (pydantic) at the first event an
+agent sends, not when it starts reading the agent: on ``local:N`` an agent sends none
+before its launcher has imported torch, so that work does not share the CPUs with
+the import (issue 34 section 4). Checked in a fresh interpreter, on the supervisor's
+real frame reader fed real frames."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import corral
+
+SRC = str(Path(corral.__file__).parents[1])
+
+SCRIPT = """
+import asyncio, json, sys, time
+from types import SimpleNamespace
+from corral.agent.protocol import STDOUT, encode_event, encode_frame
+from corral.job.supervisor import AttemptSupervisor
+
+seen = {}
+
+async def main():
+    reader = asyncio.StreamReader()
+    events, lines = [], []
+    fake = SimpleNamespace(
+        _lines=lambda host, rank, payload: lines.append(payload),
+        _on_event=lambda node, event: events.append(event),
+        _complain=lambda node, text: events.append({"complaint": text}),
+        _node_gone=lambda node, code: events.append({"event": "gone", "code": code}),
+    )
+
+    async def wait():
+        return 0
+
+    node = SimpleNamespace(
+        proc=SimpleNamespace(stdout=reader, wait=wait),
+        host=SimpleNamespace(name="local-0"),
+        watch=SimpleNamespace(heard=lambda now: None),
+    )
+    task = asyncio.ensure_future(AttemptSupervisor._read_frames(fake, node))
+    reader.feed_data(encode_frame(STDOUT, 0, b"a rank's line\\n"))
+    while not lines:
+        await asyncio.sleep(0.01)
+    seen["after_a_line"] = "pydantic" in sys.modules
+    reader.feed_data(encode_event({"event": "hb", "time": time.time()}))
+    reader.feed_eof()
+    await task
+    seen["after_an_event"] = "pydantic" in sys.modules
+    seen["events"] = [e.get("event") for e in events]
+
+asyncio.run(main())
+print(json.dumps(seen))
+"""
+
+
+def test_the_event_validators_load_at_the_first_event_not_before() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {"after_a_line": False, "after_an_event": True, "events": ["hb", "gone"]}
