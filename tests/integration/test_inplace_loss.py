@@ -1,8 +1,10 @@
-"""The loss-curve check of ``--recovery in-place`` on ``local:3``: training with one
+"""The loss-curve check of ``--recovery in-place`` on ``local:2``: training with one
 SIGKILLed replica group ends at a loss within the noise of undisturbed runs of the
 same job (examples/train_ft.py, deterministic data). The noise is measured, not
 assumed: the spread between two undisturbed runs that differ only in their seed
-(model init and data order, same data set)."""
+(model init and data order, same data set). Two groups, the fewest in-place takes:
+the survivor trains each step's whole global batch alone while the other is away
+(the re-split at its widest), and each group is a process importing torch."""
 
 from __future__ import annotations
 
@@ -19,32 +21,33 @@ from .conftest import REPO, corral_argv, job_processes, wait_no_job_processes
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 EXAMPLE = str(REPO / "examples" / "train_ft.py")
-STEPS, KILL_AT = 90, 15  # the survivors' degraded steps outlast group 2's restart
+STEPS, KILL_AT = 90, 15  # the survivor's degraded steps outlast group 1's restart
+GROUPS = 2
 FINAL = re.compile(r"\[local-(\d):0\] final loss ([0-9.]+)")
 LAST = re.compile(rf"\[local-(\d):0\] step {STEPS}/{STEPS} participants (\d+)\b")
 
 
 def _wait_full_step(proc: subprocess.Popen[str], at: int) -> str:
-    """Read the job's output until group 2 committed step ``at`` or later with every
+    """Read the job's output until group 1 committed step ``at`` or later with every
     group in the quorum (a group that started late may have healed past ``at``)."""
     assert proc.stdout is not None
-    step = re.compile(r"\[local-2:0\] step (\d+)/\d+ participants 3\b")
+    step = re.compile(rf"\[local-1:0\] step (\d+)/\d+ participants {GROUPS}\b")
     seen = ""
     while line := proc.stdout.readline():
         seen += line
         if (m := step.search(line)) and int(m.group(1)) >= at:
             return seen
-    raise AssertionError(f"group 2 never trained with all 3 past step {at}:\n{seen[-3000:]}")
+    raise AssertionError(f"group 1 never trained with both past step {at}:\n{seen[-3000:]}")
 
 
 def _train(
     tmp_path: Path, job: str, seed: int, kill_at: int | None = None
 ) -> tuple[dict[int, float], dict[int, int]]:
-    """Run the example in place on local:3 (``kill_at``: SIGKILL group 2's rank once
-    it committed that step or a later one with all 3 groups); each group's final loss
+    """Run the example in place on local:2 (``kill_at``: SIGKILL group 1's rank once
+    it committed that step or a later one with both groups); each group's final loss
     on the whole data set, and how many groups took part in its last step."""
     argv = corral_argv(
-        *("run", "--hosts", "local:3", "--recovery", "in-place", "--no-preflight"),
+        *("run", "--hosts", f"local:{GROUPS}", "--recovery", "in-place", "--no-preflight"),
         *("--master-port", "0", "--run-dir", str(tmp_path / "runs"), "--job-id", job),
         # the python launcher: torchrun is not the subject, and each one imports torch
         *("--grace", "3", "--launcher", "python"),
@@ -53,8 +56,8 @@ def _train(
         *("--env", "OMP_NUM_THREADS=1"),
         *("--", EXAMPLE, "--steps", str(STEPS), "--batch-size", "96"),
         *("--examples", "1024", "--seed", str(seed), "--data-seed", "0"),
-        # slow degraded steps (sleeps, no CPU): the survivors are still training when
-        # group 2 is back
+        # slow degraded steps (sleeps, no CPU): the survivor is still training when
+        # group 1 is back
         *("--step-sleep", "0.02", "--degraded-step-sleep", "0.3"),
     )
     env = dict(os.environ, COLUMNS="200")
@@ -68,7 +71,7 @@ def _train(
             ranks = [
                 p
                 for p in job_processes(job)
-                if p.environ().get("CORRAL_REPLICA_GROUP") == "2"
+                if p.environ().get("CORRAL_REPLICA_GROUP") == "1"
                 and "train_ft.py" in " ".join(p.cmdline())
                 and "torch.distributed.run" not in " ".join(p.cmdline())
             ]
@@ -83,18 +86,19 @@ def _train(
     assert proc.returncode == 0, text[-4000:]
     assert wait_no_job_processes(job, within=15) == []
     if kill_at is not None:
-        assert "in-place recovery tears down only group 2 (local-2)" in text
-        assert re.search(r"group 2 \(local-2\) rejoined at step \d+, healed from", text), text
+        assert "in-place recovery tears down only group 1 (local-1)" in text
+        assert re.search(r"group 1 \(local-1\) rejoined at step \d+, healed from", text), text
     losses = {int(g): float(v) for g, v in FINAL.findall(text)}
     return losses, {int(g): int(n) for g, n in LAST.findall(text)}
 
 
 def _together(losses: dict[int, float], last: dict[int, int]) -> float:
     """The loss of the groups that committed the last step in one quorum, which must
-    be the same on each of them. On a busy machine the Lighthouse may leave a group
-    that is 500 ms late out of a step (JOIN_TIMEOUT_MS); it heals at the next one,
-    but left out of the last step it trains that step alone once the others are done."""
-    assert len(losses) == 3 and set(last) == set(losses), (losses, last)
+    be the same on each of them. (On a busy machine the Lighthouse may leave a group
+    that is 500 ms late out of a step, JOIN_TIMEOUT_MS, which then trains the last
+    step alone once the others are done; not one of 2 heartbeating groups, though:
+    one group is never more than half of them.)"""
+    assert len(losses) == GROUPS and set(last) == set(losses), (losses, last)
     widest = max(last.values())
     together = {g: losses[g] for g, n in last.items() if n == widest}
     assert widest >= 2 and len(together) == widest, (losses, last)
@@ -109,7 +113,7 @@ def test_in_place_training_ends_within_the_noise_of_undisturbed_runs(tmp_path: P
     noise = abs(first - other)
     print(f"final losses: seed 0 {first}, seed 1 {other}, seed 0 killed {killed}")
     assert noise > 0  # two seeds never train to the very same loss
-    # the groups that were never killed, and the healed one, end within that noise
-    assert set(killed) >= {0, 1, 2}, killed
+    # the group that was never killed, and the healed one, end within that noise
+    assert set(killed) >= set(range(GROUPS)), killed
     for group, loss in killed.items():
         assert abs(loss - first) <= noise, (group, loss, first, other)
