@@ -27,7 +27,7 @@ start, seen = local.LocalTransport.start, []
 async def recording(self, host, argv, **kwargs):
     cli = ("typer", "rich", "pydantic", "corral.cli.main", "corral.cli.run")
     proc = await start(self, host, argv, **kwargs)
-    seen.append([host.name, proc.pid, sorted(m for m in cli if m in sys.modules)])
+    seen.append([host.name, proc.pid, sorted(m for m in cli if m in sys.modules), list(argv)])
     return proc
 
 local.LocalTransport.start = recording
@@ -43,7 +43,7 @@ print("SEEN " + json.dumps([code, seen]))
 
 def _corral(tmp_path: Path, *args: str) -> tuple[str, int, list[list[Any]]]:
     """``corral ARGS`` through the entry point; its output, exit code and each agent
-    start (host, pid, which of the CLI's modules were loaded then)."""
+    start (host, pid, which of the CLI's modules were loaded then, its command)."""
     (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
     done = subprocess.run(
         [sys.executable, "-c", HOOK % (list(args),)],
@@ -67,8 +67,8 @@ def test_the_agents_start_before_the_cli_loads_and_the_job_takes_them(tmp_path: 
     assert code == 0, out
     assert "hello from 0" in out and "hello from 1" in out
     # each node's agent started once, before typer, rich or the schema were imported
-    assert sorted(host for host, _, _ in seen) == ["local-0", "local-1"], seen
-    assert all(loaded == [] for _, _, loaded in seen), seen
+    assert sorted(host for host, *_ in seen) == ["local-0", "local-1"], seen
+    assert all(loaded == [] for _, _, loaded, _ in seen), seen
 
 
 def test_without_the_separator_the_cli_starts_the_agents_itself(tmp_path: Path) -> None:
@@ -76,8 +76,8 @@ def test_without_the_separator_the_cli_starts_the_agents_itself(tmp_path: Path) 
     point starts nothing and ``corral run`` starts the agents (once each)."""
     out, code, seen = _corral(tmp_path, *RUN, "hello.py")
     assert code == 0, out
-    assert sorted(host for host, _, _ in seen) == ["local-0", "local-1"], seen
-    assert all("corral.cli.run" in loaded for _, _, loaded in seen), seen
+    assert sorted(host for host, *_ in seen) == ["local-0", "local-1"], seen
+    assert all("corral.cli.run" in loaded for _, _, loaded, _ in seen), seen
 
 
 def test_a_refused_command_ends_the_agents_started_early(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_refused_command_ends_the_agents_started_early(tmp_path: Path) -> None
     assert code == 2, out
     assert "--nproc-per-node" in out
     assert len(seen) == 2, out  # started before the options were parsed
-    assert [pid for _, pid, _ in seen if psutil.pid_exists(pid)] == []
+    assert [pid for _, pid, *_ in seen if psutil.pid_exists(pid)] == []
     assert not (tmp_path / "runs").exists()
 
 

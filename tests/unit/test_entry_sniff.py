@@ -1,6 +1,7 @@
 """What the entry point reads from a command line before the CLI loads
 (:func:`corral.cli.entry.sniff`): only a ``corral run`` on ``local:N`` with the
-pre-flight, no calibration and the script after ``--``; anything else starts nothing."""
+pre-flight, no calibration and the script after ``--``; anything else starts nothing.
+The launcher read there decides whether the agents start torchrun warm."""
 
 from __future__ import annotations
 
@@ -9,27 +10,59 @@ import pytest
 from corral.cli.entry import Sniffed, sniff
 
 SCRIPT = ("--", "train.py", "--hosts", "h1,h2", "--python", "ignored", "--job-id", "no")
+TR = "torchrun"  # the default launcher
 
 
 @pytest.mark.parametrize(
     ("argv", "env", "expected"),
     [
-        (("run", "--hosts", "local:2", *SCRIPT), {}, Sniffed(2, None, None)),
-        (("run", "--hosts=local:3", *SCRIPT), {}, Sniffed(3, None, None)),
-        (("-v", "run", "--hosts", "local:1", *SCRIPT), {}, Sniffed(1, None, None)),
+        (("run", "--hosts", "local:2", *SCRIPT), {}, Sniffed(2, None, None, TR)),
+        (("run", "--hosts=local:3", *SCRIPT), {}, Sniffed(3, None, None, TR)),
+        (("-v", "run", "--hosts", "local:1", *SCRIPT), {}, Sniffed(1, None, None, TR)),
         (
             ("run", "--python", "/opt/py", "--hosts", "local:2", "--job-id=j1", *SCRIPT),
             {},
-            Sniffed(2, "/opt/py", "j1"),
+            Sniffed(2, "/opt/py", "j1", TR),
         ),
-        (("run", *SCRIPT), {"CORRAL_HOSTS": "local:4"}, Sniffed(4, None, None)),
+        (("run", *SCRIPT), {"CORRAL_HOSTS": "local:4"}, Sniffed(4, None, None, TR)),
         (
             ("run", "--hosts", "local:2", *SCRIPT),
             {"CORRAL_HOSTS": "h1", "CORRAL_PYTHON": "/p"},
-            Sniffed(2, "/p", None),
+            Sniffed(2, "/p", None, TR),
         ),
         # the last of a repeated option wins, as in click
-        (("run", "--hosts", "h1", "--hosts", "local:2", *SCRIPT), {}, Sniffed(2, None, None)),
+        (("run", "--hosts", "h1", "--hosts", "local:2", *SCRIPT), {}, Sniffed(2, None, None, TR)),
+        # the launcher: --launcher, else CORRAL_LAUNCHER, else accelerate with --harness
+        (
+            ("run", "--hosts", "local:2", "--launcher", "python", *SCRIPT, "--launcher", "x"),
+            {"CORRAL_LAUNCHER": "mlx"},
+            Sniffed(2, None, None, "python"),
+        ),
+        (
+            ("run", "--hosts", "local:2", "--launcher=mlx", *SCRIPT),
+            {},
+            Sniffed(2, None, None, "mlx"),
+        ),
+        (
+            ("run", "--hosts", "local:2", *SCRIPT),
+            {"CORRAL_LAUNCHER": "python"},
+            Sniffed(2, None, None, "python"),
+        ),
+        (
+            ("run", "--hosts", "local:2", "--harness", *SCRIPT),
+            {},
+            Sniffed(2, None, None, "accelerate"),
+        ),
+        (
+            ("run", "--hosts", "local:2", "--harness", "--no-harness", *SCRIPT),
+            {},
+            Sniffed(2, None, None, TR),
+        ),
+        (
+            ("run", "--hosts", "local:2", "--harness", "--launcher", TR, *SCRIPT),
+            {},
+            Sniffed(2, None, None, TR),
+        ),
     ],
 )
 def test_a_local_run_is_read(argv: tuple[str, ...], env: dict[str, str], expected: Sniffed) -> None:
@@ -72,6 +105,16 @@ def test_the_words_read_early_are_the_schemas_and_the_clis() -> None:
     assert declared["python"] == ("--python", "CORRAL_PYTHON")
     assert declared["job_id"][0] == "--job-id"
     assert declared["preflight"] == ("--no-preflight", "CORRAL_NO_PREFLIGHT")
+    assert declared["launcher"] == ("--launcher", "CORRAL_LAUNCHER")
+    assert declared["harness"][0] == "--harness"
     hosts = HostsOpt.__metadata__[0]
     assert hosts.default == "--hosts" and hosts.envvar == "CORRAL_HOSTS"
     assert CalibrationOpt.__metadata__[0].default == "--calibration"
+
+
+def test_the_default_launcher_read_early_is_the_jobs() -> None:
+    from corral.cli.entry import _DEFAULT_LAUNCHER
+    from corral.job.build import job_spec
+    from corral.job.schema import JobOptions
+
+    assert job_spec(JobOptions(command=("train.py",))).launcher == _DEFAULT_LAUNCHER

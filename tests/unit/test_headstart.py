@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,3 +55,29 @@ def test_the_engine_gets_the_agent_started_for_its_command(
     assert (codes, waiting) == ([2, 2], 0)  # both asked for ran (and ended on EOF)
     assert replaced == 2  # ended at its EOF
     assert unused in (2, -9)  # ended at its EOF, else killed
+
+
+def test_a_torchrun_jobs_agents_start_it_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each agent is asked for a warm torchrun, and is still the one the engine gets
+    for the plain agent command (the agent runs any plan)."""
+    started: list[list[str]] = []
+
+    async def recording(self: LocalTransport, host: Any, argv: Any, **kwargs: Any) -> Any:
+        started.append(list(argv))
+        return SimpleNamespace(host=host.name)  # no process: the seam
+
+    monkeypatch.setattr(LocalTransport, "start", recording)
+    cluster = local_cluster(2)
+    agent = [sys.executable, "-m", "corral.agent"]
+
+    async def scenario() -> list[Any]:
+        head = HeadStart()
+        await head.spawn(cluster, None, "job-1", "torchrun")
+        await head.spawn(local_cluster(1), None, "job-2", "python")  # no warm launcher
+        env = {JOB_ID_ENV: "job-1"}
+        return [await head.start(host, agent, env=env) for host in cluster.hosts]
+
+    taken = asyncio.run(scenario())
+    warm = [*agent, "--warm", "torch.distributed.run"]
+    assert started == [warm, warm, agent]
+    assert [proc.host for proc in taken] == ["local-0", "local-1"]

@@ -14,7 +14,9 @@ checklist runs (a later plan they cannot run replaces them), and the start messa
 releases them
 (:mod:`corral.agent.prestart`); the agent loads its machinery once they have
 imported torch (at most one heartbeat interval later); an ``abort`` kills them
-before anything of the job ran.
+before anything of the job ran. An agent started with ``--warm MODULE`` starts
+the node's launcher before it reads anything (:mod:`corral.agent.warm`): the
+first plan adopts it, or it is killed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from corral.agent.hostcheck import host_checks
 from corral.agent.probe import probe_info
 from corral.agent.protocol import decode_op, encode_event
+from corral.agent.warm import Warm, requested, start
 
 
 class _Stdin:
@@ -51,6 +54,18 @@ class _Stdin:
 
 
 def main() -> int:
+    """Start the warm launcher asked for, then run the node (:func:`_run`); a warm
+    launcher no plan adopted is killed at the end."""
+    module = requested(sys.argv[1:])
+    warm = start(module) if module else None
+    try:
+        return _run(warm)
+    finally:
+        if warm is not None:
+            warm.discard()  # no-op once adopted
+
+
+def _run(warm: Warm | None) -> int:
     """Answer an optional probe, read the start message, run until the node is done."""
     # Frames go to the real stdout; anything else printed goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
@@ -67,11 +82,12 @@ def main() -> int:
         return 2
     held = None  # the node's processes started while the checks run (at their gates)
     if message["op"] == "prestart":  # a head start's plan, ahead of the probe
-        held = _prestart(message.get("node"), None)
+        held, warm = _prestart(message.get("node"), None, warm), None
         message, first = _next_op(stdin)
     if message["op"] == "probe":
         if message.get("prestart"):  # before the host's facts: they take a while
-            held = _prestart(message["prestart"], held)  # kept when they can run it
+            held = _prestart(message["prestart"], held, warm)  # kept when they can run it
+            warm = None
         info = probe_info(message.get("workdir") or "", message.get("port"))
         checks = host_checks(message.get("facts"))  # the checklist's host facts, if asked
         answer = {**info, **(checks.reply() if checks else {}), "event": "probe"}
@@ -80,7 +96,7 @@ def main() -> int:
         while True:
             message, first = _next_op(stdin)
             if message["op"] == "prestart":  # a plan the probe's answer corrected
-                held = _prestart(message.get("node"), held)
+                held, warm = _prestart(message.get("node"), held, warm), None
                 continue
             reply = checks.answer(message) if checks else None
             if reply is None:
@@ -113,7 +129,7 @@ def main() -> int:
     else:
         from corral.agent.spawn import spawn_node
 
-        spawned = spawn_node(message["node"])  # before the agent's own imports
+        spawned = spawn_node(message["node"], warm=warm)  # before the agent's own imports
     from corral.agent.node import run_agent
 
     return run_agent(message, out, stdin_fd, spawned, pending)
@@ -146,16 +162,19 @@ def _wait_limit(start: dict[str, Any]) -> float:
         return 2.0
 
 
-def _prestart(node: object, held: Any) -> Any:
+def _prestart(node: object, held: Any, warm: Warm | None) -> Any:
     """The node's processes started at their gates for ``node`` (None: not for its
     command); ``held``, those started for an earlier plan, are kept when they can
-    run this one, else replaced."""
+    run this one, else replaced; ``warm``, the launcher started before any plan, is
+    adopted when it can run it, else killed."""
     if not isinstance(node, dict):
+        if warm is not None:
+            warm.discard()
         return held
     from corral.agent.prestart import prestart
 
     try:
-        return prestart(node, held)
+        return prestart(node, held, warm)
     except Exception as exc:  # the start message starts the node then, and reports it
         print(f"corral agent: could not start the node's processes early: {exc}", file=sys.stderr)
         return None

@@ -10,7 +10,11 @@ gate, the pipe on ``FD`` that only the agent writes:
 * one JSON line ``{"argv": [...], "set": {...}, "unset": [...]}``: the checklist
   passed. The environment is brought to the start message's (variables set and
   removed) and ``MODULE``'s main runs with its arguments (what ``python -m MODULE
-  ARGS`` runs), in this process, with what it imported;
+  ARGS`` runs), in this process, with what it imported. A warm launcher's line
+  (``python -m corral.agent.gate --warm PID FD,READY MODULE``, started by the agent
+  ``PID`` before it had a plan, :mod:`corral.agent.warm`) is ``{"argv": [...],
+  "env": {...}, "cwd": DIR}``: the whole environment, and the directory it changes to
+  and puts first on ``sys.path`` (it imported torch with none there);
 * end of file without a line: the launch was called off. It exits at once; no
   code of the job ran (the agent kills the node's process group anyway).
 
@@ -33,6 +37,7 @@ WORKER = "corral.agent.worker"
 #: The modules that can be held at the gate (what the torchrun and per-rank plans run).
 GATED_MODULES = (TORCHRUN, WORKER)
 GATE_MODULE = "corral.agent.gate"
+WARM_FLAG = "--warm"
 _IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import[ \t]+torch\b|from[ \t]+torch\b)", re.MULTILINE)
 _MAX_SCRIPT = 4 << 20  # bytes of a script scanned for its torch import
 
@@ -116,17 +121,45 @@ def read_gate(fd: int) -> dict[str, Any] | None:
 
 
 def apply_gate(message: dict[str, Any]) -> list[str]:
-    """Set the environment the start message planned; the module's arguments."""
+    """Set the environment the start message planned (a warm launcher's: all of it,
+    and its directory); the module's arguments."""
+    env = message.get("env")
+    if isinstance(env, dict):
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    if message.get("cwd"):
+        os.chdir(str(message["cwd"]))
     for key in message.get("unset") or []:
         os.environ.pop(str(key), None)
     os.environ.update({str(k): str(v) for k, v in (message.get("set") or {}).items()})
     return [str(a) for a in message.get("argv") or []]
 
 
+def _held_warm(parent: int) -> bool:
+    """A warm launcher (see the module doc) at its start: it dies with the agent
+    ``parent`` (exits at once when that is gone already) and drops the agent's
+    working directory from ``sys.path``. Whether it was there."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(0)
+    if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] == os.getcwd():
+        sys.path.pop(0)
+        return True
+    return False
+
+
 def main(argv: list[str]) -> int:
     """Preload, wait at the gate, run ``MODULE`` as ``__main__`` (see the module doc)."""
+    warm = argv[:1] == [WARM_FLAG] and len(argv) > 1 and argv[1].isdigit()
+    path_dropped = _held_warm(int(argv[1])) if warm else False
+    argv = argv[2:] if warm else argv
     if len(argv) < 2 or argv[1] not in GATED_MODULES:
-        usage = f"FD[,READY] {{{','.join(GATED_MODULES)}}} [ARGS...]"
+        usage = f"[{WARM_FLAG} PID] FD[,READY] {{{','.join(GATED_MODULES)}}} [ARGS...]"
         print(f"usage: python -m corral.agent.gate {usage}")
         return 2
     fds, module = [int(f) for f in argv[0].split(",")], argv[1]
@@ -137,6 +170,8 @@ def main(argv: list[str]) -> int:
     if message is None:
         os._exit(0)  # called off: nothing ran, nothing to flush (skip torch's destructors)
     args = apply_gate(message)
+    if path_dropped:
+        sys.path.insert(0, os.getcwd())  # where ``python -m`` puts its directory
     if module == WORKER:
         from corral.agent.worker import main as run_worker
 

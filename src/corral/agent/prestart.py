@@ -36,7 +36,6 @@ import os
 import select
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,8 +43,9 @@ from typing import Any
 
 from corral.agent.gate import split_argv
 from corral.agent.protocol import decode_op
-from corral.agent.spawn import SpawnedNode, keep_signals, node_dir_of, spawn_node
-from corral.contract import CONTRACT_VARS, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.agent.spawn import LATE_ENV, SpawnedNode, keep_signals, node_dir_of, spawn_node
+from corral.agent.warm import Warm, gate_message, reap
+from corral.contract import FLIGHT_RECORDER_ENV, NODE_DIR_ENV
 from corral.private import write_private
 from corral.redact import redacted_node
 
@@ -59,14 +59,8 @@ __all__ = [
     "wait_preloaded",
 ]
 
-#: Variables the held processes read only after their gate (torch reads them when a
-#: process group or rendezvous is made; corral's worker and SDK when they run): they
-#: may differ between the two plans. corral's own ``CORRAL_*`` variables too, but
-#: :data:`_EARLY_CORRAL`.
-LATE_ENV = frozenset(
-    {v for v in CONTRACT_VARS if not v.startswith("CORRAL_")}
-    | {"GROUP_RANK", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
-)
+# LATE_ENV: the variables the held processes read only after their gate, which may
+# differ between the two plans; corral's own ``CORRAL_*`` variables too, but these:
 _EARLY_CORRAL = frozenset({NODE_DIR_ENV, FLIGHT_RECORDER_ENV})  # read by the agent at spawn
 
 
@@ -78,12 +72,18 @@ class Prestarted:
     spawned: SpawnedNode
 
 
-def prestart(node: Mapping[str, Any], held: Prestarted | None = None) -> Prestarted | None:
+def prestart(
+    node: Mapping[str, Any], held: Prestarted | None = None, warm: Warm | None = None
+) -> Prestarted | None:
     """Start ``node``'s processes held at their gates; None when its command cannot be
     held (another launcher) or they could not be started (the start message tries
     again and reports why). ``held``: those started for an earlier plan of the node,
-    kept when they can run this one, else replaced."""
+    kept when they can run this one, else replaced. ``warm``: the node's launcher
+    started before any plan (:mod:`corral.agent.warm`), adopted when it can run this
+    one, else discarded."""
     gated = split_argv(node["argv"]) is not None
+    if warm is not None and (held is not None or not gated):
+        warm.discard()
     created = None
     if held is not None:
         if mismatch(held.node, node) is None:
@@ -92,7 +92,7 @@ def prestart(node: Mapping[str, Any], held: Prestarted | None = None) -> Prestar
         cancel(held, remove_dir=not gated)
     if not gated:
         return None
-    spawned = spawn_node(node, gated=True)
+    spawned = spawn_node(node, gated=True, warm=warm)
     if created is not None:
         spawned.created_dir = created  # removed on an abort if the first plan made it
     fresh = Prestarted(node, spawned)
@@ -167,6 +167,10 @@ def release(held: Prestarted, node: Mapping[str, Any]) -> tuple[SpawnedNode, str
     split = split_argv(node["argv"])
     assert split is not None
     old_env, new_env = dict(held.node["env"]), dict(node["env"])
+    common = _gate_message(old_env, new_env, [])
+    spawned.env.update(common["set"])
+    for key in common["unset"]:
+        spawned.env.pop(key, None)
     ranks = {int(r["local_rank"]): r for r in node.get("ranks") or []}
     old_ranks = {int(r["local_rank"]): r for r in held.node.get("ranks") or []}
     for work in spawned.workloads:
@@ -175,15 +179,14 @@ def release(held: Prestarted, node: Mapping[str, Any]) -> tuple[SpawnedNode, str
             before = {**old_env, **old_ranks[work.local_rank]["env"]}
             after = {**new_env, **ranks[work.local_rank]["env"]}
             work.rank = int(ranks[work.local_rank]["rank"])
-        message = json.dumps(_gate_message(before, after, split[1])).encode() + b"\n"
+        if work.warm:  # started before any plan: the whole environment, and where
+            message = gate_message(split[1], {**os.environ, **spawned.env}, spawned.cwd)
+        else:
+            message = json.dumps(_gate_message(before, after, split[1])).encode() + b"\n"
         fd = spawned.gates.pop(work.pid)
         with contextlib.suppress(OSError):  # it died meanwhile: reported as its exit
             os.write(fd, message)
         os.close(fd)
-    common = _gate_message(old_env, new_env, [])
-    spawned.env.update(common["set"])
-    for key in common["unset"]:
-        spawned.env.pop(key, None)
     with contextlib.suppress(OSError):
         write_private(spawned.node_dir / "spec.json", json.dumps(redacted_node(node), indent=1))
     return spawned, None
@@ -256,12 +259,7 @@ def cancel(held: Prestarted, *, remove_dir: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
     for work in spawned.workloads:
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            work.popen.kill()
-            work.popen.wait(timeout=10)
-        for stream in (work.popen.stdout, work.popen.stderr):
-            if stream is not None:
-                stream.close()
+        reap(work.popen)
     if spawned.control is not None:
         spawned.control.close()
     if spawned.node_log is not None:

@@ -29,19 +29,22 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.agent.controlsock import ControlSocket
-from corral.agent.gate import gated_argv
+from corral.agent.gate import gated_argv, split_argv
 from corral.agent.protocol import NODE
-from corral.contract import FLIGHT_DIR_ENV, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.agent.warm import Warm, gate_message
+from corral.contract import CONTRACT_VARS, FLIGHT_DIR_ENV, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
 from corral.private import append_private, private_dir, write_private
 from corral.redact import redacted_node
 
 __all__ = [
+    "LATE_ENV",
     "STOP_SIGNALS",
     "SpawnedNode",
     "Workload",
     "flight_recorder_env",
     "record_pgid",
     "spawn_node",
+    "warm_unusable",
 ]
 
 PR_SET_PDEATHSIG = 1
@@ -49,6 +52,13 @@ PR_SET_CHILD_SUBREAPER = 36
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 #: The signals that stop a node (the agent tears it down on each).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Variables a process held at its gate reads only after it (torch reads them when a
+#: process group or rendezvous is made; corral's worker and SDK when they run): with
+#: corral's own ``CORRAL_*`` they may differ from those it was started with.
+LATE_ENV = frozenset(
+    {v for v in CONTRACT_VARS if not v.startswith("CORRAL_")}
+    | {"GROUP_RANK", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
+)
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Workload:
     drain_scheduled: bool = False
     settled: bool = False
     stderr_tail: list[bytes] = field(default_factory=list)
+    warm: bool = False  # a warm launcher the plan adopted (corral.agent.warm)
 
     @property
     def finished(self) -> bool:
@@ -90,6 +101,7 @@ class SpawnedNode:
     gates: dict[int, int] = field(default_factory=dict)  # pid -> its gate's write end
     ready: dict[int, int] = field(default_factory=dict)  # pid -> read end: its imports done
     created_dir: bool = False  # the node's directory did not exist before
+    cwd: str = ""  # the processes' working directory
 
 
 def set_subreaper() -> None:
@@ -161,11 +173,16 @@ def keep_signals(spawned: SpawnedNode) -> None:
         signal.signal(signum, lambda received, _frame: spawned.signals.append(received))
 
 
-def spawn_node(node: Mapping[str, Any], *, gated: bool = False) -> SpawnedNode:
+def spawn_node(
+    node: Mapping[str, Any], *, gated: bool = False, warm: Warm | None = None
+) -> SpawnedNode:
     """Make the node's directory, bind the control socket and start the node's
     processes (the start message's ``node``); never raises (see the module doc).
     ``gated``: each process is held at its gate (:mod:`corral.agent.prestart`), and
-    stop signals keep their default action (the processes die with the agent)."""
+    stop signals keep their default action (the processes die with the agent).
+    ``warm``: a launcher started before the plan was known, adopted when it can run
+    the node's (:func:`warm_unusable`; its gate opened at once unless ``gated``),
+    else discarded."""
     env = dict(node["env"])
     node_dir = node_dir_of(node)
     env[NODE_DIR_ENV] = str(node_dir)
@@ -175,13 +192,61 @@ def spawn_node(node: Mapping[str, Any], *, gated: bool = False) -> SpawnedNode:
     set_subreaper()
     try:
         env.update(flight_recorder_env(node_dir, env, node["argv"]))
-        cwd = _prepare(spawned, node)
+        cwd = spawned.cwd = _prepare(spawned, node)
         spawned.control = ControlSocket(str(node_dir))
         env.update(spawned.control.env())
+        if warm is not None and _adopted(spawned, node, warm, gated):
+            return spawned
         _start(spawned, node, cwd, gated)
     except Exception as exc:
         spawned.error = exc
+    finally:
+        if warm is not None:
+            warm.discard()  # not adopted: killed (a no-op once adopted)
     return spawned
+
+
+def warm_unusable(warm: Warm, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why ``warm`` cannot be the launcher of a node that runs ``argv`` with the whole
+    environment ``env`` (None: it can): another command (interpreter, flags, module,
+    per-rank processes), an exit, or a variable other than :data:`LATE_ENV` and
+    corral's own that differs from the one it was started with."""
+    split = split_argv(list(argv))
+    if split is None or split[0] != warm.head:
+        return "the node runs another command"
+    if warm.popen.poll() is not None:
+        return f"it exited ({warm.popen.returncode})"
+    for key in sorted(warm.env.keys() | env.keys()):
+        late = key in LATE_ENV or key.startswith("CORRAL_")
+        if warm.env.get(key) != env.get(key) and not late:
+            return f"{key} differs"
+    return None
+
+
+def _adopted(spawned: SpawnedNode, node: Mapping[str, Any], warm: Warm, gated: bool) -> bool:
+    """Whether the warm launcher became the node's (see :func:`spawn_node`); why not is
+    written to the node's log."""
+    env = {**os.environ, **spawned.env}
+    why = "the node starts a process per rank" if node.get("ranks") else None
+    why = why or warm_unusable(warm, node["argv"], env)
+    if why is not None:
+        if spawned.node_log is not None:
+            spawned.node_log.write(f"corral agent: warm launcher not used: {why}\n".encode())
+        return False
+    warm.adopt()
+    pid = warm.popen.pid
+    spawned.workloads.append(Workload(pid=pid, rank=NODE, popen=warm.popen, warm=True))
+    record_pgid(spawned.pgids, spawned.node_dir, pid)
+    if gated:
+        spawned.gates[pid], spawned.ready[pid] = warm.gate, warm.ready
+        return True
+    args = split_argv(list(node["argv"]))
+    assert args is not None
+    with contextlib.suppress(OSError):  # it died meanwhile: reported as its exit
+        os.write(warm.gate, gate_message(args[1], env, spawned.cwd))
+    for fd in (warm.gate, warm.ready):
+        os.close(fd)
+    return True
 
 
 def _prepare(spawned: SpawnedNode, node: Mapping[str, Any]) -> str:

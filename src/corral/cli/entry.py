@@ -3,10 +3,11 @@
 ``corral run --hosts local:N ... -- SCRIPT`` spends its first 0.1-0.2 s loading the
 CLI (typer, rich, the job's schema) before its options are parsed. The nodes' agents
 need none of it, so this module reads the few words that decide them from the
-command line (:func:`sniff`: the verb, ``--hosts``, ``--python``, ``--job-id``, and
-whether the pre-flight runs and no calibration is asked for, with the environment
-variables those options read) and starts them first (:func:`main`): their
-interpreters start while the CLI loads, and ``corral run`` takes them
+command line (:func:`sniff`: the verb, ``--hosts``, ``--python``, ``--job-id``, the
+launcher, and whether the pre-flight runs and no calibration is asked for, with the
+environment variables those options read) and starts them first (:func:`main`):
+their interpreters start while the CLI loads (with torchrun, the default launcher,
+each starts the node's launcher warm, :mod:`corral.agent.warm`), and ``corral run`` takes them
 (:func:`take`) when its parsed options ask for the very same agents (the same count,
 interpreter and job id; :mod:`corral.job.headstart` hands the engine only an agent
 started for exactly its command). Whatever the parsed options say instead (a
@@ -35,6 +36,8 @@ _T = TypeVar("_T")
 _ROOT_FLAGS = frozenset({"-v", "--verbose"})
 #: Words after which ``corral run`` starts no head start (see ``cli/run.py:run``).
 _NO_HEAD_START = frozenset({"--no-preflight", "--calibration", "--help", "-h"})
+#: The launcher without ``--launcher`` (``--harness``: accelerate), as ``build_job`` picks it.
+_DEFAULT_LAUNCHER = "torchrun"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Sniffed:
     nodes: int
     python: str | None
     job_id: str | None
+    launcher: str | None = None  # None: not known (then no launcher is started warm)
 
 
 def _value(words: Sequence[str], i: int, flag: str) -> tuple[str | None, int]:
@@ -75,6 +79,7 @@ def sniff(argv: Sequence[str], environ: Mapping[str, str]) -> Sniffed | None:
         "--hosts": environ.get("CORRAL_HOSTS"),
         "--python": environ.get("CORRAL_PYTHON") or None,
         "--job-id": None,
+        "--launcher": environ.get("CORRAL_LAUNCHER") or None,
     }
     i = 0
     while i < len(options):
@@ -90,7 +95,11 @@ def sniff(argv: Sequence[str], environ: Mapping[str, str]) -> Sniffed | None:
     count = hosts.removeprefix("local:")
     if not hosts.startswith("local:") or not count.isdigit():
         return None
-    return Sniffed(int(count), found["--python"], found["--job-id"])
+    launcher = found["--launcher"]
+    if launcher is None:  # the last of --harness / --no-harness wins
+        harness = [w for w in options if w in ("--harness", "--no-harness")]
+        launcher = "accelerate" if harness[-1:] == ["--harness"] else _DEFAULT_LAUNCHER
+    return Sniffed(int(count), found["--python"], found["--job-id"], launcher)
 
 
 @dataclass
@@ -117,7 +126,8 @@ def _start(sniffed: Sniffed) -> EarlyStart:
     job_id = sniffed.job_id or new_job_id()
     loop = asyncio.new_event_loop()
     head = HeadStart()
-    loop.run_until_complete(head.spawn(local_cluster(sniffed.nodes), sniffed.python, job_id))
+    cluster = local_cluster(sniffed.nodes)
+    loop.run_until_complete(head.spawn(cluster, sniffed.python, job_id, sniffed.launcher))
     early = EarlyStart(sniffed, job_id, loop, head)
     atexit.register(_end, early)
     return early

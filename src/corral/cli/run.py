@@ -169,7 +169,8 @@ async def _head_started(
     head = HeadStart() if head is None else head
     try:
         if spawn_now:
-            await head.spawn(cluster, options.python, str(options.job_id))
+            launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
+            await head.spawn(cluster, options.python, str(options.job_id), launcher)
         spec, made = _validated(options, None)
         if not made.recovery.in_place:  # in place, each node is planned as its own group
             head.prestart(head_plans(spec, cluster))  # their launchers start, held at gates

@@ -22,6 +22,11 @@ start message gives them the engine's. Nothing of the job runs before the checkl
 passed: an agent never asked for (a refused option, a run without the pre-flight)
 or told to abort kills its held processes, leaves nothing behind and exits at the
 end of its stdin; it is killed at :meth:`HeadStart.close`.
+
+When the job's launcher is already known to be torchrun when the agents start
+(:func:`warm_module`), each agent is asked to start it *warm*, before it has any
+plan (:mod:`corral.agent.warm`): torchrun imports torch while the coordinator
+loads, validates and plans; the first plan adopts it when it can run it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from corral.agent.gate import TORCHRUN
 from corral.agent.protocol import encode_op
+from corral.agent.warm import agent_argv
 from corral.cluster.model import Cluster, Host
 from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError
@@ -54,6 +61,11 @@ def node_agent_argv(host: Host, python: str | None) -> list[str]:
     """How ``host`` starts its node agent: its own interpreter, else the job's
     (``--python``), else ``python3``."""
     return [host.python or python or "python3", "-m", "corral.agent"]
+
+
+def warm_module(launcher: str | None) -> str | None:
+    """The module a node's agent can start warm for ``launcher`` (torchrun's), if any."""
+    return TORCHRUN if launcher == "torchrun" else None
 
 
 def first_plan(spec: JobSpec, cluster: Cluster) -> tuple[Prepared, AttemptLog]:
@@ -92,15 +104,21 @@ class HeadStart:
         self._transport = LocalTransport()
         self._ready: dict[_Key, NodeProcess] = {}
 
-    async def spawn(self, cluster: Cluster, python: str | None, job_id: str) -> None:
+    async def spawn(
+        self, cluster: Cluster, python: str | None, job_id: str, launcher: str | None = None
+    ) -> None:
         """Start the agent of every host of ``cluster`` now, with ``python`` (None:
         this interpreter, as the engine plans a local job; a host whose agent cannot
-        start is left to the engine, which reports it)."""
+        start is left to the engine, which reports it); ``launcher``: the job's, when
+        known (torchrun's is started warm, :func:`warm_module`). Each is handed to
+        the engine for the agent command it would start (the same without the warm
+        launcher: the agent runs any plan, adopting its warm launcher when it can)."""
         env = {JOB_ID_ENV: job_id}
         for host in cluster.hosts:
             argv = node_agent_argv(host, python or sys.executable)
             with contextlib.suppress(CorralError):
-                proc = await self._transport.start(host, argv, env=env)
+                warm = agent_argv(argv, warm_module(launcher))
+                proc = await self._transport.start(host, warm, env=env)
                 self._ready[_key(host, argv, env, None)] = proc
 
     def prestart(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
