@@ -5,7 +5,8 @@ carried beside the model and the optimizer.
 ``--kill-group G --kill-at S`` SIGKILLs that group once, at step S or later after a
 step with every group; its restart heals from the live peer. Every step prints
 ``group G step S lr L sampler P``; at the end ``group G final step S lr L sampler P``
-(the survivors end only after the killed group is back, so nothing depends on timing).
+(the survivors end only after the killed group is back, so nothing depends on timing;
+their steps without it are 0.5 s apart, 0.05 s with every group).
 ``--break NAME`` (scheduler or sampler) makes that object's ``load_state_dict`` a
 no-op: a heal then leaves it stale, and the SDK must fail naming it.
 """
@@ -108,7 +109,8 @@ while not finished():
         marker.write_text("1")
         print(f"group {group} is about to be killed", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(0.05)
+    # while a group is away (or not yet there) the others wait in sleep, not in steps
+    time.sleep(0.05 if participants == groups else 0.5)
 lr = scheduler.get_last_lr()[0]
 print(f"group {group} final step {ft.step} lr {lr:.6g} sampler {sampler.position}", flush=True)
 ft.shutdown()
