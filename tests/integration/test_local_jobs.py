@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,13 @@ def _common(run_dir: Path, job_id: str, hosts: str = "local:2", nproc: int = 2) 
         "--grace",
         "5",
     ]
+
+
+def _world(launcher: str) -> tuple[str, int]:
+    """Hosts and ranks per node for a test about one rank's failure: 2 nodes x 2 for the
+    python launcher; 1 node x 4 for torchrun (each node's torchrun imports torch, ~2
+    CPU-s; its cross-node failures and teardown are the tests above and below)."""
+    return ("local:2", 2) if launcher == "python" else ("local:1", 4)
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
@@ -107,7 +116,7 @@ def test_sigkilled_rank_is_named_with_its_signal(
 ) -> None:
     job = f"kill-{launcher}"
     result = run_corral(
-        *_common(run_dir, job),
+        *_common(run_dir, job, *_world(launcher)),
         "--launcher",
         launcher,
         "--",
@@ -130,7 +139,7 @@ def test_exception_traceback_of_the_right_rank(
 ) -> None:
     job = f"raise-{launcher}"
     result = run_corral(
-        *_common(run_dir, job),
+        *_common(run_dir, job, *_world(launcher)),
         "--launcher",
         launcher,
         "--",
@@ -264,21 +273,66 @@ def test_timeout_stops_the_job(run_dir: Path, tmp_path: Path) -> None:
     assert not wait_no_job_processes(job, within=10)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_every_line_exactly_once_and_unbroken(launcher: str, run_dir: Path, tmp_path: Path) -> None:
-    job = f"lines-{launcher}"
-    # 10,000 lines of 60 bytes per rank: each pipe (64 KiB) fills and drains ~10 times,
-    # lines cross read boundaries, four ranks interleave; more only costs CPU
-    n = 10_000
+# one job per launcher shows both (each torchrun per node imports torch, ~2 CPU-s):
+# every rank writes its argv and env, then prints LINES numbered lines
+LINES = 10_000
+TRICKY = [
+    "a b",
+    "it's",
+    'say "hi"',
+    "$(touch /tmp/corral-pwned)",
+    "x; rm -rf /",
+    "$HOME",
+    "naïve ☃ 日本",
+    "line1\nline2",
+    "",
+    "*",
+    "--flag=1",
+]
+
+
+@dataclass
+class VerbatimJob:
+    job: str
+    run_dir: Path
+    out_dir: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def verbatim_job(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VerbatimJob]:
+    """A job of 2 nodes x 2 ranks running scripts/verbatim.py with tricky arguments."""
+    launcher = request.param
+    tmp = tmp_path_factory.mktemp(f"verbatim-{launcher}")
+    run_dir, out_dir = tmp / "runs", tmp / "out"
+    out_dir.mkdir()
+    job = f"verbatim-{launcher}"
     result = run_corral(
         *_common(run_dir, job),
         "--launcher",
         launcher,
+        "--env",
+        f"OUT_DIR={out_dir}",
+        "--env",
+        "WEIRD=a b;$(x)",
+        "--env",
+        f"LINES_PER_RANK={LINES}",
         "--",
-        str(SCRIPTS / "lines.py"),
-        str(n),
-        cwd=tmp_path,
+        str(SCRIPTS / "verbatim.py"),
+        *TRICKY,
+        cwd=tmp,
     )
+    yield VerbatimJob(job, run_dir, out_dir, result)
+    for proc in job_processes(job):
+        proc.kill()
+
+
+def test_every_line_exactly_once_and_unbroken(verbatim_job: VerbatimJob) -> None:
+    # 10,000 lines of 60 bytes per rank: each pipe (64 KiB) fills and drains ~10 times,
+    # lines cross read boundaries, four ranks interleave; more only costs CPU
+    result, run_dir, job = verbatim_job.result, verbatim_job.run_dir, verbatim_job.job
     assert result.returncode == 0, result.stderr[-3000:]
     pattern = re.compile(r"^\[(local-\d):(\d)\] rank (\d) line (\d+) x{40}$")
     seen: dict[int, list[int]] = {r: [] for r in range(4)}
@@ -293,54 +347,26 @@ def test_every_line_exactly_once_and_unbroken(launcher: str, run_dir: Path, tmp_
         hosts[rank] = m.group(1)
         seen[rank].append(int(m.group(4)))
     for rank in range(4):
-        assert seen[rank] == list(range(n)), f"rank {rank}: {len(seen[rank])} lines"
+        assert seen[rank] == list(range(LINES)), f"rank {rank}: {len(seen[rank])} lines"
         log = run_dir / job / "logs" / f"{hosts[rank]}.{rank}.log"
         lines = log.read_text().splitlines()
-        assert lines == [f"rank {rank} line {i} " + "x" * 40 for i in range(n)]
+        assert lines == [f"rank {rank} line {i} " + "x" * 40 for i in range(LINES)]
         node_logs = list(run_dir.glob(f"{job}/nodes/{hosts[rank]}/logs/rank-{rank}.log"))
         assert len(node_logs) == 1 and node_logs[0].read_text().splitlines() == lines
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_arguments_and_env_arrive_verbatim(launcher: str, run_dir: Path, tmp_path: Path) -> None:
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    tricky = [
-        "a b",
-        "it's",
-        'say "hi"',
-        "$(touch /tmp/corral-pwned)",
-        "x; rm -rf /",
-        "$HOME",
-        "naïve ☃ 日本",
-        "line1\nline2",
-        "",
-        "*",
-        "--flag=1",
-    ]
-    result = run_corral(
-        *_common(run_dir, f"argv-{launcher}"),
-        "--launcher",
-        launcher,
-        "--env",
-        f"OUT_DIR={out_dir}",
-        "--env",
-        "WEIRD=a b;$(x)",
-        "--",
-        str(SCRIPTS / "argv.py"),
-        *tricky,
-        cwd=tmp_path,
-    )
+def test_arguments_and_env_arrive_verbatim(verbatim_job: VerbatimJob) -> None:
+    result = verbatim_job.result
     assert result.returncode == 0, result.stderr[-3000:]
     assert not Path("/tmp/corral-pwned").exists()
     for rank in range(4):
-        data = json.loads((out_dir / f"rank-{rank}.json").read_text())
-        assert data["argv"] == tricky
+        data = json.loads((verbatim_job.out_dir / f"rank-{rank}.json").read_text())
+        assert data["argv"] == TRICKY
         env = data["env"]
         assert env["WEIRD"] == "a b;$(x)"
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
         assert env["LOCAL_WORLD_SIZE"] == "2" and env["NNODES"] == "2"
-        assert env["CORRAL_JOB_ID"] == f"argv-{launcher}"
+        assert env["CORRAL_JOB_ID"] == verbatim_job.job
         assert "PYTEST_CURRENT_TEST" not in env  # the coordinator's env is not forwarded
 
 
