@@ -55,8 +55,11 @@ def test_ddp_example_trains_then_resumes(launcher: str, run_dir: Path, tmp_path:
         "ckpt-00000020.pt",
         "ckpt-00000040.pt",
     ]
+    # the resume under the python launcher: the example's resume is the subject (the
+    # same under any launcher; torchrun's own resume is test_sdk_torchrun's), and a
+    # torchrun per node imports torch once more
     second = run_corral(
-        *common, "--launcher", launcher, "--job-id", f"ddp2-{launcher}",
+        *common, "--launcher", "python", "--job-id", f"ddp2-{launcher}",
         *("--", EXAMPLE, "--steps", "60"), cwd=tmp_path,
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
@@ -64,8 +67,7 @@ def test_ddp_example_trains_then_resumes(launcher: str, run_dir: Path, tmp_path:
     assert (ckpt / "ckpt-00000060.pt").exists()
     assert not wait_no_job_processes(f"ddp2-{launcher}", within=10)
     # the same run again: its checkpoint is already at --steps, and it says so (rank 0,
-    # once); the python launcher: the example's check is the subject, and a torchrun
-    # per node imports torch once more
+    # once); the python launcher, as above
     third = run_corral(
         *common, "--launcher", "python", "--job-id", f"ddp3-{launcher}",
         *("--", EXAMPLE, "--steps", "60"), cwd=tmp_path,
