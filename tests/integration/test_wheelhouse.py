@@ -51,7 +51,10 @@ def test_a_wheelhouse_installs_corral_without_an_index_and_gpu_check_runs_with_i
     assert " wheels (" in built.stdout and "make gpu-check WHEELHOUSE=" in built.stdout
 
     venv = tmp_path / "target"  # a fresh interpreter: nothing but pip in it
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300
+    )
+    _give_pip(venv, tmp_path / "pip-only")
     python = str(venv / "bin" / "python")
     env["PIP_INDEX_URL"] = "http://127.0.0.1:9/simple"  # any index asked would fail
     gpu_check = _offline(["make", "gpu-check", f"WHEELHOUSE={wheelhouse}", f"PYTHON={python}"])
@@ -89,6 +92,18 @@ def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
     return subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False
     )
+
+
+def _give_pip(venv: Path, link_dir: Path) -> None:
+    """Make this interpreter's pip (and nothing else of its site-packages) importable in
+    ``venv``: the venv is made ``--without-pip``, which spares ensurepip's install of a
+    pip (~3.5 CPU-s); pip installs into the interpreter that runs it, ``venv``."""
+    spec = importlib.util.find_spec("pip")
+    assert spec is not None and spec.origin is not None
+    link_dir.mkdir()
+    (link_dir / "pip").symlink_to(Path(spec.origin).parent, target_is_directory=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "pip-only.pth").write_text(f"{link_dir}\n")
 
 
 def _give_torch(venv: Path) -> None:
