@@ -34,6 +34,13 @@ if os.environ.get("FAIL_FIRST") and os.environ.get("TORCHELASTIC_RESTART_COUNT")
     # gloo's mesh is half built leaves the next round unable to connect on torch 2.13
     # (and before importing torch, which costs each rank ~2 CPU-s)
     sys.exit(7)
+if os.environ.get("NO_TORCH"):
+    # where torchrun's restart is the subject, not the group: the rank says what torchrun
+    # gave it, without importing torch
+    os.write(1, (f"rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']} "
+                 f"node {os.environ['NODE_RANK']} round {os.environ['TORCHELASTIC_RESTART_COUNT']}"
+                 "\\n").encode())
+    sys.exit(0)
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -165,12 +172,14 @@ def test_a_failed_rank_restarts_every_pod_in_place_while_the_budget_allows(
     """--max-restarts is torchrun's in every pod: the pods restart their ranks in place
     (no pod fails); with no restart left each pod exits GAVE_UP_EXIT (FailJob)."""
     objects = _render(tmp_path, "torchrun", nodes=2, nproc=1, max_restarts=restarts)
-    env = {"MASTER_ADDR": "127.0.0.1", "FAIL_FIRST": "1"}
+    env = {"MASTER_ADDR": "127.0.0.1", "FAIL_FIRST": "1", "NO_TORCH": "1"}
     pods = [start_pod(objects, i, tmp_path, **env) for i in (0, 1)]
     (code0, out0, err0), (code1, out1, err1) = _finish(pods)
     assert (code0, code1) == codes, err0 + err1
     if restarts:
-        assert sorted(line.split()[1] for line in (out0 + out1).splitlines()) == ["0/2", "1/2"]
+        lines = (out0 + out1).splitlines()
+        assert sorted(line.split()[1] for line in lines) == ["0/2", "1/2"]
+        assert all(line.endswith(" round 1") for line in lines), lines  # the restarted round
     else:
         assert "torchrun gave up" in err0 + err1 and "rank " not in out0 + out1
 
