@@ -45,9 +45,10 @@ def _common(run_dir: Path, job_id: str, hosts: str = "local:2", nproc: int = 2) 
 
 
 def _world(launcher: str) -> tuple[str, int]:
-    """Hosts and ranks per node for a test about one rank's failure: 2 nodes x 2 for the
-    python launcher; 1 node x 4 for torchrun (each node's torchrun imports torch, ~2
-    CPU-s; its cross-node failures and teardown are the tests above and below)."""
+    """Hosts and ranks per node for a test of what each node does on its own (name a
+    rank's failure, clean up when corral is gone): 2 nodes x 2 for the python launcher;
+    1 node x 4 for torchrun (each node's torchrun imports torch, ~2 CPU-s; torchrun
+    across nodes: the failing-rank teardown, SIGINT and verbatim-job tests)."""
     return ("local:2", 2) if launcher == "python" else ("local:1", 4)
 
 
@@ -227,9 +228,8 @@ def test_sigkilled_corral_leaves_nothing_behind(
     launcher: str, run_dir: Path, tmp_path: Path
 ) -> None:
     job = f"corral-killed-{launcher}"
-    proc = _start(
-        [*_common(run_dir, job), "--launcher", launcher, "--", str(SCRIPTS / "steps.py")], tmp_path
-    )
+    common = _common(run_dir, job, *_world(launcher))
+    proc = _start([*common, "--launcher", launcher, "--", str(SCRIPTS / "steps.py")], tmp_path)
     try:
         wait_for_output(proc, r"rank \d step 3")
         proc.kill()  # no teardown by corral itself: the agents notice their stdin closing
