@@ -20,7 +20,6 @@ from corral.job.events import JobEvent, LogLines, Message
 from corral.job.options import CheckPolicy, RestartPolicy, SupervisionPolicy
 from corral.plan.spec import JobSpec
 from corral.throughput.model import load_calibration
-from tests.conftest import require_torch
 
 from .conftest import (
     REPO,
@@ -70,10 +69,10 @@ def _calibrate(tmp_path: Path, job: str, *args: str) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
+@pytest.mark.torch  # the ranks import it (found here without importing it)
 def test_builtin_workload_gives_a_table_and_a_reusable_file(tmp_path: Path) -> None:
-    require_torch()
     # local-1 declares 8 MiB: the workload probes the largest micro-batch under it
-    code, out, err = _calibrate(tmp_path, "cal-builtin", "--seconds", "3", "--mem-cap", "local-1=8")
+    code, out, err = _calibrate(tmp_path, "cal-builtin", "--seconds", "2", "--mem-cap", "local-1=8")
     assert code == 0, err[-3000:]
     for word in ("host", "ex/s", "share", "fits", "local-0", "local-1", "█", "built-in workload"):
         assert word in out, out
@@ -82,7 +81,7 @@ def test_builtin_workload_gives_a_table_and_a_reusable_file(tmp_path: Path) -> N
     cal = load_calibration(path)
     assert load_calibration(latest) == cal
     assert cal.hosts == ["local-0", "local-1"] and cal.workload == "reference"
-    assert cal.script is None and cal.seconds == 3
+    assert cal.script is None and cal.seconds == 2
     assert [(r.host, r.rank, r.local_rank) for r in cal.ranks] == [
         ("local-0", 0, 0),
         ("local-1", 1, 0),
@@ -130,10 +129,10 @@ def test_a_script_reporting_examples_is_measured_per_rank(tmp_path: Path) -> Non
     assert not wait_no_job_processes("cal-script", within=15)
 
 
+@pytest.mark.torch
 def test_the_ddp_example_calibrates_as_documented(tmp_path: Path) -> None:
-    require_torch()
     code, out, err = _calibrate(
-        tmp_path, "cal-example", "--seconds", "2", "--", str(REPO / "examples" / "train_ddp.py")
+        tmp_path, "cal-example", "--seconds", "1", "--", str(REPO / "examples" / "train_ddp.py")
     )
     assert code == 0, err[-3000:]
     cal = load_calibration(tmp_path / "runs" / "cal-example" / "calibration.json")

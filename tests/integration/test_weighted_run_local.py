@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from corral.throughput.model import Calibration, RankRate, save_calibration
-from tests.conftest import require_torch
 
 from .conftest import SCRIPTS, run_corral
 
@@ -63,7 +62,6 @@ def _splits(stdout: str) -> dict[str, tuple[int, float, int]]:
 @pytest.mark.torch
 @pytest.mark.parametrize("launcher", ["torchrun", "python"])
 def test_each_host_gets_its_weight_whatever_rank_it_is(tmp_path: Path, launcher: str) -> None:
-    require_torch()
     # local-1 fits micro-batches of 40: its 192 examples a step run as 5 (accumulation)
     cal = _calibration(tmp_path, {"local-0": 3000.0, "local-1": 9000.0}, {"local-1": 40})
     done = run_corral(
@@ -86,14 +84,13 @@ def test_each_host_gets_its_weight_whatever_rank_it_is(tmp_path: Path, launcher:
     assert "final loss" in done.stdout
 
 
-@pytest.mark.torch
+@pytest.mark.torch  # the built-in calibration workload imports it
 def test_auto_calibrates_first_then_runs_with_the_weights(tmp_path: Path) -> None:
-    require_torch()  # the built-in calibration workload imports it
     # the job's ranks: standard library (the example's weights are the subject above,
     # and a rank importing torch costs ~2 CPU-s)
     done = run_corral(
         "run", "--hosts", "local:2", "--launcher", "python", "--calibration", "auto",
-        "--calibration-seconds", "2", "--no-preflight", "--master-port", "0",
+        "--calibration-seconds", "1", "--no-preflight", "--master-port", "0",
         "--", str(SCRIPTS / "weights.py"), "--steps", "5",
         cwd=tmp_path,
     )  # fmt: skip
