@@ -6,9 +6,13 @@ carried beside the model and the optimizer.
 step with every group; its restart heals from the live peer. Every step prints
 ``group G step S lr L sampler P``; at the end ``group G final step S lr L sampler P``
 (the survivors end only after the killed group is back, so nothing depends on timing;
-their steps without it are 0.5 s apart, 0.05 s with every group).
-``--break NAME`` (scheduler or sampler) makes that object's ``load_state_dict`` a
-no-op: a heal then leaves it stale, and the SDK must fail naming it.
+their steps without it are 0.3 s apart, within the Lighthouse's 500 ms join
+timeout, 0.05 s with every group).
+``--late-group G --late-at S --progress PATH``: group G joins (and heals from the
+other) only once it committed step S, which it says by creating PATH (a path both
+groups reach: local nodes). ``--break NAME`` (scheduler or sampler) makes that
+object's ``load_state_dict`` a no-op: a heal then leaves it stale, and the SDK must
+fail naming it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--kill-group", type=int, default=-1)
 parser.add_argument("--kill-at", type=int, default=4)
+parser.add_argument("--late-group", type=int, default=-1)
+parser.add_argument("--late-at", type=int, default=4)
+parser.add_argument("--progress", default="")
 parser.add_argument("--break", dest="broken", default="")
 args = parser.parse_args()
 
@@ -75,6 +82,9 @@ sampler = Sampler()
 carried: dict[str, Any] = {"scheduler": scheduler, "sampler": sampler}
 if args.broken:
     carried[args.broken] = NotHealed(carried[args.broken])
+if group == args.late_group:
+    while not Path(args.progress).exists():  # not yet a torchft replica: no quorum waits
+        time.sleep(0.2)
 ft = sdk.fault_tolerant(model, optimizer, state=carried, timeout=10, quorum_timeout=60)
 data = torch.randn(32, 4)
 target = data.sum(dim=1, keepdim=True)
@@ -103,6 +113,8 @@ while not finished():
         lr = scheduler.get_last_lr()[0]
         print(f"group {group} step {ft.step} lr {lr:.6g} sampler {sampler.position}", flush=True)
         sdk.report(step=ft.step, total=args.steps)
+    if args.progress and group != args.late_group and ft.step >= args.late_at:
+        Path(args.progress).touch()
     loss_seen = loss_seen or (everyone and participants < groups)
     everyone = everyone or participants == groups
     if group == args.kill_group and step >= args.kill_at and everyone and not marker.exists():
@@ -110,7 +122,7 @@ while not finished():
         print(f"group {group} is about to be killed", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     # while a group is away (or not yet there) the others wait in sleep, not in steps
-    time.sleep(0.05 if participants == groups else 0.5)
+    time.sleep(0.05 if participants == groups else 0.3)
 lr = scheduler.get_last_lr()[0]
 print(f"group {group} final step {ft.step} lr {lr:.6g} sampler {sampler.position}", flush=True)
 ft.shutdown()
