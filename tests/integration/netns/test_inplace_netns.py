@@ -48,6 +48,10 @@ STEP = re.compile(r"\[(?P<host>tb\d):0\] step (?P<step>\d+)/\d+ participants (?P
 #: Where torchrun is not the subject (a lost host, the Lighthouse, a cut link): one torch
 #: import per group and attempt instead of two (issue 30); the hang test keeps torchrun.
 PYTHON = ("--launcher", "python")
+#: one intra-op thread per torch rank (train_ft and ft_steps leave torch's default):
+#: between the small model's steps torch's idle OpenMP workers spin, much of a step's
+#: CPU on a shared machine (issue 30; train_ddp sets one thread itself)
+ONE_THREAD = ("--env", "OMP_NUM_THREADS=1")
 HOSTS3 = ("tb1", "tb2", "tb3")
 PAIR = ("tb1", "tb2")  # one group survives the other's fault
 
@@ -56,8 +60,8 @@ def inplace_args(
     tb: Testbed, tmp_path: Path, job: str, *extra: str, hosts: tuple[str, ...] = HOSTS3
 ) -> list[str]:
     """``corral run``'s arguments for the fault tests (test_faults.run_args) on ``hosts``
-    (tb1..tb3 by default): one replica group each."""
-    args = run_args(tb, tmp_path, job, *extra)
+    (tb1..tb3 by default): one replica group each, one intra-op thread per rank."""
+    args = run_args(tb, tmp_path, job, *ONE_THREAD, *extra)
     args[args.index("--hosts") + 1] = hostfile(tmp_path, hosts)
     return args
 
