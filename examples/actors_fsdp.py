@@ -117,6 +117,7 @@ class Settings:
     warmup_steps: int
     bf16: bool
     device: str  # "auto", "cpu" or "cuda"
+    threads: int | None  # torch intra-op threads per worker (None: host CPUs / its workers)
 
 
 # ============================================================================
@@ -160,7 +161,8 @@ def training_work_fn(handle: CoordinatorHandle) -> None:
     config = NCCLConfig(**setup["nccl"])
     settings: Settings = setup["settings"]
     setup_nccl_env(config)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.local_world_size))
+    threads = settings.threads or max(1, (os.cpu_count() or 1) // config.local_world_size)
+    torch.set_num_threads(threads)
 
     # 2. torch.distributed, then the model under DDP or FSDP2, resumed if a checkpoint is there.
     device = pick_device(settings.device, config.local_world_size)
@@ -168,7 +170,10 @@ def training_work_fn(handle: CoordinatorHandle) -> None:
     backend = make_backend(settings, device)
     backend.load_checkpoint()  # the latest complete one, if any (None: start at step 0)
     state = backend.state()  # backend, device, mixed_precision, step, last_checkpoint, ...
-    print(f"rank {config.rank}/{config.world_size}: {state['backend']} on {state['device']}")
+    print(
+        f"rank {config.rank}/{config.world_size}: {state['backend']} on {state['device']}, "
+        f"{threads} torch thread(s)"
+    )
     handle.send({"status": "ready", **state})
 
     # 3. The message loop.
@@ -211,6 +216,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="the model's init and the data")
     p.add_argument("--bf16", action="store_true", help="bf16 compute where supported")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per worker (default: the host's CPUs / its workers; local:N "
+        "nodes share this machine's CPUs)",
+    )
+    p.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
@@ -224,7 +236,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--run-dir", default="runs", help="where the workers' log files go")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per message round")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be at least 1, not {args.threads}")
+    return args
 
 
 def start_workers(cluster: Cluster, args: argparse.Namespace) -> int:
@@ -243,6 +258,7 @@ def start_workers(cluster: Cluster, args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         bf16=args.bf16,
         device=args.device,
+        threads=args.threads,
     )
     # cluster.nccl_configs(): one per worker, with each node's interface toward the master
     for worker, config in zip(workers, cluster.nccl_configs(), strict=True):

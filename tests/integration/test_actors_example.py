@@ -29,7 +29,9 @@ EXAMPLE = REPO / "examples" / "actors_fsdp.py"
 STEP = re.compile(r"^Step (\d+): loss=([\d.]+), grad_norm=([\d.]+), lr=([\d.e+-]+)", re.M)
 FIRST, TOTAL = 6, 9
 WORKERS = 2  # --workers-per-host 1 on local:2
-WARMUP = ("--warmup-steps", "1")
+# a warmup of 1 step; 1 torch thread per worker (both workers share this machine: its
+# default, the CPUs / the workers on the host, spins idle threads)
+SHRINK = ("--warmup-steps", "1", "--threads", "1")
 
 
 @dataclass
@@ -45,7 +47,7 @@ def run_example(*args: str, cwd: Path, timeout: float = 300) -> Run:
     """Run the example to completion (it must succeed); its output, parsed."""
     require_torch()
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--seed", "3", "--workers-per-host", "1", *WARMUP, *args],
+        [sys.executable, str(EXAMPLE), "--seed", "3", "--workers-per-host", "1", *SHRINK, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -86,7 +88,7 @@ def test_the_example_trains_saves_and_leaves_no_worker(
     assert first.losses[-1] < 0.75 * first.losses[0], first.losses  # it learns
     assert f"All {WORKERS} workers ready: fsdp on cpu" in first.stdout
     assert "Shutting down..." in first.stdout and first.stdout.rstrip().endswith("Done.")
-    assert "[local-0:0] rank 0/2: fsdp on cpu" in first.stderr  # worker output, prefixed
+    assert "[local-0:0] rank 0/2: fsdp on cpu, 1 torch thread(s)" in first.stderr  # prefixed
     assert "[local-1:1] rank 1/2: fsdp on cpu" in first.stderr
     saved = root / "fsdp-ckpt" / f"step_{FIRST:08d}"
     assert sorted(p.name for p in saved.iterdir()) == [f"rank_{r:05d}" for r in range(WORKERS)]
