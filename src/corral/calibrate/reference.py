@@ -2,8 +2,8 @@
 
 Run on every rank by ``corral calibrate`` when no script is given (the
 coordinator never imports this module: it needs torch). Each rank trains its
-own copy of a small MLP on a fixed random batch (forward, loss, backward, SGD
-step; no process group, so no rank waits for another) and reports the examples
+own copy of a small MLP on a fixed random batch (forward, loss, backward, a plain
+SGD update; no process group, so no rank waits for another) and reports the examples
 it processed through ``sdk.report(step, examples=n)`` about four times a
 second, until corral stops it (or ``--max-seconds`` pass). The model is sized
 to the device: wider and with a bigger batch on a GPU, where a small one would
@@ -34,6 +34,8 @@ from corral.contract import MEM_CAP_ENV
 #: (width, depth, batch) per device kind.
 SIZES = {"cpu": (512, 3, 64), "mps": (2048, 4, 256), "cuda": (4096, 4, 512)}
 REPORT_EVERY = 0.25
+#: The reference model's SGD learning rate.
+LR = 1e-3
 #: The largest micro-batch probed, as a multiple of the device's batch.
 PROBE_UP_TO = {"cpu": 16, "mps": 64, "cuda": 128}
 
@@ -67,6 +69,22 @@ def _sync(torch: Any, device: Any) -> None:
         torch.mps.synchronize()
 
 
+def _zero_grad(params: list[Any]) -> None:
+    """Drop the parameters' gradients (``optimizer.zero_grad(set_to_none=True)``)."""
+    for param in params:
+        param.grad = None
+
+
+def _sgd_step(torch: Any, params: list[Any]) -> None:
+    """Plain SGD (``torch.optim.SGD(lr=LR).step()``, no momentum), written out: a
+    ``torch.optim`` step imports ``torch._dynamo``, 1.3 CPU-s more per rank than the
+    rest of this workload's start, paid on every host at every calibration."""
+    with torch.no_grad():
+        for param in params:
+            if param.grad is not None:
+                param.add_(param.grad, alpha=-LR)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train until stopped, reporting examples; prints the overall rate at the end."""
     args = _args(argv)
@@ -83,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
     loss_fn = nn.CrossEntropyLoss()
     fitted: int | None = None
     if device.type == "cuda" or os.environ.get(MEM_CAP_ENV, "").strip():
@@ -91,14 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         def probe(size: int) -> None:
             inputs = torch.randn(size, width, device=device)
             labels = torch.randint(0, 10, (size,), device=device)
-            optimizer.zero_grad(set_to_none=True)
+            _zero_grad(params)
             loss_fn(model(inputs), labels).backward()
             _sync(torch, device)
 
-        fit = sdk.probe_fit(
-            probe, limit=batch * PROBE_UP_TO[device.type], params=list(model.parameters())
-        )
-        optimizer.zero_grad(set_to_none=True)
+        fit = sdk.probe_fit(probe, limit=batch * PROBE_UP_TO[device.type], params=params)
+        _zero_grad(params)
         if fit.limited:
             fitted = fit.batch
             batch = min(batch, fit.batch)
@@ -112,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     started = last = time.monotonic()
     step = pending = 0
     while True:
-        optimizer.zero_grad(set_to_none=True)
+        _zero_grad(params)
         loss_fn(model(x), y).backward()
-        optimizer.step()
+        _sgd_step(torch, params)
         step += 1
         pending += batch
         now = time.monotonic()
