@@ -166,3 +166,15 @@ def test_a_refused_command_leaves_no_warm_launcher(tmp_path: Path) -> None:
     while _warm_processes("warm-refused") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _warm_processes("warm-refused") == []
+
+
+def test_agents_the_cli_starts_itself_start_torchrun_warm_too(tmp_path: Path) -> None:
+    """No ``--``: ``corral run`` starts the agents once its options are parsed (the
+    default launcher: torchrun, warm); a script it then refuses leaves nothing."""
+    output, code, seen = _corral_run(tmp_path, "warm-cli", "missing.py")
+    assert code == 2 and "missing.py" in output, output
+    assert seen and all(argv[-2:] == ["--warm", TORCHRUN] for argv in seen), seen
+    deadline = time.monotonic() + WAIT
+    while _warm_processes("warm-cli") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _warm_processes("warm-cli") == []
