@@ -1,9 +1,11 @@
 """corral's Lighthouse (torchft's, as ``--recovery in-place`` starts it) issues the
-survivors' quorum soon after a replica group is lost: the heartbeat and join
-timeouts it is started with decide how long the survivors wait (bench_inplace.py's
-"fault -> survivors' next step"). Real Lighthouse child, torchft's own client; each
-survivor asks with a quorum timeout the old settings (heartbeat 5 s, join 2 s) could
-not meet, so without the shorter ones its quorum call fails instead of going on."""
+survivors' quorum soon after a replica group is lost: the heartbeat timeout it is
+started with decides how long the survivors wait (bench_inplace.py's "fault ->
+survivors' next step"); and it keeps a live group that asks a step's time after the
+others in their quorum: its join timeout exceeds a step. Real Lighthouse child,
+torchft's own client; each survivor asks with a quorum timeout the old settings
+(heartbeat 5 s) could not meet, so without the shorter one its quorum call fails
+instead of going on."""
 
 from __future__ import annotations
 
@@ -37,16 +39,21 @@ def lighthouse(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         loop.close()
 
 
-def _survivors_quorum(url: str, lost: list[str], survivors: list[str], timeout: float) -> Any:
+def _survivors_quorum(
+    url: str, lost: list[str], survivors: list[str], timeout: float, late: float = 0.0
+) -> Any:
     """The lost groups heartbeat once (their last sign of life), then each survivor
-    asks for a quorum at once (a thread each) while heartbeating every 100 ms, as
-    torchft's Manager does; the members of the quorum each got."""
+    asks for a quorum (a thread each; the last one ``late`` s after the others) while
+    heartbeating every 100 ms, as torchft's Manager does; the members of the quorum
+    each got."""
+    import time
+
     from torchft.coordination import LighthouseClient
 
     def client() -> Any:
         return LighthouseClient(url, connect_timeout=timedelta(seconds=30))
 
-    for replica in lost:
+    for replica in lost + survivors:  # the survivors' Managers heartbeat from their start
         client().heartbeat(replica)
     done = threading.Event()
 
@@ -56,6 +63,8 @@ def _survivors_quorum(url: str, lost: list[str], survivors: list[str], timeout: 
             beat.heartbeat(replica)
 
     def ask(replica: str) -> list[str]:
+        if replica == survivors[-1]:
+            time.sleep(late)
         quorum = client().quorum(
             replica_id=replica,
             timeout=timedelta(seconds=timeout),
@@ -89,10 +98,21 @@ def test_the_survivor_of_two_goes_on_once_the_lost_groups_heartbeat_is_stale(
     assert _survivors_quorum(lighthouse, ["b"], ["a"], 4.0) == [["a"]]
 
 
-def test_two_survivors_of_three_go_on_after_the_join_timeout(lighthouse: str) -> None:
-    # two of three heartbeating groups are a majority: the quorum is issued once the
-    # join timeout after the first survivor's request has run out (or the lost group's
-    # heartbeat, if sooner); a quorum timeout of 1.9 s: less than the 2 s join
-    # timeout it was, above the 0.5 s one with room for a busy machine
-    assert JOIN_TIMEOUT_MS <= 500
-    assert _survivors_quorum(lighthouse, ["c"], ["a", "b"], 1.9) == [["a", "b"]] * 2
+def test_two_survivors_of_three_go_on_once_the_lost_groups_heartbeat_is_stale(
+    lighthouse: str,
+) -> None:
+    # the join timeout waits for heartbeating groups only: a dead group's stale
+    # heartbeat ends the survivors' wait however long the join timeout is; a quorum
+    # timeout of 2.5 s: above the heartbeat timeout with room for a busy machine
+    assert HEARTBEAT_TIMEOUT_MS <= 1000 and JOIN_TIMEOUT_MS > 2500
+    assert _survivors_quorum(lighthouse, ["c"], ["a", "b"], 2.5) == [["a", "b"]] * 2
+
+
+def test_a_live_group_a_step_behind_is_in_the_others_quorum(lighthouse: str) -> None:
+    # three heartbeating groups, the third asking 2 s after the others (a step of 2 s
+    # behind, say after a heal): all three train that step together. With a join
+    # timeout shorter than a step (500 ms until 2026-11-29) the first two went on
+    # alone, the third got a quorum of its own a step later, and so on at every step:
+    # the groups never trained together again, each healing from the other
+    quorums = _survivors_quorum(lighthouse, [], ["a", "b", "c"], JOIN_TIMEOUT_MS / 1000 + 5, 2.0)
+    assert quorums == [["a", "b", "c"]] * 3

@@ -26,6 +26,7 @@ from corral.recovery.hang import (
     parse_threads,
     top_frames,
 )
+from corral.recovery.hangwatch import HangWatch
 
 GOLDEN = Path(__file__).parent / "golden" / "hang"
 A0, A1, B2, B3 = ("tb1", 0), ("tb1", 1), ("tb2", 2), ("tb2", 3)
@@ -348,6 +349,24 @@ def test_classify_waits_under_stdlib_locks() -> None:
         "    load (train.py:9)\n"
     )
     assert classify({A0: text, A1: user_lock}) == ([A1], [A0])
+
+
+def test_a_rank_waiting_for_torchfts_quorum_waits_and_the_hung_group_is_blamed() -> None:
+    # in place, a hung group (its Manager still heartbeating) stalls its peers in
+    # their quorum until the hang watch fires: every rank "made no progress", and the
+    # one to tear down is the one outside torchft, not the first peer that waits
+    quorum = (
+        'Thread 1 (idle): "MainThread"\n'
+        "    Condition.wait (threading.py:327)\n"
+        "    Future.result (concurrent/futures/_base.py:451)\n"
+        "    Manager.wait_quorum (torchft/manager.py:632)\n"
+        "    <module> (ft_steps.py:120)\n"
+    )
+    hung = 'Thread 1 (idle): "MainThread"\n    hang_forever (ft_steps.py:65)\n'
+    stacks = {A0: quorum, A1: hung, B2: quorum}
+    assert classify(stacks) == ([A1], [A0, B2])
+    verdict = HangVerdict("stalled", [A0, A1, B2], 7.0, {A0: 6, A1: 6, B2: 6})
+    assert HangWatch.culprit(verdict, stacks) == A1
 
 
 def test_describe_a_ddp_hang() -> None:

@@ -27,7 +27,7 @@ def test_the_defaults_are_in_order() -> None:
     assert problems(timeouts_of({}, hang_timeout=None, host_timeout=20.0)) == []
     result = check(_ctx())
     assert result.status is Status.PASS and result.fix_command is None
-    assert result.summary.startswith("in order: process group 30 s + Lighthouse 1+0.5 s")
+    assert result.summary.startswith("in order: process group 30 s + Lighthouse 0.5+10 s")
     assert "assumed sdk.fault_tolerant's defaults: TORCHFT_TIMEOUT_SEC" in result.summary
 
 
@@ -46,7 +46,8 @@ def test_the_jobs_torchft_overrides_are_read_from_its_env() -> None:
     assert result.fix_command is not None
     fixes = result.fix_command.split("; ")
     # the quorum must outlast a collective blocked on the lost host, then the Lighthouse
-    assert fixes[0] == "raise TORCHFT_QUORUM_TIMEOUT_SEC (--env) to >= 202.5, or lower " + (
+    # (its heartbeat timeout, 0.5 s, and its join timeout, 10 s)
+    assert fixes[0] == "raise TORCHFT_QUORUM_TIMEOUT_SEC (--env) to >= 211.5, or lower " + (
         "TORCHFT_TIMEOUT_SEC"
     )
     assert fixes[1] == "raise --hang-timeout to >= 351"  # 200 + 150 is not below 300

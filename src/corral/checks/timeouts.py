@@ -22,7 +22,7 @@ corral's supervisor):
    **--hang-timeout > process-group timeout + quorum timeout** (the survivors'
    longest stall torchft bounds itself) and **--hang-timeout > --host-timeout**.
 
-The defaults are in that order (30 s, 60 s, 1 s + 0.5 s; 300 s and 20 s). The
+The defaults are in that order (30 s, 60 s, 0.5 s + 10 s; 300 s and 20 s). The
 process-group and quorum timeouts are the script's: corral sees them when the job
 sets ``TORCHFT_TIMEOUT_SEC`` / ``TORCHFT_QUORUM_TIMEOUT_SEC`` (which override
 ``sdk.fault_tolerant``'s arguments), else assumes the SDK's defaults and says so.

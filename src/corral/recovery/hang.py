@@ -384,13 +384,15 @@ def top_frames(text: str, n: int = 3) -> list[str]:
     return [str(frame) for frame in parse_stack(text)[:n]]
 
 
-# Where a rank waits for the others rather than being stuck itself.
+# Where a rank waits for the others rather than being stuck itself (torchft's: its
+# Manager waiting for a quorum, healing, or its process group).
 _COLLECTIVE_PATHS = (
     "torch/distributed/",
     "torch/nn/parallel/",
     "torch/autograd/",
     "torch/cuda/",
     "deepspeed/comm/",
+    "torchft/",
 )
 _COLLECTIVE_FUNCTIONS = frozenset(
     {

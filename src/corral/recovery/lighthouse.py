@@ -37,16 +37,23 @@ START_TIMEOUT = 30.0
 # group's last heartbeat is HEARTBEAT_TIMEOUT_MS old, or JOIN_TIMEOUT_MS after the
 # first survivor asked for it, whichever comes first (torchft's quorum_compute; with no
 # change in membership its "fast quorum" waits for neither). That wait is most of the
-# survivors' gap after a fault (2.2 s of it with 2000/5000; bench_inplace.py).
-#: How long a changed quorum waits for heartbeating stragglers. A live group later
-#: than this is left out of that one step and heals from a peer at the next (torchft
-#: then adds it to the quorum at once): a shorter wait costs a heal, never a wrong step.
-JOIN_TIMEOUT_MS = 500
+# survivors' gap after a fault (2.2 s of it with 2000/5000 ms; bench_inplace.py).
+#: How long a changed quorum waits for heartbeating stragglers. It must exceed the
+#: job's step time: a live group left out of a quorum asks for the next one alone, a
+#: step before the others, and with a wait shorter than a step each gets a quorum of
+#: its own, healing from the other at every step and never training together again
+#: (seen with 3 groups and 1 s steps at 500 ms). A lost group's heartbeat goes stale
+#: after HEARTBEAT_TIMEOUT_MS, so this wait never delays the survivors of a dead
+#: group, only of a live one that stopped stepping (a hang, which corral's hang
+#: watch tears down). torchft's default is 60 s; 10 s keeps the timeouts' order
+#: (corral.checks.timeouts) with the SDK's default quorum timeout.
+JOIN_TIMEOUT_MS = 10_000
 #: A group whose Manager has not heartbeated for this long is lost. torchft's Manager
-#: heartbeats every 100 ms from its own (Rust) thread, so this is 10 missed heartbeats;
-#: with 2 groups it alone decides the survivor's wait (one survivor is never more than
-#: half of the 2 heartbeating groups, so the join timeout cannot issue that quorum).
-HEARTBEAT_TIMEOUT_MS = 1000
+#: heartbeats every 100 ms from its own (Rust) thread, so this is 5 missed heartbeats.
+#: It decides the survivors' wait after a group died (its Manager with it): the join
+#: timeout, longer than a step, waits for live groups only. A group whose heartbeat
+#: is late by more than this misses one step and heals at the next.
+HEARTBEAT_TIMEOUT_MS = 500
 #: How often the Lighthouse re-checks a pending quorum (torchft's default is 100 ms):
 #: the lag between a timeout above running out and the quorum being issued.
 QUORUM_TICK_MS = 50

@@ -247,7 +247,9 @@ def test_hang_then_heal_and_a_second_failure_while_healing(
     require("torchft", "install the [ft] extra: make setup")
     w = Watched(
         [
-            *inplace_args(tb, tmp_path, job, "--recovery", "in-place", "--hang-timeout", "8"),
+            # above the Lighthouse's 10 s join timeout: the others wait that long for
+            # the hung group (its Manager still heartbeats), then train on without it
+            *inplace_args(tb, tmp_path, job, "--recovery", "in-place", "--hang-timeout", "14"),
             *("--", FT_STEPS, "--steps", "25", "--sleep", "0.2"),
             *("--hang-group", "2", "--hang-at", "8", "--kill-while-away", "0"),
         ],
