@@ -7,7 +7,9 @@ torchrun and a stdlib rank.
 * the plan adds a variable read before the gate (``--env``): the warm launcher is
   killed and the plan's own started; nothing of it is left;
 * an agent never sent a plan (its end, an abort, killed), or a command refused after
-  the agents started: the warm launcher is gone with it.
+  the agents started: the warm launcher is gone with it;
+* a start message with no plan before it (a stand-in ``torch``): adopted, its gate
+  opened at once.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ import pytest
 import corral
 from corral.agent.gate import TORCHRUN
 from tests.integration.test_entry_headstart_local import _corral
-
-pytestmark = pytest.mark.torch
 
 WAIT = 90.0  # a bound for a busy machine, never reached when it works
 SRC = str(Path(corral.__file__).parents[1])
@@ -78,6 +78,7 @@ def _run_rank(tmp_path: Path, job_id: str, *options: str) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
+@pytest.mark.torch
 def test_the_warm_launcher_runs_the_plan(tmp_path: Path) -> None:
     rank = _run_rank(tmp_path, "warm-used")
     # started before the plan: its command line is still the one it was started with
@@ -95,6 +96,7 @@ def test_the_warm_launcher_runs_the_plan(tmp_path: Path) -> None:
     assert "warm launcher not used" not in (node_dir / "logs" / "node.log").read_text()
 
 
+@pytest.mark.torch
 def test_a_plan_the_warm_launcher_cannot_run_starts_its_own(tmp_path: Path) -> None:
     rank = _run_rank(tmp_path, "warm-replaced", "--env", "FOO=bar")
     assert "corral.agent.gate" in rank["launcher"] and "--warm" not in rank["launcher"], rank
@@ -103,13 +105,14 @@ def test_a_plan_the_warm_launcher_cannot_run_starts_its_own(tmp_path: Path) -> N
     assert "warm launcher not used: FOO differs" in log.read_text()
 
 
-def _agent(job_id: str) -> tuple[subprocess.Popen[bytes], psutil.Process]:
-    """A node agent asked for a warm torchrun; the warm launcher it started."""
+def _agent(job_id: str, path: str = SRC) -> tuple[subprocess.Popen[bytes], psutil.Process]:
+    """A node agent asked for a warm torchrun (``path``: its PYTHONPATH); the warm
+    launcher it started."""
     agent = subprocess.Popen(
         [sys.executable, "-m", "corral.agent", "--warm", TORCHRUN],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": SRC, "CORRAL_JOB_ID": job_id},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "CORRAL_JOB_ID": job_id},
         start_new_session=True,
     )
     deadline = time.monotonic() + WAIT
@@ -145,6 +148,7 @@ def test_an_agent_never_sent_a_plan_leaves_no_warm_launcher(end: bytes) -> None:
     assert _gone(warm)
 
 
+@pytest.mark.torch
 def test_a_killed_agent_takes_its_warm_launcher_with_it() -> None:
     agent, warm = _agent("warm-killed")
     deadline = time.monotonic() + WAIT  # past its start: torch is being imported
@@ -178,3 +182,47 @@ def test_agents_the_cli_starts_itself_start_torchrun_warm_too(tmp_path: Path) ->
     while _warm_processes("warm-cli") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _warm_processes("warm-cli") == []
+
+
+FAKE_TORCHRUN = """
+import json, os, sys
+def main():
+    with open(sys.argv[1], "w") as fh:
+        json.dump({"argv": sys.argv[1:], "cwd": os.getcwd(), "pid": os.getpid(),
+                   "node_dir": os.environ.get("CORRAL_NODE_DIR")}, fh)
+"""
+
+
+def test_a_start_message_without_a_plan_before_it_opens_the_warm_gate_at_once(
+    tmp_path: Path,
+) -> None:
+    fake = tmp_path / "fake"
+    (fake / "torch" / "distributed").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("")
+    (fake / "torch" / "distributed" / "__init__.py").write_text("")
+    (fake / "torch" / "distributed" / "run.py").write_text(FAKE_TORCHRUN)
+    (tmp_path / "work").mkdir()
+    out = tmp_path / "out.json"
+    agent, warm = _agent("warm-start", f"{fake}:{SRC}")
+    node = {
+        "argv": [sys.executable, "-m", TORCHRUN, str(out), "planned"],
+        "cwd": str(tmp_path / "work"),
+        "env": {
+            "CORRAL_NODE_DIR": str(tmp_path / "node"),
+            "CORRAL_JOB_ID": "warm-start",
+            "CORRAL_FLIGHT_RECORDER": "0",  # else torch's names for this launcher
+        },
+    }
+    start = {"op": "start", "node": node, "grace": 2.0, "heartbeat_timeout": 0.0}
+    assert agent.stdin is not None
+    agent.stdin.write(json.dumps(start).encode() + b"\n")
+    agent.stdin.flush()
+    try:
+        assert agent.wait(timeout=WAIT) == 0
+    finally:
+        agent.kill()
+    seen = json.loads(out.read_text())
+    assert seen["pid"] == warm.pid  # the warm launcher ran the plan
+    assert seen["argv"] == [str(out), "planned"]
+    assert seen["cwd"] == str(tmp_path / "work")
+    assert seen["node_dir"] == str(tmp_path / "node")
