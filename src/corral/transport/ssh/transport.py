@@ -442,9 +442,13 @@ class SshTransport:
         self._conns.clear()
         for conn in conns:
             conn.close()
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.wait_closed(), 5.0)
+        if conns:  # together: a Ctrl-C waits 5 s at most here, not 5 s a host
+            closing = [asyncio.ensure_future(conn.wait_closed()) for conn in conns]
+            done, pending = await asyncio.wait(closing, timeout=5.0)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                task.exception()  # retrieved: a connection that broke while closing is closed
 
 
 def _identity(client: _Client) -> _Client:
