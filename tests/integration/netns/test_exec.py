@@ -147,9 +147,15 @@ def test_unknown_host_in_list_is_named(testbed: Testbed, tmp_path: Path) -> None
     assert "unreachable" in result.stderr
 
 
+# Ctrl-C as at a terminal: a process started with SIGINT ignored (a background job of
+# a non-interactive shell, e.g. `make test &` from a script) passes that on, and Python
+# then installs no KeyboardInterrupt handler; the test's corral gets the terminal's.
+_INTERRUPTIBLE = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def test_ctrl_c_kills_the_remote_commands(testbed: Testbed) -> None:
     marker = f"{3000 + uuid.uuid4().int % 9000}.5"
-    argv = [sys.executable, "-c", _MAIN, "exec", "--hosts", str(testbed.hostfile)]
+    argv = [sys.executable, "-c", _INTERRUPTIBLE + _MAIN, "exec", "--hosts", str(testbed.hostfile)]
     argv += ["--ssh-config", str(testbed.ssh_config), "--", f"echo started; sleep {marker}"]
     env = dict(os.environ, NO_COLOR="1")
     proc = subprocess.Popen(
