@@ -223,7 +223,9 @@ def test_cut_link_costs_its_group_only(healthy_testbed: Testbed, tmp_path: Path)
     out, err = w.text("out"), w.text("err")
     assert code == 0, (out + err)[-4000:]
     assert re.search(r"lost host tb2: no (heartbeat|keepalive)", err), err[-4000:]
-    assert re.search(r"tears down only group 1 \(tb2\); 1 group\(s\) go on", err)
+    # 0 go on when the survivor finished its steps before tb2's host timeout ran out
+    # (it goes on alone 0.5 s after the cut, once tb2's heartbeat is stale)
+    assert re.search(r"tears down only group 1 \(tb2\); [01] group\(s\) go on", err)
     later = steps_of(w, cut_at)
     mine = [(s, p) for h, s, p in later if h == "tb1"]
     assert any(p == 1 and s > at_fault for s, p in mine), out[-4000:]
