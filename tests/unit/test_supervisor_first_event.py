@@ -22,13 +22,21 @@ from corral.agent.protocol import STDOUT, encode_event, encode_frame
 from corral.job.supervisor import AttemptSupervisor
 
 seen = {}
+parsed_at = []
+import corral.job.supervisor as sup
+_parse = sup._parse_event
+def _timed(payload):
+    event = _parse(payload)
+    parsed_at.append(time.time())
+    return event
+sup._parse_event = _timed
 
 async def main():
     reader = asyncio.StreamReader()
     events, lines = [], []
     fake = SimpleNamespace(
         _lines=lambda host, rank, payload: lines.append(payload),
-        _on_event=lambda node, event: events.append(event),
+        _on_event=lambda node, event: events.append({**event, "read": node.frame_at}),
         _complain=lambda node, text: events.append({"complaint": text}),
         _node_gone=lambda node, code: events.append({"event": "gone", "code": code}),
     )
@@ -46,11 +54,14 @@ async def main():
     while not lines:
         await asyncio.sleep(0.01)
     seen["after_a_line"] = "pydantic" in sys.modules
+    fed = time.time()
     reader.feed_data(encode_event({"event": "hb", "time": time.time()}))
     reader.feed_eof()
     await task
     seen["after_an_event"] = "pydantic" in sys.modules
     seen["events"] = [e.get("event") for e in events]
+    # the frame's arrival is taken before it is parsed (the clock offset uses it)
+    seen["read_before_parsed"] = fed <= events[0]["read"] <= parsed_at[0]
 
 asyncio.run(main())
 print(json.dumps(seen))
@@ -68,4 +79,9 @@ def test_the_event_validators_load_at_the_first_event_not_before() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen == {"after_a_line": False, "after_an_event": True, "events": ["hb", "gone"]}
+    assert seen == {
+        "after_a_line": False,
+        "after_an_event": True,
+        "events": ["hb", "gone"],
+        "read_before_parsed": True,
+    }

@@ -237,6 +237,7 @@ class AttemptSupervisor:
         host = node.host.name
         try:
             while (frame := await read_frame(reader)) is not None:
+                node.frame_at = time.time()
                 node.watch.heard(time.monotonic())
                 kind, rank, payload = frame
                 if kind == EVENT:
@@ -306,8 +307,10 @@ class AttemptSupervisor:
         name = event.get("event")
         if name == "started":
             # failures on different hosts are ordered on one clock: ours (the offset
-            # also absorbs the transit delay, which is small next to real skew)
-            node.clock_offset = time.time() - float(event["time"])
+            # also absorbs the transit delay, which is small next to real skew; not our
+            # own parsing of the event: the first builds the validators, 0.1-1 s)
+            received = node.frame_at or time.time()
+            node.clock_offset = received - float(event["time"])
             if node.state == NodeState.STARTING:
                 node.set_state(NodeState.RUNNING)
             if all(n.state != NodeState.STARTING for n in self.nodes) and (
