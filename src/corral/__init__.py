@@ -8,9 +8,9 @@ Training scripts import :mod:`corral.sdk`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from corral.lazy import lazy_exports
+
+TYPE_CHECKING = False  # not typing's: ``import corral`` starts every agent and rank
 
 if TYPE_CHECKING:
     from corral.cluster import Cluster, Host, load_cluster

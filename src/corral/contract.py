@@ -11,16 +11,17 @@ a host on its own (:mod:`corral.remote.python`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 import signal
 import struct
 import warnings
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # json, re and pathlib are imported where used: the entry point and
+    # every node agent import this module before they start what waits for them
+    from collections.abc import Mapping
+    from pathlib import Path
 
 __all__ = [
     "ACCELERATE_ENV",
@@ -246,14 +247,12 @@ NAMES: frozenset[str] = frozenset(
     if key.endswith("_ENV") and isinstance(value, str) and value.startswith("CORRAL_")
 )
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
 
 def is_env_name(name: str) -> bool:
     """Whether ``name`` may name an environment variable everywhere corral sets one
     (a POSIX shell's ``export``, ``env``, Kubernetes, Slurm): ASCII letters, digits
     and ``_``, not starting with a digit."""
-    return _ENV_NAME.match(name) is not None
+    return name.isascii() and name.isidentifier()
 
 
 # --- files ------------------------------------------------------------------------------
@@ -267,12 +266,14 @@ QOS_CLASSES: dict[str, int] = {
     "background": 0x09,
 }
 
-_CKPT_NAME = re.compile(r"ckpt-(\d+)(?:-rank(\d+))?\.pt")
+_CKPT_NAME = r"ckpt-(\d+)(?:-rank(\d+))?\.pt"
 _LOCAL_HEADER = b"PK\x03\x04"
 
 
 def stack_file(node_dir: str | os.PathLike[str], rank: int) -> Path:
     """Where rank ``rank`` writes its faulthandler stack dumps under ``node_dir``."""
+    from pathlib import Path
+
     return Path(node_dir) / "stacks" / f"rank-{rank}.txt"
 
 
@@ -284,6 +285,8 @@ def error_file_path(env: Mapping[str, str] | None = None) -> str | None:
 
 def read_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None if it is missing or not a JSON object."""
+    import json
+
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -306,13 +309,16 @@ def checkpoint_files(
     ``ckpt-N-rankR.pt`` ones. Temp files never match; completeness is not checked
     (see :func:`is_complete_checkpoint`).
     """
+    import re
+    from pathlib import Path
+
     found: list[tuple[int, Path]] = []
     try:
         entries = list(os.scandir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return found
     for entry in entries:
-        m = _CKPT_NAME.fullmatch(entry.name)
+        m = re.fullmatch(_CKPT_NAME, entry.name)
         if m is None:
             continue
         file_rank = None if m.group(2) is None else int(m.group(2))

@@ -9,8 +9,11 @@ the value; any other name is an ``AttributeError``. Used where start-up matters:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported: ``corral`` itself uses this module
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 
 def lazy_exports(

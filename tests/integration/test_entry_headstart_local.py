@@ -19,18 +19,24 @@ from corral.cli.entry import EarlyStart, Sniffed, _end, _start, take
 from corral.transport.local import LocalProcess
 
 HOOK = """
-import json, sys
+import json, os, sys
 import corral.transport.local as local
 
-start, seen = local.LocalTransport.start, []
+start, spawn, seen = local.LocalTransport.start, os.posix_spawnp, []
+cli = ("typer", "rich", "pydantic", "corral.cli.main", "corral.cli.run")
 
 async def recording(self, host, argv, **kwargs):
-    cli = ("typer", "rich", "pydantic", "corral.cli.main", "corral.cli.run")
     proc = await start(self, host, argv, **kwargs)
     seen.append([host.name, proc.pid, sorted(m for m in cli if m in sys.modules), list(argv)])
     return proc
 
+def spawning(path, argv, env, **kwargs):  # the entry point's agents
+    pid = spawn(path, argv, env, **kwargs)
+    seen.append(["early", pid, sorted(m for m in cli if m in sys.modules), list(argv)])
+    return pid
+
 local.LocalTransport.start = recording
+os.posix_spawnp = spawning
 from corral.cli.entry import main
 sys.argv = ["corral", *%r]
 try:
@@ -67,7 +73,7 @@ def test_the_agents_start_before_the_cli_loads_and_the_job_takes_them(tmp_path: 
     assert code == 0, out
     assert "hello from 0" in out and "hello from 1" in out
     # each node's agent started once, before typer, rich or the schema were imported
-    assert sorted(host for host, *_ in seen) == ["local-0", "local-1"], seen
+    assert [host for host, *_ in seen] == ["early", "early"], seen
     assert all(loaded == [] for _, _, loaded, _ in seen), seen
 
 
@@ -91,6 +97,7 @@ def test_a_refused_command_ends_the_agents_started_early(tmp_path: Path) -> None
 
 def test_agents_the_parsed_options_do_not_ask_for_are_ended() -> None:
     early = _start(Sniffed(nodes=2, python=None, job_id="entry-mismatch"))
+    assert early is not None
     import corral.cli.entry as entry
 
     entry._early = early
@@ -107,24 +114,38 @@ def test_agents_the_parsed_options_do_not_ask_for_are_ended() -> None:
 
 def test_the_job_id_picked_early_is_the_jobs() -> None:
     early = _start(Sniffed(nodes=1, python=None, job_id=None))
+    assert early is not None
     import corral.cli.entry as entry
 
+    entry._early = early
     try:
-        entry._early = early
-        taken = take(1, None, None)
-        assert isinstance(taken, EarlyStart) and taken.job_id == early.job_id
         [pid] = _pids(early)
         assert _environ(pid).get("CORRAL_JOB_ID") == early.job_id
-        entry._early = early
-        early.taken = False
         assert take(1, None, "another-id") is None  # asked for another job's agents
+        assert _zombie(pid)  # ended
     finally:
         _end(early)
+    again = _start(Sniffed(nodes=1, python=None, job_id=None))
+    assert again is not None and again.job_id != early.job_id
+    entry._early = again
+    taken = take(1, None, None)
+    assert isinstance(taken, EarlyStart) and taken.job_id == again.job_id
+    assert taken.head is not None and taken.loop is not None
+    [proc] = taken.head._ready.values()
+    assert cast(LocalProcess, proc).pid == again.pids[0]
+
+    async def _close() -> int:  # the head start's close ends an agent never asked for
+        assert taken.head is not None
+        await taken.head.close()
+        return await proc.wait()
+
+    assert taken.loop.run_until_complete(_close()) == 2  # its stdin ended without a plan
+    taken.loop.close()
 
 
 def _pids(early: EarlyStart) -> list[int]:
     """The pids of the agents ``early`` started."""
-    return [cast(LocalProcess, proc).pid for proc in early.head._ready.values()]
+    return early.pids
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -118,3 +118,38 @@ def test_the_default_launcher_read_early_is_the_jobs() -> None:
     from corral.job.schema import JobOptions
 
     assert job_spec(JobOptions(command=("train.py",))).launcher == _DEFAULT_LAUNCHER
+
+
+def test_the_launcher_the_agents_start_warm_is_the_head_starts() -> None:
+    from corral.agent.warm import WARM_MODULES
+    from corral.cli.entry import _WARM_LAUNCHER
+    from corral.job.headstart import warm_module
+
+    assert warm_module(_WARM_LAUNCHER) in WARM_MODULES
+
+
+def test_the_entry_point_starts_the_agents_with_the_standard_library_alone() -> None:
+    """Until the agents are started the entry point loads no ``subprocess``, ``asyncio``,
+    ``dataclasses``, ``json`` or ``pathlib`` (40-80 ms, more under load, that each
+    agent's start and its warm torchrun would wait for): what is loaded when
+    ``posix_spawnp`` runs."""
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, sys\n"
+        "heavy = ('subprocess', 'asyncio', 'dataclasses', 'json', 'pathlib', 'pydantic')\n"
+        "seen = []\n"
+        "def spawn(path, argv, env, **kw):\n"
+        "    seen.append(sorted(m for m in heavy if m in sys.modules))\n"
+        "    raise OSError('not started')\n"
+        "os.posix_spawnp = spawn\n"
+        "from corral.cli.entry import Sniffed, _start\n"
+        "_start(Sniffed(1, None, 'stdlib-only', 'torchrun'))\n"
+        "print(seen)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(done.stdout.strip().replace("'", '"')) == [[]], done.stderr

@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
 
-from corral.agent.hostcheck import host_checks
-from corral.agent.probe import probe_info
-from corral.agent.protocol import decode_op, encode_event
 from corral.agent.warm import Warm, requested, start
+
+TYPE_CHECKING = False  # not typing's: the warm launcher starts before it would load
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Stdin:
@@ -57,7 +57,7 @@ def main() -> int:
     """Start the warm launcher asked for, then run the node (:func:`_run`); a warm
     launcher no plan adopted is killed at the end."""
     module = requested(sys.argv[1:])
-    warm = start(module) if module else None
+    warm = start(module) if module else None  # first: the rest is imported meanwhile
     try:
         return _run(warm)
     finally:
@@ -67,6 +67,10 @@ def main() -> int:
 
 def _run(warm: Warm | None) -> int:
     """Answer an optional probe, read the start message, run until the node is done."""
+    from corral.agent.hostcheck import host_checks
+    from corral.agent.probe import probe_info
+    from corral.agent.protocol import encode_event
+
     # Frames go to the real stdout; anything else printed goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -75,6 +79,8 @@ def _run(warm: Warm | None) -> int:
     first = stdin.line()
     if not first:
         return 2
+    from corral.agent.protocol import decode_op
+
     try:
         message = decode_op(first)
     except ValueError as exc:
@@ -138,6 +144,8 @@ def _run(warm: Warm | None) -> int:
 def _next_op(stdin: _Stdin) -> tuple[dict[str, Any], bytes]:
     """The coordinator's next op and its line; ``abort`` at the end of stdin or for a
     line that is not an op."""
+    from corral.agent.protocol import decode_op
+
     line = stdin.line()
     try:
         return (decode_op(line) if line else {"op": "abort"}), line

@@ -32,12 +32,9 @@ import re
 import sys
 from typing import Any
 
-TORCHRUN = "torch.distributed.run"
-WORKER = "corral.agent.worker"
-#: The modules that can be held at the gate (what the torchrun and per-rank plans run).
-GATED_MODULES = (TORCHRUN, WORKER)
-GATE_MODULE = "corral.agent.gate"
-WARM_FLAG = "--warm"
+from corral.agent.gatenames import GATE_MODULE, GATED_MODULES, TORCHRUN, WARM_FLAG, WORKER
+
+__all__ = ["GATED_MODULES", "GATE_MODULE", "TORCHRUN", "WARM_FLAG", "WORKER"]
 _IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import[ \t]+torch\b|from[ \t]+torch\b)", re.MULTILINE)
 _MAX_SCRIPT = 4 << 20  # bytes of a script scanned for its torch import
 

@@ -35,14 +35,13 @@ exits at its gate's end of file).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from corral.agent.gate import GATE_MODULE, TORCHRUN, WARM_FLAG
+from corral.agent.gatenames import GATE_MODULE, TORCHRUN, WARM_FLAG
 
 __all__ = [
     "WARM_MODULES",
@@ -148,5 +147,7 @@ def start(module: str) -> Warm | None:
 
 def gate_message(args: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
     """What opens a warm launcher's gate: its arguments, whole environment and directory."""
+    import json
+
     message = {"argv": list(args), "env": dict(env), "cwd": cwd}
     return json.dumps(message).encode() + b"\n"

@@ -13,16 +13,18 @@ lists it).
 
 from __future__ import annotations
 
-from typing import NamedTuple
 
+class Verb:
+    """Where a verb lives and how the root's help describes it (not a ``NamedTuple``:
+    the entry point, :mod:`corral.cli.entry`, runs before ``typing`` is imported)."""
 
-class Verb(NamedTuple):
-    """Where a verb lives and how the root's help describes it."""
+    __slots__ = ("module", "summary")
 
-    module: str
-    """Its module under ``corral.cli`` (one module may add several verbs)."""
-    summary: str
-    """The first paragraph of its help."""
+    def __init__(self, module: str, summary: str) -> None:
+        self.module = module
+        """Its module under ``corral.cli`` (one module may add several verbs)."""
+        self.summary = summary
+        """The first paragraph of its help."""
 
 
 VERBS: dict[str, Verb] = {

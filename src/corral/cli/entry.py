@@ -14,23 +14,28 @@ started for exactly its command). Whatever the parsed options say instead (a
 misread word, an error, ``--help``), agents not taken are ended at exit: their stdin
 closes, and an agent that was never sent a plan exits at the end of its stdin,
 leaving nothing behind.
+
+Until the agents are started this module imports the standard library's ``os`` and
+``sys`` only (no ``typing``, ``subprocess`` or ``asyncio``: 40-80 ms that every
+agent's start, and so its warm torchrun's, would wait for): they are started with
+:func:`os.posix_spawnp` and adopted on the job's event loop when taken
+(:meth:`corral.transport.local.LocalTransport.adopt`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
 import os
 import sys
-from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
 
+TYPE_CHECKING = False  # typing itself is not imported: this module runs first
 if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Coroutine, Mapping, Sequence
+    from typing import Any, TypeVar
+
     from corral.job.headstart import HeadStart
 
-_T = TypeVar("_T")
+    _T = TypeVar("_T")
 
 #: Root flags that may come before the verb (none takes a value).
 _ROOT_FLAGS = frozenset({"-v", "--verbose"})
@@ -38,16 +43,36 @@ _ROOT_FLAGS = frozenset({"-v", "--verbose"})
 _NO_HEAD_START = frozenset({"--no-preflight", "--calibration", "--help", "-h"})
 #: The launcher without ``--launcher`` (``--harness``: accelerate), as ``build_job`` picks it.
 _DEFAULT_LAUNCHER = "torchrun"
+#: The launcher whose agents start it warm (``corral.job.headstart.warm_module``).
+_WARM_LAUNCHER = "torchrun"
 
 
-@dataclass(frozen=True)
 class Sniffed:
     """The agents a ``corral run`` command line will most likely ask for."""
 
-    nodes: int
-    python: str | None
-    job_id: str | None
-    launcher: str | None = None  # None: not known (then no launcher is started warm)
+    __slots__ = ("job_id", "launcher", "nodes", "python")
+
+    def __init__(
+        self, nodes: int, python: str | None, job_id: str | None, launcher: str | None = None
+    ) -> None:
+        self.nodes = nodes
+        self.python = python
+        self.job_id = job_id
+        self.launcher = launcher  # None: not known (then no launcher is started warm)
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.nodes, self.python, self.job_id, self.launcher)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sniffed) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "Sniffed(nodes={!r}, python={!r}, job_id={!r}, launcher={!r})".format(
+            *self._fields()
+        )
 
 
 def _value(words: Sequence[str], i: int, flag: str) -> tuple[str | None, int]:
@@ -102,48 +127,150 @@ def sniff(argv: Sequence[str], environ: Mapping[str, str]) -> Sniffed | None:
     return Sniffed(int(count), found["--python"], found["--job-id"], launcher)
 
 
-@dataclass
-class EarlyStart:
-    """Agents started by :func:`main`, and the event loop that owns their pipes."""
+#: The most ``local:N`` nodes whose agents the entry point starts (more: the CLI does).
+_MAX_EARLY = 64
 
-    sniffed: Sniffed
-    job_id: str
-    loop: asyncio.AbstractEventLoop
-    head: HeadStart
-    taken: bool = False
+#: One agent started early: its pid and the parent's ends of its stdin, stdout, stderr.
+Spawned = tuple[int, int, int, int]
+
+
+class EarlyStart:
+    """Agents started by :func:`main` before the CLI loaded, and, once ``corral run``
+    took them (:func:`take`), the event loop that owns their pipes and the head start
+    that hands them to the engine."""
+
+    def __init__(self, sniffed: Sniffed, job_id: str, argv: list[str], env: dict[str, str]) -> None:
+        self.sniffed = sniffed
+        self.job_id = job_id
+        self.argv = argv  # the node agent's command, as the engine starts it
+        self.env = env  # what the agents got beyond the login environment
+        self.spawned: list[Spawned] = []
+        self.taken = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.head: HeadStart | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        """The agents' pids."""
+        return [pid for pid, *_ in self.spawned]
 
 
 _early: EarlyStart | None = None
 
 
-def _start(sniffed: Sniffed) -> EarlyStart:
-    """Start the agents ``sniffed`` names on a new event loop (run later by
-    :func:`run_on`), ended at exit unless taken."""
-    from corral.cluster.hostfile import local_cluster
-    from corral.job.headstart import HeadStart
+def _start(sniffed: Sniffed) -> EarlyStart | None:
+    """Start the agents ``sniffed`` names (standard library only: no event loop yet,
+    :func:`_spawn`), ended at exit unless taken; None when there are none to start."""
+    if not 1 <= sniffed.nodes <= _MAX_EARLY or not hasattr(os, "posix_spawnp"):
+        return None
+    import atexit
+
+    from corral.agent.gatenames import TORCHRUN, WARM_FLAG
+    from corral.contract import JOB_ID_ENV
     from corral.job.ids import new_job_id
+    from corral.transport.loginenv import login_env
 
     job_id = sniffed.job_id or new_job_id()
-    loop = asyncio.new_event_loop()
-    head = HeadStart()
-    cluster = local_cluster(sniffed.nodes)
-    loop.run_until_complete(head.spawn(cluster, sniffed.python, job_id, sniffed.launcher))
-    early = EarlyStart(sniffed, job_id, loop, head)
+    argv = [sniffed.python or sys.executable, "-m", "corral.agent"]
+    env = {JOB_ID_ENV: job_id}
+    command = [*argv, WARM_FLAG, TORCHRUN] if sniffed.launcher == _WARM_LAUNCHER else argv
+    early = EarlyStart(sniffed, job_id, argv, env)
     atexit.register(_end, early)
+    full_env = {**login_env(), **env}
+    for _ in range(sniffed.nodes):
+        try:
+            early.spawned.append(_spawn(command, full_env))
+        except OSError:  # e.g. no such --python: the engine starts it and says why
+            break
     return early
 
 
+def _spawn(argv: list[str], env: dict[str, str]) -> Spawned:
+    """Start ``argv`` as :class:`corral.transport.local.LocalTransport` starts a node's
+    agent (in its own session, stdin/stdout/stderr piped, no other descriptor of ours
+    inherited), with :func:`os.posix_spawnp`: ``subprocess`` and ``asyncio`` are not
+    imported yet (the engine adopts it, :meth:`LocalTransport.adopt`)."""
+    (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+    mine = (in_r, in_w, out_r, out_w, err_r, err_w)
+    actions: list[tuple[int, ...]] = [
+        (os.POSIX_SPAWN_DUP2, in_r, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
+    ]
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable() if fd not in mine]
+    try:
+        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+    except OSError:
+        for fd in (in_w, out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+    return pid, in_w, out_r, err_r
+
+
+def _inheritable() -> list[int]:
+    """This process's inheritable descriptors above stderr (a child of ``subprocess``
+    gets none of them: ``close_fds``)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        fd = int(name)
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                found.append(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+    return found
+
+
 def _end(early: EarlyStart) -> None:
-    """At exit: end the agents nobody took, and close the loop."""
-    if not early.taken and not early.loop.is_closed():
-        early.loop.run_until_complete(early.head.close())
-        early.loop.close()
+    """At exit: end the agents nobody took (their stdin closed: an agent never sent a
+    plan exits at its end, killing what it started; waited for at most
+    :data:`corral.job.headstart.END_WAIT` s, then killed)."""
+    if early.taken:
+        return
+    early.taken = True  # ended once
+    import signal
+    import time
+
+    from corral.job.headstart import END_WAIT
+
+    for _, stdin, *_ in early.spawned:
+        os.close(stdin)
+    waiting = set(early.pids)
+    deadline = time.monotonic() + END_WAIT
+    while waiting:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                waiting.discard(pid)
+        if waiting and time.monotonic() >= deadline:
+            for pid in waiting:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except OSError:
+                    pass
+            break
+        time.sleep(0.01)
+    for _, _, stdout, stderr in early.spawned:
+        os.close(stdout)
+        os.close(stderr)
 
 
 def take(nodes: int, python: str | None, job_id: str | None) -> EarlyStart | None:
     """The agents started early, when ``corral run``'s parsed options ask for the
     same ones (``nodes`` local nodes, ``python``, ``job_id``; None: the job id picked
-    early is the job's); None otherwise (they are ended at exit)."""
+    early is the job's), adopted on a new event loop (run by :func:`run_on`); None
+    otherwise (they are ended now)."""
     global _early
     early, _early = _early, None
     if early is None:
@@ -152,7 +279,15 @@ def take(nodes: int, python: str | None, job_id: str | None) -> EarlyStart | Non
     if not same or (job_id is not None and job_id != early.job_id):
         _end(early)
         return None
+    import asyncio
+
+    from corral.cluster.hostfile import local_cluster
+    from corral.job.headstart import HeadStart
+
     early.taken = True
+    early.loop = asyncio.new_event_loop()
+    adopt = HeadStart.adopting(local_cluster(nodes), early.argv, early.env, early.spawned)
+    early.head = early.loop.run_until_complete(adopt)
     return early
 
 
@@ -160,9 +295,14 @@ def run_on(early: EarlyStart, main: Coroutine[Any, Any, _T]) -> _T:
     """Run ``main`` as :func:`asyncio.run` would (an interrupt cancels it, its async
     generators and executor are shut down, the loop is closed), on the loop that owns
     the early agents' pipes."""
+    import asyncio
+
+    loop = early.loop
     if sys.version_info < (3, 11):  # asyncio.Runner: main() starts none before 3.11
         raise RuntimeError("an early start needs Python 3.11 or later")
-    with asyncio.Runner(loop_factory=lambda: early.loop) as runner:
+    if loop is None:
+        raise RuntimeError("the agents started early were not taken")
+    with asyncio.Runner(loop_factory=lambda: loop) as runner:
         return runner.run(main)
 
 
@@ -171,11 +311,8 @@ def main() -> None:
     for them, then load and run the CLI (:func:`corral.cli.main.main`)."""
     global _early
     sniffed = sniff(sys.argv[1:], os.environ)
-    if sniffed is not None and sys.version_info >= (3, 11):
-        from corral.errors import CorralError
-
-        with contextlib.suppress(CorralError):  # e.g. local:0: the CLI says what is wrong
-            _early = _start(sniffed)
+    if sniffed is not None and sys.version_info >= (3, 11):  # asyncio.Runner: run_on
+        _early = _start(sniffed)
     from corral.cli.main import main as cli_main
 
     cli_main()

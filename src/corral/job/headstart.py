@@ -121,6 +121,24 @@ class HeadStart:
                 proc = await self._transport.start(host, warm, env=env)
                 self._ready[_key(host, argv, env, None)] = proc
 
+    @classmethod
+    async def adopting(
+        cls,
+        cluster: Cluster,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        started: Sequence[tuple[int, int, int, int]],
+    ) -> HeadStart:
+        """A head start of the agents the entry point started before the event loop
+        (:mod:`corral.cli.entry`): the ``started`` ``(pid, stdin, stdout, stderr)`` of
+        the first hosts of ``cluster``, each the agent ``argv`` with ``env`` (warm or
+        not) that :meth:`spawn` would have started."""
+        head = cls()
+        for host, (pid, stdin, stdout, stderr) in zip(cluster.hosts, started, strict=False):
+            proc = await head._transport.adopt(host, pid, stdin, stdout, stderr)
+            head._ready[_key(host, argv, env, None)] = proc
+        return head
+
     def prestart(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
         """Send each agent started ahead its node's plan (by host name) to start its
         processes with, held at their gates until the start message."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import secrets
+import os
 import time
 
 
 def new_job_id() -> str:
     """A sortable, unique job id such as ``20261122-031502-7f3a``."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
