@@ -27,10 +27,14 @@ DEFAULT_GRACE = 10.0
 DEFAULT_COLLECTIVE_TIMEOUT = 1800.0
 """``--collective-timeout``: seconds the process group may wait to form and in any one
 collective (PyTorch's own default; the Kubernetes and Slurm renders had it already)."""
+DEFAULT_FT_JOIN_TIMEOUT = 10.0
+"""``--ft-join-timeout``: seconds torchft's Lighthouse waits for a heartbeating replica group
+that has not asked for the next quorum yet (it must exceed a step; torchft's own is 60)."""
 
 __all__ = [
     "DEFAULT_COLLECTIVE_TIMEOUT",
     "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_FT_JOIN_TIMEOUT",
     "DEFAULT_GRACE",
     "DEFAULT_HOST_TIMEOUT",
     "DEFAULT_LINKS_MIN_RATIO",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -53,6 +57,14 @@ def test_missing_torchft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
             },
             "2 weights for 3 replica groups",
         ),
+        (
+            {REPLICA_GROUP_ENV: "0", LIGHTHOUSE_ENV: "h", "TORCHFT_TIMEOUT_SEC": "2.5"},
+            "TORCHFT_TIMEOUT_SEC='2.5' is not an integer",
+        ),
+        (
+            {REPLICA_GROUP_ENV: "0", LIGHTHOUSE_ENV: "h", "TORCHFT_QUORUM_TIMEOUT_SEC": "0"},
+            "TORCHFT_QUORUM_TIMEOUT_SEC=0 must be at least 1 second",
+        ),
     ],
 )
 def test_bad_settings_are_named(env: dict[str, str], match: str) -> None:
@@ -61,19 +73,17 @@ def test_bad_settings_are_named(env: dict[str, str], match: str) -> None:
         sdk.fault_tolerant(*_parts(), env=env)
 
 
-def test_peers_are_given_the_groups_address_not_the_hostname(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # the other groups dial this group's manager and (to heal) its checkpoint server at
-    # what they advertise: the group's MASTER_ADDR, never socket.gethostname(), which
-    # the peers may not resolve
+@contextlib.contextmanager
+def _one_group(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Iterator[Any]:
+    """``sdk.fault_tolerant`` for replica group 0 of one rank, on a real Lighthouse and
+    store in this process (``kwargs``: more env, and its arguments ``timeout`` ...)."""
     monkeypatch.setenv("RUST_LOG", "warn")
     require("torchft", "install the [ft] extra: make setup")
     import torch.distributed as dist
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)  # type: ignore[attr-defined]
     env = {
         LIGHTHOUSE_ENV: lighthouse.address(),
         REPLICA_GROUP_ENV: "0",
@@ -81,11 +91,41 @@ def test_peers_are_given_the_groups_address_not_the_hostname(
         "MASTER_PORT": str(store.port),
         "RANK": "0",
         "WORLD_SIZE": "1",
+        **kwargs.pop("env", {}),
     }
-    ft = sdk.fault_tolerant(*_parts(), env=env)
+    ft = sdk.fault_tolerant(*_parts(), env=env, **kwargs)
     try:
-        assert ft.manager._manager.address().startswith("http://127.0.0.1:")
-        assert ft.manager._checkpoint_transport.metadata().startswith("http://127.0.0.1:")
+        yield ft
     finally:
         ft.shutdown()
         lighthouse.shutdown()
+
+
+def test_peers_are_given_the_groups_address_not_the_hostname(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the other groups dial this group's manager and (to heal) its checkpoint server at
+    # what they advertise: the group's MASTER_ADDR, never socket.gethostname(), which
+    # the peers may not resolve
+    with _one_group(monkeypatch) as ft:
+        assert ft.manager._manager.address().startswith("http://127.0.0.1:")
+        assert ft.manager._checkpoint_transport.metadata().startswith("http://127.0.0.1:")
+
+
+def test_torchft_timeout_sec_is_the_process_groups_timeout_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torchft's Manager reads TORCHFT_TIMEOUT_SEC for its own waits only; the process
+    # group (its gloo connect and collectives) and the checkpoint transport are built
+    # by sdk.fault_tolerant, which gives them the same value (as the docs and the
+    # pre-flight's timeouts check say), not its timeout= argument
+    env = {"TORCHFT_TIMEOUT_SEC": "7", "TORCHFT_QUORUM_TIMEOUT_SEC": "41"}
+    with _one_group(monkeypatch, env=env, timeout=300, quorum_timeout=600) as ft:
+        assert (ft.timeout, ft.quorum_timeout) == (7.0, 41.0)
+        assert ft.manager._pg._timeout == timedelta(seconds=7)
+        assert ft.manager._timeout == timedelta(seconds=7)
+        assert ft.manager._quorum_timeout == timedelta(seconds=41)
+        assert ft.manager._checkpoint_transport._timeout == timedelta(seconds=7)
+        # the Manager hands its quorums corral's ids (corral.sdk._ftids)
+        assert type(ft.manager._client).__name__ == "_Client"
+        assert type(ft.manager._pg).__name__ == "CorralProcessGroupGloo"

@@ -69,6 +69,7 @@ EVERY_OPTION: dict[str, Any] = {
     "spares": 1,
     "ft_sync": "diloco",
     "ft_sync_every": 25,
+    "ft_join_timeout": 30.0,
     "track": ("mlflow", "tensorboard"),
     "rebalance": True,
 }

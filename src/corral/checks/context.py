@@ -14,7 +14,7 @@ from corral.checks.gather import HostFacts
 from corral.checks.reference import CodeReference
 from corral.checks.shared_probe import SharedProbe
 from corral.cluster.model import Cluster, Host
-from corral.defaults import DEFAULT_CONNECT_TIMEOUT, DEFAULT_MASTER_PORT
+from corral.defaults import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FT_JOIN_TIMEOUT, DEFAULT_MASTER_PORT
 from corral.defaults import DEFAULT_LINKS_MIN_RATIO as DEFAULT_LINKS_MIN_RATIO
 from corral.defaults import DEFAULT_MIN_FREE_GB as DEFAULT_MIN_FREE_GB
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
@@ -68,6 +68,7 @@ class ChecklistOptions:
     env: dict[str, str] = field(default_factory=dict)
     hang_timeout: float | None = None
     host_timeout: float = DEFAULT_HOST_TIMEOUT
+    ft_join_timeout: float = DEFAULT_FT_JOIN_TIMEOUT  # the Lighthouse's (--ft-join-timeout)
     links: bool = False  # the link matrix (corral.checks.links)
     links_min_ratio: float = DEFAULT_LINKS_MIN_RATIO  # slow below this x the reference
     links_min_gbs: float = 0.0  # slow below this many GB/s (0: no floor)

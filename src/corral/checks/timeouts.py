@@ -15,7 +15,7 @@ corral's supervisor):
    blocked in step 1. The quorum call gives up after ``quorum_timeout``
    (``TORCHFT_QUORUM_TIMEOUT_SEC``) and the rank fails: a full restart. So
    **quorum timeout > process-group timeout + Lighthouse heartbeat timeout + join
-   timeout**;
+   timeout** (the join timeout: ``--ft-join-timeout``);
 3. corral declares the host lost after ``--host-timeout`` and tears down only its
    group; a hang (no rank progressed for ``--hang-timeout``) is treated as a stuck
    group instead, with every survivor stalled in steps 1-2 a suspect. So
@@ -25,7 +25,9 @@ corral's supervisor):
 The defaults are in that order (30 s, 60 s, 0.5 s + 10 s; 300 s and 20 s). The
 process-group and quorum timeouts are the script's: corral sees them when the job
 sets ``TORCHFT_TIMEOUT_SEC`` / ``TORCHFT_QUORUM_TIMEOUT_SEC`` (which override
-``sdk.fault_tolerant``'s arguments), else assumes the SDK's defaults and says so.
+``sdk.fault_tolerant``'s arguments: ``TORCHFT_TIMEOUT_SEC`` is its process group's
+timeout, the gloo/NCCL connect included, and its Manager's), else assumes the SDK's
+defaults and says so.
 A wrong order warns (it never blocks a launch) with the setting to change.
 """
 
@@ -42,9 +44,10 @@ from corral.contract import (
     FT_TIMEOUT_DEFAULT,
     FT_TIMEOUT_ENV,
 )
+from corral.defaults import DEFAULT_FT_JOIN_TIMEOUT
 from corral.recovery.hang import AUTO_HANG_TIMEOUT
 from corral.recovery.health import DEFAULT_HOST_TIMEOUT
-from corral.recovery.lighthouse import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS
+from corral.recovery.lighthouse import HEARTBEAT_TIMEOUT_MS
 
 __all__ = ["NAME", "Timeouts", "check", "problems", "timeouts_of"]
 
@@ -60,7 +63,7 @@ class Timeouts:
     hang: float = AUTO_HANG_TIMEOUT
     host: float = DEFAULT_HOST_TIMEOUT
     heartbeat: float = HEARTBEAT_TIMEOUT_MS / 1000
-    join: float = JOIN_TIMEOUT_MS / 1000
+    join: float = DEFAULT_FT_JOIN_TIMEOUT
     assumed: tuple[str, ...] = ()  # the script's settings corral could not see
 
 
@@ -75,9 +78,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> tuple[float, 
 
 
 def timeouts_of(
-    env: Mapping[str, str], *, hang_timeout: float | None, host_timeout: float
+    env: Mapping[str, str],
+    *,
+    hang_timeout: float | None,
+    host_timeout: float,
+    join_timeout: float = DEFAULT_FT_JOIN_TIMEOUT,
 ) -> Timeouts:
-    """The job's timeouts as planned: its env (torchft's overrides), its options."""
+    """The job's timeouts as planned: its env (torchft's overrides), its options
+    (``join_timeout``: the Lighthouse's, ``--ft-join-timeout``)."""
     pg, pg_assumed = _seconds(env, FT_TIMEOUT_ENV, FT_TIMEOUT_DEFAULT)
     quorum, quorum_assumed = _seconds(env, FT_QUORUM_TIMEOUT_ENV, FT_QUORUM_TIMEOUT_DEFAULT)
     assumed = (FT_TIMEOUT_ENV,) * pg_assumed + (FT_QUORUM_TIMEOUT_ENV,) * quorum_assumed
@@ -86,6 +94,7 @@ def timeouts_of(
         quorum=quorum,
         hang=AUTO_HANG_TIMEOUT if hang_timeout is None else hang_timeout,
         host=host_timeout,
+        join=join_timeout,
         assumed=assumed,
     )
 
@@ -100,9 +109,9 @@ def problems(t: Timeouts) -> list[tuple[str, str]]:
             (
                 f"torchft's quorum timeout ({t.quorum:g} s) is not above the process-group "
                 f"timeout ({t.process_group:g} s) + the Lighthouse's heartbeat and join "
-                f"timeouts ({t.heartbeat:g} s + {t.join:g} s): a group waiting for a quorum "
-                "gives up while its peers still wait out a lost node's collective, and the "
-                "job restarts instead of healing",
+                f"timeouts ({t.heartbeat:g} s + {t.join:g} s, --ft-join-timeout): a group "
+                "waiting for a quorum gives up while its peers still wait out a lost node's "
+                "collective, and the job restarts instead of healing",
                 f"raise {FT_QUORUM_TIMEOUT_ENV} (--env) to >= {need + 1:g}, or lower "
                 f"{FT_TIMEOUT_ENV}",
             )
@@ -132,7 +141,12 @@ def problems(t: Timeouts) -> list[tuple[str, str]]:
 def check(ctx: CheckContext) -> CheckResult:
     """See the module docstring."""
     opts = ctx.options
-    t = timeouts_of(opts.env, hang_timeout=opts.hang_timeout, host_timeout=opts.host_timeout)
+    t = timeouts_of(
+        opts.env,
+        hang_timeout=opts.hang_timeout,
+        host_timeout=opts.host_timeout,
+        join_timeout=opts.ft_join_timeout,
+    )
     found = problems(t)
     order = (
         f"process group {t.process_group:g} s + Lighthouse {t.heartbeat:g}+{t.join:g} s < "

@@ -230,7 +230,7 @@ def plan(
     described = _weighted(describe(options, cluster, ssh), calibration, console, dry_run=True)
     spec = job_spec(described.options)
     prepared = dry_run(spec, cluster)
-    policy = RecoveryPolicy(options.recovery, options.spares)
+    policy = RecoveryPolicy(options.recovery, options.spares, options.ft_join_timeout)
     policy.check(spec.launcher, len(cluster.hosts), options.min_nodes)
     spare_hosts: tuple[Host, ...] = ()
     if policy.in_place:
@@ -255,6 +255,7 @@ def plan(
             doc["recovery"] = {
                 "mode": "in-place",
                 "lighthouse": LIGHTHOUSE_PLACEHOLDER,
+                "join_timeout_s": policy.join_seconds,
                 "spares": [h.name for h in spare_hosts],
             }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -264,7 +265,8 @@ def plan(
     if policy.in_place:
         console.print(
             f"\nin-place recovery (torchft): each node is its own replica group, the "
-            f"Lighthouse runs on the coordinator ({LIGHTHOUSE_PLACEHOLDER}); spare hosts: "
+            f"Lighthouse runs on the coordinator ({LIGHTHOUSE_PLACEHOLDER}, join timeout "
+            f"{policy.join_seconds:g} s: --ft-join-timeout); spare hosts: "
             f"{', '.join(h.name for h in spare_hosts) or 'none'}"
             + (
                 "; on local:N each group's store gets its own free port" if cluster.is_local else ""

@@ -190,7 +190,11 @@ class Attempting(Preparing):
 
             supervising = ip.ReplicaGroupSupervisor
             prepared, inplace = await ip.setup(
-                prepared, self.spares, self.restarts.min_nodes, ssh=self.ssh
+                prepared,
+                self.spares,
+                self.restarts.min_nodes,
+                ssh=self.ssh,
+                join_timeout=self.recovery.join_seconds,
             )
         spec = prepared.spec
         private_dir(prepared.job_dir)

@@ -238,7 +238,7 @@ def policies(options: JobOptions) -> Policies:
         restarts=RestartPolicy(options.max_restarts, options.restart_backoff, options.min_nodes),
         checkpoints=CheckpointPolicy(options.checkpoint_dir, options.replicate_checkpoints),
         supervision=SupervisionPolicy(options.grace, options.host_timeout, options.hang_timeout),
-        recovery=RecoveryPolicy(options.recovery, options.spares),
+        recovery=RecoveryPolicy(options.recovery, options.spares, options.ft_join_timeout),
         tracking=TrackPolicy(tuple(options.track), options.name, options.owner),
     )
 

@@ -27,6 +27,7 @@ from typing import Any
 from corral.agent.protocol import encode_op
 from corral.cluster.model import Host
 from corral.contract import FT_QUORUM_RETRIES_ENV, NODE_DIR_ENV, STATE_MISMATCH
+from corral.defaults import DEFAULT_FT_JOIN_TIMEOUT
 from corral.errors import ConfigError, LaunchError
 from corral.job.events import GroupChanged, Progress
 from corral.job.result import EXIT_LAUNCH, EXIT_LOST, Failure, JobResult, NodeRun
@@ -524,10 +525,13 @@ async def setup(
     spares: Sequence[Host],
     min_nodes: int | None,
     ssh: SshOptions | None = None,
+    *,
+    join_timeout: float = DEFAULT_FT_JOIN_TIMEOUT,
 ) -> tuple[Any, dict[str, Any]]:
     """Start the attempt's Lighthouse and plan every node as its own replica group:
     the re-planned ``prepared`` and the :class:`ReplicaGroupSupervisor`'s own arguments
-    (``ssh``: how the hosts are reached, to find the address they reach us by)."""
+    (``ssh``: how the hosts are reached, to find the address they reach us by;
+    ``join_timeout``: the Lighthouse's, ``--ft-join-timeout``)."""
     import dataclasses
     import sys
 
@@ -539,7 +543,9 @@ async def setup(
     hosts = [c.host for c in prepared.commands]
     address = await lighthouse_address(hosts, ssh)
     min_replicas = RecoveryPolicy.min_replicas(min_nodes)
-    lighthouse = await Lighthouse.start(sys.executable, address, min_replicas, job_id=spec.job_id)
+    lighthouse = await Lighthouse.start(
+        sys.executable, address, min_replicas, job_id=spec.job_id, join_timeout=join_timeout
+    )
     groups = len(hosts)
     # calibration weights: one per group (the sum of its ranks'), re-split by the SDK
     # among the live groups

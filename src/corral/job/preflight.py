@@ -24,6 +24,7 @@ from corral.checks.result import ChecklistReport
 from corral.checks.runner import ChecklistOutcome, run_checklist
 from corral.checks.shared_data import validate_path
 from corral.cluster.model import Cluster, Host
+from corral.defaults import DEFAULT_FT_JOIN_TIMEOUT
 from corral.diagnose.gpu import job_backend
 from corral.errors import CheckFailed
 from corral.job.options import CheckPolicy, SupervisionPolicy
@@ -44,10 +45,12 @@ def checklist_options(
     in_place: bool = False,
     supervision: SupervisionPolicy | None = None,
     spares: Sequence[Host] = (),
+    join_timeout: float = DEFAULT_FT_JOIN_TIMEOUT,
 ) -> ChecklistOptions:
     """The checklist for a launch planned as ``spec`` (``python``: as the user gave it;
     ``in_place``: ``--recovery in-place``, torchft is needed on every host and its
-    timeouts are checked against ``supervision``'s; ``spares``: the spare hosts, which
+    timeouts are checked against ``supervision``'s and the Lighthouse's
+    ``join_timeout``; ``spares``: the spare hosts, which
     pass the same per-host checks or are not used, :func:`usable_spares`)."""
     watch = supervision or SupervisionPolicy()
     return ChecklistOptions(
@@ -83,6 +86,7 @@ def checklist_options(
         env=dict(spec.env),
         hang_timeout=watch.hang_timeout,
         host_timeout=watch.host_timeout,
+        ft_join_timeout=join_timeout,
         spares=tuple(spares),
     )
 

@@ -62,6 +62,7 @@ class Preparing(JobBase):
             in_place=self.recovery.in_place,
             supervision=self.supervision,
             spares=self.spares,
+            join_timeout=self.recovery.join_seconds,
         )
         outcome = await preflight(
             options, transport, prepared.spec.run_dir, self._checked, self._agents

@@ -30,6 +30,7 @@ from typing import Any
 from corral.contract import FT_SYNC_MODES, QOS_CLASSES
 from corral.defaults import (
     DEFAULT_COLLECTIVE_TIMEOUT,
+    DEFAULT_FT_JOIN_TIMEOUT,
     DEFAULT_GRACE,
     DEFAULT_HOST_TIMEOUT,
     DEFAULT_LINKS_MIN_RATIO,
@@ -709,6 +710,21 @@ class JobOptions:
         bounds={"ge": 1, "le": 1_000_000},
         section="fault",
         label="Sync every N steps (empty: corral chooses)",
+    )
+    ft_join_timeout: float | None = option(
+        None,
+        "With --recovery in-place: seconds torchft's Lighthouse waits for a heartbeating "
+        "replica group that has not yet asked for the next quorum (it must exceed a step: "
+        "a group left out trains apart from the others). Default: "
+        f"{DEFAULT_FT_JOIN_TIMEOUT:g} s.",
+        _IN_PLACE_ONLY,
+        flag="--ft-join-timeout",
+        metavar="SECONDS",
+        envvar="CORRAL_FT_JOIN_TIMEOUT",
+        panel=_FAULTS,
+        bounds={"gt": 0, "le": 86400},
+        section="fault",
+        label=f"Lighthouse join timeout, seconds (empty: {DEFAULT_FT_JOIN_TIMEOUT:g})",
     )
     # experiment tracking
     track: Sequence[str] = option_list(

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from corral.contract import FT_QUORUM_RETRIES_ENV
+from corral.defaults import DEFAULT_FT_JOIN_TIMEOUT
 from corral.errors import ConfigError
 
 RECOVERY_MODES: tuple[str, ...] = ("restart", "in-place")
@@ -41,6 +42,8 @@ the job goes on without it)."""
 MAX_LIGHTHOUSE_RESTARTS = 3
 """Restarts of a Lighthouse that died, in one attempt, before the attempt falls back to
 a restart of every node from the disk checkpoint."""
+DAY = 86400
+"""The longest ``--ft-join-timeout`` (seconds)."""
 TORCHFT_INSTALL = "python -m pip install torchft-nightly"
 """How a host gets torchft (the pre-flight names it when torchft is missing)."""
 
@@ -51,10 +54,12 @@ Action = Literal["restart", "continue", "fallback"]
 @dataclass(frozen=True)
 class RecoveryPolicy:
     """``--recovery`` (``restart``: every failure restarts the whole job;
-    ``in-place``: only the failed node's replica group) and ``--spares``."""
+    ``in-place``: only the failed node's replica group), ``--spares`` and
+    ``--ft-join-timeout`` (None: the default, :attr:`join_seconds`)."""
 
     mode: str = "restart"
     spares: int = 0
+    join_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in RECOVERY_MODES:
@@ -69,6 +74,24 @@ class RecoveryPolicy:
                 "spare hosts replace a lost node's replica group: needs --recovery in-place",
                 option="--spares",
             )
+        join = self.join_timeout
+        if join is not None:
+            if self.mode != "in-place":
+                raise ConfigError(
+                    "torchft's Lighthouse runs only for --recovery in-place",
+                    option="--ft-join-timeout",
+                )
+            if isinstance(join, bool) or not isinstance(join, int | float) or not 0 < join <= DAY:
+                raise ConfigError(
+                    f"must be more than 0 and at most {DAY} seconds (got {join!r})",
+                    option="--ft-join-timeout",
+                )
+
+    @property
+    def join_seconds(self) -> float:
+        """How long torchft's Lighthouse waits for a heartbeating group that has not asked
+        for the next quorum yet (``--ft-join-timeout``, default 10 s)."""
+        return DEFAULT_FT_JOIN_TIMEOUT if self.join_timeout is None else float(self.join_timeout)
 
     @property
     def in_place(self) -> bool:

@@ -2,7 +2,8 @@
 
 :meth:`Lighthouse.start` runs ``python -m corral.recovery.lighthouse`` (this
 module's :func:`main`: a :class:`torchft.coordination.LighthouseServer` bound to
-the address the hosts reach, with ``min_replicas`` from ``--min-nodes``), reads
+the address the hosts reach, with ``min_replicas`` from ``--min-nodes`` and its join
+timeout from ``--ft-join-timeout``), reads
 the port it bound and hands out ``http://ADDRESS:PORT`` (torchft's
 ``TORCHFT_LIGHTHOUSE``). The child dies with the coordinator (stdin EOF, and
 PR_SET_PDEATHSIG on Linux), so it is never an orphan; :meth:`Lighthouse.close`
@@ -30,24 +31,25 @@ import sys
 from typing import Any
 
 from corral.contract import JOB_ID_ENV
+from corral.defaults import DEFAULT_FT_JOIN_TIMEOUT
 from corral.errors import LaunchError
 
 START_TIMEOUT = 30.0
 # When a replica group is lost, the survivors' next quorum is issued once the lost
-# group's last heartbeat is HEARTBEAT_TIMEOUT_MS old, or JOIN_TIMEOUT_MS after the
+# group's last heartbeat is HEARTBEAT_TIMEOUT_MS old, or the join timeout after the
 # first survivor asked for it, whichever comes first (torchft's quorum_compute; with no
 # change in membership its "fast quorum" waits for neither). That wait is most of the
 # survivors' gap after a fault (2.2 s of it with 2000/5000 ms; bench_inplace.py).
-#: How long a changed quorum waits for heartbeating stragglers. It must exceed the
-#: job's step time: a live group left out of a quorum asks for the next one alone, a
-#: step before the others, and with a wait shorter than a step each gets a quorum of
-#: its own, healing from the other at every step and never training together again
-#: (seen with 3 groups and 1 s steps at 500 ms). A lost group's heartbeat goes stale
-#: after HEARTBEAT_TIMEOUT_MS, so this wait never delays the survivors of a dead
-#: group, only of a live one that stopped stepping (a hang, which corral's hang
-#: watch tears down). torchft's default is 60 s; 10 s keeps the timeouts' order
-#: (corral.checks.timeouts) with the SDK's default quorum timeout.
-JOIN_TIMEOUT_MS = 10_000
+# The join timeout (``--ft-join-timeout``, the job's: DEFAULT_FT_JOIN_TIMEOUT) is how
+# long a changed quorum waits for heartbeating stragglers. It must exceed the job's
+# step time: a live group left out of a quorum asks for the next one alone, a step
+# before the others, and with a wait shorter than a step each gets a quorum of its
+# own, healing from the other at every step and never training together again (seen
+# with 3 groups and 1 s steps at 500 ms). A lost group's heartbeat goes stale after
+# HEARTBEAT_TIMEOUT_MS, so this wait never delays the survivors of a dead group, only
+# of a live one that stopped stepping (a hang, which corral's hang watch tears down).
+# torchft's default is 60 s; 10 s keeps the timeouts' order (corral.checks.timeouts)
+# with the SDK's default quorum timeout.
 #: A group whose Manager has not heartbeated for this long is lost. torchft's Manager
 #: heartbeats every 100 ms from its own (Rust) thread, so this is 5 missed heartbeats.
 #: It decides the survivors' wait after a group died (its Manager with it): the join
@@ -85,6 +87,11 @@ def reachable_address(peer: str) -> str | None:
     return None
 
 
+def join_ms(seconds: float) -> int:
+    """A join timeout in whole milliseconds, as the Lighthouse takes it (at least 1)."""
+    return max(1, round(seconds * 1000))
+
+
 def url(address: str, port: int) -> str:
     """``http://address:port`` (IPv6 literals bracketed)."""
     with contextlib.suppress(ValueError):
@@ -105,11 +112,13 @@ class Lighthouse:
         python: str = sys.executable,
         min_replicas: int = 1,
         job_id: str = "",
+        join_timeout: float = DEFAULT_FT_JOIN_TIMEOUT,
     ) -> None:
         self.proc = proc
         self.address = address
         self.port = port
         self.restarts = 0  # how many times :meth:`restart` brought it back
+        self.join_timeout = join_timeout  # seconds (``--ft-join-timeout``)
         self._how = (python, min_replicas, job_id)
         self._drain: asyncio.Future[None] | None = None
 
@@ -125,14 +134,28 @@ class Lighthouse:
 
     @classmethod
     async def start(
-        cls, python: str, address: str, min_replicas: int, *, port: int = 0, job_id: str = ""
+        cls,
+        python: str,
+        address: str,
+        min_replicas: int,
+        *,
+        port: int = 0,
+        job_id: str = "",
+        join_timeout: float = DEFAULT_FT_JOIN_TIMEOUT,
     ) -> Lighthouse:
         """Start the Lighthouse bound to ``address`` (``port`` 0: a free one) and wait
         for it to listen (LaunchError if it cannot: torchft missing, address taken).
-        ``CORRAL_JOB_ID=job_id`` marks it as the job's process (as the ranks are)."""
-        proc, bound = await _spawn(python, address, min_replicas, port, job_id)
+        ``CORRAL_JOB_ID=job_id`` marks it as the job's process (as the ranks are);
+        ``join_timeout``: seconds a changed quorum waits for heartbeating groups."""
+        proc, bound = await _spawn(python, address, min_replicas, port, job_id, join_timeout)
         lighthouse = cls(
-            proc, address, bound, python=python, min_replicas=min_replicas, job_id=job_id
+            proc,
+            address,
+            bound,
+            python=python,
+            min_replicas=min_replicas,
+            job_id=job_id,
+            join_timeout=join_timeout,
         )
         lighthouse._drained()
         return lighthouse
@@ -147,7 +170,9 @@ class Lighthouse:
         error: LaunchError | None = None
         for _ in range(RESTART_TRIES):  # the old socket's port may take a moment
             try:
-                self.proc, _ = await _spawn(python, self.address, min_replicas, self.port, job_id)
+                self.proc, _ = await _spawn(
+                    python, self.address, min_replicas, self.port, job_id, self.join_timeout
+                )
             except LaunchError as exc:
                 error = exc
                 await asyncio.sleep(RESTART_PAUSE)
@@ -201,12 +226,11 @@ class Lighthouse:
             await asyncio.gather(self._drain, return_exceptions=True)
 
 
-async def _spawn(
-    python: str, address: str, min_replicas: int, port: int, job_id: str
-) -> tuple[asyncio.subprocess.Process, int]:
-    """The Lighthouse child bound to ``address:port``, and the port it bound."""
-    env = {**os.environ, JOB_ID_ENV: job_id} if job_id else None
-    proc = await asyncio.create_subprocess_exec(
+def child_argv(
+    python: str, address: str, min_replicas: int, port: int, join_timeout: float
+) -> list[str]:
+    """The command line of the Lighthouse child (this module's :func:`main`)."""
+    return [
         python,
         "-m",
         "corral.recovery.lighthouse",
@@ -214,6 +238,18 @@ async def _spawn(
         f"{address}:{port}" if ":" not in address else f"[{address}]:{port}",
         "--min-replicas",
         str(min_replicas),
+        "--join-timeout-ms",
+        str(join_ms(join_timeout)),
+    ]
+
+
+async def _spawn(
+    python: str, address: str, min_replicas: int, port: int, job_id: str, join_timeout: float
+) -> tuple[asyncio.subprocess.Process, int]:
+    """The Lighthouse child bound to ``address:port``, and the port it bound."""
+    env = {**os.environ, JOB_ID_ENV: job_id} if job_id else None
+    proc = await asyncio.create_subprocess_exec(
+        *child_argv(python, address, min_replicas, port, join_timeout),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -281,12 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m corral.recovery.lighthouse")
     parser.add_argument("--bind", required=True)
     parser.add_argument("--min-replicas", type=int, required=True)
+    parser.add_argument("--join-timeout-ms", type=int, default=join_ms(DEFAULT_FT_JOIN_TIMEOUT))
     args = parser.parse_args(argv)
+    if args.join_timeout_ms < 1:
+        parser.error(f"--join-timeout-ms must be at least 1 (got {args.join_timeout_ms})")
     _die_with_parent()
     server = _lighthouse_server_class()(
         bind=args.bind,
         min_replicas=args.min_replicas,
-        join_timeout_ms=JOIN_TIMEOUT_MS,
+        join_timeout_ms=args.join_timeout_ms,
         quorum_tick_ms=QUORUM_TICK_MS,
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
     )

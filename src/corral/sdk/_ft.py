@@ -47,7 +47,9 @@ from typing import Any, Literal
 
 from corral.contract import (
     FT_QUORUM_TIMEOUT_DEFAULT,
+    FT_QUORUM_TIMEOUT_ENV,
     FT_TIMEOUT_DEFAULT,
+    FT_TIMEOUT_ENV,
     LIGHTHOUSE_ENV,
     MIN_REPLICAS_ENV,
     REPLICA_GROUP_ENV,
@@ -56,6 +58,7 @@ from corral.contract import (
 )
 from corral.sdk._checkpoint import save_checkpoint
 from corral.sdk._env import info
+from corral.sdk._ftids import reconfigurable, unique_quorum_ids
 from corral.sdk._ftlog import quiet_torchft
 from corral.sdk._ftsplit import Share, group_weights, quorum_share, stream_indices
 from corral.sdk._ftstate import Carried, StateMismatch, mismatches
@@ -91,6 +94,17 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | No
     if value < 0:
         raise ValueError(f"{name}={raw!r} must not be negative")
     return value
+
+
+def _env_seconds(env: Mapping[str, str], name: str, given: float) -> float:
+    """torchft's override ``env[name]`` (whole seconds, as its Manager reads it) when set,
+    else ``given``; ValueError naming the variable for a value torchft cannot use."""
+    value = _env_int(env, name, None)
+    if value is None:
+        return given
+    if value < 1:
+        raise ValueError(f"{name}={value} must be at least 1 second")
+    return float(value)
 
 
 def _tap(owner: FaultTolerant) -> Callable[[logging.LogRecord], None]:
@@ -265,6 +279,12 @@ class FaultTolerant:
         if chosen not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
         self.backend = chosen
+        # TORCHFT_TIMEOUT_SEC overrides timeout= everywhere, as torchft's Manager does for
+        # its own waits: the process group (its gloo/NCCL connect and collectives), the
+        # group's own process group and the checkpoint transport too
+        timeout = _env_seconds(env, FT_TIMEOUT_ENV, timeout)
+        quorum_timeout = _env_seconds(env, FT_QUORUM_TIMEOUT_ENV, quorum_timeout)
+        self.timeout, self.quorum_timeout = timeout, quorum_timeout
         pg_timeout = timedelta(seconds=timeout)
         if self.group_size > 1 and not dist.is_initialized():
             from corral.sdk._dist import init_distributed
@@ -280,11 +300,9 @@ class FaultTolerant:
             store_addr, store_port = "127.0.0.1", int(self._store.port)
         else:
             store_port = me.master_port
-        pg = (
-            torchft.ProcessGroupBabyNCCL(timeout=pg_timeout)
-            if chosen == "nccl"
-            else torchft.ProcessGroupGloo(timeout=pg_timeout)
-        )
+        # quorum ids unique across Lighthouse restarts (corral.sdk._ftids)
+        pg_class = torchft.ProcessGroupBabyNCCL if chosen == "nccl" else torchft.ProcessGroupGloo
+        pg = reconfigurable(pg_class)(timeout=pg_timeout)
         self._inner_model, self._inner_optimizer = model, optimizer
         # what the other groups dial (this group's manager, its checkpoint server for a
         # healing peer): the group's own MASTER_ADDR, which corral sets to the address
@@ -312,6 +330,7 @@ class FaultTolerant:
             hostname=_url_host(advertised),
             checkpoint_transport=_transport(torchft, advertised, pg_timeout),
         )
+        unique_quorum_ids(self.manager)
         self._gate.tap = _tap(self)
         if self.sync == "ddp":
             self.model: Any = _ddp_class(torchft, self.group_size)(self.manager, model)
@@ -613,11 +632,13 @@ def fault_tolerant(
     each rank its share of every step's batch, following the live quorum (and
     the weights, default ``$CORRAL_WORKLOAD_WEIGHTS``), and
     :attr:`FaultTolerant.loss_scale` keeps the update that of the global batch.
-    ``timeout`` bounds collectives and healing, ``quorum_timeout`` the wait for a
-    quorum (seconds; torchft's ``TORCHFT_TIMEOUT_SEC``/``TORCHFT_QUORUM_TIMEOUT_SEC``
-    override them). ``state``: more objects to carry through a heal, by name
-    (anything with ``state_dict``/``load_state_dict``: an LR scheduler, a grad scaler,
-    a sampler, :class:`~corral.sdk.RNGState`); they are saved with :meth:`FaultTolerant.save`
+    ``timeout`` bounds the process group (its connect and collectives) and healing,
+    ``quorum_timeout`` the wait for a quorum (seconds; torchft's ``TORCHFT_TIMEOUT_SEC``
+    / ``TORCHFT_QUORUM_TIMEOUT_SEC``, whole seconds, override them:
+    :attr:`FaultTolerant.timeout` / ``quorum_timeout`` are the values in force).
+    ``state``: more objects to carry through a heal, by name (anything with
+    ``state_dict``/``load_state_dict``: an LR scheduler, a grad scaler, a sampler,
+    :class:`~corral.sdk.RNGState`); they are saved with :meth:`FaultTolerant.save`
     too, and after every quorum change the groups compare digests of the model, the
     optimizer and each of them, failing with :class:`~corral.sdk.StateMismatch`
     naming any that differs (:mod:`corral.sdk._ftstate`). The other settings default

@@ -396,7 +396,7 @@ def _check_recovery(options: JobOptions, machines: int) -> None:
     """Refuse an in-place job its machines or launcher cannot run (Invalid naming the
     request's field), as ``corral run`` refuses it."""
     try:
-        policy = RecoveryPolicy(options.recovery, options.spares)
+        policy = RecoveryPolicy(options.recovery, options.spares, options.ft_join_timeout)
         policy.check(options.launcher or "torchrun", machines, options.min_nodes)
     except ConfigError as exc:
         field = (exc.option or "--recovery").lstrip("-").replace("-", "_")
@@ -491,6 +491,7 @@ def execution_plan(description: JobDescription, selection: Selection) -> dict[st
             "hang_timeout": options.hang_timeout,
             "recovery": options.recovery,
             "spares": options.spares,
+            "ft_join_timeout": options.ft_join_timeout,
         },
         "preflight": options.preflight,
         "workload_weights": weight_rows(description),

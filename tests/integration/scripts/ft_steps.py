@@ -16,7 +16,9 @@ quorum: the survivors keep going until the lost group is back, so the test never
 Under torchrun or corral's ``--launcher python`` (which imports torch once less per group).
 ``--kill-lighthouse-at S``: group 0 SIGKILLs this job's Lighthouse (the coordinator's
 child marked with the job's CORRAL_JOB_ID, on this machine) once, at step S or later
-after a step with every group.
+after a step with every group. ``--corral-quorum-ids``: the process group and the
+Manager's quorum ids as ``sdk.fault_tolerant`` makes them (:mod:`corral.sdk._ftids`:
+unique across Lighthouse restarts); without it, torchft's own.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ parser.add_argument("--hang-group", type=int, default=-1)
 parser.add_argument("--hang-at", type=int, default=10)
 parser.add_argument("--sleep", type=float, default=0.05)
 parser.add_argument("--kill-lighthouse-at", type=int, default=-1)
+parser.add_argument("--corral-quorum-ids", action="store_true")
 args = parser.parse_args()
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -105,8 +108,13 @@ if "TORCHELASTIC_RUN_ID" not in os.environ:
     # its own store, as sdk.fault_tolerant does
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     store_addr, store_port = "127.0.0.1", int(store.port)
+pg_class = ProcessGroupGloo
+if args.corral_quorum_ids:
+    from corral.sdk._ftids import reconfigurable, unique_quorum_ids
+
+    pg_class = reconfigurable(ProcessGroupGloo)
 manager = Manager(
-    pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+    pg=pg_class(timeout=timedelta(seconds=10)),
     store_addr=store_addr,
     store_port=store_port,
     min_replica_size=int(os.environ.get("CORRAL_MIN_REPLICAS", "1")),
@@ -117,6 +125,8 @@ manager = Manager(
     quorum_timeout=timedelta(seconds=60),
     hostname=os.environ["MASTER_ADDR"],  # the group's host, as the other groups reach it
 )
+if args.corral_quorum_ids:
+    assert unique_quorum_ids(manager)
 ddp = DistributedDataParallel(manager, model)
 optimizer = Optimizer(manager, inner)
 data = torch.randn(64, 8)
