@@ -272,8 +272,9 @@ def test_a_killed_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path
     # 2 groups: every group waits for the new Lighthouse alike. The new Lighthouse
     # numbers its quorums from 1 again: with sdk.fault_tolerant's quorum ids
     # (--corral-quorum-ids, corral.sdk._ftids) no group keeps a process group the
-    # others left, nor reads a torn-down one's gloo addresses (with torchft's own, one
-    # run in three stalled on "Gloo connectFullMesh failed" for 40 s)
+    # others left, nor reads a torn-down one's gloo addresses. With torchft's own ids
+    # every one of six runs waited out a process-group timeout: a collective on a
+    # process group a peer had left (10 s) or "Gloo connectFullMesh failed" (40 s)
     err = _in_place(
         tmp_path,
         "inplacelh",
@@ -295,5 +296,6 @@ def test_a_killed_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path
     final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
     assert len(final) == 1 and err.count("done at step") == 2
     logs = "".join(p.read_text() for p in sorted((job / "logs").glob("local-*.log")))
-    assert "connectFullMesh failed" not in logs, logs[-4000:]
+    for stall in ("connectFullMesh failed", "Timed out waiting"):
+        assert stall not in logs, logs[-4000:]
     assert wait_no_job_processes("inplacelh", within=15) == []
