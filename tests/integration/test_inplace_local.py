@@ -280,7 +280,7 @@ def test_a_killed_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path
         "inplacelh",
         *("--steps", STEPS, "--kill-lighthouse-at", "6", "--corral-quorum-ids"),
         *SLOW,
-        options=("--launcher", "python"),
+        options=("--launcher", "python", "--ft-join-timeout", "12.5"),
         hosts="local:2",
     )
     assert "group 0 kills the Lighthouse" in err
@@ -296,6 +296,9 @@ def test_a_killed_lighthouse_is_restarted_and_the_groups_train_on(tmp_path: Path
     final = {int(s) for s in re.findall(r"group \d done at step (\d+)", err)}
     assert len(final) == 1 and err.count("done at step") == 2
     logs = "".join(p.read_text() for p in sorted((job / "logs").glob("local-*.log")))
+    # --ft-join-timeout reached the Lighthouse corral started (the one it restarts gets
+    # the same: test_lighthouse_quorum.py)
+    assert "group 0 kills the Lighthouse (join timeout 12500 ms)" in err
     for stall in ("connectFullMesh failed", "Timed out waiting"):
         assert stall not in logs, logs[-4000:]
     assert wait_no_job_processes("inplacelh", within=15) == []

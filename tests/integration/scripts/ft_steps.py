@@ -91,6 +91,9 @@ def kill_lighthouse() -> None:
         except OSError:
             continue
         if b"corral.recovery.lighthouse" in cmdline and b"CORRAL_JOB_ID=" + job in environ:
+            argv = cmdline.decode().split("\0")
+            join = argv[argv.index("--join-timeout-ms") + 1]
+            print(f"group {group} kills the Lighthouse (join timeout {join} ms)", flush=True)
             print(f"group {group} kills the Lighthouse", file=sys.stderr, flush=True)
             os.kill(int(entry.name), signal.SIGKILL)
 
