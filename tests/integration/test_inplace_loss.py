@@ -95,8 +95,9 @@ def _train(
 def _together(losses: dict[int, float], last: dict[int, int]) -> float:
     """The loss of the groups that committed the last step in one quorum, which must
     be the same on each of them. (The Lighthouse leaves a live group out of a step
-    only when it is later than JOIN_TIMEOUT_MS, 10 s, or its heartbeat is 0.5 s late;
-    left out of the last step, it trains that step alone once the others are done.)"""
+    only when it is later than the join timeout, --ft-join-timeout (10 s), or its
+    heartbeat is 0.5 s late; left out of the last step, it trains that step alone once
+    the others are done.)"""
     assert len(losses) == GROUPS and set(last) == set(losses), (losses, last)
     widest = max(last.values())
     together = {g: losses[g] for g, n in last.items() if n == widest}

@@ -77,3 +77,17 @@ def test_a_launch_checks_the_timeouts_it_planned() -> None:
     )
     assert options.torchft and options.hang_timeout == 50.0 and options.host_timeout == 7.0
     assert options.env["TORCHFT_QUORUM_TIMEOUT_SEC"] == "45"
+
+
+def test_a_torchft_timeout_torchft_cannot_read_is_named() -> None:
+    # torchft's Manager reads int(value) and sdk.fault_tolerant refuses it: every rank
+    # would fail at its start
+    env = {"TORCHFT_TIMEOUT_SEC": "2.5", "TORCHFT_QUORUM_TIMEOUT_SEC": "90"}
+    result = check(_ctx(env=env))
+    assert result.status is Status.WARN and result.warning is not None
+    assert "TORCHFT_TIMEOUT_SEC='2.5' is not a whole number of seconds" in result.warning
+    assert result.fix_command == "set TORCHFT_TIMEOUT_SEC (--env) to a whole number of seconds"
+    assert (
+        timeouts_of({"TORCHFT_TIMEOUT_SEC": "45"}, hang_timeout=None, host_timeout=20).unusable
+        == ()
+    )

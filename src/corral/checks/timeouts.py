@@ -65,6 +65,8 @@ class Timeouts:
     heartbeat: float = HEARTBEAT_TIMEOUT_MS / 1000
     join: float = DEFAULT_FT_JOIN_TIMEOUT
     assumed: tuple[str, ...] = ()  # the script's settings corral could not see
+    # the env's torchft timeouts that are not whole seconds >= 1: (name, value)
+    unusable: tuple[tuple[str, str], ...] = ()
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> tuple[float, bool]:
@@ -75,6 +77,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> tuple[float, 
     except ValueError:
         return default, True
     return (value, False) if value > 0 else (default, True)
+
+
+def _whole_seconds(raw: str) -> bool:
+    """Whether torchft's Manager (``int(value)``) reads ``raw`` as at least 1 second."""
+    try:
+        return int(raw) >= 1
+    except ValueError:
+        return False
 
 
 def timeouts_of(
@@ -89,6 +99,11 @@ def timeouts_of(
     pg, pg_assumed = _seconds(env, FT_TIMEOUT_ENV, FT_TIMEOUT_DEFAULT)
     quorum, quorum_assumed = _seconds(env, FT_QUORUM_TIMEOUT_ENV, FT_QUORUM_TIMEOUT_DEFAULT)
     assumed = (FT_TIMEOUT_ENV,) * pg_assumed + (FT_QUORUM_TIMEOUT_ENV,) * quorum_assumed
+    unusable = tuple(
+        (name, raw)
+        for name in (FT_TIMEOUT_ENV, FT_QUORUM_TIMEOUT_ENV)
+        if (raw := env.get(name, "").strip()) and not _whole_seconds(raw)
+    )
     return Timeouts(
         process_group=pg,
         quorum=quorum,
@@ -96,12 +111,20 @@ def timeouts_of(
         host=host_timeout,
         join=join_timeout,
         assumed=assumed,
+        unusable=unusable,
     )
 
 
 def problems(t: Timeouts) -> list[tuple[str, str]]:
     """Each rule ``t`` breaks: (what goes wrong, the fix naming the value needed)."""
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str]] = [
+        (
+            f"{name}={raw!r} is not a whole number of seconds (at least 1): torchft's "
+            "Manager and sdk.fault_tolerant cannot read it, every rank fails at its start",
+            f"set {name} (--env) to a whole number of seconds",
+        )
+        for name, raw in t.unusable
+    ]
     lighthouse = t.heartbeat + t.join
     need = t.process_group + lighthouse
     if not t.quorum > need:
