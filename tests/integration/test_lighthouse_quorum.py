@@ -10,6 +10,7 @@ instead of going on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -26,18 +27,28 @@ from tests.conftest import require
 pytestmark = pytest.mark.torch
 
 
-@pytest.fixture
-def lighthouse(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A Lighthouse child as the coordinator starts it (min_replicas 1); its URL."""
+@contextlib.contextmanager
+def _child(
+    monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> Iterator[tuple[Lighthouse, asyncio.AbstractEventLoop]]:
+    """A Lighthouse child as the coordinator starts it (min_replicas 1; ``options``:
+    :meth:`Lighthouse.start`'s), and the loop it runs under."""
     monkeypatch.setenv("RUST_LOG", "warn")
     require("torchft", "install the [ft] extra: make setup")
     loop = asyncio.new_event_loop()
-    child = loop.run_until_complete(Lighthouse.start(sys.executable, "127.0.0.1", 1))
+    child = loop.run_until_complete(Lighthouse.start(sys.executable, "127.0.0.1", 1, **options))
     try:
-        yield child.url
+        yield child, loop
     finally:
         loop.run_until_complete(child.close())
         loop.close()
+
+
+@pytest.fixture
+def lighthouse(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A Lighthouse child as the coordinator starts it; its URL."""
+    with _child(monkeypatch) as (child, _):
+        yield child.url
 
 
 def _survivors_quorum(
@@ -128,13 +139,7 @@ def test_the_jobs_join_timeout_is_the_lighthouses_after_a_restart_too(
     # --ft-join-timeout 0.5: the same late group (2 s) is left out of the others'
     # quorum, in the Lighthouse corral restarted (the job's value, not the default);
     # alone it is never a majority of the three heartbeating groups: no quorum
-    monkeypatch.setenv("RUST_LOG", "warn")
-    require("torchft", "install the [ft] extra: make setup")
-    loop = asyncio.new_event_loop()
-    child = loop.run_until_complete(
-        Lighthouse.start(sys.executable, "127.0.0.1", 1, join_timeout=0.5)
-    )
-    try:
+    with _child(monkeypatch, join_timeout=0.5) as (child, loop):
         child.proc.kill()
         loop.run_until_complete(child.restart())
         with open(f"/proc/{child.proc.pid}/cmdline", "rb") as cmdline:
@@ -142,6 +147,3 @@ def test_the_jobs_join_timeout_is_the_lighthouses_after_a_restart_too(
         assert argv[argv.index("--join-timeout-ms") + 1] == "500"
         quorums = _survivors_quorum(child.url, [], ["a", "b", "c"], 4.0, 2.0)
         assert quorums == [["a", "b"], ["a", "b"], None]
-    finally:
-        loop.run_until_complete(child.close())
-        loop.close()
