@@ -153,3 +153,54 @@ def test_the_entry_point_starts_the_agents_with_the_standard_library_alone() -> 
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(done.stdout.strip().replace("'", '"')) == [[]], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (("run", "--hosts", "h1,h2", "--", "train.py"), {}, True),
+        (("-v", "exec", "--hosts=hosts.txt", "--", "ls"), {}, True),
+        (("ping",), {"CORRAL_HOSTS": "hosts.txt"}, True),
+        (("check", "--hosts", "local:2"), {}, False),
+        (("run", "--hosts", "h1", "--", "x.py", "--hosts", "local:2"), {}, True),  # the script's
+        (("run", "--", "x.py"), {}, False),
+        (("job", "--hosts", "h1"), {}, False),  # not an SSH verb
+        (("serve",), {"CORRAL_HOSTS": "h1"}, False),
+    ],
+)
+def test_which_commands_reach_ssh_hosts(
+    argv: tuple[str, ...], env: dict[str, str], expected: bool
+) -> None:
+    from corral.cli.entry import reaches_ssh
+
+    assert reaches_ssh(argv, env) is expected
+
+
+def test_the_ssh_transport_loads_in_the_background_while_the_cli_does() -> None:
+    """For a verb on SSH hosts the entry point imports the SSH transport (asyncssh) on a
+    thread of its own: the thread that imported it is that one."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, threading\n"
+        "seen = []\n"
+        "def hook(event, args):\n"
+        "    if event == 'import' and args[0] == 'asyncssh' and not seen:\n"
+        "        seen.append(threading.current_thread().name)\n"
+        "sys.addaudithook(hook)\n"
+        "sys.argv = ['corral', 'ping', '--hosts', 'nohost.invalid', '--help']\n"
+        "from corral.cli.entry import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "for t in threading.enumerate():\n"
+        "    if t.name == 'corral-ssh-preload':\n"
+        "        t.join(60)\n"
+        "print('IMPORTED-BY', seen)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert "IMPORTED-BY ['corral-ssh-preload']" in done.stdout, done.stdout + done.stderr

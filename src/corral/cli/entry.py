@@ -43,6 +43,10 @@ _ROOT_FLAGS = frozenset({"-v", "--verbose"})
 _NO_HEAD_START = frozenset({"--no-preflight", "--calibration", "--help", "-h"})
 #: The launcher without ``--launcher`` (``--harness``: accelerate), as ``build_job`` picks it.
 _DEFAULT_LAUNCHER = "torchrun"
+#: The verbs that reach SSH hosts through corral's transport (``--hosts``): for them the
+#: transport (asyncssh: 0.2-0.3 s, part of it waiting on ``ldconfig``/``gcc`` as it
+#: looks for optional libraries) is imported in the background while the CLI loads.
+_SSH_VERBS = frozenset({"run", "exec", "check", "ping", "calibrate"})
 #: The launcher whose agents start it warm (``corral.job.headstart.warm_module``).
 _WARM_LAUNCHER = "torchrun"
 
@@ -125,6 +129,41 @@ def sniff(argv: Sequence[str], environ: Mapping[str, str]) -> Sniffed | None:
         harness = [w for w in options if w in ("--harness", "--no-harness")]
         launcher = "accelerate" if harness[-1:] == ["--harness"] else _DEFAULT_LAUNCHER
     return Sniffed(int(count), found["--python"], found["--job-id"], launcher)
+
+
+def reaches_ssh(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether ``argv`` (without the program) most likely runs a verb on SSH hosts:
+    a verb of :data:`_SSH_VERBS` with ``--hosts`` (or ``CORRAL_HOSTS``) not ``local:N``.
+    A wrong guess costs one import in the background."""
+    words = list(argv)
+    while words and words[0] in _ROOT_FLAGS:
+        words.pop(0)
+    if not words or words[0] not in _SSH_VERBS:
+        return False
+    options = words[1 : words.index("--")] if "--" in words else words[1:]
+    hosts = environ.get("CORRAL_HOSTS")
+    for i in range(len(options)):
+        value, _ = _value(options, i, "--hosts")
+        if value is not None:
+            hosts = value
+    return hosts is not None and hosts != "" and not hosts.startswith("local:")
+
+
+def _preload_ssh() -> None:
+    """Import corral's SSH transport on a background thread (the CLI's own import of it
+    then finds it loaded, or waits for it), joined at exit."""
+    import atexit
+    import threading
+
+    def load() -> None:
+        try:
+            import corral.transport.ssh  # noqa: F401
+        except Exception:  # e.g. asyncssh missing: the CLI says so itself
+            return
+
+    thread = threading.Thread(target=load, name="corral-ssh-preload", daemon=True)
+    thread.start()
+    atexit.register(thread.join, 30.0)
 
 
 #: The most ``local:N`` nodes whose agents the entry point starts (more: the CLI does).
@@ -313,6 +352,8 @@ def main() -> None:
     sniffed = sniff(sys.argv[1:], os.environ)
     if sniffed is not None and sys.version_info >= (3, 11):  # asyncio.Runner: run_on
         _early = _start(sniffed)
+    elif reaches_ssh(sys.argv[1:], os.environ):
+        _preload_ssh()
     from corral.cli.main import main as cli_main
 
     cli_main()

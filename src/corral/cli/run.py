@@ -138,6 +138,8 @@ def run(
         if early is not None:  # the agents the entry point started: on the loop they run on
             raise typer.Exit(run_on(early, _head_started(options, cluster, ssh, early.head)))
         raise typer.Exit(asyncio.run(_head_started(options, cluster, ssh)))
+    if not any(h.local for h in cluster.hosts) and not calibration:
+        raise typer.Exit(asyncio.run(_ssh_head_started(options, cluster, ssh)))
     _validated(options, calibration)  # its errors before a calibration is measured for it
     console = make_console(stderr=False)
     description = describe(options, cluster, ssh)
@@ -177,6 +179,33 @@ async def _head_started(
         return await _supervise(describe(options, cluster, ssh), head)
     finally:
         await head.close()
+
+
+async def _ssh_head_started(options: JobOptions, cluster: Cluster, ssh: SshOptions) -> int:
+    """Run the job of ``options`` on SSH hosts with every host's agent started (its
+    connection opened, torchrun started warm) while the engine's modules load on a
+    thread (:meth:`corral.job.headstart.HeadStart.spawn_remote`); its exit code."""
+    from corral.job.headstart import SshHeadStart
+    from corral.job.ids import new_job_id
+    from corral.transport.ssh import SshTransport
+
+    options = dataclasses.replace(options, job_id=options.job_id or new_job_id())
+    head = SshHeadStart(SshTransport(ssh))
+    try:
+        launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
+        head.spawn_remote(cluster, options.python, str(options.job_id), launcher)
+        await asyncio.to_thread(_load_engine)  # the connections open meanwhile
+        _validated(options, None)
+        return await _supervise(describe(options, cluster, ssh), head)
+    finally:
+        await head.close()
+
+
+def _load_engine() -> None:
+    """Import the engine's modules (on a thread: the event loop runs meanwhile)."""
+    import corral.job.build
+    import corral.job.engine
+    import corral.job.output  # noqa: F401
 
 
 async def _supervise(description: JobDescription, transport: HeadStart | None = None) -> int:

@@ -38,7 +38,7 @@ from corral.errors import CorralError, LaunchError
 from corral.job.resolve import Prepared, plan_attempt
 from corral.plan.render import master_index
 from corral.plan.spec import JobSpec
-from corral.remote.python import candidates
+from corral.remote.python import agent_argv, candidates
 from corral.transport.base import NodeProcess, Transport
 
 PROBE_TIMEOUT = 60.0
@@ -47,10 +47,6 @@ PROBE_TIMEOUT = 60.0
 #: probe's answer for one sent after it (None: nothing to send).
 Prestart = Callable[["HostProbe | None"], Mapping[str, Any] | None]
 
-_AGENT_SHELL = (
-    'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m corral.agent; fi; '
-    'done; echo "no python interpreter found (tried: $*)" >&2; exit 127'
-)
 
 
 @dataclass(frozen=True)
@@ -109,11 +105,6 @@ class VersionMismatch(LaunchError):
             "version on every host (or corral sync)"
         )
         self.host = host
-
-
-def agent_argv(python: str | None) -> list[str]:
-    """The command that starts the agent with the first interpreter found."""
-    return ["sh", "-c", _AGENT_SHELL, "sh", *candidates(python)]
 
 
 async def _probe_reply(proc: NodeProcess, host: Host, python: str | None) -> HostProbe:

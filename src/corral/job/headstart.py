@@ -43,13 +43,15 @@ from corral.agent.warm import agent_argv
 from corral.cluster.model import Cluster, Host
 from corral.contract import JOB_ID_ENV
 from corral.errors import CorralError
-from corral.transport.base import NodeProcess
+from corral.remote.python import agent_argv as remote_agent_argv
+from corral.transport.base import NodeProcess, Transport
 from corral.transport.local import LocalTransport
 
 if TYPE_CHECKING:
     from corral.job.resolve import Prepared
     from corral.plan.spec import JobSpec
     from corral.recovery.restart import AttemptLog
+    from corral.transport.ssh import SshTransport
 
 #: How long :meth:`HeadStart.close` waits for the agents never asked for to end (s).
 END_WAIT = 10.0
@@ -98,11 +100,13 @@ def _key(host: Host, argv: Sequence[str], env: Mapping[str, str] | None, cwd: st
 
 
 class HeadStart:
-    """A local transport whose agents may have been started before they are asked for."""
+    """A transport (local by default) whose agents may have been started before they
+    are asked for."""
 
-    def __init__(self) -> None:
-        self._transport = LocalTransport()
+    def __init__(self, transport: Transport | None = None) -> None:
+        self._transport: Transport = transport if transport is not None else LocalTransport()
         self._ready: dict[_Key, NodeProcess] = {}
+        self._starting: dict[_Key, asyncio.Future[NodeProcess]] = {}
 
     async def spawn(
         self, cluster: Cluster, python: str | None, job_id: str, launcher: str | None = None
@@ -133,11 +137,28 @@ class HeadStart:
         (:mod:`corral.cli.entry`): the ``started`` ``(pid, stdin, stdout, stderr)`` of
         the first hosts of ``cluster``, each the agent ``argv`` with ``env`` (warm or
         not) that :meth:`spawn` would have started."""
-        head = cls()
+        local = LocalTransport()
+        head = cls(local)
         for host, (pid, stdin, stdout, stderr) in zip(cluster.hosts, started, strict=False):
-            proc = await head._transport.adopt(host, pid, stdin, stdout, stderr)
+            proc = await local.adopt(host, pid, stdin, stdout, stderr)
             head._ready[_key(host, argv, env, None)] = proc
         return head
+
+    def spawn_remote(
+        self, cluster: Cluster, python: str | None, job_id: str, launcher: str | None = None
+    ) -> None:
+        """Start every SSH host's agent (:func:`corral.remote.python.agent_argv`, with
+        ``launcher``'s warm launcher when it has one) on a task of its own, now: the
+        connections open and the agents start while the engine loads. The engine's
+        start of the same agent command awaits that task, and gets its error (an
+        unreachable host, a refused key) as its own start would have."""
+        env = {JOB_ID_ENV: job_id}
+        argv = remote_agent_argv(python)
+        warm = remote_agent_argv(python, warm_module(launcher))
+        for host in cluster.hosts:
+            task = asyncio.ensure_future(self._transport.start(host, warm, env=env))
+            task.add_done_callback(_retrieve)
+            self._starting[_key(host, argv, env, None)] = task
 
     def prestart(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
         """Send each agent started ahead its node's plan (by host name) to start its
@@ -150,7 +171,7 @@ class HeadStart:
     @property
     def waiting(self) -> int:
         """How many agents started ahead are not asked for yet."""
-        return len(self._ready)
+        return len(self._ready) + len(self._starting)
 
     async def start(
         self,
@@ -163,21 +184,77 @@ class HeadStart:
         """The agent started ahead for exactly this command, else ``argv`` started now
         (and the host's agent started ahead for another command is ended: the
         processes it may have started for the node are not the job's)."""
-        ready = self._ready.pop(_key(host, argv, env, cwd), None)
+        key = _key(host, argv, env, cwd)
+        ready = self._ready.pop(key, None)
         if ready is not None:
             return ready
-        for key in [k for k in self._ready if k[0] == host.name]:
-            self._ready.pop(key).close_stdin()
+        starting = self._starting.pop(key, None)
+        if starting is not None:
+            return await starting
+        for other in [k for k in self._ready if k[0] == host.name]:
+            self._ready.pop(other).close_stdin()
+        for other in [k for k in self._starting if k[0] == host.name]:
+            self._starting.pop(other).add_done_callback(_end_started)
         return await self._transport.start(host, argv, env=env, cwd=cwd)
 
     async def close(self) -> None:
         """End the agents never asked for (at the end of their stdin each kills what
         it started and removes the node's directory it made; waited for, at most
         :data:`END_WAIT` s), and kill any process still running."""
+        starting = list(self._starting.values())
+        self._starting.clear()
+        for task in starting:  # a connection still opening is given up
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
         unused = list(self._ready.values())
+        unused += [t.result() for t in starting if not t.cancelled() and t.exception() is None]
         self._ready.clear()
         for proc in unused:
             proc.close_stdin()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in unused)), END_WAIT)
         await self._transport.close()
+
+
+class SshHeadStart(HeadStart):
+    """A head start over SSH (:meth:`HeadStart.spawn_remote`): what the engine and the
+    checklist use of the SSH transport besides ``start`` goes to it."""
+
+    def __init__(self, transport: SshTransport) -> None:
+        super().__init__(transport)
+        self._ssh = transport
+
+    async def connect(self, host: Host) -> None:
+        """Open (or reuse) the connection to ``host``."""
+        await self._ssh.connect(host)
+
+    def connected(self, host: Host) -> bool:
+        """Whether a live connection to ``host`` exists."""
+        return self._ssh.connected(host)
+
+    async def start_shell(
+        self,
+        host: Host,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> NodeProcess:
+        """A shell command line started on ``host`` by its login shell."""
+        return await self._ssh.start_shell(host, command, env=env, cwd=cwd)
+
+    async def run(self, host: Host, command: str, *, timeout: float | None = None) -> Any:
+        """A shell command line run to completion on ``host`` (its output collected)."""
+        return await self._ssh.run(host, command, timeout=timeout)
+
+
+def _retrieve(task: asyncio.Future[NodeProcess]) -> None:
+    """Mark a start's error as seen (it is the engine's to report, if it asks)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _end_started(task: asyncio.Future[NodeProcess]) -> None:
+    """End an agent started ahead for a command nobody asked for (at its stdin's end)."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close_stdin()

@@ -31,6 +31,7 @@ from corral.cluster.model import Host
 from corral.transport.base import NodeProcess, Transport
 
 __all__ = [
+    "agent_argv",
     "bootstrap_argv",
     "candidates",
     "program",
@@ -108,6 +109,18 @@ def candidates(python: str | None) -> list[str]:
     if python:
         return [python]
     return [sys.executable, "python3"] if sys.executable else ["python3"]
+
+
+def agent_argv(python: str | None, warm: str | None = None) -> list[str]:
+    """The command that starts a host's node agent (``python -m corral.agent``) with
+    the first interpreter found; ``warm``: the launcher module it starts warm
+    (:mod:`corral.agent.warm`)."""
+    agent = "corral.agent" + (f" --warm {shlex.quote(warm)}" if warm else "")
+    shell = (
+        f'for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -m {agent}; fi; '
+        'done; echo "no python interpreter found (tried: $*)" >&2; exit 127'
+    )
+    return ["sh", "-c", shell, "sh", *candidates(python)]
 
 
 def bootstrap_argv(python: str | None, label: str = "corral") -> list[str]:
