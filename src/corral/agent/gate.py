@@ -176,6 +176,9 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import __file__ as torchrun_file
     from torch.distributed.run import main as run_torchrun
 
+    from corral.agent.aheadworkers import install
+
+    install()  # its workers import torch while its rendezvous runs
     sys.argv = [torchrun_file or module, *args]
     run_torchrun()  # what ``python -m torch.distributed.run ARGS`` runs
     return 0
