@@ -35,8 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from corral.agent.gate import WORKER, gated_argv, split_argv
-from corral.agent.spawn import LATE_ENV
+from corral.agent.gatenames import LATE_ENV, WORKER, gated_argv, split_argv
 
 __all__ = ["LATE", "Ahead", "install", "unusable"]
 

@@ -32,39 +32,27 @@ import re
 import sys
 from typing import Any
 
-from corral.agent.gatenames import GATE_MODULE, GATED_MODULES, TORCHRUN, WARM_FLAG, WORKER
+from corral.agent.gatenames import (
+    GATE_MODULE,
+    GATED_MODULES,
+    TORCHRUN,
+    WARM_FLAG,
+    WORKER,
+    gated_argv,
+    split_argv,
+)
 
-__all__ = ["GATED_MODULES", "GATE_MODULE", "TORCHRUN", "WARM_FLAG", "WORKER"]
+__all__ = [
+    "GATED_MODULES",
+    "GATE_MODULE",
+    "TORCHRUN",
+    "WARM_FLAG",
+    "WORKER",
+    "gated_argv",
+    "split_argv",
+]
 _IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import[ \t]+torch\b|from[ \t]+torch\b)", re.MULTILINE)
 _MAX_SCRIPT = 4 << 20  # bytes of a script scanned for its torch import
-
-
-_FLAGS = frozenset({"-u", "-B", "-s", "-E", "-I", "-q"})  # interpreter flags allowed before -m
-
-
-def split_argv(argv: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]] | None:
-    """``[PYTHON, *flags, "-m", MODULE, *args]`` of a gateable module as (everything up
-    to the module, the module's arguments); None for any other command."""
-    argv = list(argv)
-    for at in range(1, len(argv) - 1):
-        if argv[at] == "-m":
-            if argv[at + 1] not in GATED_MODULES:
-                return None
-            return argv[: at + 2], argv[at + 2 :]
-        if argv[at] not in _FLAGS:
-            return None
-    return None
-
-
-def gated_argv(argv: list[str], fd: int, ready: int | None = None) -> list[str]:
-    """``argv`` (see :func:`split_argv`) run through the gate on ``fd``, telling
-    ``ready`` (when given) that its imports are done."""
-    split = split_argv(argv)
-    if split is None:
-        raise ValueError(f"not a command the gate can hold: {argv[:4]}")
-    head, args = split
-    fds = str(fd) if ready is None else f"{fd},{ready}"
-    return [*head[:-2], "-m", GATE_MODULE, fds, head[-1], *args]
 
 
 def imports_torch(script: str) -> bool:

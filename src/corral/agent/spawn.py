@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.agent.controlsock import ControlSocket
-from corral.agent.gate import gated_argv, split_argv
+from corral.agent.gatenames import LATE_ENV, gated_argv, split_argv
 from corral.agent.protocol import NODE
 from corral.agent.warm import Warm, gate_message
-from corral.contract import CONTRACT_VARS, FLIGHT_DIR_ENV, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
+from corral.contract import FLIGHT_DIR_ENV, FLIGHT_RECORDER_ENV, NODE_DIR_ENV
 from corral.private import append_private, private_dir, write_private
 from corral.redact import redacted_node
 
@@ -52,13 +52,6 @@ PR_SET_CHILD_SUBREAPER = 36
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 #: The signals that stop a node (the agent tears it down on each).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-#: Variables a process held at its gate reads only after it (torch reads them when a
-#: process group or rendezvous is made; corral's worker and SDK when they run): with
-#: corral's own ``CORRAL_*`` they may differ from those it was started with.
-LATE_ENV = frozenset(
-    {v for v in CONTRACT_VARS if not v.startswith("CORRAL_")}
-    | {"GROUP_RANK", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
-)
 
 
 @dataclass

@@ -48,7 +48,6 @@ PROBE_TIMEOUT = 60.0
 Prestart = Callable[["HostProbe | None"], Mapping[str, Any] | None]
 
 
-
 @dataclass(frozen=True)
 class HostProbe:
     """What one host's agent reported (``facts``: the pre-flight's host facts, when
