@@ -77,6 +77,7 @@ class NodeRun:
     report: NodeReport | None = None  # the agent's last word; None: it has said none (yet)
     fault: Failure | None = None  # the node's first failure before the job was stopping
     clock_offset: float = 0.0  # coordinator clock minus the host's clock
+    offset_known: bool = False  # measured (the agent's "started" event was read)
     frame_at: float = 0.0  # when the agent's latest frame was read (before it was parsed)
     watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
     stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)

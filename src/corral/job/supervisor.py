@@ -305,12 +305,18 @@ class AttemptSupervisor:
 
     def _on_event(self, node: NodeRun, event: dict[str, Any]) -> None:
         name = event.get("event")
+        if node.offset_known and isinstance(event.get("time"), (int, float)):
+            # each later event bounds it again: a frame read late (a busy coordinator,
+            # a buffered pipe) only ever overstates it, so the least seen is the best
+            received = node.frame_at or time.time()
+            node.clock_offset = min(node.clock_offset, received - float(event["time"]))
         if name == "started":
             # failures on different hosts are ordered on one clock: ours (the offset
             # also absorbs the transit delay, which is small next to real skew; not our
             # own parsing of the event: the first builds the validators, 0.1-1 s)
             received = node.frame_at or time.time()
             node.clock_offset = received - float(event["time"])
+            node.offset_known = True
             if node.state == NodeState.STARTING:
                 node.set_state(NodeState.RUNNING)
             if all(n.state != NodeState.STARTING for n in self.nodes) and (
