@@ -212,3 +212,19 @@ def test_run_check_links_reaches_the_preflight_checklist() -> None:
     ).links
     with pytest.raises(ConfigError, match="--links-min-ratio"):
         build_job(JobOptions(command=("train.py",), links_min_ratio=2.0))
+
+
+def test_a_pair_found_slow_is_measured_again_and_keeps_its_better_measure() -> None:
+    from corral.diagnose.links import PairMeasure, better, to_recheck
+
+    hosts = ["a", "b", "c"]
+    fast = PairMeasure("a", "b", ab_gbs=2.0, ba_gbs=2.2, rtt_ms=0.03)
+    dipped = PairMeasure("a", "c", ab_gbs=0.5, ba_gbs=2.1, rtt_ms=0.05)  # busy while measured
+    broken = PairMeasure("b", "c", error="c: refused")
+    assert to_recheck(hosts, [fast, dipped, broken]) == [dipped]  # not the fast, not the error
+    again = PairMeasure("a", "c", ab_gbs=2.0, ba_gbs=1.9, rtt_ms=0.02)
+    assert better(dipped, again) == PairMeasure("a", "c", ab_gbs=2.0, ba_gbs=2.1, rtt_ms=0.02)
+    assert to_recheck(hosts, [fast, better(dipped, again), broken]) == []
+    throttled = PairMeasure("a", "c", ab_gbs=0.2, ba_gbs=0.2, rtt_ms=0.3)  # slow both times
+    assert better(dipped, throttled).gbs == 0.5
+    assert better(dipped, PairMeasure("a", "c", error="lost")) == dipped

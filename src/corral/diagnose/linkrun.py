@@ -24,7 +24,9 @@ from corral.diagnose.links import (
     LinkMatrix,
     PairMeasure,
     RingMeasure,
+    better,
     round_robin,
+    to_recheck,
 )
 from corral.errors import CorralError
 from corral.remote.python import start_program
@@ -242,6 +244,9 @@ async def measure_links(
             pairs += await asyncio.gather(
                 *(_pair(probes[a], probes[b], budget, seconds, 2 * timeout) for a, b in pairing)
             )
+        for slow in to_recheck(names, pairs):  # once more, alone: busy, or slow?
+            again = await _pair(probes[slow.a], probes[slow.b], budget, seconds, 2 * timeout)
+            pairs[pairs.index(slow)] = better(slow, again)
         ring = await _ring(list(probes.values()), budget, seconds, timeout)
     finally:
         await asyncio.shield(asyncio.gather(*(_stop(p) for p in probes.values())))

@@ -11,7 +11,10 @@ down: with 3 hosts and one bad NIC, 2 of 3 pairs are slow). A pair is slow below
 ``min_ratio`` x the reference or below the absolute floor ``min_gbs`` (GB/s), or
 when it could not be measured. A host in more than half of its pairs' slow ones
 is the *culprit* (the host behind the slow links: its NIC, cable or port); a
-slow pair with no culprit at either end names both ends as suspects.
+slow pair with no culprit at either end names both ends as suspects. A pair the
+rounds found slow is measured once more, alone (:func:`to_recheck`), and keeps its
+better measure (:func:`better`): a pair slow only while the machine was busy
+elsewhere is not slow, a throttled link is slow both times.
 
 Units: GB/s (10^9 bytes per second, as nccl-tests), round trips in ms.
 """
@@ -31,9 +34,11 @@ __all__ = [
     "LinkThresholds",
     "PairMeasure",
     "RingMeasure",
+    "better",
     "busbw",
     "round_robin",
     "score",
+    "to_recheck",
 ]
 
 #: A pair below this fraction of the reference is slow (a 10x throttle is far below,
@@ -354,4 +359,30 @@ def score(matrix: LinkMatrix, thresholds: LinkThresholds = LinkThresholds()) -> 
         culprits=culprits,
         suspects=suspects,
         hosts=hosts,
+    )
+
+
+def to_recheck(hosts: Sequence[str], pairs: Sequence[PairMeasure]) -> list[PairMeasure]:
+    """The measured pairs that the default thresholds find slow: each is measured
+    once more (an unmeasured pair's error stands)."""
+    slow = set(score(LinkMatrix(hosts=list(hosts), pairs=list(pairs))).slow)
+    return [p for p in pairs if p.gbs is not None and ((p.a, p.b) in slow or (p.b, p.a) in slow)]
+
+
+def better(first: PairMeasure, again: PairMeasure) -> PairMeasure:
+    """A pair's better measure of two: each direction's faster, the shorter round
+    trip (``again`` unmeasured: ``first``)."""
+    if again.gbs is None or first.gbs is None:
+        return first if first.gbs is not None else again
+
+    def best(x: float | None, y: float | None, pick: Any) -> float | None:
+        known = [v for v in (x, y) if v is not None]
+        return pick(known) if known else None
+
+    return PairMeasure(
+        first.a,
+        first.b,
+        ab_gbs=best(first.ab_gbs, again.ab_gbs, max),
+        ba_gbs=best(first.ba_gbs, again.ba_gbs, max),
+        rtt_ms=best(first.rtt_ms, again.rtt_ms, min),
     )
