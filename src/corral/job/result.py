@@ -77,15 +77,31 @@ class NodeRun:
     report: NodeReport | None = None  # the agent's last word; None: it has said none (yet)
     fault: Failure | None = None  # the node's first failure before the job was stopping
     clock_offset: float = 0.0  # coordinator clock minus the host's clock
-    offset_known: bool = False  # measured (the agent's "started" event was read)
+    least_offset: float | None = None  # the least any of its events showed
     frame_at: float = 0.0  # when the agent's latest frame was read (before it was parsed)
     watch: HostWatch = field(default_factory=lambda: HostWatch("", time.monotonic()))
     stacks: list[dict[str, Any]] | None = None  # the latest stack dump (hang detection)
     stacks_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def to_local(self, host_time: float) -> float:
-        """A timestamp of this host's clock on the coordinator's clock."""
+        """A timestamp of this host's clock on the coordinator's clock (one offset for
+        the whole attempt: the intervals between the host's reports are kept)."""
         return host_time + self.clock_offset
+
+    def bound_offset(self, seen: float) -> None:
+        """One event's arrival minus its host time: an upper bound of the offset (a
+        frame read late, by a busy coordinator or from a buffered pipe, overstates it)."""
+        if self.least_offset is None or seen < self.least_offset:
+            self.least_offset = seen
+
+    def failure_time(self, host_time: float) -> float:
+        """A failure's host time on the coordinator's clock, with the least offset seen:
+        failures of different hosts are ordered, and compared with the stop, by the best
+        estimate (an overstated one dated a SIGKILLed rank's end after the stop its
+        survivor's error caused, so the survivor was named the root cause)."""
+        least = self.least_offset
+        offset = self.clock_offset if least is None else min(least, self.clock_offset)
+        return host_time + offset
 
     def made_at(self, host_time: object, lag_max: float = 5.0) -> float:
         """When a rank made a report the agent dated ``host_time`` (its age in the

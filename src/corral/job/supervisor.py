@@ -305,18 +305,17 @@ class AttemptSupervisor:
 
     def _on_event(self, node: NodeRun, event: dict[str, Any]) -> None:
         name = event.get("event")
-        if node.offset_known and isinstance(event.get("time"), (int, float)):
-            # each later event bounds it again: a frame read late (a busy coordinator,
+        if isinstance(event.get("time"), (int, float)):
+            # every event bounds the offset again: a frame read late (a busy coordinator,
             # a buffered pipe) only ever overstates it, so the least seen is the best
             received = node.frame_at or time.time()
-            node.clock_offset = min(node.clock_offset, received - float(event["time"]))
+            node.bound_offset(received - float(event["time"]))
         if name == "started":
             # failures on different hosts are ordered on one clock: ours (the offset
             # also absorbs the transit delay, which is small next to real skew; not our
             # own parsing of the event: the first builds the validators, 0.1-1 s)
             received = node.frame_at or time.time()
             node.clock_offset = received - float(event["time"])
-            node.offset_known = True
             if node.state == NodeState.STARTING:
                 node.set_state(NodeState.RUNNING)
             if all(n.state != NodeState.STARTING for n in self.nodes) and (
@@ -370,7 +369,9 @@ class AttemptSupervisor:
             )
             if self.require_master:
                 self._fail(
-                    Failure.not_started(node.host.name, node.to_local(float(event["time"])), text),
+                    Failure.not_started(
+                        node.host.name, node.failure_time(float(event["time"])), text
+                    ),
                     EXIT_LAUNCH,
                 )
             else:
@@ -380,7 +381,7 @@ class AttemptSupervisor:
             node.report = NodeReport(started=False)
             failure = Failure.not_started(
                 node.host.name,
-                node.to_local(float(event["time"])),
+                node.failure_time(float(event["time"])),
                 f"could not start the node: {node.detail}",
             )
             node.fault = node.fault or failure
@@ -401,7 +402,7 @@ class AttemptSupervisor:
                     node.host.name,
                     None,
                     code,
-                    node.to_local(float(event["time"])),
+                    node.failure_time(float(event["time"])),
                     f"the launcher on {node.host.name} exited with code {code}",
                     list(node.agent_tail),
                 )
@@ -416,7 +417,7 @@ class AttemptSupervisor:
         record.code = event.get("code")
         record.pid = event.get("pid") or record.pid
         host_time = event.get("eof_time") or event.get("time")
-        record.time = node.to_local(float(host_time)) if host_time is not None else None
+        record.time = node.failure_time(float(host_time)) if host_time is not None else None
         record.error = event.get("error")
         exited = sum(1 for r in node.ranks.values() if r.exited)
         self.emit(
@@ -435,7 +436,7 @@ class AttemptSupervisor:
         teardown = bool(event.get("teardown"))
         if not counts_after_stop(record.code, by_teardown=teardown, stopped_late=late):
             return
-        failure = rank_failure(record, node.to_local, by_teardown=teardown)
+        failure = rank_failure(record, node.failure_time, by_teardown=teardown)
         node.fault = node.fault or failure
         self._fail(failure, _exit_code_for(record.code))
 
