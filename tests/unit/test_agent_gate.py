@@ -180,6 +180,9 @@ def test_the_agent_replaces_a_plan_the_probe_corrected_and_an_abort_leaves_nothi
         time.sleep(0.02)
     [held] = _children(agent.pid)
     cmdline = Path(f"/proc/{held}/cmdline").read_bytes().split(b"\0")
+    while b"corral.agent.gate" not in cmdline and time.monotonic() < deadline:
+        time.sleep(0.02)  # forked, not exec'd yet: it still shows the agent's command
+        cmdline = Path(f"/proc/{held}/cmdline").read_bytes().split(b"\0")
     assert b"corral.agent.gate" in cmdline and cmdline[0] == sys.executable.encode()
     assert (tmp_path / "node").is_dir()
     agent.stdin.write(b'{"op": "abort"}\n')
