@@ -171,8 +171,7 @@ async def _head_started(
     head = HeadStart() if head is None else head
     try:
         if spawn_now:
-            launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
-            await head.spawn(cluster, options.python, str(options.job_id), launcher)
+            await head.spawn(cluster, options.python, str(options.job_id), options.launcher_name)
         spec, made = _validated(options, None)
         if not made.recovery.in_place:  # in place, each node is planned as its own group
             head.prestart(head_plans(spec, cluster))  # their launchers start, held at gates
@@ -192,8 +191,7 @@ async def _ssh_head_started(options: JobOptions, cluster: Cluster, ssh: SshOptio
     options = dataclasses.replace(options, job_id=options.job_id or new_job_id())
     head = SshHeadStart(SshTransport(ssh))
     try:
-        launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
-        head.spawn_remote(cluster, options.python, str(options.job_id), launcher)
+        head.spawn_remote(cluster, options.python, str(options.job_id), options.launcher_name)
         await asyncio.to_thread(_load_engine)  # the connections open meanwhile
         _validated(options, None)
         return await _supervise(describe(options, cluster, ssh), head)

@@ -154,7 +154,7 @@ def check_bounds(options: JobOptions) -> None:
 
 def job_spec(options: JobOptions) -> JobSpec:
     """The validated JobSpec of ``options`` (ConfigError naming the option at fault)."""
-    launcher = options.launcher or ("accelerate" if options.harness else "torchrun")
+    launcher = options.launcher_name
     script, *args = options.command or [""]
     check_launch(script, launcher)
     check_backend(options.mlx_backend)

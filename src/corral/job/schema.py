@@ -748,6 +748,12 @@ class JobOptions:
         panel=_HETERO,
     )
 
+    @property
+    def launcher_name(self) -> str:
+        """The job's launcher: ``--launcher``, else accelerate with ``--harness``, else
+        torchrun."""
+        return self.launcher or ("accelerate" if self.harness else "torchrun")
+
 
 __all__ = [
     "ENTRIES",
